@@ -1,0 +1,37 @@
+"""Brokers: one contract (``base``), several stores, chosen by URL scheme."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from ..errors import ConfigurationError
+from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
+
+__all__ = ["Broker", "Consumer", "DeadLetter", "Delivery", "QueueStats", "make_broker"]
+
+SCHEMES = ("sqlite", "memory", "redis", "rediss")
+
+
+def make_broker(url: str, *, heartbeat_timeout: float = 20.0) -> Broker:
+    """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``."""
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    if scheme == "memory":
+        from .memory import MemoryBroker
+
+        return MemoryBroker(url, heartbeat_timeout=heartbeat_timeout)
+    if scheme == "sqlite":
+        from .sqlite import SQLiteBroker
+
+        return SQLiteBroker(url, heartbeat_timeout=heartbeat_timeout)
+    if scheme in ("redis", "rediss"):
+        try:
+            from .redis import RedisBroker
+        except ImportError as err:
+            raise ConfigurationError(
+                f"the redis broker needs the redis package ({err}): pip install 'hurtle[redis]'"
+            ) from err
+        return RedisBroker(url, heartbeat_timeout=heartbeat_timeout)
+    raise ConfigurationError(
+        f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory:// or "
+        "redis://host:port/db"
+    )

@@ -1,0 +1,254 @@
+"""``memory://``: the whole contract in one process, for unit tests and ``hurtle.testing``.
+
+Messages live in Python structures behind one lock; nothing survives the process. Consumers in
+several threads of the same process see one store.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+
+
+from ..ids import new_id
+from ..message import MAX_PRIORITY, Message, encode_many
+from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
+
+_LEVELS = MAX_PRIORITY + 1
+
+
+class _Queue:
+    __slots__ = ("dead", "delayed", "ready")
+
+    def __init__(self) -> None:
+        self.ready: list[deque[bytes]] = [deque() for _ in range(_LEVELS)]
+        self.delayed: list[tuple[float, int, int, bytes]] = []  # (eta, seq, priority, raw)
+        self.dead: dict[str, DeadLetter] = {}
+
+    def ready_count(self) -> int:
+        return sum(len(level) for level in self.ready)
+
+
+class MemoryBroker(Broker):
+    def __init__(self, url: str = "memory://", *, heartbeat_timeout: float = 20.0) -> None:
+        self.url = url
+        self.heartbeat_timeout = heartbeat_timeout
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queues: dict[str, _Queue] = {}
+        # worker id -> receipt -> (queue, raw, priority)
+        self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
+        self._last_seen: dict[str, float] = {}
+        self._seq = itertools.count()
+
+    def _queue(self, name: str) -> _Queue:
+        q = self._queues.get(name)
+        if q is None:
+            q = self._queues[name] = _Queue()
+        return q
+
+    def _put(self, queue: str, raw: bytes, priority: int, eta: float) -> None:
+        q = self._queue(queue)
+        if eta > time.time():
+            heapq.heappush(q.delayed, (eta, next(self._seq), priority, raw))
+        else:
+            q.ready[priority].append(raw)
+
+    def publish(self, messages: Sequence[Message]) -> None:
+        payloads = encode_many(list(messages))
+        with self._lock:
+            for m, raw in zip(messages, payloads, strict=True):
+                self._put(m.queue, raw, m.priority, m.eta)
+            self._wake.notify_all()
+
+    def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
+        with self._lock:
+            for raw in payloads:
+                self._put(queue, bytes(raw), 0, 0.0)
+            self._wake.notify_all()
+
+    def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> Consumer:
+        return _MemoryConsumer(self, tuple(queues), worker_id or f"memory-{new_id()}")
+
+    def queues(self) -> list[str]:
+        with self._lock:
+            return sorted(self._queues)
+
+    def stats(self, queues: Iterable[str] | None = None) -> dict[str, QueueStats]:
+        with self._lock:
+            names = list(self._queues) if queues is None else list(queues)
+            in_flight: dict[str, int] = {}
+            for held in self._held.values():
+                for queue, _, _ in held.values():
+                    in_flight[queue] = in_flight.get(queue, 0) + 1
+            out = {}
+            for name in names:
+                q = self._queues.get(name) or _Queue()
+                out[name] = QueueStats(
+                    ready=q.ready_count(),
+                    delayed=len(q.delayed),
+                    in_flight=in_flight.get(name, 0),
+                    dead=len(q.dead),
+                )
+            return out
+
+    def recover(self) -> int:
+        with self._lock:
+            return self._recover_locked()
+
+    def _recover_locked(self) -> int:
+        limit = time.time() - self.heartbeat_timeout
+        moved = 0
+        for worker_id, seen in list(self._last_seen.items()):
+            if seen < limit:
+                moved += self._requeue_locked(self._held.pop(worker_id, {}).values())
+                del self._last_seen[worker_id]
+        if moved:
+            self._wake.notify_all()
+        return moved
+
+    def _requeue_locked(self, items: Iterable[tuple[str, bytes, int]]) -> int:
+        n = 0
+        for queue, raw, priority in items:
+            self._queue(queue).ready[priority].appendleft(raw)
+            n += 1
+        return n
+
+    def _promote_locked(self, q: _Queue, now: float) -> None:
+        while q.delayed and q.delayed[0][0] <= now:
+            _, _, priority, raw = heapq.heappop(q.delayed)
+            q.ready[priority].append(raw)
+
+    def _next_eta_locked(self, queues: Sequence[str]) -> float | None:
+        etas = [self._queues[n].delayed[0][0] for n in queues if n in self._queues]
+        etas = [e for e in etas if e]
+        return min(etas) if etas else None
+
+    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        with self._lock:
+            q = self._queues.get(queue)
+            if q is None:
+                return []
+            return list(itertools.islice(q.dead.values(), offset, offset + limit))
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        with self._lock:
+            q = self._queues.get(queue)
+            if q is None:
+                return 0
+            return sum(1 for i in ids if q.dead.pop(i, None) is not None)
+
+    def purge_dead(self, queue: str) -> int:
+        with self._lock:
+            q = self._queues.get(queue)
+            if q is None:
+                return 0
+            n = len(q.dead)
+            q.dead.clear()
+            return n
+
+    def close(self) -> None:
+        with self._lock:
+            self._wake.notify_all()
+
+
+class _MemoryConsumer(Consumer):
+    def __init__(self, broker: MemoryBroker, queues: tuple[str, ...], worker_id: str) -> None:
+        self.broker = broker
+        self.queues = queues
+        self.worker_id = worker_id
+        with broker._lock:
+            broker._held.setdefault(worker_id, {})
+            broker._last_seen[worker_id] = time.time()
+
+    def _held(self) -> dict[int, tuple[str, bytes, int]]:
+        held = self.broker._held.get(self.worker_id)
+        if held is None:  # declared dead while alive: start over under the same id
+            held = self.broker._held[self.worker_id] = {}
+        return held
+
+    def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
+        b = self.broker
+        deadline = time.monotonic() + timeout
+        with b._lock:
+            while True:
+                now = time.time()
+                out: list[Delivery] = []
+                held = self._held()
+                for name in self.queues:
+                    q = b._queues.get(name)
+                    if q is None:
+                        continue
+                    b._promote_locked(q, now)
+                    for priority in range(MAX_PRIORITY, -1, -1):
+                        level = q.ready[priority]
+                        while level and len(out) < max_count:
+                            raw = level.popleft()
+                            receipt = next(b._seq)
+                            held[receipt] = (name, raw, priority)
+                            out.append(Delivery(name, raw, receipt))
+                    if len(out) >= max_count:
+                        break
+                if out:
+                    return out
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return out
+                eta = b._next_eta_locked(self.queues)
+                if eta is not None:
+                    left = min(left, max(eta - now, 0.001))
+                b._wake.wait(left)
+
+    def _take(self, delivery: Delivery) -> tuple[str, bytes, int] | None:
+        return self._held().pop(delivery.receipt, None)
+
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        with self.broker._lock:
+            held = self._held()
+            for d in deliveries:
+                held.pop(d.receipt, None)
+
+    def retry(self, delivery: Delivery, message: Message) -> None:
+        raw = message.encode()
+        b = self.broker
+        with b._lock:
+            self._take(delivery)
+            b._put(message.queue, raw, message.priority, message.eta)
+            b._wake.notify_all()
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        b = self.broker
+        with b._lock:
+            self._take(delivery)
+            dead_id = new_id()
+            b._queue(delivery.queue).dead[dead_id] = DeadLetter(
+                id=dead_id, queue=delivery.queue, reason=reason, raw=delivery.raw,
+                failed_at=time.time(),
+            )
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        b = self.broker
+        with b._lock:
+            items = [x for x in (self._take(d) for d in reversed(deliveries)) if x is not None]
+            b._requeue_locked(items)
+            b._wake.notify_all()
+
+    def heartbeat(self) -> None:
+        b = self.broker
+        with b._lock:
+            b._last_seen[self.worker_id] = time.time()
+            self._held()
+            b._recover_locked()
+
+    def close(self) -> None:
+        b = self.broker
+        with b._lock:
+            b._requeue_locked(b._held.pop(self.worker_id, {}).values())
+            b._last_seen.pop(self.worker_id, None)
+            b._wake.notify_all()
+
+

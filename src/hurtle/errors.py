@@ -1,0 +1,52 @@
+"""The exception tree: every error hurtle raises is a ``HurtleError``.
+
+Control-flow signals that a task may raise on purpose (``Retry``, ``Reject``) are separate classes
+so that they are never confused with failures.
+"""
+
+from __future__ import annotations
+
+
+class HurtleError(Exception):
+    """Base class of every error raised by hurtle."""
+
+
+class ConfigurationError(HurtleError):
+    """A setting, a broker URL or an app path is wrong; the message says which and why."""
+
+
+class EncodeError(HurtleError):
+    """A task's arguments cannot be encoded; nothing was enqueued."""
+
+
+class DecodeError(HurtleError):
+    """Bytes taken from a broker are not a hurtle message."""
+
+
+class UnknownTaskError(HurtleError):
+    """A message names a task that this app does not register."""
+
+
+class BrokerError(HurtleError):
+    """The broker could not be reached or refused an operation."""
+
+
+class TimeLimitExceeded(HurtleError):
+    """A task ran longer than its ``time_limit``."""
+
+
+class Retry(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a task to ask for another attempt, optionally after ``delay`` seconds."""
+
+    def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        super().__init__(reason or "retry requested")
+        self.delay = delay
+        self.reason = reason
+
+
+class Reject(Exception):  # noqa: N818 - a control-flow signal, not an error
+    """Raised by a task to send its message straight to the dead letters, with ``reason``."""
+
+    def __init__(self, reason: str = "rejected by the task") -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,56 @@
+"""The conformance suite runs once per broker kind; a new broker joins by adding one factory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from hurtle.brokers import Broker, make_broker
+
+BROKER_KINDS = ["memory", "sqlite", "redis"]
+
+MakeBroker = Callable[..., Broker]
+
+
+@pytest.fixture(params=BROKER_KINDS)
+def broker_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    kind = request.param
+    if kind == "memory":
+        return "memory://"
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'hurtle.db'}"
+    if kind == "redis":
+        return str(request.getfixturevalue("redis_url"))
+    raise AssertionError(kind)
+
+
+@pytest.fixture
+def make(broker_url: str) -> Iterator[MakeBroker]:
+    """Make brokers on one store: each call is a separate client (another 'process').
+
+    The memory broker has no separate clients, so every call returns the same object.
+    """
+    made: list[Broker] = []
+    shared: list[Broker] = []
+
+    def factory(heartbeat_timeout: float = 20.0) -> Broker:
+        if broker_url.startswith("memory"):
+            if not shared:
+                shared.append(make_broker(broker_url, heartbeat_timeout=heartbeat_timeout))
+                made.append(shared[0])
+            shared[0].heartbeat_timeout = heartbeat_timeout
+            return shared[0]
+        b = make_broker(broker_url, heartbeat_timeout=heartbeat_timeout)
+        made.append(b)
+        return b
+
+    yield factory
+    for b in made:
+        b.close()
+
+
+@pytest.fixture
+def broker(make: MakeBroker) -> Broker:
+    return make()
