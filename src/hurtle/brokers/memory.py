@@ -124,8 +124,7 @@ class MemoryBroker(Broker):
             q.ready[priority].append(raw)
 
     def _next_eta_locked(self, queues: Sequence[str]) -> float | None:
-        etas = [self._queues[n].delayed[0][0] for n in queues if n in self._queues]
-        etas = [e for e in etas if e]
+        etas = [q.delayed[0][0] for n in queues if (q := self._queues.get(n)) and q.delayed]
         return min(etas) if etas else None
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:

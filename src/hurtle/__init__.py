@@ -1,0 +1,52 @@
+"""hurtle: a fast distributed task queue that keeps its promises.
+
+    from hurtle import Hurtle
+
+    app = Hurtle()          # HURTLE_BROKER_URL, else the embedded sqlite:///hurtle.db
+
+    @app.task(retries=3)
+    def add(x, y):
+        return x + y
+
+    add.send(5, 6)
+"""
+
+from .app import Hurtle
+from .brokers import Broker, DeadLetter, QueueStats
+from .errors import (
+    BrokerError,
+    ConfigurationError,
+    DecodeError,
+    EncodeError,
+    HurtleError,
+    Reject,
+    Retry,
+    TimeLimitExceeded,
+    UnknownTaskError,
+)
+from .message import Message
+from .settings import Settings
+from .task import Args, Task
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Args",
+    "Broker",
+    "BrokerError",
+    "ConfigurationError",
+    "DeadLetter",
+    "DecodeError",
+    "EncodeError",
+    "Hurtle",
+    "HurtleError",
+    "Message",
+    "QueueStats",
+    "Reject",
+    "Retry",
+    "Settings",
+    "Task",
+    "TimeLimitExceeded",
+    "UnknownTaskError",
+    "__version__",
+]

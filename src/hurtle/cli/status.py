@@ -1,0 +1,42 @@
+"""``hurtle status APP``: how many messages each queue has ready, delayed, in flight and dead."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from ._app import load_app
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser("status", help="queue counts")
+    p.add_argument("app", help="the app, as module:attribute")
+    p.add_argument("--json", action="store_true", help="print JSON for scripts")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    app = load_app(args.app)
+    broker = app.broker
+    names = sorted(set(app.queues()) | set(broker.queues()))
+    stats = broker.stats(names)
+    if args.json:
+        doc = {
+            "broker": broker.url,
+            "time": time.time(),
+            "queues": {
+                name: {"ready": s.ready, "delayed": s.delayed, "in_flight": s.in_flight,
+                       "dead": s.dead}
+                for name, s in stats.items()
+            },
+        }
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    width = max([len("queue"), *map(len, names)])
+    print(f"broker: {broker.url}")
+    print(f"{'queue':<{width}}  {'ready':>10}  {'delayed':>10}  {'in flight':>10}  {'dead':>10}")
+    for name, s in stats.items():
+        print(f"{name:<{width}}  {s.ready:>10}  {s.delayed:>10}  {s.in_flight:>10}  {s.dead:>10}")
+    return 0

@@ -1,0 +1,201 @@
+"""``Worker``: starts and stops one worker process's parts, and runs its fetch loop.
+
+Parts (DESIGN.md, "Layers"): the fetch loop here pulls batches from the broker as fast as the
+executor has room; the executor runs them through the processor; the acker settles outcomes in
+batches; the heartbeat keeps this worker's deliveries its own. This module owns the order in which
+they start and stop, signals, and ``burst`` mode; it knows nothing of how tasks run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from ..brokers import Consumer
+from ..errors import BrokerError, ConfigurationError
+from ..ids import new_id
+from ..middleware import Middleware
+from .acker import Acker
+from .executors import make_executor
+from .heartbeat import Heartbeat
+from .processor import Processor
+
+if TYPE_CHECKING:
+    from ..app import Hurtle
+
+log = logging.getLogger(__name__)
+
+
+class _HardStop(BaseException):
+    """Raised in the worker's thread by a second signal: hand everything back and exit now."""
+
+
+class Worker:
+    """Consumes ``queues`` (default: every queue the app's tasks name) until stopped.
+
+    ``burst=True`` returns once the queues have nothing ready, delayed or in flight.
+    """
+
+    def __init__(
+        self,
+        app: Hurtle,
+        *,
+        queues: Sequence[str] | None = None,
+        pool: str = "solo",
+        concurrency: int = 1,
+        burst: bool = False,
+        shutdown_timeout: float | None = None,
+        middleware: Sequence[Middleware] = (),
+        worker_id: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        self.app = app
+        self.settings = app.settings
+        self.queues = tuple(queues) if queues else tuple(app.queues())
+        self.pool = pool
+        self.burst = burst
+        self.shutdown_timeout = (
+            self.settings.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
+        )
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-8:]}"
+        self.executor = make_executor(pool, concurrency, max_batch=self.settings.fetch_batch_size)
+        self.middleware = list(middleware)
+        self._stop = threading.Event()
+        self._signals = 0
+        self.consumer: Consumer | None = None
+        self.acker: Acker | None = None
+        self.processor: Processor | None = None
+        self.heartbeat: Heartbeat | None = None
+        #: Set once the worker has started its parts (tests and the demo wait on it).
+        self.started = threading.Event()
+
+    # -- control ---------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask for a graceful stop: no new fetches, running tasks finish, the rest goes back."""
+        self._stop.set()
+        # the solo executor checks this between deliveries
+        self.executor.stop(0) if self.pool == "solo" else None
+
+    @property
+    def processed(self) -> int:
+        return self.processor.processed if self.processor else 0
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.info("%s received: stopping gracefully (send it again to stop now)",
+                     signal.Signals(signum).name)
+            self.stop()
+        else:
+            log.warning("%s received again: handing back running tasks and stopping now",
+                        signal.Signals(signum).name)
+            raise _HardStop()
+
+    def install_signal_handlers(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+
+    # -- running ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Run until stopped (or drained, with ``burst``)."""
+        s = self.settings
+        broker = self.app.broker
+        consumer = self.consumer = broker.consumer(self.queues, self.worker_id)
+        acker = self.acker = Acker(
+            consumer, batch_size=s.ack_batch_size, interval=s.ack_interval_ms / 1000.0
+        )
+        processor = self.processor = Processor(self.app, acker, self.middleware)
+        heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
+        executor = self.executor
+        heartbeat.beat()
+        acker.start()
+        heartbeat.start()
+        executor.start(processor.process)
+        log.info("worker %s consuming %s with the %s pool (concurrency %d) on %s",
+                 self.worker_id, ", ".join(self.queues), self.pool, executor.concurrency,
+                 broker.url)
+        self.started.set()
+        hard = False
+        try:
+            self._fetch_loop(consumer, executor)
+        except _HardStop:
+            hard = True
+        finally:
+            self._shutdown(hard)
+
+    def _fetch_loop(self, consumer: Consumer, executor: Any) -> None:
+        s = self.settings
+        # a burst worker looks at the queue counts as soon as a short wait finds nothing
+        wait = min(s.fetch_timeout, 0.05) if self.burst else s.fetch_timeout
+        failures = 0
+        while not self._stop.is_set():
+            want = executor.wait_for_capacity(wait)
+            if want <= 0:
+                continue
+            try:
+                batch = consumer.fetch(want, wait)
+            except BrokerError as err:
+                failures += 1
+                delay = min(0.1 * 2 ** min(failures, 6), 5.0)
+                log.warning("fetch failed (%d in a row), retrying in %.1fs: %s",
+                            failures, delay, err)
+                self._stop.wait(delay)
+                continue
+            if failures:
+                log.info("broker reachable again after %d failed fetches", failures)
+                failures = 0
+            if batch:
+                executor.submit(batch)
+            elif self.burst and self._drained():
+                log.info("burst: queues %s are empty, stopping", ", ".join(self.queues))
+                return
+
+    def _drained(self) -> bool:
+        assert self.acker is not None
+        if not self.executor.idle():
+            return False
+        self.acker.flush()
+        if self.acker.pending:
+            return False
+        stats = self.app.broker.stats(self.queues)
+        return all(q.ready == 0 and q.delayed == 0 and q.in_flight == 0 for q in stats.values())
+
+    def _shutdown(self, hard: bool) -> None:
+        assert self.consumer and self.acker and self.heartbeat and self.processor
+        if hard:
+            unfinished = self.executor.abort()
+        else:
+            unfinished = self.executor.stop(self.shutdown_timeout)
+        if unfinished:
+            log.info("handing back %d fetched but unfinished tasks", len(unfinished))
+        self.acker.release(unfinished)
+        self.acker.stop()
+        self.heartbeat.stop()
+        try:
+            self.consumer.close()
+        except Exception as err:
+            log.warning("could not close the broker session cleanly: %s", err)
+        self.processor.close()
+        log.info("worker %s stopped after %d tasks", self.worker_id, self.processor.processed)
+
+    def run_in_thread(self) -> threading.Thread:
+        """Start ``run`` on a daemon thread (tests, the demo); returns once the worker started."""
+        t = threading.Thread(target=self.run, name="hurtle-worker", daemon=True)
+        t.start()
+        while not self.started.wait(0.05):
+            if not t.is_alive():
+                break
+        return t
+
+
