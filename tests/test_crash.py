@@ -1,0 +1,49 @@
+"""Crash recovery with real worker processes killed by SIGKILL, on the embedded SQLite broker."""
+
+from __future__ import annotations
+
+import collections
+import signal
+from pathlib import Path
+
+from test_cli import Project, project  # noqa: F401 - the fixture
+
+
+def test_tasks_of_a_sigkilled_worker_run_elsewhere_once_its_heartbeat_lapses(
+    project: Project,  # noqa: F811
+) -> None:
+    total = 600
+    project.app.tasks["tasks.slow"].send_many([(i, 0.002) for i in range(total)])
+    env = {"HURTLE_HEARTBEAT_TIMEOUT": "1"}
+    victim = project.popen("worker", "tasks:app", **env)
+    project.wait_for(lambda: sum(r.startswith("done") for r in project.runs()) >= 50)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    assert victim.returncode == -signal.SIGKILL
+    before = project.status()["default"]
+    assert before["in_flight"] > 0  # the dead worker still holds its batch
+
+    rescuer = project.hurtle("worker", "tasks:app", "--burst", timeout=120, **env)
+    assert rescuer.returncode == 0, rescuer.stderr
+    done = collections.Counter(r.split()[1] for r in project.runs() if r.startswith("done"))
+    assert set(done) == {str(i) for i in range(total)}  # every task ran at least once
+    duplicates = sum(n - 1 for n in done.values())
+    assert duplicates <= before["in_flight"]  # only what the dead worker held ran twice
+    assert project.status()["default"] == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0}
+
+
+def test_a_slow_task_on_a_live_worker_is_never_given_to_another_worker(
+    project: Project,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    env = {"HURTLE_HEARTBEAT_TIMEOUT": "0.5"}
+    project.send("tasks.slow", "long", 3.0)
+    slow_worker = project.popen("worker", "tasks:app", **env)
+    project.wait_for(lambda: "start long" in project.runs())
+    # a second worker, running while the slow task outlives the heartbeat timeout six times
+    other = project.hurtle("worker", "tasks:app", "--burst", timeout=60, **env)
+    assert other.returncode == 0, other.stderr
+    slow_worker.send_signal(signal.SIGTERM)
+    slow_worker.communicate(timeout=30)
+    assert project.runs().count("start long") == 1
+    assert project.runs().count("done long") == 1
