@@ -74,6 +74,7 @@ class Hurtle:
     @overload
     def task(
         self,
+        /,
         *,
         name: str | None = None,
         queue: str | None = None,
@@ -85,7 +86,7 @@ class Hurtle:
 
     def task(
         self,
-        fn: Callable[P, R] | None = None,
+        fn: Callable[..., Any] | None = None,
         /,
         *,
         name: str | None = None,
@@ -94,16 +95,16 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
-    ) -> Task[P, R] | Callable[[Callable[P, R]], Task[P, R]]:
+    ) -> Any:
         """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``."""
 
-        def register(func: Callable[P, R]) -> Task[P, R]:
+        def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or _default_name(func)
             if task_name in self.tasks and self.tasks[task_name].fn is not func:
                 raise ConfigurationError(
                     f"two tasks are named {task_name!r}; give one of them name=..."
                 )
-            t: Task[P, R] = Task(
+            t: Task[Any, Any] = Task(
                 self,
                 func,
                 name=task_name,

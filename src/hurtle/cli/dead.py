@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     broker = app.broker
     queues = [args.queue] if args.queue else sorted(set(app.queues()) | set(broker.queues()))
     if args.action == "list":
-        out = []
+        out: list[dict[str, object]] = []
         for queue in queues:
             for d in broker.dead_letters(queue, limit=args.limit):
                 m = d.message()
@@ -46,10 +46,12 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if not out:
             print("no dead letters")
-        for d in out:
-            when = datetime.datetime.fromtimestamp(d["failed_at"]).isoformat(timespec="seconds")
-            what = f"{d['task']}{tuple(d['args'])}" if d["task"] else f"raw {d['raw'][:60]}"
-            print(f"{d['id']}  {d['queue']}  {when}  {what}\n    {_reason_line(d['reason'])}")
+        for row in out:
+            when = datetime.datetime.fromtimestamp(float(row["failed_at"]))  # type: ignore[arg-type]
+            what = (f"{row['task']}{tuple(row['args'])}"  # type: ignore[arg-type]
+                    if row["task"] else f"raw {str(row['raw'])[:60]}")
+            print(f"{row['id']}  {row['queue']}  {when.isoformat(timespec='seconds')}  {what}\n"
+                  f"    {_reason_line(str(row['reason']))}")
         return 0
     total = 0
     for queue in queues:

@@ -79,7 +79,7 @@ class Processor:
         self, delivery: Delivery, message: Message, task: Task[Any, Any]
     ) -> None:
         result: Any = None
-        error: BaseException | None = None
+        error: Exception | None = None
         try:
             for m in self.middleware:
                 m.before_process(message)

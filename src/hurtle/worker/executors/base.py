@@ -38,7 +38,7 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def stop(self, timeout: float) -> list[Delivery]:
-        """Start nothing new, wait up to ``timeout`` for running deliveries; return the unstarted."""
+        """Start nothing new, wait up to ``timeout`` for running ones; return the unstarted."""
 
     @abc.abstractmethod
     def abort(self) -> list[Delivery]:
