@@ -1,0 +1,72 @@
+"""Every Redis key name hurtle uses, built here and nowhere else.
+
+All keys of one queue share the hash tag ``{queue}`` so that they live in one Redis Cluster slot
+and every Lua script touches a single slot. The only key outside a queue is the ``hurtle:queues``
+set of known queue names, which scripts never touch.
+
+Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id)::
+
+    hurtle:queues                 SET     every queue name ever published to
+    hurtle:{q}:ready:P            LIST    raw messages of priority P; head = next to run
+    hurtle:{q}:delayed            ZSET    "P:SEQ:" .. raw, scored by eta (Unix seconds)
+    hurtle:{q}:inflight:W         HASH    receipt -> raw, what worker W holds;
+                                          receipt = SEQ * 10 + P
+    hurtle:{q}:workers            ZSET    W, scored by W's last heartbeat (server time)
+    hurtle:{q}:wake               LIST    wake-up tokens that idle consumers BLPOP on
+    hurtle:{q}:seq                STRING  counter for receipts and delayed members
+    hurtle:{q}:dead               ZSET    dead-letter id, scored by failure time
+    hurtle:{q}:dead:raw           HASH    dead-letter id -> raw bytes
+    hurtle:{q}:dead:reason        HASH    dead-letter id -> reason
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ..message import MAX_PRIORITY
+
+PREFIX = "hurtle"
+#: The set of every queue name hurtle has seen.
+QUEUES = f"{PREFIX}:queues"
+
+
+class QueueKeys:
+    """The keys of one queue; made once per name by ``queue_keys``."""
+
+    __slots__ = (
+        "dead",
+        "dead_raw",
+        "dead_reason",
+        "delayed",
+        "inflight_prefix",
+        "name",
+        "ready",
+        "seq",
+        "wake",
+        "workers",
+    )
+
+    def __init__(self, name: str) -> None:
+        base = f"{PREFIX}:{{{name}}}:"
+        self.name = name
+        #: Ready lists indexed by priority: ``ready[0]`` is the lowest.
+        self.ready: tuple[str, ...] = tuple(f"{base}ready:{p}" for p in range(MAX_PRIORITY + 1))
+        self.delayed = f"{base}delayed"
+        self.workers = f"{base}workers"
+        self.wake = f"{base}wake"
+        self.seq = f"{base}seq"
+        self.dead = f"{base}dead"
+        self.dead_raw = f"{base}dead:raw"
+        self.dead_reason = f"{base}dead:reason"
+        #: Scripts that recover dead workers append the worker id to this.
+        self.inflight_prefix = f"{base}inflight:"
+
+    def inflight(self, worker_id: str) -> str:
+        """The hash of what ``worker_id`` holds from this queue."""
+        return f"{self.inflight_prefix}{worker_id}"
+
+
+@lru_cache(maxsize=4096)
+def queue_keys(name: str) -> QueueKeys:
+    """The keys of queue ``name`` (cached: building them is off the hot path)."""
+    return QueueKeys(name)

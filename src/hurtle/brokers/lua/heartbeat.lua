@@ -1,0 +1,37 @@
+--[[
+  Record a worker's heartbeat in one queue, then recover that queue from dead workers: whatever a
+  worker silent for longer than the timeout held goes back to the front of the ready lists.
+
+  Only the in-flight hashes matter here: delayed messages wait in the delayed zset whatever
+  happens to workers, and a live worker's deliveries are never touched, however old.
+
+  Input:
+    KEYS[1..10]  ready lists, priority 0..9
+    KEYS[11]     workers zset
+    KEYS[12]     wake list
+
+    ARGV[1]      worker id to mark alive ('' = only recover)
+    ARGV[2]      heartbeat timeout in seconds
+    ARGV[3]      in-flight key prefix of this queue; a worker's hash is prefix .. worker id
+                 (same hash tag as KEYS, so still one slot)
+
+  Output:
+    how many deliveries went back to the ready lists
+]]
+-- @include _lib
+
+local now = server_now()
+if ARGV[1] ~= '' then
+  redis.call('ZADD', KEYS[11], now, ARGV[1])
+end
+local cutoff = now - tonumber(ARGV[2])
+local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', cutoff))
+local moved = 0
+for _, worker in ipairs(dead) do
+  moved = moved + requeue_all(ARGV[3] .. worker, KEYS)
+  redis.call('ZREM', KEYS[11], worker)
+end
+if moved > 0 then
+  wake_one(KEYS[12])
+end
+return moved

@@ -1,0 +1,25 @@
+--[[
+  Count one queue's messages in each state (read only).
+
+  Input:
+    KEYS[1..10]  ready lists, priority 0..9
+    KEYS[11]     delayed zset
+    KEYS[12]     workers zset
+    KEYS[13]     dead zset
+
+    ARGV[1]      in-flight key prefix of this queue (prefix .. worker id)
+
+  Output:
+    { ready, delayed, in_flight, dead }; in_flight counts what every registered worker holds,
+    including workers whose heartbeat lapsed but who have not been recovered yet.
+]]
+
+local ready = 0
+for p = 1, 10 do
+  ready = ready + redis.call('LLEN', KEYS[p])
+end
+local in_flight = 0
+for _, worker in ipairs(redis.call('ZRANGE', KEYS[12], 0, -1)) do
+  in_flight = in_flight + redis.call('HLEN', ARGV[1] .. worker)
+end
+return { ready, redis.call('ZCARD', KEYS[11]), in_flight, redis.call('ZCARD', KEYS[13]) }

@@ -1,0 +1,535 @@
+"""``redis://host:port/db`` (and ``rediss://``): the production broker.
+
+What this module owns: turning the broker contract into calls of the Lua scripts in ``lua/``, one
+round trip per batch, and turning redis-py errors into ``BrokerError``. Key names come from
+``keys``; every state change is one script touching the keys of one queue (one hash tag), so a
+consumer of several queues runs one script per queue and Redis Cluster can come later.
+
+How it works, in short:
+
+* publish: one ``publish.lua`` call per queue, pipelined; ready messages are ``RPUSH``-ed many per
+  call, delayed ones go to a zset scored by eta; a few wake-up tokens are pushed.
+* fetch: ``fetch.lua`` promotes due delayed messages, ``LPOP``-s up to N (highest priority first),
+  records them in this worker's in-flight hash and refreshes its heartbeat. When nothing is ready
+  the consumer blocks server-side (``BLPOP`` on the queues' wake lists) until a publish pushes a
+  token, the next delayed message is due, or the timeout ends. No polling loop.
+* ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
+* crash recovery: ``heartbeat.lua`` marks the worker alive per queue and hands back what workers
+  silent for ``heartbeat_timeout`` held, at the front of the queue.
+
+Nothing here decodes a payload: garbage bytes come out of ``fetch`` like any message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Sequence
+from importlib import resources
+from typing import Any, NoReturn
+from urllib.parse import urlsplit
+
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+import redis
+
+from ..errors import BrokerError, ConfigurationError, EncodeError
+from ..ids import new_id
+from ..message import MAX_PRIORITY, Message, encode_many
+from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
+from .keys import QUEUES, QueueKeys, queue_keys
+
+__all__ = ["RedisBroker", "RedisConsumer"]
+
+#: Longest single ``BLPOP``; a longer ``fetch`` timeout blocks in several steps of this.
+MAX_BLOCK = 5.0
+#: Socket timeout of the connections that block; must exceed ``MAX_BLOCK``.
+BLOCKING_SOCKET_TIMEOUT = MAX_BLOCK + 10.0
+#: Defaults for the other connections; ``?socket_timeout=…`` in the URL overrides them.
+SOCKET_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 5.0
+#: Due delayed messages promoted per fetch, at least (more when the batch is larger).
+PROMOTE_LIMIT = 1000
+
+_PRIORITIES = range(MAX_PRIORITY + 1)
+_INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
+
+
+class _Script:
+    """One Lua file, run with ``EVALSHA`` (loaded again on ``NOSCRIPT``)."""
+
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = _read_lua(name)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+
+def _read_lua(name: str) -> str:
+    text = resources.files(__package__).joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return _INCLUDE.sub(lambda m: _read_lua(m.group(1)), text)
+
+
+class _Scripts:
+    """Every script, read once per process."""
+
+    def __init__(self) -> None:
+        self.publish = _Script("publish")
+        self.fetch = _Script("fetch")
+        self.retry = _Script("retry")
+        self.dead_letter = _Script("dead_letter")
+        self.release = _Script("release")
+        self.heartbeat = _Script("heartbeat")
+        self.close = _Script("close")
+        self.stats = _Script("stats")
+        self.dead_list = _Script("dead_list")
+        self.dead_delete = _Script("dead_delete")
+        self.dead_purge = _Script("dead_purge")
+
+    def all(self) -> list[_Script]:
+        return [v for v in vars(self).values() if isinstance(v, _Script)]
+
+
+_scripts: _Scripts | None = None
+
+
+def _get_scripts() -> _Scripts:
+    global _scripts
+    if _scripts is None:
+        _scripts = _Scripts()
+    return _scripts
+
+
+def _public_url(url: str) -> str:
+    """``url`` without its password, for messages and ``Broker.url``."""
+    return _PASSWORD.sub(lambda m: f"//{m.group(1)}@" if m.group(1) else "//", url, count=1)
+
+
+_PASSWORD = re.compile(r"//([^:@/]*):[^@/]*@")
+
+
+# One command of a pipeline: (args of execute_command, script or None).
+_Command = tuple[tuple[Any, ...], "_Script | None"]
+
+
+class RedisBroker(Broker):
+    """The broker contract on one Redis server (6.2 or later)."""
+
+    def __init__(self, url: str, *, heartbeat_timeout: float = 20.0) -> None:
+        self.url = _public_url(url)
+        self.heartbeat_timeout = heartbeat_timeout
+        self._scripts = _get_scripts()
+        options: dict[str, Any] = {
+            "socket_timeout": SOCKET_TIMEOUT,
+            "socket_connect_timeout": CONNECT_TIMEOUT,
+            "socket_keepalive": True,
+            # One quick retry covers a pooled connection that died with a restarted server;
+            # timeouts are not retried, since the command may have run.
+            "retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        }
+        # Typed ``Any``: redis-py's command methods carry no annotations.
+        self._client: Any
+        self._blocking: Any
+        db = urlsplit(url).path.lstrip("/")
+        if db and not db.isdigit():
+            raise ConfigurationError(
+                f"bad Redis URL {self.url!r}: the database {db!r} is not a number; expected "
+                "redis://[:password@]host:port/db with db an integer such as 0"
+            )
+        try:
+            self._client = redis.Redis.from_url(url, **options)
+            blocking_pool = redis.ConnectionPool.from_url(url, **options)
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(
+                f"bad Redis URL {self.url!r}: {err}; expected redis://[:password@]host:port/db "
+                "or rediss://…"
+            ) from err
+        self._client.connection_pool.connection_kwargs["decode_responses"] = False
+        blocking_pool.connection_kwargs["decode_responses"] = False
+        blocking_pool.connection_kwargs["socket_timeout"] = BLOCKING_SOCKET_TIMEOUT
+        self._blocking = redis.Redis(connection_pool=blocking_pool)
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _fail(self, err: redis.RedisError, doing: str) -> NoReturn:
+        if isinstance(err, redis.AuthenticationError):
+            raise BrokerError(
+                f"Redis at {self.url} refused the credentials while {doing}: {err}; check the "
+                "user and password in the broker URL"
+            ) from err
+        if isinstance(err, redis.ConnectionError):
+            raise BrokerError(
+                f"cannot reach Redis at {self.url} while {doing}: {err}; is redis-server "
+                "running there?"
+            ) from err
+        if isinstance(err, redis.TimeoutError):
+            raise BrokerError(
+                f"Redis at {self.url} did not answer in time while {doing}: {err}"
+            ) from err
+        raise BrokerError(f"Redis at {self.url} failed while {doing}: {err}") from err
+
+    def _eval(self, script: _Script, keys: Sequence[str], args: Sequence[Any], doing: str) -> Any:
+        """Run one script in one round trip (two more if the server forgot the script)."""
+        client = self._client
+        try:
+            try:
+                return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                client.script_load(script.source)
+                return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.RedisError as err:
+            self._fail(err, doing)
+
+    def _pipeline(self, commands: list[_Command], doing: str) -> list[Any]:
+        """Run commands in one round trip; scripts the server forgot are loaded and rerun."""
+        if len(commands) == 1:
+            cmd, script = commands[0]
+            if script is not None:
+                return [self._eval(script, cmd[3 : 3 + cmd[2]], cmd[3 + cmd[2] :], doing)]
+            try:
+                return [self._client.execute_command(*cmd)]
+            except redis.RedisError as err:
+                self._fail(err, doing)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for cmd, _ in commands:
+                pipe.execute_command(*cmd)
+            results: list[Any] = pipe.execute(raise_on_error=False)
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if missing:  # the server restarted or SCRIPT FLUSH: those commands did not run
+                for script in {id(s): s for _, s in commands if s is not None}.values():
+                    self._client.script_load(script.source)
+                pipe = self._client.pipeline(transaction=False)
+                for i in missing:
+                    pipe.execute_command(*commands[i][0])
+                for i, r in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+                    results[i] = r
+        except redis.RedisError as err:
+            self._fail(err, doing)
+        for r in results:
+            if isinstance(r, redis.RedisError):
+                self._fail(r, doing)
+        return results
+
+    def _call(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> _Command:
+        return ("EVALSHA", script.sha, len(keys), *keys, *args), script
+
+    # -- producing --------------------------------------------------------------------------
+
+    def publish(self, messages: Sequence[Message]) -> None:
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return
+        payloads = encode_many(batch)
+        now = time.time()
+        # queue -> (ready payloads per priority, flat (eta, priority, payload) triples)
+        groups: dict[str, tuple[dict[int, list[bytes]], list[Any]]] = {}
+        for m, raw in zip(batch, payloads, strict=True):
+            group = groups.get(m.queue)
+            if group is None:
+                group = groups[m.queue] = ({p: [] for p in _PRIORITIES}, [])
+            try:
+                if m.eta > now:
+                    group[1].extend((m.eta, _PRIORITY_ARG[m.priority], raw))
+                else:
+                    group[0][m.priority].append(raw)
+            except (KeyError, TypeError):
+                raise EncodeError(
+                    f"priority {m.priority!r} of task {m.task!r} is out of range: use an int "
+                    f"from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                ) from None
+        commands: list[_Command] = [(("SADD", QUEUES, *groups), None)]
+        for name, (ready, delayed) in groups.items():
+            args: list[Any] = [len(ready[p]) for p in _PRIORITIES]
+            for p in _PRIORITIES:
+                args += ready[p]
+            args += delayed
+            commands.append(self._call(self._scripts.publish, _publish_keys(name), args))
+        self._pipeline(commands, f"publishing {len(batch)} messages")
+
+    def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
+        if not payloads:
+            return
+        args: list[Any] = [len(payloads), *([0] * MAX_PRIORITY), *payloads]
+        self._pipeline(
+            [
+                (("SADD", QUEUES, queue), None),
+                self._call(self._scripts.publish, _publish_keys(queue), args),
+            ],
+            f"publishing {len(payloads)} raw payloads to {queue!r}",
+        )
+
+    # -- consuming --------------------------------------------------------------------------
+
+    def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> RedisConsumer:
+        if isinstance(queues, str):
+            queues = [queues]
+        if not queues:
+            raise ConfigurationError("a consumer needs at least one queue name")
+        if worker_id is None:
+            worker_id = f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
+        return RedisConsumer(self, tuple(queues), worker_id)
+
+    # -- admin ------------------------------------------------------------------------------
+
+    def queues(self) -> list[str]:
+        names = self._pipeline([(("SMEMBERS", QUEUES), None)], "listing queues")[0]
+        return sorted(n.decode() for n in names)
+
+    def stats(self, queues: Iterable[str] | None = None) -> dict[str, QueueStats]:
+        names = self.queues() if queues is None else list(queues)
+        if not names:
+            return {}
+        commands = []
+        for name in names:
+            k = queue_keys(name)
+            keys = (*k.ready, k.delayed, k.workers, k.dead)
+            commands.append(self._call(self._scripts.stats, keys, (k.inflight_prefix,)))
+        results = self._pipeline(commands, "reading queue stats")
+        return {
+            name: QueueStats(ready=r[0], delayed=r[1], in_flight=r[2], dead=r[3])
+            for name, r in zip(names, results, strict=True)
+        }
+
+    def recover(self) -> int:
+        return self._heartbeat(self.queues(), "")
+
+    def _heartbeat(self, queues: Sequence[str], worker_id: str) -> int:
+        if not queues:
+            return 0
+        commands = []
+        for name in queues:
+            k = queue_keys(name)
+            args = (worker_id, repr(float(self.heartbeat_timeout)), k.inflight_prefix)
+            commands.append(
+                self._call(self._scripts.heartbeat, (*k.ready, k.workers, k.wake), args)
+            )
+        return sum(self._pipeline(commands, "recording a heartbeat and recovering"))
+
+    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        k = queue_keys(queue)
+        flat = self._eval(
+            self._scripts.dead_list,
+            (k.dead, k.dead_raw, k.dead_reason),
+            (offset, limit),
+            f"listing dead letters of {queue!r}",
+        )
+        return [
+            DeadLetter(
+                id=flat[i].decode(),
+                queue=queue,
+                failed_at=float(flat[i + 1]),
+                reason=flat[i + 2].decode("utf-8", "replace"),
+                raw=flat[i + 3],
+            )
+            for i in range(0, len(flat), 4)
+        ]
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        if not ids:
+            return 0
+        k = queue_keys(queue)
+        return int(
+            self._eval(
+                self._scripts.dead_delete,
+                (k.dead, k.dead_raw, k.dead_reason),
+                list(ids),
+                f"deleting dead letters of {queue!r}",
+            )
+        )
+
+    def purge_dead(self, queue: str) -> int:
+        k = queue_keys(queue)
+        return int(
+            self._eval(
+                self._scripts.dead_purge,
+                (k.dead, k.dead_raw, k.dead_reason),
+                (),
+                f"purging dead letters of {queue!r}",
+            )
+        )
+
+    def close(self) -> None:
+        self._client.close()
+        self._blocking.connection_pool.disconnect()
+        self._blocking.close()
+
+
+_PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
+
+
+def _publish_keys(name: str) -> tuple[str, ...]:
+    k = queue_keys(name)
+    return (*k.ready, k.delayed, k.wake, k.seq)
+
+
+class _Target:
+    """One queue of a consumer, with its script keys built once."""
+
+    __slots__ = ("fetch_keys", "inflight", "keys", "name")
+
+    def __init__(self, name: str, worker_id: str) -> None:
+        self.name = name
+        self.keys: QueueKeys = queue_keys(name)
+        k = self.keys
+        self.inflight = k.inflight(worker_id)
+        self.fetch_keys = (*k.ready, k.delayed, self.inflight, k.workers, k.wake, k.seq)
+
+
+class RedisConsumer(Consumer):
+    """One worker's session: its in-flight hashes are ``hurtle:{queue}:inflight:<worker_id>``."""
+
+    def __init__(self, broker: RedisBroker, queues: tuple[str, ...], worker_id: str) -> None:
+        self.broker = broker
+        self.queues = queues
+        self.worker_id = worker_id
+        self._targets = {name: _Target(name, worker_id) for name in dict.fromkeys(queues)}
+        self._reading = list(self._targets.values())
+        self._wake_keys = [t.keys.wake for t in self._reading]
+        self._fetch = broker._scripts.fetch
+
+    def _target(self, queue: str) -> _Target:
+        target = self._targets.get(queue)
+        if target is None:  # a delivery from a queue this consumer does not read: still settle it
+            target = self._targets[queue] = _Target(queue, self.worker_id)
+        return target
+
+    def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
+        if max_count <= 0:
+            return []
+        deadline = time.monotonic() + timeout
+        while True:
+            out, wait_ms = self._take(max_count)
+            if out:
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return out
+            block = min(left, MAX_BLOCK)
+            if wait_ms >= 0:
+                block = min(block, wait_ms / 1000)
+            # BLPOP takes seconds with millisecond resolution, and 0 would mean forever.
+            block = max(math.ceil(block * 1000), 1) / 1000
+            try:
+                self.broker._blocking.execute_command("BLPOP", *self._wake_keys, block)
+            except redis.RedisError as err:
+                self.broker._fail(err, f"waiting for messages on {list(self.queues)}")
+
+    def _take(self, max_count: int) -> tuple[list[Delivery], int]:
+        """Run the fetch script on each queue in order until ``max_count`` are taken."""
+        out: list[Delivery] = []
+        wait_ms = -1
+        for target in self._reading:
+            res = self.broker._eval(
+                self._fetch,
+                target.fetch_keys,
+                (max_count - len(out), self.worker_id, max(PROMOTE_LIMIT, max_count)),
+                f"fetching from {target.name!r}",
+            )
+            if len(res) > 1:
+                name = target.name
+                it = iter(res)
+                next(it)
+                out += [Delivery(name, raw, receipt) for receipt, raw in zip(it, it, strict=False)]
+                if len(out) >= max_count:
+                    break
+            elif res[0] >= 0 and (wait_ms < 0 or res[0] < wait_ms):
+                wait_ms = res[0]
+        return out, wait_ms
+
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        if not deliveries:
+            return
+        queue = deliveries[0].queue
+        if all(d.queue == queue for d in deliveries):
+            receipts = [d.receipt for d in deliveries]
+            commands: list[_Command] = [(("HDEL", self._target(queue).inflight, *receipts), None)]
+        else:
+            by_queue: dict[str, list[Any]] = {}
+            for d in deliveries:
+                by_queue.setdefault(d.queue, []).append(d.receipt)
+            commands = [(("HDEL", self._target(q).inflight, *r), None) for q, r in by_queue.items()]
+        self.broker._pipeline(commands, f"acknowledging {len(deliveries)} deliveries")
+
+    def retry(self, delivery: Delivery, message: Message) -> None:
+        raw = message.encode()
+        if not 0 <= message.priority <= MAX_PRIORITY:
+            raise EncodeError(
+                f"priority {message.priority!r} of task {message.task!r} is out of range: use "
+                f"an int from 0 to {MAX_PRIORITY}"
+            )
+        b = self.broker
+        source = self._target(delivery.queue)
+        doing = f"scheduling a retry of a message of {delivery.queue!r}"
+        if message.queue == delivery.queue:
+            k = source.keys
+            b._eval(
+                b._scripts.retry,
+                (*k.ready, k.delayed, source.inflight, k.wake, k.seq),
+                (delivery.receipt, message.priority, repr(float(message.eta)), raw),
+                doing,
+            )
+            return
+        # Another queue is another hash tag: store the new attempt first, then drop the old one.
+        args: list[Any] = [0] * (MAX_PRIORITY + 1)
+        if message.eta > time.time():
+            args += [message.eta, _PRIORITY_ARG[message.priority], raw]
+        else:
+            args[message.priority] = 1
+            args.append(raw)
+        b._pipeline(
+            [
+                (("SADD", QUEUES, message.queue), None),
+                b._call(b._scripts.publish, _publish_keys(message.queue), args),
+                (("HDEL", source.inflight, delivery.receipt), None),
+            ],
+            doing,
+        )
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        target = self._target(delivery.queue)
+        k = target.keys
+        self.broker._eval(
+            self.broker._scripts.dead_letter,
+            (target.inflight, k.dead, k.dead_raw, k.dead_reason),
+            (delivery.receipt, new_id(), reason, delivery.raw),
+            f"dead-lettering a message of {delivery.queue!r}",
+        )
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        if not deliveries:
+            return
+        by_queue: dict[str, list[Any]] = {}
+        for d in deliveries:
+            by_queue.setdefault(d.queue, []).append(d.receipt)
+        script = self.broker._scripts.release
+        commands = []
+        for queue, receipts in by_queue.items():
+            target = self._target(queue)
+            k = target.keys
+            commands.append(
+                self.broker._call(script, (*k.ready, target.inflight, k.wake), receipts)
+            )
+        self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
+
+    def heartbeat(self) -> None:
+        self.broker._heartbeat(list(self._targets), self.worker_id)
+
+    def close(self) -> None:
+        script = self.broker._scripts.close
+        commands = []
+        for target in self._targets.values():
+            k = target.keys
+            commands.append(
+                self.broker._call(
+                    script, (*k.ready, target.inflight, k.workers, k.wake), (self.worker_id,)
+                )
+            )
+        self.broker._pipeline(commands, "closing a consumer")

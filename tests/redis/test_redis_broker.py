@@ -1,0 +1,278 @@
+"""Redis-specific behaviour of ``RedisBroker`` that the shared conformance suite cannot see.
+
+Everything runs against a private ``redis-server`` started by the fixtures in ``tests/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import cast
+
+import pytest
+
+pytest.importorskip("redis")
+
+import redis
+from hurtle.brokers import Delivery, QueueStats, make_broker
+from hurtle.brokers.keys import QUEUES, queue_keys
+from hurtle.brokers.redis import RedisBroker
+from hurtle.errors import ConfigurationError
+from hurtle.ids import new_id
+from hurtle.message import Message
+
+
+def msg(queue: str = "q", *args: object, priority: int = 0, eta: float = 0.0) -> Message:
+    return Message(id=new_id(), task="t", queue=queue, args=args, priority=priority, eta=eta)
+
+
+def numbers(deliveries: list[Delivery]) -> list[int]:
+    return [int(Message.decode(d.raw).args[0]) for d in deliveries]
+
+
+@pytest.fixture
+def broker(redis_url: str) -> Iterator[RedisBroker]:
+    b = make_broker(redis_url, heartbeat_timeout=20.0)
+    assert isinstance(b, RedisBroker)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = redis.Redis.from_url(redis_url)
+    yield c
+    c.close()
+
+
+def test_garbage_pushed_into_a_ready_list_comes_out_as_a_delivery_with_those_exact_bytes(
+    broker: RedisBroker, client: redis.Redis
+) -> None:
+    garbage = b"\xff\x00not msgpack\x00\xc1" * 3
+    client.rpush(queue_keys("q").ready[0], garbage)
+    consumer = broker.consumer(["q"])
+    [delivery] = consumer.fetch(10, 1.0)
+    assert delivery.raw == garbage
+    assert delivery.queue == "q"
+    consumer.dead_letter(delivery, "not a hurtle message")
+    [dead] = broker.dead_letters("q")
+    assert (dead.raw, dead.reason, dead.message()) == (garbage, "not a hurtle message", None)
+    assert broker.stats(["q"])["q"].in_flight == 0
+    consumer.close()
+
+
+def test_far_future_delayed_message_is_not_redelivered_by_recovery(redis_url: str) -> None:
+    b = make_broker(redis_url, heartbeat_timeout=0.2)
+    try:
+        b.publish([msg("q", 1, eta=time.time() + 3600)])
+        dead_worker = b.consumer(["q"])
+        assert dead_worker.fetch(10, 0.05) == []
+        time.sleep(0.3)
+        assert b.recover() == 0
+        survivor = b.consumer(["q"])
+        survivor.heartbeat()
+        assert survivor.fetch(10, 0.05) == []
+        assert b.stats(["q"])["q"] == QueueStats(delayed=1)
+        survivor.close()
+    finally:
+        b.close()
+
+
+def test_slow_task_on_a_live_worker_is_never_redelivered(redis_url: str) -> None:
+    b = make_broker(redis_url, heartbeat_timeout=0.3)
+    try:
+        b.publish([msg("q", 1)])
+        slow = b.consumer(["q"])
+        [held] = slow.fetch(1, 1.0)
+        other = b.consumer(["q"])
+        for _ in range(6):  # 0.6 s: twice the timeout, while the slow worker keeps beating
+            slow.heartbeat()
+            other.heartbeat()
+            assert other.fetch(1, 0.1) == []
+        slow.ack([held])
+        assert b.stats(["q"])["q"].in_flight == 0
+        slow.close()
+        other.close()
+    finally:
+        b.close()
+
+
+def test_recovered_messages_go_back_to_the_front_in_their_original_order(
+    redis_url: str,
+) -> None:
+    b = make_broker(redis_url, heartbeat_timeout=0.2)
+    try:
+        b.publish([msg("q", i) for i in range(10)])
+        crashed = b.consumer(["q"])
+        assert numbers(crashed.fetch(4, 1.0)) == [0, 1, 2, 3]
+        time.sleep(0.3)
+        survivor = b.consumer(["q"])
+        survivor.heartbeat()
+        assert numbers(survivor.fetch(100, 1.0)) == list(range(10))
+        survivor.close()
+    finally:
+        b.close()
+
+
+def test_a_worker_declared_dead_that_acks_late_changes_nothing(redis_url: str) -> None:
+    b = make_broker(redis_url, heartbeat_timeout=0.2)
+    try:
+        b.publish([msg("q", 1)])
+        late = b.consumer(["q"])
+        held = late.fetch(1, 1.0)
+        time.sleep(0.3)
+        assert b.recover() == 1
+        late.ack(held)
+        assert b.stats(["q"])["q"].ready == 1
+        late.close()
+    finally:
+        b.close()
+
+
+def test_an_idle_consumer_blocks_server_side_and_wakes_on_a_single_publish(
+    broker: RedisBroker,
+) -> None:
+    consumer = broker.consumer(["q"])
+    got: list[Delivery] = []
+    woke_at: list[float] = []
+
+    def wait() -> None:
+        got.extend(consumer.fetch(10, 10.0))
+        woke_at.append(time.monotonic())
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.3)  # the consumer is now inside BLPOP
+    sent_at = time.monotonic()
+    broker.publish([msg("q", 7)])
+    thread.join(5)
+    assert numbers(got) == [7]
+    assert woke_at[0] - sent_at < 0.5  # far below the 5 s BLPOP step: woken, not polled
+    consumer.close()
+
+
+def test_several_idle_consumers_all_wake_for_a_large_publish(broker: RedisBroker) -> None:
+    consumers = [broker.consumer(["q"]) for _ in range(4)]
+    got: list[list[Delivery]] = [[] for _ in consumers]
+
+    def wait(i: int) -> None:
+        got[i].extend(consumers[i].fetch(10, 3.0))
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    broker.publish([msg("q", i) for i in range(40)])
+    for t in threads:
+        t.join(5)
+    assert [len(g) for g in got] == [10, 10, 10, 10]
+    assert sorted(numbers([d for g in got for d in g])) == list(range(40))
+    for c in consumers:
+        c.close()
+
+
+def test_a_consumer_sleeping_on_a_long_timeout_learns_of_a_new_delayed_message(
+    broker: RedisBroker,
+) -> None:
+    consumer = broker.consumer(["q"])
+    got: list[Delivery] = []
+    thread = threading.Thread(target=lambda: got.extend(consumer.fetch(1, 4.0)))
+    thread.start()
+    time.sleep(0.2)
+    published = time.monotonic()
+    broker.publish([msg("q", 5, eta=time.time() + 0.3)])
+    thread.join(5)
+    waited = time.monotonic() - published
+    assert numbers(got) == [5]
+    assert 0.25 <= waited < 2.0
+    consumer.close()
+
+
+def test_identical_delayed_payloads_stay_two_messages(broker: RedisBroker) -> None:
+    twice = msg("q", 1, eta=time.time() + 0.1)
+    broker.publish([twice, twice])
+    assert broker.stats(["q"])["q"].delayed == 2
+    consumer = broker.consumer(["q"])
+    deadline = time.monotonic() + 3
+    got: list[Delivery] = []
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += consumer.fetch(10, 1.0)
+    assert [d.raw for d in got] == [twice.encode(), twice.encode()]
+    consumer.close()
+
+
+def test_batches_larger_than_a_lua_chunk_round_trip_intact(broker: RedisBroker) -> None:
+    n = 9_000  # above the 4,000-value chunk the scripts use for unpack()
+    broker.publish([msg("q", i, priority=i % 2) for i in range(n)])
+    consumer = broker.consumer(["q"])
+    first = consumer.fetch(n, 1.0)
+    assert len(first) == n
+    odd, even = numbers(first[: n // 2]), numbers(first[n // 2 :])
+    assert odd == list(range(1, n, 2)) and even == list(range(0, n, 2))
+    consumer.release(first)
+    again = consumer.fetch(n, 1.0)
+    assert [d.raw for d in again] == [d.raw for d in first]
+    consumer.ack(again)
+    assert broker.stats(["q"])["q"] == QueueStats()
+    consumer.close()
+
+
+def test_scripts_forgotten_by_the_server_are_loaded_again(
+    broker: RedisBroker, client: redis.Redis
+) -> None:
+    consumer = broker.consumer(["q"])
+    broker.publish([msg("q", 1)])
+    client.script_flush()
+    broker.publish([msg("q", 2), msg("other", 3)])  # a pipeline of two scripts
+    client.script_flush()
+    assert numbers(consumer.fetch(10, 1.0)) == [1, 2]
+    client.script_flush()
+    assert broker.stats() == {
+        "other": broker.stats(["other"])["other"],
+        "q": broker.stats(["q"])["q"],
+    }
+    assert broker.stats(["q"])["q"].in_flight == 2
+    consumer.close()
+
+
+def test_every_key_of_a_queue_shares_its_hash_tag(broker: RedisBroker, client: redis.Redis) -> None:
+    broker.publish([msg("jobs", i, priority=i) for i in range(10)])
+    broker.publish([msg("jobs", 99, eta=time.time() + 60)])
+    consumer = broker.consumer(["jobs"])
+    held = consumer.fetch(3, 1.0)
+    consumer.dead_letter(held[0], "test")
+    consumer.heartbeat()
+    keys = {k.decode() for k in cast(list[bytes], client.keys("*"))}
+    assert QUEUES in keys
+    assert all(k.startswith("hurtle:{jobs}:") for k in keys - {QUEUES})
+    assert queue_keys("jobs").inflight(consumer.worker_id) in keys
+    consumer.close()
+
+
+def test_cross_queue_retry_moves_the_message_to_the_other_queue(broker: RedisBroker) -> None:
+    broker.publish([msg("a", 1)])
+    consumer = broker.consumer(["a"])
+    [held] = consumer.fetch(1, 1.0)
+    moved = msg("b", 2, priority=3)
+    consumer.retry(held, moved)
+    stats = broker.stats(["a", "b"])
+    assert (stats["a"].in_flight, stats["b"].ready) == (0, 1)
+    assert broker.queues() == ["a", "b"]
+    consumer.close()
+
+
+def test_password_is_left_out_of_the_broker_url(redis_url: str) -> None:
+    secret = redis_url.replace("redis://", "redis://:s3cret@")
+    b = make_broker(secret)
+    assert "s3cret" not in b.url
+    assert b.url == redis_url
+    b.close()
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://127.0.0.1:notaport/0", "redis://localhost/notadb", "redis://h/0?db=x"]
+)
+def test_bad_url_raises_configuration_error_naming_it(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="bad Redis URL"):
+        make_broker(url)

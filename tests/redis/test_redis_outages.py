@@ -1,0 +1,124 @@
+"""What the Redis broker does when its server dies, restarts or is not there at all."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("redis")
+
+from hurtle.brokers import Delivery, make_broker
+from hurtle.errors import BrokerError
+from hurtle.ids import new_id
+from hurtle.message import Message
+
+MakeServer = Callable[..., Any]
+
+
+def msg(i: int, queue: str = "q") -> Message:
+    return Message(id=new_id(), task="t", queue=queue, args=(i,))
+
+
+def numbers(deliveries: list[Delivery]) -> list[int]:
+    return [int(Message.decode(d.raw).args[0]) for d in deliveries]
+
+
+def test_redis_restarted_with_aof_loses_nothing_published_and_keeps_nothing_acked(
+    make_redis_server: MakeServer,
+) -> None:
+    server = make_redis_server(appendonly=True)
+    broker = make_broker(server.url)
+    try:
+        broker.publish([msg(i) for i in range(100)])
+        consumer = broker.consumer(["q"], worker_id="w1")
+        held = consumer.fetch(30, 1.0)
+        consumer.ack(held[:20])  # 20 done, 10 still held, 70 ready
+
+        server.kill()  # SIGKILL: only what the AOF holds survives
+        server.start()  # same port, same directory
+
+        # The same broker reconnects by itself; the scripts are loaded again.
+        stats = broker.stats(["q"])["q"]
+        assert (stats.ready, stats.in_flight) == (70, 10)
+        consumer.close()  # hands back the 10 it held
+        rest = broker.consumer(["q"]).fetch(1000, 1.0)
+        assert sorted(numbers(rest)) == list(range(20, 100))
+    finally:
+        broker.close()
+
+
+def test_publish_while_redis_is_down_raises_broker_error_naming_the_url(
+    make_redis_server: MakeServer,
+) -> None:
+    server = make_redis_server()
+    broker = make_broker(server.url)
+    server.kill()
+    try:
+        with pytest.raises(BrokerError, match="cannot reach Redis at") as info:
+            broker.publish([msg(1)])
+        assert server.url in str(info.value)
+        assert info.value.__cause__ is not None
+    finally:
+        broker.close()
+
+
+def test_fetch_raises_broker_error_when_redis_goes_away(make_redis_server: MakeServer) -> None:
+    server = make_redis_server()
+    broker = make_broker(server.url)
+    try:
+        consumer = broker.consumer(["q"])
+        broker.publish([msg(1)])
+        assert numbers(consumer.fetch(10, 1.0)) == [1]
+        server.kill()
+        with pytest.raises(BrokerError, match="cannot reach Redis at"):
+            consumer.fetch(10, 1.0)
+    finally:
+        broker.close()
+
+
+def test_a_consumer_blocked_in_fetch_gets_broker_error_when_redis_dies(
+    make_redis_server: MakeServer,
+) -> None:
+    server = make_redis_server()
+    broker = make_broker(server.url)
+    errors: list[BaseException] = []
+    try:
+        consumer = broker.consumer(["q"])
+
+        def wait() -> None:
+            try:
+                consumer.fetch(10, 30.0)
+            except BaseException as err:
+                errors.append(err)
+
+        thread = threading.Thread(target=wait)
+        thread.start()
+        time.sleep(0.3)  # blocked in BLPOP
+        killed = time.monotonic()
+        server.kill()
+        thread.join(10)
+        assert not thread.is_alive()
+        assert time.monotonic() - killed < 5
+        assert len(errors) == 1 and isinstance(errors[0], BrokerError)
+        assert server.url in str(errors[0])
+    finally:
+        broker.close()
+
+
+def test_a_consumer_works_again_once_redis_is_back(make_redis_server: MakeServer) -> None:
+    server = make_redis_server(appendonly=True)
+    broker = make_broker(server.url)
+    try:
+        consumer = broker.consumer(["q"])
+        server.kill()
+        with pytest.raises(BrokerError):
+            consumer.fetch(1, 0.1)
+        server.start()
+        broker.publish([msg(1)])
+        assert numbers(consumer.fetch(1, 1.0)) == [1]
+    finally:
+        broker.close()
