@@ -13,7 +13,6 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, encode_many
 from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
@@ -168,6 +167,8 @@ class _MemoryConsumer(Consumer):
         held = self.broker._held.get(self.worker_id)
         if held is None:  # declared dead while alive: start over under the same id
             held = self.broker._held[self.worker_id] = {}
+            # and be known again, or what it takes now is never recovered if it dies
+            self.broker._last_seen.setdefault(self.worker_id, time.time())
         return held
 
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
