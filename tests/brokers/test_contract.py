@@ -1,0 +1,448 @@
+"""The broker conformance suite: every broker passes every test here (see ``brokers/base.py``).
+
+Tests use ``make()`` for separate clients on one store (for the memory broker it returns the same
+object) and ``broker`` for the first one. Nothing here asserts how long something took, only what
+came back.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import msgspec
+import pytest
+
+from hurtle.brokers import Broker, Consumer, Delivery, QueueStats
+from hurtle.errors import EncodeError
+from hurtle.ids import new_id
+from hurtle.message import Message
+
+MakeBroker = Callable[..., Broker]
+
+
+def msg(queue: str = "q", *args: object, **fields: object) -> Message:
+    return Message(id=new_id(), task="tests.add", queue=queue, args=args, **fields)  # type: ignore[arg-type]
+
+
+def ids_of(deliveries: list[Delivery]) -> list[str]:
+    return [Message.decode(d.raw).id for d in deliveries]
+
+
+def drain(consumer: Consumer, max_count: int = 100) -> list[Delivery]:
+    """Everything ready now, without waiting."""
+    out: list[Delivery] = []
+    while batch := consumer.fetch(max_count, 0):
+        out += batch
+    return out
+
+
+# -- publish and fetch -----------------------------------------------------------------------
+
+
+def test_publish_then_fetch_returns_the_same_bytes(broker: Broker) -> None:
+    m = msg("q", 5, 6, kwargs={"x": [1, 2]}, headers={"h": "v"})
+    broker.publish([m])
+    got = broker.consumer(["q"]).fetch(10, 1)
+    assert len(got) == 1
+    assert got[0].queue == "q"
+    assert got[0].raw == m.encode()
+    assert Message.decode(got[0].raw) == m
+
+
+def test_fetch_returns_at_most_max_count(broker: Broker) -> None:
+    broker.publish([msg("q", i) for i in range(10)])
+    c = broker.consumer(["q"])
+    assert len(c.fetch(3, 1)) == 3
+    assert len(c.fetch(100, 1)) == 7
+    assert c.fetch(100, 0) == []
+
+
+def test_fetch_on_an_empty_queue_waits_and_returns_nothing(broker: Broker) -> None:
+    c = broker.consumer(["empty"])
+    assert c.fetch(10, 0.2) == []
+    assert c.fetch(10, 0) == []
+
+
+def test_fetch_on_a_drained_queue_waits_and_returns_nothing(broker: Broker) -> None:
+    broker.publish([msg("q")])
+    c = broker.consumer(["q"])
+    c.ack(c.fetch(10, 1))
+    assert c.fetch(10, 0.2) == []
+
+
+def test_publish_from_another_client_wakes_a_blocked_fetch(make: MakeBroker) -> None:
+    consumer_side, producer_side = make(), make()
+    c = consumer_side.consumer(["q"])
+    got: list[list[Delivery]] = []
+    fetcher = threading.Thread(target=lambda: got.append(c.fetch(10, 20)))
+    fetcher.start()
+    time.sleep(0.2)  # let the fetch block
+    m = msg("q")
+    producer_side.publish([m])
+    fetcher.join(20)
+    assert not fetcher.is_alive()
+    assert ids_of(got[0]) == [m.id]
+
+
+def test_fetch_serves_higher_priority_first_then_oldest_first(broker: Broker) -> None:
+    ms = [msg("q", i, priority=p) for i, p in enumerate([0, 9, 5, 9, 0, 5, 1])]
+    broker.publish(ms[:4])
+    broker.publish(ms[4:])
+    c = broker.consumer(["q"])
+    first = c.fetch(2, 1)
+    assert ids_of(first) == [ms[1].id, ms[3].id]
+    rest = drain(c)
+    assert ids_of(rest) == [ms[2].id, ms[5].id, ms[6].id, ms[0].id, ms[4].id]
+
+
+def test_fetch_keeps_publish_order_within_a_priority(broker: Broker) -> None:
+    ms = [msg("q", i) for i in range(50)]
+    for i in range(0, 50, 10):
+        broker.publish(ms[i : i + 10])
+    assert ids_of(drain(broker.consumer(["q"]), 7)) == [m.id for m in ms]
+
+
+def test_fetch_serves_queues_in_the_order_given(broker: Broker) -> None:
+    low = [msg("low", i, priority=9) for i in range(3)]
+    high = [msg("high", i) for i in range(3)]
+    broker.publish(low + high)
+    got = drain(broker.consumer(["high", "low"]), 4)
+    assert ids_of(got) == [m.id for m in high + low]
+    assert [d.queue for d in got] == ["high"] * 3 + ["low"] * 3
+
+
+def test_delayed_message_is_not_fetched_before_its_eta(broker: Broker) -> None:
+    eta = time.time() + 0.5
+    m = msg("q", eta=eta)
+    broker.publish([m])
+    c = broker.consumer(["q"])
+    assert c.fetch(10, 0) == []
+    got = c.fetch(10, 10)  # waits for the eta
+    assert time.time() >= eta
+    assert ids_of(got) == [m.id]
+
+
+def test_delayed_message_whose_eta_has_passed_is_ready(broker: Broker) -> None:
+    m = msg("q", eta=time.time() - 5)
+    broker.publish([m])
+    assert broker.stats(["q"])["q"].ready == 1
+    assert ids_of(broker.consumer(["q"]).fetch(10, 1)) == [m.id]
+
+
+def test_delayed_messages_do_not_hold_back_ready_ones(broker: Broker) -> None:
+    later = [msg("q", i, eta=time.time() + 60, priority=9) for i in range(5)]
+    now = msg("q")
+    broker.publish([*later, now])
+    assert ids_of(broker.consumer(["q"]).fetch(10, 1)) == [now.id]
+
+
+# -- stats and queues ------------------------------------------------------------------------
+
+
+def test_stats_count_ready_delayed_in_flight_and_dead(broker: Broker) -> None:
+    broker.publish([msg("q", i) for i in range(4)] + [msg("q", eta=time.time() + 60)])
+    c = broker.consumer(["q"])
+    held = c.fetch(2, 1)
+    c.dead_letter(held[0], "boom")
+    assert broker.stats(["q"]) == {"q": QueueStats(ready=2, delayed=1, in_flight=1, dead=1)}
+    assert broker.stats()["q"] == QueueStats(ready=2, delayed=1, in_flight=1, dead=1)
+
+
+def test_stats_of_an_unknown_queue_are_zero(broker: Broker) -> None:
+    assert broker.stats(["nowhere"]) == {"nowhere": QueueStats()}
+
+
+def test_queues_lists_every_queue_published_to(broker: Broker) -> None:
+    assert broker.queues() == []
+    broker.publish([msg("b"), msg("a")])
+    broker.publish_raw("c", [b"raw"])
+    c = broker.consumer(["a", "b", "c"])
+    c.ack(drain(c))
+    assert broker.queues() == ["a", "b", "c"]
+
+
+# -- settling --------------------------------------------------------------------------------
+
+
+def test_ack_removes_messages_for_good(make: MakeBroker) -> None:
+    broker = make()
+    broker.publish([msg("q", i) for i in range(3)])
+    c = broker.consumer(["q"])
+    c.ack(c.fetch(10, 1))
+    c.close()
+    assert broker.stats(["q"])["q"] == QueueStats()
+    assert broker.consumer(["q"]).fetch(10, 0) == []
+    assert make().consumer(["q"]).fetch(10, 0) == []
+
+
+def test_ack_of_a_batch_settles_only_those_deliveries(broker: Broker) -> None:
+    broker.publish([msg("q", i) for i in range(5)])
+    c = broker.consumer(["q"])
+    held = c.fetch(5, 1)
+    c.ack(held[:3])
+    assert broker.stats(["q"])["q"] == QueueStats(in_flight=2)
+
+
+def test_release_makes_messages_ready_again_unchanged(broker: Broker) -> None:
+    ms = [msg("q", i) for i in range(3)]
+    broker.publish(ms)
+    c = broker.consumer(["q"])
+    held = c.fetch(2, 1)
+    c.release(held)
+    assert broker.stats(["q"])["q"] == QueueStats(ready=3)
+    again = drain(broker.consumer(["q"]))
+    assert sorted(d.raw for d in again) == sorted(m.encode() for m in ms)
+
+
+def test_retry_replaces_the_delivery_by_the_next_attempt_at_its_eta(broker: Broker) -> None:
+    m = msg("q", 1)
+    broker.publish([m])
+    c = broker.consumer(["q"])
+    [d] = c.fetch(1, 1)
+    eta = time.time() + 0.5
+    c.retry(d, msgspec.structs.replace(m, attempt=m.attempt + 1, eta=eta))
+    assert broker.stats(["q"])["q"] == QueueStats(delayed=1)
+    assert c.fetch(10, 0) == []
+    [again] = c.fetch(10, 10)
+    assert time.time() >= eta
+    retried = Message.decode(again.raw)
+    assert (retried.id, retried.attempt, retried.eta) == (m.id, 1, eta)
+    c.ack([again])
+    assert broker.stats(["q"])["q"] == QueueStats()
+
+
+def test_retry_without_delay_is_ready_at_once(broker: Broker) -> None:
+    m = msg("q")
+    broker.publish([m])
+    c = broker.consumer(["q"])
+    [d] = c.fetch(1, 1)
+    c.retry(d, msgspec.structs.replace(m, attempt=1))
+    [again] = c.fetch(1, 1)
+    assert Message.decode(again.raw).attempt == 1
+
+
+def test_dead_letter_keeps_the_reason_and_the_exact_raw_bytes(broker: Broker) -> None:
+    garbage = b"\xc1 not msgpack \x00\xff"
+    broker.publish_raw("q", [garbage])
+    c = broker.consumer(["q"])
+    [d] = c.fetch(1, 1)
+    assert d.raw == garbage
+    before = time.time()
+    c.dead_letter(d, "not a hurtle message")
+    [dead] = broker.dead_letters("q")
+    assert (dead.queue, dead.reason, dead.raw) == ("q", "not a hurtle message", garbage)
+    assert dead.failed_at >= before - 1
+    assert dead.message() is None
+    assert broker.stats(["q"])["q"] == QueueStats(dead=1)
+
+
+# -- dead letters ----------------------------------------------------------------------------
+
+
+def _dead_letter_all(broker: Broker, ms: list[Message]) -> None:
+    broker.publish(ms)
+    c = broker.consumer([ms[0].queue])
+    for i, d in enumerate(c.fetch(len(ms), 1)):
+        c.dead_letter(d, f"reason {i}")
+
+
+def test_dead_letters_are_listed_oldest_first_and_paged(broker: Broker) -> None:
+    ms = [msg("q", i) for i in range(5)]
+    _dead_letter_all(broker, ms)
+    everything = broker.dead_letters("q")
+    assert [d.reason for d in everything] == [f"reason {i}" for i in range(5)]
+    assert [d.message() for d in everything] == ms
+    assert len({d.id for d in everything}) == 5
+    page = broker.dead_letters("q", limit=2, offset=1)
+    assert [d.reason for d in page] == ["reason 1", "reason 2"]
+    assert broker.dead_letters("other") == []
+
+
+def test_delete_dead_removes_those_named_and_counts_them(broker: Broker) -> None:
+    _dead_letter_all(broker, [msg("q", i) for i in range(3)])
+    first, *rest = broker.dead_letters("q")
+    assert broker.delete_dead("q", [first.id, "no-such-id"]) == 1
+    assert broker.dead_letters("q") == rest
+    assert broker.delete_dead("q", [first.id]) == 0
+
+
+def test_purge_dead_removes_every_dead_letter_of_the_queue(broker: Broker) -> None:
+    _dead_letter_all(broker, [msg("q", i) for i in range(3)])
+    _dead_letter_all(broker, [msg("other")])
+    assert broker.purge_dead("q") == 3
+    assert broker.dead_letters("q") == []
+    assert broker.purge_dead("q") == 0
+    assert len(broker.dead_letters("other")) == 1
+
+
+def test_retry_dead_puts_messages_back_as_attempt_zero_and_raw_bytes_as_they_are(
+    broker: Broker,
+) -> None:
+    m = msg("q", attempt=3, eta=time.time() - 1)
+    broker.publish([m])
+    broker.publish_raw("q", [b"garbage"])
+    c = broker.consumer(["q"])
+    for d in c.fetch(2, 1):
+        c.dead_letter(d, "failed")
+    assert broker.retry_dead("q") == 2
+    assert broker.dead_letters("q") == []
+    got = drain(c)
+    raws = {d.raw for d in got}
+    assert b"garbage" in raws
+    [back] = [Message.decode(r) for r in raws if r != b"garbage"]
+    assert (back.id, back.attempt, back.eta) == (m.id, 0, 0.0)
+
+
+def test_retry_dead_by_id_moves_only_those(broker: Broker) -> None:
+    ms = [msg("q", i) for i in range(4)]
+    _dead_letter_all(broker, ms)
+    dead = broker.dead_letters("q")
+    assert broker.retry_dead("q", [dead[1].id, dead[3].id]) == 2
+    assert broker.dead_letters("q") == [dead[0], dead[2]]
+    back = drain(broker.consumer(["q"]))
+    assert sorted(ids_of(back)) == sorted([ms[1].id, ms[3].id])
+
+
+# -- several consumers -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("clients", ["one client", "two clients"])
+def test_two_consumers_never_get_the_same_message(make: MakeBroker, clients: str) -> None:
+    producer = make()
+    first = make()
+    second = make() if clients == "two clients" else first
+    ms = [msg("q", i) for i in range(3000)]
+    for i in range(0, len(ms), 500):
+        producer.publish(ms[i : i + 500])
+    seen: list[list[str]] = [[], []]
+    go = threading.Barrier(2)
+
+    def consume(broker: Broker, out: list[str]) -> None:
+        c = broker.consumer(["q"])
+        go.wait()
+        while batch := c.fetch(37, 0.3):
+            out += ids_of(batch)
+            c.ack(batch)
+        c.close()
+
+    threads = [
+        threading.Thread(target=consume, args=(b, out))
+        for b, out in zip((first, second), seen, strict=True)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not set(seen[0]) & set(seen[1])
+    assert sorted(seen[0] + seen[1]) == sorted(m.id for m in ms)
+    assert producer.stats(["q"])["q"] == QueueStats()
+
+
+def test_a_silent_consumers_deliveries_go_to_a_live_one(make: MakeBroker) -> None:
+    a_side, b_side = make(heartbeat_timeout=0.5), make(heartbeat_timeout=0.5)
+    ms = [msg("q", i) for i in range(3)]
+    a_side.publish(ms)
+    a = a_side.consumer(["q"])
+    assert len(a.fetch(10, 1)) == 3  # then a stops heart-beating, without closing
+    b = b_side.consumer(["q"])
+    b.heartbeat()
+    assert b.fetch(10, 0) == []
+    time.sleep(0.8)
+    b.heartbeat()  # records b alive, then recovers what a held
+    got = b.fetch(10, 1)
+    assert sorted(ids_of(got)) == sorted(m.id for m in ms)
+
+
+def test_recover_returns_how_many_deliveries_went_back(make: MakeBroker) -> None:
+    broker = make(heartbeat_timeout=0.3)
+    broker.publish([msg("q", i) for i in range(4)])
+    broker.consumer(["q"]).fetch(10, 1)
+    assert broker.recover() == 0
+    time.sleep(0.6)
+    assert broker.recover() == 4
+    assert broker.recover() == 0
+    assert broker.stats(["q"])["q"] == QueueStats(ready=4)
+
+
+def test_a_slow_consumer_that_keeps_heart_beating_keeps_its_deliveries(
+    make: MakeBroker,
+) -> None:
+    a_side, b_side = make(heartbeat_timeout=0.5), make(heartbeat_timeout=0.5)
+    a_side.publish([msg("q", i) for i in range(3)])
+    a = a_side.consumer(["q"])
+    held = a.fetch(10, 1)
+    b = b_side.consumer(["q"])
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        a.heartbeat()
+        b.heartbeat()
+        assert b.fetch(10, 0) == []
+        assert b_side.recover() == 0
+        time.sleep(0.1)
+    assert b_side.stats(["q"])["q"] == QueueStats(in_flight=3)
+    a.ack(held)
+    assert b_side.stats(["q"])["q"] == QueueStats()
+
+
+def test_ack_from_a_consumer_declared_dead_leaves_the_redelivered_message(
+    make: MakeBroker,
+) -> None:
+    a_side, b_side = make(heartbeat_timeout=0.3), make(heartbeat_timeout=0.3)
+    m = msg("q")
+    a_side.publish([m])
+    a = a_side.consumer(["q"])
+    stale = a.fetch(1, 1)
+    time.sleep(0.5)
+    b = b_side.consumer(["q"])
+    b.heartbeat()
+    [d] = b.fetch(1, 1)
+    a.heartbeat()  # a comes back to life: too late for what it held
+    a.ack(stale)
+    assert b_side.stats(["q"])["q"] == QueueStats(in_flight=1)
+    b.ack([d])
+    assert b_side.stats(["q"])["q"] == QueueStats()
+
+
+def test_what_a_consumer_takes_after_being_declared_dead_is_still_recovered(
+    make: MakeBroker,
+) -> None:
+    a_side, b_side = make(heartbeat_timeout=0.3), make(heartbeat_timeout=0.3)
+    a = a_side.consumer(["q"])
+    time.sleep(0.5)
+    b = b_side.consumer(["q"])
+    b.heartbeat()  # declares a dead
+    a_side.publish([msg("q")])
+    assert len(a.fetch(1, 1)) == 1  # a still fetches, then falls silent for good
+    time.sleep(0.5)
+    b.heartbeat()
+    assert len(b.fetch(1, 1)) == 1
+
+
+def test_close_releases_what_the_consumer_held(make: MakeBroker) -> None:
+    a_side, b_side = make(), make()
+    ms = [msg("q", i) for i in range(3)]
+    a_side.publish(ms)
+    a = a_side.consumer(["q"])
+    assert len(a.fetch(10, 1)) == 3
+    a.close()
+    assert b_side.stats(["q"])["q"] == QueueStats(ready=3)
+    assert sorted(ids_of(b_side.consumer(["q"]).fetch(10, 1))) == sorted(m.id for m in ms)
+
+
+# -- bad input -------------------------------------------------------------------------------
+
+
+def test_publish_of_an_unencodable_argument_raises_and_enqueues_nothing(broker: Broker) -> None:
+    with pytest.raises(EncodeError, match=r"tests\.add"):
+        broker.publish([msg("q", object())])
+    assert broker.stats(["q"])["q"] == QueueStats()
+    assert broker.consumer(["q"]).fetch(10, 0) == []
+
+
+def test_publish_of_a_batch_with_one_bad_message_enqueues_none_of_it(broker: Broker) -> None:
+    with pytest.raises(EncodeError):
+        broker.publish([msg("q", 1), msg("q", 2), msg("q", object())])
+    assert broker.stats(["q"])["q"] == QueueStats()
+    assert broker.consumer(["q"]).fetch(10, 0) == []

@@ -1,0 +1,149 @@
+"""What only the SQLite broker promises: one file shared by real processes, and clear URL errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hurtle.brokers import QueueStats, make_broker
+from hurtle.brokers.sqlite import SQLiteBroker
+from hurtle.errors import ConfigurationError
+from hurtle.ids import new_id
+from hurtle.message import Message
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+# A consumer process: waits for "go" on stdin, then fetches and acks until the queue stays empty,
+# printing the ids it got as one JSON line.
+CONSUMER = """
+import json, sys
+from hurtle.brokers import make_broker
+from hurtle.message import Message
+broker = make_broker(sys.argv[1])
+consumer = broker.consumer(["q"])
+print("ready", flush=True)
+sys.stdin.readline()
+got = []
+while batch := consumer.fetch(int(sys.argv[2]), float(sys.argv[3])):
+    got += [Message.decode(d.raw).id for d in batch]
+    consumer.ack(batch)
+consumer.close()
+broker.close()
+print(json.dumps(got), flush=True)
+"""
+
+
+def spawn_consumer(url: str, max_count: int, timeout: float) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CONSUMER, url, str(max_count), str(timeout)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def finish(proc: subprocess.Popen[str]) -> list[str]:
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    ids: list[str] = json.loads(out.strip().splitlines()[-1])
+    return ids
+
+
+def messages(n: int) -> list[Message]:
+    return [Message(id=new_id(), task="tests.add", queue="q", args=(i,)) for i in range(n)]
+
+
+def test_two_processes_on_one_file_get_disjoint_complete_sets(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'hurtle.db'}"
+    broker = make_broker(url)
+    ms = messages(6000)
+    for i in range(0, len(ms), 1000):
+        broker.publish(ms[i : i + 1000])
+    procs = [spawn_consumer(url, 50, 0.5) for _ in range(2)]
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    first, second = (finish(proc) for proc in procs)
+    assert not set(first) & set(second)
+    assert sorted(first + second) == sorted(m.id for m in ms)
+    assert broker.stats(["q"])["q"] == QueueStats()
+    broker.close()
+
+
+def test_a_send_from_another_process_wakes_a_blocked_fetch(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'hurtle.db'}"
+    broker = make_broker(url)
+    proc = spawn_consumer(url, 10, 5.0)  # stops after 5 s without anything new
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    time.sleep(0.3)  # the child is blocked in fetch now
+    [m] = messages(1)
+    broker.publish([m])
+    assert finish(proc) == [m.id]
+    broker.close()
+
+
+def test_file_and_missing_directories_are_created_on_first_use(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "hurtle.db"
+    broker = make_broker(f"sqlite:///{path}")
+    assert path.is_file()
+    assert broker.queues() == []
+    broker.close()
+
+
+def test_three_slashes_name_a_path_relative_to_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    broker = make_broker("sqlite:///sub/hurtle.db")
+    assert isinstance(broker, SQLiteBroker)
+    assert (tmp_path / "sub" / "hurtle.db").is_file()
+    broker.close()
+
+
+def test_a_directory_as_the_database_path_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cannot open the SQLite broker file"):
+        make_broker(f"sqlite:///{tmp_path}")
+
+
+def test_a_path_under_a_regular_file_is_a_configuration_error(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("not a directory")
+    with pytest.raises(ConfigurationError) as info:
+        make_broker(f"sqlite:///{tmp_path / 'plain' / 'hurtle.db'}")
+    assert "\n" not in str(info.value)
+
+
+def test_a_file_that_is_not_a_database_is_a_configuration_error(tmp_path: Path) -> None:
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"this is not a SQLite database, just some text " * 100)
+    with pytest.raises(ConfigurationError, match=r"junk\.db"):
+        make_broker(f"sqlite:///{path}")
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///", "sqlite://host/x.db"])
+def test_a_sqlite_url_without_a_path_is_a_configuration_error(url: str) -> None:
+    with pytest.raises(ConfigurationError, match="sqlite:///"):
+        make_broker(url)
+
+
+def test_state_survives_reopening_the_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'hurtle.db'}"
+    with make_broker(url) as broker:
+        [m] = messages(1)
+        broker.publish([m])
+    with make_broker(url) as broker:
+        [d] = broker.consumer(["q"]).fetch(1, 1)
+        assert Message.decode(d.raw) == m
