@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import hurtle_env, run_hurtle
 
+from conftest import hurtle_env, run_hurtle
 from hurtle import Hurtle
 
 TASKS = textwrap.dedent(
@@ -64,6 +64,8 @@ class Project:
         self.url = f"sqlite:///{self.db}"
         self.env = {"HURTLE_BROKER_URL": self.url, "RUNS_LOG": str(self.log)}
         self.app = Hurtle(self.url)
+        self._started = 0
+        self._outputs: dict[int, Path] = {}
         for name in ("tasks.add", "tasks.slow", "tasks.broken"):
             self.app.task(name=name, retries=0)(lambda *a: None)
 
@@ -78,11 +80,20 @@ class Project:
         return run_hurtle(*args, cwd=self.root, timeout=timeout, **{**self.env, **env})
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            [sys.executable, "-m", "hurtle", *args], cwd=self.root,
-            env=hurtle_env(**{**self.env, **env}), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True,
-        )
+        """Start hurtle in the background; its output goes to a file (``output(proc)``)."""
+        self._started += 1
+        out = self.root / f"process-{self._started}.log"
+        with out.open("w") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hurtle", *args], cwd=self.root,
+                env=hurtle_env(**{**self.env, **env}), stdout=f, stderr=subprocess.STDOUT,
+                text=True,
+            )
+        self._outputs[proc.pid] = out
+        return proc
+
+    def output(self, proc: subprocess.Popen[str]) -> str:
+        return self._outputs[proc.pid].read_text()
 
     def status(self) -> dict[str, dict[str, int]]:
         out = self.hurtle("status", "tasks:app", "--json")
@@ -187,8 +198,7 @@ def test_sigterm_lets_the_running_task_finish_and_hands_back_the_rest(
     worker = project.popen("worker", "tasks:app", "--pool", pool, "--concurrency", "1")
     project.wait_for(lambda: any(r.startswith("start") for r in project.runs()))
     worker.send_signal(signal.SIGTERM)
-    _, stderr = worker.communicate(timeout=30)
-    assert worker.returncode == 0, stderr
+    assert worker.wait(timeout=30) == 0, project.output(worker)
     runs = project.runs()
     started = [r.split()[1] for r in runs if r.startswith("start")]
     finished = [r.split()[1] for r in runs if r.startswith("done")]

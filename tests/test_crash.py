@@ -44,6 +44,6 @@ def test_a_slow_task_on_a_live_worker_is_never_given_to_another_worker(
     other = project.hurtle("worker", "tasks:app", "--burst", timeout=60, **env)
     assert other.returncode == 0, other.stderr
     slow_worker.send_signal(signal.SIGTERM)
-    slow_worker.communicate(timeout=30)
+    assert slow_worker.wait(timeout=30) == 0, project.output(slow_worker)
     assert project.runs().count("start long") == 1
     assert project.runs().count("done long") == 1
