@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import hurtle_env, run_hurtle
+from helpers import hurtle_env, run_hurtle
 from hurtle import Hurtle
 
 TASKS = textwrap.dedent(

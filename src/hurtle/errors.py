@@ -35,7 +35,7 @@ class TimeLimitExceeded(HurtleError):
     """A task ran longer than its ``time_limit``."""
 
 
-class Retry(Exception):  # noqa: N818 - a control-flow signal, not an error
+class Retry(Exception):
     """Raised by a task to ask for another attempt, optionally after ``delay`` seconds."""
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
@@ -44,7 +44,7 @@ class Retry(Exception):  # noqa: N818 - a control-flow signal, not an error
         self.reason = reason
 
 
-class Reject(Exception):  # noqa: N818 - a control-flow signal, not an error
+class Reject(Exception):
     """Raised by a task to send its message straight to the dead letters, with ``reason``."""
 
     def __init__(self, reason: str = "rejected by the task") -> None:
