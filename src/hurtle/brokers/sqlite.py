@@ -5,8 +5,11 @@ the process; a power cut may lose the last commits). Tables:
 
 * ``messages`` — every message not yet settled. Its ``owner`` column is its state: NULL = ready,
   ``''`` = delayed (waiting for ``eta``), a worker id = held by that worker. A delivery's receipt
-  is its row id. The index ``(queue, owner, priority DESC, id)`` serves the claim; a partial index
-  on ``(queue, eta)`` holds only delayed rows, so a far-future backlog never slows a claim.
+  is its row id. Two partial indexes keep the hot path short: ``(queue, priority DESC)`` over
+  ready rows only serves the claim (a claim just leaves it, an ack touches no index), and
+  ``(queue, eta)`` over delayed rows only, so a far-future backlog never slows a claim. Held rows
+  are not indexed: finding them by owner is a scan, done only to recover a dead worker's
+  deliveries and to count ``in_flight`` in ``stats``; a consumer closes by the ids it holds.
 * ``workers`` — one row per live consumer and its last heartbeat.
 * ``dead`` — dead letters, oldest first by row id.
 * ``queues`` — every queue ever published to.
@@ -75,7 +78,8 @@ CREATE TABLE IF NOT EXISTS messages (
     owner    TEXT,
     body     BLOB    NOT NULL
 );
-CREATE INDEX IF NOT EXISTS messages_claim ON messages (queue, owner, priority DESC);
+CREATE INDEX IF NOT EXISTS messages_ready ON messages (queue, owner, priority DESC)
+    WHERE owner IS NULL;
 CREATE INDEX IF NOT EXISTS messages_delayed ON messages (queue, eta) WHERE owner = '';
 CREATE TABLE IF NOT EXISTS workers (
     worker_id TEXT PRIMARY KEY,
@@ -299,19 +303,24 @@ class SQLiteBroker(Broker):
             wanted = (json.dumps(names),)
             # ready, delayed, in flight, dead
             counts = {name: [0, 0, 0, 0] for name in names}
-            for queue, state, n in conn.execute(
-                "SELECT queue, CASE WHEN owner IS NULL THEN 0 WHEN owner = '' THEN 1 ELSE 2 END "
-                f"AS state, count(*) FROM messages WHERE queue IN ({_IDS}) GROUP BY queue, state",
+            for queue, n in conn.execute(
+                f"SELECT queue, count(*) FROM messages WHERE queue IN ({_IDS}) "
+                "AND owner IS NULL GROUP BY queue",
                 wanted,
             ):
-                counts[queue][state] += n
-            for queue, n in conn.execute(  # delayed rows already due are ready
-                f"SELECT queue, count(*) FROM messages WHERE queue IN ({_IDS}) AND owner = '' "
-                "AND eta <= ? GROUP BY queue",
-                (wanted[0], now),
-            ):
                 counts[queue][0] += n
-                counts[queue][1] -= n
+            for queue, due, n in conn.execute(  # delayed rows already due are ready
+                f"SELECT queue, eta <= ?, count(*) FROM messages WHERE queue IN ({_IDS}) "
+                "AND owner = '' GROUP BY 1, 2",
+                (now, wanted[0]),
+            ):
+                counts[queue][0 if due else 1] += n
+            for queue, n in conn.execute(  # held rows have no index: this one scans
+                f"SELECT queue, count(*) FROM messages WHERE queue IN ({_IDS}) "
+                "AND owner > '' GROUP BY queue",
+                wanted,
+            ):
+                counts[queue][2] += n
             for queue, n in conn.execute(
                 f"SELECT queue, count(*) FROM dead WHERE queue IN ({_IDS}) GROUP BY queue",
                 wanted,
@@ -341,8 +350,7 @@ class SQLiteBroker(Broker):
             return 0
         ids = (json.dumps(dead),)
         moved: int = conn.execute(
-            "UPDATE messages SET owner = NULL WHERE queue IN (SELECT name FROM queues) "
-            f"AND owner IN ({_IDS})",
+            f"UPDATE messages SET owner = NULL WHERE owner IN ({_IDS})",
             ids,
         ).rowcount
         conn.execute(f"DELETE FROM workers WHERE worker_id IN ({_IDS})", ids)
@@ -398,9 +406,7 @@ class _SQLiteConsumer(Consumer):
             [f"EXISTS (SELECT 1 FROM messages WHERE queue IN ({marks}) AND owner IS NULL)"]
             + ["(SELECT min(eta) FROM messages WHERE queue = ? AND owner = '')"] * len(queues)
         )
-        self._release_all_sql = (
-            f"UPDATE messages SET owner = NULL WHERE queue IN ({marks}) AND owner = ?"
-        )
+        self._held: set[int] = set()  # receipts fetched and not yet settled here
         with broker._write() as conn:
             conn.execute(_UPSERT_WORKER, (worker_id, time.time()))
 
@@ -437,6 +443,7 @@ class _SQLiteConsumer(Consumer):
                     rows.sort(key=_by_id)
                     rows.sort(key=_by_priority, reverse=True)
                     out += [Delivery(queue, body, rowid) for rowid, _, body in rows]
+                    self._held.update(map(_by_id, rows))
                     if len(out) >= max_count:
                         break
         return out
@@ -489,11 +496,13 @@ class _SQLiteConsumer(Consumer):
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
-        ids = json.dumps([d.receipt for d in deliveries])
+        receipts = [d.receipt for d in deliveries]
         with self.broker._write() as conn:
             conn.execute(
-                f"DELETE FROM messages WHERE id IN ({_IDS}) AND owner = ?", (ids, self.worker_id)
+                f"DELETE FROM messages WHERE id IN ({_IDS}) AND owner = ?",
+                (json.dumps(receipts), self.worker_id),
             )
+        self._held.difference_update(receipts)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()
@@ -504,6 +513,7 @@ class _SQLiteConsumer(Consumer):
             if conn.execute(_SETTLE, (delivery.receipt, self.worker_id)).rowcount:
                 new = b._add_queues(conn, (message.queue,))
                 conn.execute(_INSERT, (message.queue, message.priority, message.eta, owner, raw))
+        self._held.discard(delivery.receipt)
         b._known.update(new)
         b._notify()
 
@@ -514,17 +524,20 @@ class _SQLiteConsumer(Consumer):
                     "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)",
                     (new_id(), delivery.queue, reason, delivery.raw, time.time()),
                 )
+        self._held.discard(delivery.receipt)
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
-        if not deliveries:
-            return
-        ids = json.dumps([d.receipt for d in deliveries])
+        if deliveries:
+            self._release([d.receipt for d in deliveries])
+            self.broker._notify()
+
+    def _release(self, receipts: list[int]) -> None:
         with self.broker._write() as conn:
             conn.execute(
                 f"UPDATE messages SET owner = NULL WHERE id IN ({_IDS}) AND owner = ?",
-                (ids, self.worker_id),
+                (json.dumps(receipts), self.worker_id),
             )
-        self.broker._notify()
+        self._held.difference_update(receipts)
 
     def heartbeat(self) -> None:
         b = self.broker
@@ -540,7 +553,10 @@ class _SQLiteConsumer(Consumer):
         if b._closed:
             return
         with b._write() as conn:
-            if self.queues:
-                conn.execute(self._release_all_sql, (*self.queues, self.worker_id))
+            conn.execute(
+                f"UPDATE messages SET owner = NULL WHERE id IN ({_IDS}) AND owner = ?",
+                (json.dumps(list(self._held)), self.worker_id),
+            )
             conn.execute("DELETE FROM workers WHERE worker_id = ?", (self.worker_id,))
+        self._held.clear()
         b._notify()
