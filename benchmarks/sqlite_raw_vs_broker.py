@@ -1,0 +1,85 @@
+"""The SQLite broker against a plain sqlite3 loop doing the same storage work.
+
+Both store N messages in batches of 1,000 and take them out again in batches of 1,000, on a WAL
+file with ``synchronous=NORMAL``. The raw loop inserts and then deletes rows with ``RETURNING``;
+hurtle publishes ``Message``s, fetches them (claiming), and acknowledges them. One line per
+scenario; the budget (DESIGN.md style) is hurtle >= 1/3 of raw.
+
+    python benchmarks/sqlite_raw_vs_broker.py [N]
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hurtle.brokers.sqlite import SQLiteBroker
+from hurtle.ids import new_id
+from hurtle.message import Message
+
+BATCH = 1000
+
+
+def raw_loop(path: Path, n: int, bodies: list[bytes]) -> float:
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, body BLOB NOT NULL)")
+    start = time.perf_counter()
+    for i in range(0, n, BATCH):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany("INSERT INTO t (body) VALUES (?)", [(b,) for b in bodies[i : i + BATCH]])
+        conn.execute("COMMIT")
+    got = 0
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        rows = conn.execute(
+            "DELETE FROM t WHERE id IN (SELECT id FROM t ORDER BY id LIMIT ?) RETURNING body",
+            (BATCH,),
+        ).fetchall()
+        conn.execute("COMMIT")
+        if not rows:
+            break
+        got += len(rows)
+    elapsed = time.perf_counter() - start
+    assert got == n, got
+    conn.close()
+    return elapsed
+
+
+def hurtle_loop(path: Path, n: int, messages: list[Message]) -> float:
+    broker = SQLiteBroker(f"sqlite:///{path}")
+    consumer = broker.consumer(["bench"])
+    start = time.perf_counter()
+    for i in range(0, n, BATCH):
+        broker.publish(messages[i : i + BATCH])
+    got = 0
+    while True:
+        deliveries = consumer.fetch(BATCH, 0)
+        if not deliveries:
+            break
+        consumer.ack(deliveries)
+        got += len(deliveries)
+    elapsed = time.perf_counter() - start
+    assert got == n, got
+    consumer.close()
+    broker.close()
+    return elapsed
+
+
+def main() -> None:
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    messages = [Message(id=new_id(), task="add", queue="bench", args=(5, 6)) for _ in range(n)]
+    bodies = [m.encode() for m in messages]
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = raw_loop(Path(tmp) / "raw.db", n, bodies)
+        mine = hurtle_loop(Path(tmp) / "hurtle.db", n, messages)
+    print(f"raw sqlite3 insert+delete   {n / raw:>10,.0f} msg/s")
+    print(f"hurtle publish+fetch+ack    {n / mine:>10,.0f} msg/s  ({raw / mine:.2f}x of raw)")
+
+
+if __name__ == "__main__":
+    main()
