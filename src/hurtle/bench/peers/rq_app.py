@@ -1,0 +1,27 @@
+"""RQ side of the benchmark: ``add`` enqueued one job at a time on queue ``bench``; consumed by
+``rq worker`` with its default worker class (a fork per job)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from rq import Queue
+
+from redis import Redis
+
+from ..probe import hit
+
+
+def add(x: int, y: int) -> int:
+    hit()
+    return x + y
+
+
+def publish(count: int, progress: Callable[[int], None]) -> int:
+    queue = Queue("bench", connection=Redis.from_url(os.environ["HURTLE_BENCH_REDIS_URL"]))
+    for i in range(1, count + 1):
+        queue.enqueue(add, 5, 6)
+        if not i % 1000:
+            progress(i)
+    return count
