@@ -4,19 +4,25 @@ All keys of one queue share the hash tag ``{queue}`` so that they live in one Re
 and every Lua script touches a single slot. The only key outside a queue is the ``hurtle:queues``
 set of known queue names, which scripts never touch.
 
-Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id)::
+Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch id)::
 
     hurtle:queues                 SET     every queue name ever published to
     hurtle:{q}:ready:P            LIST    raw messages of priority P; head = next to run
     hurtle:{q}:delayed            ZSET    "P:SEQ:" .. raw, scored by eta (Unix seconds)
-    hurtle:{q}:inflight:W         HASH    receipt -> raw, what worker W holds;
-                                          receipt = SEQ * 10 + P
+    hurtle:{q}:inflight:W         HASH    batch id B -> how many of batch B worker W still holds
+    hurtle:{q}:inflight:W:B       LIST    the payloads of batch B, in fetch order
+    hurtle:{q}:inflight:W:B:done  STRING  bitmap: bit i set = message i of batch B is settled
     hurtle:{q}:workers            ZSET    W, scored by W's last heartbeat (server time)
     hurtle:{q}:wake               LIST    wake-up tokens that idle consumers BLPOP on
-    hurtle:{q}:seq                STRING  counter for receipts and delayed members
+    hurtle:{q}:seq                STRING  counter for batch ids and delayed members
     hurtle:{q}:dead               ZSET    dead-letter id, scored by failure time
     hurtle:{q}:dead:raw           HASH    dead-letter id -> raw bytes
     hurtle:{q}:dead:reason        HASH    dead-letter id -> reason
+
+A fetch records what it took as one in-flight *batch* per priority (``B = SEQ * 10 + P``), so that
+recording and acknowledging a thousand messages costs a few commands rather than a thousand hash
+fields. The batch keys are built inside the scripts from the worker's in-flight key (same hash
+tag), since their ids are only known there. A delivery's receipt is ``B << 20 | i``.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ class QueueKeys:
         self.inflight_prefix = f"{base}inflight:"
 
     def inflight(self, worker_id: str) -> str:
-        """The hash of what ``worker_id`` holds from this queue."""
+        """The index of the batches ``worker_id`` holds from this queue."""
         return f"{self.inflight_prefix}{worker_id}"
 
 
@@ -70,3 +76,8 @@ class QueueKeys:
 def queue_keys(name: str) -> QueueKeys:
     """The keys of queue ``name`` (cached: building them is off the hot path)."""
     return QueueKeys(name)
+
+
+#: A receipt is ``batch_id << BATCH_BITS | index``: a batch holds fewer than 2**20 messages.
+BATCH_BITS = 20
+BATCH_MASK = (1 << BATCH_BITS) - 1

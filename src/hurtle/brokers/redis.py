@@ -27,9 +27,14 @@ import math
 import os
 import re
 import socket
+import struct
 import time
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from functools import lru_cache
 from importlib import resources
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
@@ -43,7 +48,7 @@ from ..errors import BrokerError, ConfigurationError, EncodeError
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, encode_many
 from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
-from .keys import QUEUES, QueueKeys, queue_keys
+from .keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
 
 __all__ = ["RedisBroker", "RedisConsumer"]
 
@@ -83,6 +88,7 @@ class _Scripts:
     def __init__(self) -> None:
         self.publish = _Script("publish")
         self.fetch = _Script("fetch")
+        self.ack = _Script("ack")
         self.retry = _Script("retry")
         self.dead_letter = _Script("dead_letter")
         self.release = _Script("release")
@@ -370,6 +376,38 @@ def _publish_keys(name: str) -> tuple[str, ...]:
     return (*k.ready, k.delayed, k.wake, k.seq)
 
 
+@lru_cache(maxsize=64)
+def _packed_range(start: int, n: int) -> bytes:
+    return struct.pack(f"<{n}I", *range(start, start + n))
+
+
+_QUEUE_OF = attrgetter("queue")
+_RECEIPT_OF = attrgetter("receipt")
+
+
+def _ack_args(receipts: list[int]) -> list[Any]:
+    """``ack.lua`` arguments: per batch its id, a count and the packed message indexes."""
+    first, n = receipts[0], len(receipts)
+    if (
+        receipts[-1] - first == n - 1
+        and first >> BATCH_BITS == receipts[-1] >> BATCH_BITS
+        and receipts == list(range(first, first + n))
+    ):  # the usual case: a run of one fetched batch, in order
+        return [first >> BATCH_BITS, n, _packed_range(first & BATCH_MASK, n)]
+    unique = set(receipts)
+    ordered = sorted(unique) if len(unique) != len(receipts) else sorted(receipts)
+    args: list[Any] = []
+    n = len(ordered)
+    start = 0
+    while start < n:
+        batch = ordered[start] >> BATCH_BITS
+        end = bisect_left(ordered, (batch + 1) << BATCH_BITS, start)
+        indexes = [r & BATCH_MASK for r in ordered[start:end]]
+        args += (batch, end - start, struct.pack(f"<{end - start}I", *indexes))
+        start = end
+    return args
+
+
 class _Target:
     """One queue of a consumer, with its script keys built once."""
 
@@ -384,7 +422,7 @@ class _Target:
 
 
 class RedisConsumer(Consumer):
-    """One worker's session: its in-flight hashes are ``hurtle:{queue}:inflight:<worker_id>``."""
+    """One worker's session: what it holds is under ``hurtle:{queue}:inflight:<worker_id>``."""
 
     def __init__(self, broker: RedisBroker, queues: tuple[str, ...], worker_id: str) -> None:
         self.broker = broker
@@ -404,6 +442,7 @@ class RedisConsumer(Consumer):
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
         if max_count <= 0:
             return []
+        max_count = min(max_count, BATCH_MASK)
         deadline = time.monotonic() + timeout
         while True:
             out, wait_ms = self._take(max_count)
@@ -435,9 +474,11 @@ class RedisConsumer(Consumer):
             )
             if len(res) > 1:
                 name = target.name
-                it = iter(res)
-                next(it)
-                out += [Delivery(name, raw, receipt) for receipt, raw in zip(it, it, strict=False)]
+                for at in range(1, len(res), 2):  # one batch per priority: id, payloads
+                    base = res[at] << BATCH_BITS
+                    raws = res[at + 1]
+                    n = len(raws)
+                    out += map(Delivery, repeat(name, n), raws, range(base, base + n))
                 if len(out) >= max_count:
                     break
             elif res[0] >= 0 and (wait_ms < 0 or res[0] < wait_ms):
@@ -447,15 +488,18 @@ class RedisConsumer(Consumer):
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
-        queue = deliveries[0].queue
-        if all(d.queue == queue for d in deliveries):
-            receipts = [d.receipt for d in deliveries]
-            commands: list[_Command] = [(("HDEL", self._target(queue).inflight, *receipts), None)]
+        queues = set(map(_QUEUE_OF, deliveries))
+        if len(queues) == 1:
+            groups = {queues.pop(): list(map(_RECEIPT_OF, deliveries))}
         else:
-            by_queue: dict[str, list[Any]] = {}
+            groups = {}
             for d in deliveries:
-                by_queue.setdefault(d.queue, []).append(d.receipt)
-            commands = [(("HDEL", self._target(q).inflight, *r), None) for q, r in by_queue.items()]
+                groups.setdefault(d.queue, []).append(d.receipt)
+        script = self.broker._scripts.ack
+        commands = [
+            self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
+            for q, receipts in groups.items()
+        ]
         self.broker._pipeline(commands, f"acknowledging {len(deliveries)} deliveries")
 
     def retry(self, delivery: Delivery, message: Message) -> None:
@@ -467,13 +511,14 @@ class RedisConsumer(Consumer):
             )
         b = self.broker
         source = self._target(delivery.queue)
+        batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
         doing = f"scheduling a retry of a message of {delivery.queue!r}"
         if message.queue == delivery.queue:
             k = source.keys
             b._eval(
                 b._scripts.retry,
                 (*k.ready, k.delayed, source.inflight, k.wake, k.seq),
-                (delivery.receipt, message.priority, repr(float(message.eta)), raw),
+                (batch, index, message.priority, repr(float(message.eta)), raw),
                 doing,
             )
             return
@@ -488,7 +533,7 @@ class RedisConsumer(Consumer):
             [
                 (("SADD", QUEUES, message.queue), None),
                 b._call(b._scripts.publish, _publish_keys(message.queue), args),
-                (("HDEL", source.inflight, delivery.receipt), None),
+                b._call(b._scripts.ack, (source.inflight,), _ack_args([delivery.receipt])),
             ],
             doing,
         )
@@ -496,10 +541,11 @@ class RedisConsumer(Consumer):
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         target = self._target(delivery.queue)
         k = target.keys
+        receipt = delivery.receipt
         self.broker._eval(
             self.broker._scripts.dead_letter,
             (target.inflight, k.dead, k.dead_raw, k.dead_reason),
-            (delivery.receipt, new_id(), reason, delivery.raw),
+            (receipt >> BATCH_BITS, receipt & BATCH_MASK, new_id(), reason, delivery.raw),
             f"dead-lettering a message of {delivery.queue!r}",
         )
 
@@ -508,15 +554,15 @@ class RedisConsumer(Consumer):
             return
         by_queue: dict[str, list[Any]] = {}
         for d in deliveries:
-            by_queue.setdefault(d.queue, []).append(d.receipt)
+            by_queue.setdefault(d.queue, []).extend(
+                (d.receipt >> BATCH_BITS, d.receipt & BATCH_MASK, d.raw)
+            )
         script = self.broker._scripts.release
         commands = []
-        for queue, receipts in by_queue.items():
+        for queue, triples in by_queue.items():
             target = self._target(queue)
             k = target.keys
-            commands.append(
-                self.broker._call(script, (*k.ready, target.inflight, k.wake), receipts)
-            )
+            commands.append(self.broker._call(script, (*k.ready, target.inflight, k.wake), triples))
         self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
 
     def heartbeat(self) -> None:

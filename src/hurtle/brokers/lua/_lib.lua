@@ -3,10 +3,13 @@
 --
 -- Conventions shared by all scripts (see hurtle/brokers/keys.py):
 --   * ready lists are KEYS[1..10], KEYS[p + 1] holding priority p; head = next to run;
---   * an in-flight receipt is SEQ * 10 + priority, so a receipt says where its message goes back;
+--   * a worker's in-flight record is an index hash (batch id B -> how many it still holds), and
+--     per batch a list of payloads (index .. ':' .. B) and a bitmap of settled ones (.. ':done');
+--     B = SEQ * 10 + priority, so a batch says where its messages go back;
 --   * time is the server's (TIME), in seconds, so every host agrees on heartbeats and etas.
 
--- Lua's unpack() is limited by the C stack; commands with many values go in chunks of this size.
+-- Lua's unpack() is limited by the C stack; commands with many values go in chunks of this size
+-- (even, so that field/value pairs are never split).
 local CHUNK = 4000
 -- At most this many wake-up tokens wait in a queue's wake list.
 local MAX_TOKENS = 8
@@ -34,25 +37,73 @@ local function wake_one(wake)
   end
 end
 
--- Put everything held in the in-flight hash `key` back at the front of its ready list, oldest
--- first, and delete the hash. Returns how many messages went back.
-local function requeue_all(key, ready)
-  local flat = redis.call('HGETALL', key)
-  local n = #flat / 2
-  if n == 0 then
+-- Forget batch `batch` of the in-flight index `index`: its payloads, bitmap and index entry.
+local function drop_batch(index, batch)
+  local key = index .. ':' .. batch
+  redis.call('DEL', key, key .. ':done')
+  redis.call('HDEL', index, batch)
+end
+
+-- Mark message `i` of a held batch settled. Returns 1 if it was held until now, 0 if it was
+-- settled before or the batch is gone (recovered from a worker declared dead).
+local function settle(index, batch, i)
+  local left = redis.call('HGET', index, batch)
+  if not left then
     return 0
   end
-  local receipts = {}
-  local order = {}
-  for i = 1, n do
-    receipts[i] = tonumber(flat[2 * i - 1])
-    order[i] = i
+  if redis.call('SETBIT', index .. ':' .. batch .. ':done', i, 1) == 1 then
+    return 0
   end
-  -- Newest first: each LPUSH goes in front, so the oldest ends up at the head.
-  table.sort(order, function(a, b) return receipts[a] > receipts[b] end)
-  for _, i in ipairs(order) do
-    redis.call('LPUSH', ready[(receipts[i] % 10) + 1], flat[2 * i])
+  if tonumber(left) <= 1 then
+    drop_batch(index, batch)
+  else
+    redis.call('HINCRBY', index, batch, -1)
   end
-  redis.call('DEL', key)
+  return 1
+end
+
+-- Put every unsettled message of the in-flight index `index` back at the front of its ready
+-- list, oldest first, and delete the whole record. Returns how many messages went back.
+local function requeue_all(index, ready)
+  local flat = redis.call('HGETALL', index)
+  if #flat == 0 then
+    return 0
+  end
+  local batches = {}
+  for i = 1, #flat, 2 do
+    batches[#batches + 1] = tonumber(flat[i])
+  end
+  table.sort(batches)
+  local back = {}  -- priority -> payloads, oldest first
+  local n = 0
+  for _, batch in ipairs(batches) do
+    local key = index .. ':' .. string.format('%d', batch)
+    local items = redis.call('LRANGE', key, 0, -1)
+    local done = redis.call('GET', key .. ':done') or ''
+    local p = batch % 10
+    local list = back[p]
+    if not list then
+      list = {}
+      back[p] = list
+    end
+    for i = 1, #items do
+      local byte = string.byte(done, math.floor((i - 1) / 8) + 1) or 0
+      local bit = math.floor(byte / 2 ^ (7 - (i - 1) % 8)) % 2
+      if bit == 0 then
+        list[#list + 1] = items[i]
+        n = n + 1
+      end
+    end
+    redis.call('DEL', key, key .. ':done')
+  end
+  redis.call('DEL', index)
+  for p, list in pairs(back) do
+    local reversed = {}
+    for i = #list, 1, -1 do
+      reversed[#reversed + 1] = list[i]
+    end
+    -- LPUSH k a b c leaves c b a: pushing newest first puts the oldest at the head.
+    call_chunked('LPUSH', ready[p + 1], reversed)
+  end
   return n
 end

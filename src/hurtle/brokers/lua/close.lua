@@ -4,7 +4,7 @@
 
   Input:
     KEYS[1..10]  ready lists, priority 0..9
-    KEYS[11]     in-flight hash of the worker
+    KEYS[11]     in-flight index of the worker (batch id -> count held)
     KEYS[12]     workers zset
     KEYS[13]     wake list
 

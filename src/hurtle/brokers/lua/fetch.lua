@@ -1,22 +1,25 @@
 --[[
   Take up to N messages for one worker: promote due delayed messages, pop from the ready lists
-  highest priority first (FIFO within one), record them in the worker's in-flight hash and
-  refresh the worker's heartbeat.
+  highest priority first (FIFO within one), record them as in-flight batches of this worker
+  (one list per priority: a few commands per batch, none per message) and refresh the worker's
+  heartbeat.
 
   Input:
     KEYS[1..10]  ready lists, priority 0..9
     KEYS[11]     delayed zset
-    KEYS[12]     in-flight hash of this worker
+    KEYS[12]     in-flight index of this worker (batch id -> count held); each batch's
+                 payloads go to the list KEYS[12] .. ':' .. batch id
     KEYS[13]     workers zset
     KEYS[14]     wake list
     KEYS[15]     seq counter
 
-    ARGV[1]      max count N
+    ARGV[1]      max count N (below 2^20)
     ARGV[2]      worker id
     ARGV[3]      at most this many due delayed messages are promoted per call
 
   Output:
-    { wait_ms, receipt1, payload1, receipt2, payload2, ... }
+    { wait_ms, batch1, { payloads of batch1 }, batch2, { payloads of batch2 }, ... }
+    (one batch per priority taken; message i of a batch, from 0, has receipt batch << 20 | i)
     wait_ms: when nothing was taken, milliseconds until the next delayed message is due
              (-1: none is delayed); 0 otherwise.
 
@@ -48,22 +51,16 @@ if #due > 0 then
 end
 
 local out = { 0 }
-local held = {}
 local got = 0
 for p = 9, 0, -1 do
   local items = redis.call('LPOP', KEYS[p + 1], want - got)
   if items then
     local n = #items
-    local seq = redis.call('INCRBY', KEYS[15], n) - n
-    local o = #out
-    local h = #held
-    for i = 1, n do
-      local receipt = (seq + i) * 10 + p
-      out[o + 2 * i - 1] = receipt
-      out[o + 2 * i] = items[i]
-      held[h + 2 * i - 1] = receipt
-      held[h + 2 * i] = items[i]
-    end
+    local batch = string.format('%d', redis.call('INCR', KEYS[15]) * 10 + p)
+    call_chunked('RPUSH', KEYS[12] .. ':' .. batch, items)
+    redis.call('HSET', KEYS[12], batch, n)
+    out[#out + 1] = tonumber(batch)
+    out[#out + 1] = items
     got = got + n
     if got >= want then
       break
@@ -71,9 +68,6 @@ for p = 9, 0, -1 do
   end
 end
 
-if got > 0 then
-  call_chunked('HSET', KEYS[12], held)
-end
 redis.call('ZADD', KEYS[13], now, ARGV[2])
 
 if got < want then

@@ -2,7 +2,7 @@
   Record a worker's heartbeat in one queue, then recover that queue from dead workers: whatever a
   worker silent for longer than the timeout held goes back to the front of the ready lists.
 
-  Only the in-flight hashes matter here: delayed messages wait in the delayed zset whatever
+  Only the in-flight records matter here: delayed messages wait in the delayed zset whatever
   happens to workers, and a live worker's deliveries are never touched, however old.
 
   Input:
@@ -12,7 +12,8 @@
 
     ARGV[1]      worker id to mark alive ('' = only recover)
     ARGV[2]      heartbeat timeout in seconds
-    ARGV[3]      in-flight key prefix of this queue; a worker's hash is prefix .. worker id
+    ARGV[3]      in-flight key prefix of this queue; a worker's in-flight index is
+                 prefix .. worker id, its batches index .. ':' .. batch id
                  (same hash tag as KEYS, so still one slot)
 
   Output:

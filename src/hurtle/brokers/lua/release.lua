@@ -1,13 +1,14 @@
 --[[
   Give held deliveries back, unchanged, at the front of their ready lists, keeping their order
-  (the first receipt given ends up at the head).
+  (the first one given ends up at the head).
 
   Input:
     KEYS[1..10]  ready lists, priority 0..9
-    KEYS[11]     in-flight hash of the worker
+    KEYS[11]     in-flight index of the worker (batch id -> count held)
     KEYS[12]     wake list
 
-    ARGV[1..]    receipts, in the order the deliveries should run again
+    ARGV         triples in the order the deliveries should run again:
+                 batch id, message index in the batch, payload
 
   Output:
     how many deliveries were still held and went back
@@ -15,22 +16,13 @@
 -- @include _lib
 
 local back = 0
--- Chunks from the last one back to the first, each from its end: every LPUSH goes in front of
--- the receipts that come after it.
-local n = #ARGV
-local i = n - ((n - 1) % CHUNK)
-while i >= 1 do
-  local j = math.min(i + CHUNK - 1, n)
-  local values = redis.call('HMGET', KEYS[11], unpack(ARGV, i, j))
-  for k = j, i, -1 do
-    local raw = values[k - i + 1]
-    if raw then
-      redis.call('LPUSH', KEYS[(tonumber(ARGV[k]) % 10) + 1], raw)
-      back = back + 1
-    end
+-- From the last triple to the first: every LPUSH goes in front of the ones after it.
+for t = #ARGV - 2, 1, -3 do
+  local batch = ARGV[t]
+  if settle(KEYS[11], batch, tonumber(ARGV[t + 1])) == 1 then
+    redis.call('LPUSH', KEYS[(tonumber(batch) % 10) + 1], ARGV[t + 2])
+    back = back + 1
   end
-  redis.call('HDEL', KEYS[11], unpack(ARGV, i, j))
-  i = i - CHUNK
 end
 if back > 0 then
   wake_one(KEYS[12])

@@ -7,7 +7,8 @@
     KEYS[12]     workers zset
     KEYS[13]     dead zset
 
-    ARGV[1]      in-flight key prefix of this queue (prefix .. worker id)
+    ARGV[1]      in-flight key prefix of this queue (prefix .. worker id = the worker's
+                 index, batch id -> count held)
 
   Output:
     { ready, delayed, in_flight, dead }; in_flight counts what every registered worker holds,
@@ -20,6 +21,8 @@ for p = 1, 10 do
 end
 local in_flight = 0
 for _, worker in ipairs(redis.call('ZRANGE', KEYS[12], 0, -1)) do
-  in_flight = in_flight + redis.call('HLEN', ARGV[1] .. worker)
+  for _, held in ipairs(redis.call('HVALS', ARGV[1] .. worker)) do
+    in_flight = in_flight + tonumber(held)
+  end
 end
 return { ready, redis.call('ZCARD', KEYS[11]), in_flight, redis.call('ZCARD', KEYS[13]) }
