@@ -276,3 +276,40 @@ def test_password_is_left_out_of_the_broker_url(redis_url: str) -> None:
 def test_bad_url_raises_configuration_error_naming_it(url: str) -> None:
     with pytest.raises(ConfigurationError, match="bad Redis URL"):
         make_broker(url)
+
+
+def test_a_crash_after_partial_acks_recovers_exactly_the_unsettled_messages(
+    redis_url: str,
+) -> None:
+    b = make_broker(redis_url, heartbeat_timeout=0.2)
+    try:
+        b.publish([msg("q", i) for i in range(10)])
+        crashed = b.consumer(["q"])
+        held = crashed.fetch(10, 1.0)
+        crashed.ack([held[1], held[3]])
+        crashed.ack([held[3], held[1], held[5]])  # acked twice: still settled once
+        crashed.dead_letter(held[7], "bad")
+        crashed.release([held[9]])
+        assert b.stats(["q"])["q"] == QueueStats(ready=1, in_flight=5, dead=1)
+        time.sleep(0.3)
+        survivor = b.consumer(["q"])
+        survivor.heartbeat()
+        assert numbers(survivor.fetch(100, 1.0)) == [0, 2, 4, 6, 8, 9]
+        survivor.close()
+    finally:
+        b.close()
+
+
+def test_acking_every_message_of_a_batch_in_pieces_leaves_no_keys_behind(
+    broker: RedisBroker, client: redis.Redis
+) -> None:
+    broker.publish([msg("q", i) for i in range(100)])
+    consumer = broker.consumer(["q"])
+    held = consumer.fetch(100, 1.0)
+    consumer.ack(held[50:])
+    consumer.ack(held[:50][::-1])
+    consumer.ack(held[:10])
+    assert broker.stats(["q"])["q"] == QueueStats()
+    consumer.close()
+    keys = {k.decode() for k in cast(list[bytes], client.keys("*"))}
+    assert not [k for k in keys if ":inflight:" in k]
