@@ -92,21 +92,28 @@ class Task(Generic[P, R]):
     ) -> Message:
         """The message one call would send, without sending it."""
         now = time.time()
-        queue, priority, eta, headers = self.queue, self.priority, 0.0, {}
-        if options is not None:
-            if options.queue is not None:
-                queue = options.queue
-            if options.priority is not None:
-                priority = _check_priority(options.priority)
-            if options.eta is not None:
-                eta = options.eta
-            elif options.delay is not None:
-                eta = now + options.delay
-            if options.headers:
-                headers = dict(options.headers)
+        queue, priority, eta, headers = self._resolve(options, now)
         return Message(
             id=new_id(), task=self.name, queue=queue, args=args, kwargs=kwargs,
             priority=priority, eta=eta, created=now, headers=headers,
+        )
+
+    def _resolve(
+        self, options: SendOptions | None, now: float
+    ) -> tuple[str, int, float, dict[str, Any]]:
+        """Queue, priority, eta and headers of a call with ``options``."""
+        if options is None:
+            return self.queue, self.priority, 0.0, {}
+        eta = 0.0
+        if options.eta is not None:
+            eta = options.eta
+        elif options.delay is not None:
+            eta = now + options.delay
+        return (
+            self.queue if options.queue is None else options.queue,
+            self.priority if options.priority is None else _check_priority(options.priority),
+            eta,
+            dict(options.headers) if options.headers else {},
         )
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
@@ -162,23 +169,27 @@ def _send_many(
     calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args],
     options: SendOptions | None,
 ) -> list[str]:
-    make = task.message
-    messages = []
+    now = time.time()
+    queue, priority, eta, headers = task._resolve(options, now)
+    name = task.name
     empty: dict[str, Any] = {}
+    messages = []
+    append = messages.append
     for call in calls:
-        if isinstance(call, tuple):
-            messages.append(make(call, empty, options))
-        elif isinstance(call, list):
-            messages.append(make(tuple(call), empty, options))
+        if type(call) is tuple:
+            args, kwargs = call, empty
+        elif isinstance(call, tuple | list):
+            args, kwargs = tuple(call), empty
         elif isinstance(call, dict):
-            messages.append(make((), call, options))
+            args, kwargs = (), call
         elif isinstance(call, Args):
-            messages.append(make(call.args, call.kwargs, options))
+            args, kwargs = call.args, call.kwargs
         else:
             raise TypeError(
-                f"send_many({task.name}): each call must be a tuple of arguments, a dict of "
+                f"send_many({name}): each call must be a tuple of arguments, a dict of "
                 f"keyword arguments or hurtle.Args(...), got {type(call).__name__}"
             )
+        append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
     if messages:
         task.app.broker.publish(messages)
     return [m.id for m in messages]

@@ -7,6 +7,7 @@ solo worker on them in this process, and reports publish and consume throughput.
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result["ok"] == result["count"] else 1
 
 
-def demo(url: str, count: int, batch: int = 1000) -> dict[str, Any]:
+def demo(url: str, count: int, batch: int = 1000, *, quiet: bool = False) -> dict[str, Any]:
     app = Hurtle(url, heartbeat_timeout=10)
     sums = [0]
 
@@ -53,7 +54,8 @@ def demo(url: str, count: int, batch: int = 1000) -> dict[str, Any]:
         return total
 
     app.broker.purge_dead("default")
-    bar = Progress("publish", count)
+    stream = open(os.devnull, "w") if quiet else None  # noqa: SIM115
+    bar = Progress("publish", count, stream)
     started = time.perf_counter()
     sent = 0
     while sent < count:
@@ -65,7 +67,7 @@ def demo(url: str, count: int, batch: int = 1000) -> dict[str, Any]:
     bar.finish(sent)
 
     worker = app.worker(pool="solo", burst=True)
-    bar = Progress("consume", count)
+    bar = Progress("consume", count, stream)
     started = time.perf_counter()
     thread = worker.run_in_thread()
     while thread.is_alive():
@@ -75,6 +77,8 @@ def demo(url: str, count: int, batch: int = 1000) -> dict[str, Any]:
     bar.finish(worker.processed)
     dead = app.broker.stats(["default"])["default"].dead
     app.close()
+    if stream is not None:
+        stream.close()
     return {
         "count": count,
         "processed": worker.processed,

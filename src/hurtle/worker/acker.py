@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 
 from ..brokers import Consumer, Delivery
@@ -26,8 +27,11 @@ class Acker:
         self.consumer = consumer
         self.batch_size = batch_size
         self.interval = interval
-        self._lock = threading.Lock()
-        self._acks: list[Delivery] = []
+        self._lock = threading.Lock()  # guards _ops
+        self._flushing = threading.Lock()  # one flush at a time
+        # appended to by executor threads without a lock (deque.append is atomic), drained by
+        # whoever flushes: the hot path pays one append and one length check per task
+        self._acks: deque[Delivery] = deque()
         self._ops: list[_Op] = []
         self._wake = threading.Event()
         self._stopping = False
@@ -39,11 +43,10 @@ class Acker:
         self._thread.start()
 
     def ack(self, delivery: Delivery) -> None:
-        with self._lock:
-            acks = self._acks
-            acks.append(delivery)
-            if len(acks) == self.batch_size:
-                self._wake.set()
+        acks = self._acks
+        acks.append(delivery)
+        if len(acks) == self.batch_size:
+            self._wake.set()
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         self._op(lambda c: c.retry(delivery, message))
@@ -67,9 +70,15 @@ class Acker:
 
     def flush(self) -> bool:
         """Settle everything gathered so far, now, from the calling thread; False on failure."""
+        with self._flushing:
+            return self._flush()
+
+    def _flush(self) -> bool:
         with self._lock:
-            acks, self._acks = self._acks, []
             ops, self._ops = self._ops, []
+        pending = self._acks
+        popleft = pending.popleft
+        acks = [popleft() for _ in range(len(pending))]
         done_ops = 0
         try:
             for op in ops:
@@ -82,7 +91,7 @@ class Acker:
                         len(acks) + len(ops) - done_ops, err)
             with self._lock:  # put back in front, in order
                 self._ops[:0] = ops[done_ops:]
-                self._acks[:0] = acks
+            pending.extendleft(reversed(acks))
             return False
         self.settled += len(acks) + len(ops)
         return True
