@@ -173,7 +173,7 @@ def _send_many(
     queue, priority, eta, headers = task._resolve(options, now)
     name = task.name
     empty: dict[str, Any] = {}
-    messages = []
+    messages: list[Message] = []
     append = messages.append
     for call in calls:
         if type(call) is tuple:
