@@ -1,12 +1,22 @@
-"""``hurtle worker APP``: run a worker in this process until SIGTERM/SIGINT (or drained)."""
+"""``hurtle worker APP``: run a worker until SIGTERM/SIGINT (or drained, with ``--burst``).
+
+This is the launcher: for the gevent and eventlet pools it patches the standard library before
+the user's module is imported, and with ``--processes P`` it runs a supervisor of P fresh worker
+processes instead of a worker (the supervisor imports no user code).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
+from ..errors import ConfigurationError
 from ..worker.executors import POOLS
+from ..worker.supervisor import EXIT_RECYCLE, Supervisor
 from ._app import load_app
+
+DEFAULT_CONCURRENCY = {"solo": 1, "threads": 10, "asyncio": 100, "gevent": 100, "eventlet": 100}
 
 
 def add_parser(sub: Any) -> None:
@@ -17,24 +27,75 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--queues", "-Q", default="",
                    help="comma-separated queues (default: every queue the app's tasks name)")
     p.add_argument("--pool", "-P", default="solo", choices=POOLS, help="concurrency mode")
-    p.add_argument("--concurrency", "-c", type=int, default=None,
-                   help="tasks at once (default: 1 for solo, 10 for threads)")
+    p.add_argument("--concurrency", "-c", default=None, metavar="N|MIN,MAX",
+                   help="tasks at once per process; MIN,MAX scales with the backlog (default: "
+                   "1 for solo, 10 for threads, 100 for asyncio, gevent and eventlet)")
+    p.add_argument("--processes", "-p", type=int, default=None,
+                   help="run this many worker processes under a supervisor that restarts them")
     p.add_argument("--burst", action="store_true",
                    help="exit 0 once the queues have nothing ready, delayed or in flight")
     p.add_argument("--shutdown-timeout", type=float, default=None,
                    help="seconds running tasks get to finish on SIGTERM (default 30)")
+    p.add_argument("--supervised-by", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
 
+def parse_concurrency(text: str | None, pool: str) -> tuple[int, int | None]:
+    """``"N"`` -> ``(N, None)``; ``"MIN,MAX"`` -> ``(MAX, MIN)``; ``None`` -> the pool default."""
+    if text is None:
+        return DEFAULT_CONCURRENCY[pool], None
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) == 1 and numbers[0] >= 1:
+        return numbers[0], None
+    if len(numbers) == 2 and 1 <= numbers[0] <= numbers[1]:
+        if pool not in ("threads", "gevent", "eventlet"):
+            raise ConfigurationError(
+                f"--concurrency MIN,MAX ({text!r}) needs a pool that scales itself: threads, "
+                "gevent or eventlet"
+            )
+        return numbers[1], numbers[0]
+    raise ConfigurationError(
+        f"--concurrency must be a number >= 1 or MIN,MAX with 1 <= MIN <= MAX, got {text!r}"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
+    concurrency, min_concurrency = parse_concurrency(args.concurrency, args.pool)
+    if args.processes is not None:
+        return _supervise(args)
+    from ..worker.executors.greenlets import patch
+
+    patch(args.pool)  # before the user's module is imported: a no-op but for greenlet pools
     app = load_app(args.app)
     queues = [q.strip() for q in args.queues.split(",") if q.strip()] or None
-    concurrency = args.concurrency or (1 if args.pool == "solo" else 10)
     worker = app.worker(
-        queues=queues, pool=args.pool, concurrency=concurrency, burst=args.burst,
-        shutdown_timeout=args.shutdown_timeout,
+        queues=queues, pool=args.pool, concurrency=concurrency, min_concurrency=min_concurrency,
+        burst=args.burst, shutdown_timeout=args.shutdown_timeout,
+        recycle_abandoned=args.supervised_by is not None, parent_pid=args.supervised_by,
     )
     app.broker  # noqa: B018 - connect now, so a bad URL fails before anything starts
     worker.install_signal_handlers()
     worker.run()
-    return 0
+    return EXIT_RECYCLE if worker.recycle else 0
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    if args.processes < 1:
+        raise ConfigurationError(f"--processes must be at least 1, got {args.processes}")
+    command = ["--log-level", str(args.log_level), "worker", args.app, "--pool", args.pool,
+               "--supervised-by", str(os.getpid())]
+    if args.queues:
+        command += ["--queues", args.queues]
+    if args.concurrency is not None:
+        command += ["--concurrency", str(args.concurrency)]
+    if args.burst:
+        command.append("--burst")
+    if args.shutdown_timeout is not None:
+        command += ["--shutdown-timeout", str(args.shutdown_timeout)]
+    supervisor = Supervisor(command, args.processes, burst=args.burst)
+    supervisor.install_signal_handlers()
+    return supervisor.run()

@@ -1,22 +1,36 @@
 """``Processor``: runs one delivery — decode, find the task, call it — and decides its outcome.
 
 Outcomes go to the acker: done (ack), another attempt (retry with backoff), or a dead letter with
-the reason (undecodable bytes, unknown task, retries exhausted, ``Reject``). Nothing here talks
-to the broker directly, and nothing a task raises escapes, except ``BaseException``s used to stop
-the worker.
+the reason (undecodable bytes, unknown task, retries exhausted, time limit, ``Reject``). Nothing
+here talks to the broker directly, and nothing a task raises escapes, except ``BaseException``s
+used to stop the worker.
+
+A delivery goes through three steps, which executors may drive separately:
+
+* ``begin`` decodes and looks up the task (a ``Job``), or dead-letters what cannot run;
+* the call: ``run`` (synchronous, an ``async def`` task on this thread's own loop) or
+  ``run_async`` (awaited on the asyncio executor's loop);
+* ``finish``: middleware ``after_process`` hooks, then the outcome.
+
+``process`` is the short path that solo, threads and greenlet pools use for tasks without
+middleware or a time limit. Time limits are the executor's business (``Limit``): only it knows
+how a running call can be stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
+import time
 import traceback
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from ..brokers import Delivery
-from ..errors import DecodeError, Reject, Retry
+from ..errors import DecodeError, Reject, Retry, TimeLimitExceeded
 from ..message import Message
 from ..middleware import Middleware
 from ..middleware.retries import backoff, next_attempt
@@ -30,21 +44,96 @@ log = logging.getLogger(__name__)
 _decode = Message.decode
 
 
+class Job:
+    """One decoded delivery and the task it names, on its way through the processor."""
+
+    __slots__ = ("delivery", "message", "started", "task")
+
+    def __init__(self, delivery: Delivery, message: Message, task: Task[Any, Any]) -> None:
+        self.delivery = delivery
+        self.message = message
+        self.task = task
+        self.started = 0.0
+
+    def call(self) -> Any:
+        """Call the task function (a coroutine function returns its coroutine)."""
+        m = self.message
+        return self.task.fn(*m.args, **m.kwargs)
+
+    def time_limit_error(self) -> TimeLimitExceeded:
+        limit = self.task.time_limit
+        return TimeLimitExceeded(
+            f"task {self.task.name}[{self.message.id}] ran longer than its time limit of "
+            f"{limit:g}s and was stopped"
+        )
+
+    def overran(self) -> bool:
+        limit = self.task.time_limit
+        return limit is not None and time.monotonic() - self.started > limit
+
+
+#: How an executor runs a time-limited call: ``limit(job, call)`` returns what ``call`` returns,
+#: or raises ``TimeLimitExceeded`` (or stops the call some other way and says so).
+Limit = Callable[[Job, Callable[[], Any]], Any]
+
+
+def late_limit(job: Job, call: Callable[[], Any]) -> Any:
+    """The fallback when a call cannot be interrupted: let it end, then fail it if it overran."""
+    result = call()
+    if job.overran():
+        raise job.time_limit_error()
+    return result
+
+
 class Processor:
-    def __init__(self, app: Hurtle, acker: Acker, middleware: Sequence[Middleware] = ()) -> None:
+    def __init__(
+        self,
+        app: Hurtle,
+        acker: Acker,
+        middleware: Sequence[Middleware] = (),
+        *,
+        limit: Limit = late_limit,
+        loops_take_turns: bool = False,
+    ) -> None:
         self.app = app
         self.tasks = app.tasks
         self.acker = acker
         self.middleware = list(middleware)
+        self.limit = limit
         self.max_retry_delay = app.settings.max_retry_delay
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
-        #: Deliveries whose task ran (whatever the outcome), for progress reports.
+        # Greenlets share one OS thread, and asyncio allows one running loop per OS thread: in
+        # greenlet pools, ``async def`` tasks take turns.
+        self._turns: AbstractContextManager[Any] = (
+            threading.Lock() if loops_take_turns else contextlib.nullcontext()
+        )
+        #: Deliveries taken in hand (whatever the outcome), for progress reports.
         self.processed = 0
         self.failed = 0
 
+    # -- the short path --------------------------------------------------------------------
+
     def process(self, delivery: Delivery) -> None:
         """Run one delivery to its outcome (hot path: keep it short)."""
+        job = self.begin(delivery)
+        if job is None:
+            return
+        task = job.task
+        if self.middleware or task.is_async or task.time_limit is not None:
+            self.run(job)
+            return
+        try:
+            job.call()
+        except Exception as err:
+            self._failed(job, err)
+            return
+        self.acker.ack(delivery)
+
+    # -- the steps -------------------------------------------------------------------------
+
+    def begin(self, delivery: Delivery) -> Job | None:
+        """Decode and find the task; dead-letter (and return None) what cannot run."""
         self.processed += 1
         try:
             message = _decode(delivery.raw)
@@ -52,7 +141,7 @@ class Processor:
             self.failed += 1
             log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, err)
             self.acker.dead_letter(delivery, f"undecodable message: {err}")
-            return
+            return None
         task = self.tasks.get(message.task)
         if task is None:
             self.failed += 1
@@ -62,54 +151,70 @@ class Processor:
             )
             log.error("dead-lettering message %s: %s", message.id, reason)
             self.acker.dead_letter(delivery, reason)
-            return
-        if self.middleware:
-            self._process_with_middleware(delivery, message, task)
-            return
-        try:
-            result = task.fn(*message.args, **message.kwargs)
-            if task.is_async:
-                self._run_coroutine(result)
-        except Exception as err:
-            self._failed(delivery, message, task, err)
-            return
-        self.acker.ack(delivery)
+            return None
+        return Job(delivery, message, task)
 
-    def _process_with_middleware(
-        self, delivery: Delivery, message: Message, task: Task[Any, Any]
-    ) -> None:
+    def run(self, job: Job) -> None:
+        """Call the task on this thread (within its time limit), then settle the outcome."""
         result: Any = None
         error: Exception | None = None
         try:
             for m in self.middleware:
-                m.before_process(message)
-            result = task.fn(*message.args, **message.kwargs)
-            if task.is_async:
-                result = self._run_coroutine(result)
+                m.before_process(job.message)
+            job.started = time.monotonic()
+            if job.task.is_async:
+                result = self._run_coroutine(job)
+            elif job.task.time_limit is None:
+                result = job.call()
+            else:
+                result = self.limit(job, job.call)
         except Exception as err:
             error = err
+        self.finish(job, result, error)
+
+    async def run_async(self, job: Job) -> None:
+        """Await an ``async def`` task on the running loop (cancelled at its time limit)."""
+        result: Any = None
+        error: Exception | None = None
+        try:
+            for m in self.middleware:
+                m.before_process(job.message)
+            job.started = time.monotonic()
+            result = await _within_limit(job)
+        except Exception as err:
+            error = err
+        self.finish(job, result, error)
+
+    def finish(self, job: Job, result: Any, error: Exception | None) -> None:
+        """Run the ``after_process`` hooks and record the outcome with the acker."""
         for m in reversed(self.middleware):
             try:
-                m.after_process(message, result, error)
+                m.after_process(job.message, result, error)
             except Exception:
                 log.exception("middleware %r failed in after_process", m)
         if error is None:
-            self.acker.ack(delivery)
+            self.acker.ack(job.delivery)
         else:
-            self._failed(delivery, message, task, error)
+            self._failed(job, error)
 
-    def _run_coroutine(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+    def expire(self, job: Job) -> None:
+        """Fail a job whose call could not be stopped at its time limit (it was abandoned)."""
+        self.finish(job, None, job.time_limit_error())
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _run_coroutine(self, job: Job) -> Any:
         """Run an ``async def`` task outside the asyncio pool, on this thread's own loop."""
         loop = getattr(self._local, "loop", None)
         if loop is None:
             loop = self._local.loop = asyncio.new_event_loop()
             self._loops.append(loop)
-        return loop.run_until_complete(coroutine)
+        with self._turns:
+            return loop.run_until_complete(_within_limit(job))
 
-    def _failed(
-        self, delivery: Delivery, message: Message, task: Task[Any, Any], err: Exception
-    ) -> None:
+    def _failed(self, job: Job, err: Exception) -> None:
         self.failed += 1
+        delivery, message, task = job.delivery, job.message, job.task
         if isinstance(err, Reject):
             log.warning("task %s[%s] rejected: %s", task.name, message.id, err.reason)
             self.acker.dead_letter(delivery, f"rejected by task {task.name}: {err.reason}")
@@ -139,3 +244,18 @@ class Processor:
             if not loop.is_running():
                 loop.close()
         self._loops.clear()
+
+
+async def _within_limit(job: Job) -> Any:
+    coroutine: Coroutine[Any, Any, Any] = job.call()
+    limit = job.task.time_limit
+    if limit is None:
+        return await coroutine
+    deadline = asyncio.timeout(limit)
+    try:
+        async with deadline:
+            return await coroutine
+    except TimeoutError:
+        if deadline.expired():
+            raise job.time_limit_error() from None
+        raise  # the task's own TimeoutError, not the limit

@@ -4,6 +4,12 @@ Parts (DESIGN.md, "Layers"): the fetch loop here pulls batches from the broker a
 executor has room; the executor runs them through the processor; the acker settles outcomes in
 batches; the heartbeat keeps this worker's deliveries its own. This module owns the order in which
 they start and stop, signals, and ``burst`` mode; it knows nothing of how tasks run.
+
+Stopping. The first SIGTERM/SIGINT (or ``stop()``) ends fetching; running tasks get up to
+``shutdown_timeout`` seconds to finish; what was fetched but not started, and what still runs
+after the deadline, goes back to the broker; outcomes are flushed. A second signal skips the wait:
+running tasks are handed back at once (in the solo pool, where the task runs on this very thread,
+by raising in it).
 """
 
 from __future__ import annotations
@@ -13,17 +19,17 @@ import os
 import signal
 import socket
 import threading
-
+import time
 from collections.abc import Sequence
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from ..brokers import Consumer
+from ..brokers import Consumer, Delivery
 from ..errors import BrokerError, ConfigurationError
 from ..ids import new_id
 from ..middleware import Middleware
 from .acker import Acker
-from .executors import make_executor
+from .executors import Executor, make_executor
 from .heartbeat import Heartbeat
 from .processor import Processor
 
@@ -41,6 +47,10 @@ class Worker:
     """Consumes ``queues`` (default: every queue the app's tasks name) until stopped.
 
     ``burst=True`` returns once the queues have nothing ready, delayed or in flight.
+    ``min_concurrency`` (below ``concurrency``) lets a pool scale itself with the backlog.
+    ``recycle_abandoned=True`` (set under a supervisor) stops the worker gracefully once a task
+    overran its time limit in a thread that cannot be interrupted, so that a fresh process takes
+    its place (``recycle`` is then True). ``parent_pid`` stops the worker if that process dies.
     """
 
     def __init__(
@@ -50,10 +60,13 @@ class Worker:
         queues: Sequence[str] | None = None,
         pool: str = "solo",
         concurrency: int = 1,
+        min_concurrency: int | None = None,
         burst: bool = False,
         shutdown_timeout: float | None = None,
         middleware: Sequence[Middleware] = (),
         worker_id: str | None = None,
+        recycle_abandoned: bool = False,
+        parent_pid: int | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
@@ -66,9 +79,15 @@ class Worker:
             self.settings.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
         )
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-8:]}"
-        self.executor = make_executor(pool, concurrency, max_batch=self.settings.fetch_batch_size)
+        self.executor: Executor = make_executor(
+            pool, concurrency, min_concurrency=min_concurrency,
+            max_batch=self.settings.fetch_batch_size,
+        )
         self.middleware = list(middleware)
+        self.recycle_abandoned = recycle_abandoned
+        self.parent_pid = parent_pid
         self._stop = threading.Event()
+        self._hard = threading.Event()
         self._signals = 0
         self.consumer: Consumer | None = None
         self.acker: Acker | None = None
@@ -76,14 +95,20 @@ class Worker:
         self.heartbeat: Heartbeat | None = None
         #: Set once the worker has started its parts (tests and the demo wait on it).
         self.started = threading.Event()
+        #: True when the worker stopped to be replaced by a fresh process (``recycle_abandoned``).
+        self.recycle = False
 
     # -- control ---------------------------------------------------------------------------
 
     def stop(self) -> None:
         """Ask for a graceful stop: no new fetches, running tasks finish, the rest goes back."""
         self._stop.set()
-        # the solo executor checks this between deliveries
-        self.executor.stop(0) if self.pool == "solo" else None
+        self.executor.request_stop()
+
+    def stop_now(self) -> None:
+        """Ask for a hard stop: running tasks are handed back without waiting for them."""
+        self._hard.set()
+        self.stop()
 
     @property
     def processed(self) -> int:
@@ -91,14 +116,15 @@ class Worker:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
+        name = signal.Signals(signum).name
         if self._signals == 1:
-            log.info("%s received: stopping gracefully (send it again to stop now)",
-                     signal.Signals(signum).name)
+            log.info("%s received: stopping gracefully (send it again to stop now)", name)
             self.stop()
-        else:
-            log.warning("%s received again: handing back running tasks and stopping now",
-                        signal.Signals(signum).name)
-            raise _HardStop()
+        elif self._signals == 2:
+            log.warning("%s received again: handing back running tasks and stopping now", name)
+            self.stop_now()
+            if self.executor.interrupts_caller():
+                raise _HardStop()
 
     def install_signal_handlers(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -115,31 +141,38 @@ class Worker:
         acker = self.acker = Acker(
             consumer, batch_size=s.ack_batch_size, interval=s.ack_interval_ms / 1000.0
         )
-        processor = self.processor = Processor(self.app, acker, self.middleware)
-        heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
         executor = self.executor
+        processor = self.processor = Processor(
+            self.app, acker, self.middleware, limit=executor.limit,
+            loops_take_turns=executor.greenlets,
+        )
+        heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
         heartbeat.beat()
         acker.start()
         heartbeat.start()
-        executor.start(processor.process)
+        executor.start(processor)
         log.info("worker %s consuming %s with the %s pool (concurrency %d) on %s",
                  self.worker_id, ", ".join(self.queues), self.pool, executor.concurrency,
                  broker.url)
         self.started.set()
-        hard = False
         try:
             self._fetch_loop(consumer, executor)
+            unfinished = self._drain(executor)
         except _HardStop:
-            hard = True
-        finally:
-            self._shutdown(hard)
+            unfinished = executor.stop() + executor.abort()
+        except BaseException:
+            self._shutdown(executor.stop() + executor.abort())
+            raise
+        self._shutdown(unfinished)
 
-    def _fetch_loop(self, consumer: Consumer, executor: Any) -> None:
+    def _fetch_loop(self, consumer: Consumer, executor: Executor) -> None:
         s = self.settings
         # a burst worker looks at the queue counts as soon as a short wait finds nothing
         wait = min(s.fetch_timeout, 0.05) if self.burst else s.fetch_timeout
         failures = 0
         while not self._stop.is_set():
+            if self._must_leave(executor):
+                return
             want = executor.wait_for_capacity(wait)
             if want <= 0:
                 continue
@@ -161,6 +194,17 @@ class Worker:
                 log.info("burst: queues %s are empty, stopping", ", ".join(self.queues))
                 return
 
+    def _must_leave(self, executor: Executor) -> bool:
+        if self.recycle_abandoned and executor.abandoned():
+            log.warning("a task overran its time limit in a thread that cannot be interrupted: "
+                        "stopping this worker so that a fresh process replaces it")
+            self.recycle = True
+            return True
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            log.warning("the supervisor (pid %d) is gone: stopping", self.parent_pid)
+            return True
+        return False
+
     def _drained(self) -> bool:
         assert self.acker is not None
         if not self.executor.idle():
@@ -171,12 +215,21 @@ class Worker:
         stats = self.app.broker.stats(self.queues)
         return all(q.ready == 0 and q.delayed == 0 and q.in_flight == 0 for q in stats.values())
 
-    def _shutdown(self, hard: bool) -> None:
+    def _drain(self, executor: Executor) -> list[Delivery]:
+        """Graceful stop: hand back the unstarted, wait for the running (up to the deadline)."""
+        unstarted = executor.stop()
+        deadline = time.monotonic() + self.shutdown_timeout
+        while not executor.join(max(min(0.1, deadline - time.monotonic()), 0.0)):
+            if self._hard.is_set():
+                break
+            if time.monotonic() >= deadline:
+                log.warning("tasks still running after the shutdown timeout of %gs: handing "
+                            "them back", self.shutdown_timeout)
+                break
+        return unstarted + executor.abort()
+
+    def _shutdown(self, unfinished: list[Delivery]) -> None:
         assert self.consumer and self.acker and self.heartbeat and self.processor
-        if hard:
-            unfinished = self.executor.abort()
-        else:
-            unfinished = self.executor.stop(self.shutdown_timeout)
         if unfinished:
             log.info("handing back %d fetched but unfinished tasks", len(unfinished))
         self.acker.release(unfinished)
@@ -186,6 +239,7 @@ class Worker:
             self.consumer.close()
         except Exception as err:
             log.warning("could not close the broker session cleanly: %s", err)
+        self.executor.close()
         self.processor.close()
         log.info("worker %s stopped after %d tasks", self.worker_id, self.processor.processed)
 
@@ -197,5 +251,3 @@ class Worker:
             if not t.is_alive():
                 break
         return t
-
-

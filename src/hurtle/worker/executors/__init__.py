@@ -5,11 +5,13 @@ from __future__ import annotations
 from ...errors import ConfigurationError
 from .base import Executor
 
-POOLS = ("solo", "threads")
+POOLS = ("solo", "threads", "asyncio", "gevent", "eventlet")
 
 
-def make_executor(pool: str, concurrency: int, *, max_batch: int = 1000) -> Executor:
-    """The executor for a ``--pool`` name."""
+def make_executor(
+    pool: str, concurrency: int, *, min_concurrency: int | None = None, max_batch: int = 1000
+) -> Executor:
+    """The executor for a ``--pool`` name; ``min_concurrency`` lets a pool scale itself."""
     if pool == "solo":
         from .solo import SoloExecutor
 
@@ -17,7 +19,15 @@ def make_executor(pool: str, concurrency: int, *, max_batch: int = 1000) -> Exec
     if pool == "threads":
         from .threads import ThreadsExecutor
 
-        return ThreadsExecutor(concurrency)
+        return ThreadsExecutor(concurrency, min_concurrency=min_concurrency)
+    if pool == "asyncio":
+        from .aio import AsyncioExecutor
+
+        return AsyncioExecutor(concurrency)
+    if pool in ("gevent", "eventlet"):
+        from .greenlets import BACKENDS, GreenletExecutor
+
+        return GreenletExecutor(BACKENDS[pool], concurrency, min_concurrency=min_concurrency)
     raise ConfigurationError(f"unknown pool {pool!r}: choose one of {', '.join(POOLS)}")
 
 

@@ -1,28 +1,35 @@
 """The executor interface: how fetched deliveries get run, whatever the concurrency mode.
 
-The worker's fetcher asks an executor how many deliveries it can take (``wait_for_capacity``),
-fetches at most that many, and hands them over (``submit``). On stop, the executor stops starting
-new deliveries, lets running ones finish for up to a deadline, and returns what it never started
-so that the worker can give it back to the broker.
+The worker's fetch loop asks an executor how many deliveries it can take (``wait_for_capacity``),
+fetches at most that many, and hands them over (``submit``). The executor runs each through the
+``Processor`` it was started with. To stop, the worker calls ``stop`` (start nothing new; the
+unstarted come back), ``join`` (let running deliveries finish, up to a deadline), then ``abort``
+(give up on what still runs; it comes back too) and ``close``.
+
+Time limits are the executor's business too (``limit``), because only it knows how a running call
+can be stopped: a signal on the main thread, a timeout in a greenlet, cancellation on a loop, or,
+for a thread, nothing at all — the call is abandoned and failed.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from typing import Any
 
 from ...brokers import Delivery
-
-Process = Callable[[Delivery], None]
+from ..processor import Job, Processor, late_limit
 
 
 class Executor(abc.ABC):
-    #: Deliveries that may run at once.
+    #: Deliveries that may run at once (the most, when the pool scales itself).
     concurrency: int
+    #: True when runners are greenlets sharing one OS thread (``async def`` tasks take turns).
+    greenlets = False
 
     @abc.abstractmethod
-    def start(self, process: Process) -> None:
-        """Get ready to run deliveries with ``process``."""
+    def start(self, processor: Processor) -> None:
+        """Get ready to run deliveries through ``processor``."""
 
     @abc.abstractmethod
     def wait_for_capacity(self, timeout: float) -> int:
@@ -37,9 +44,37 @@ class Executor(abc.ABC):
         """True when nothing is running or waiting to run."""
 
     @abc.abstractmethod
-    def stop(self, timeout: float) -> list[Delivery]:
-        """Start nothing new, wait up to ``timeout`` for running ones; return the unstarted."""
+    def stop(self) -> list[Delivery]:
+        """Start nothing new from now on; return the deliveries that were never started."""
+
+    @abc.abstractmethod
+    def join(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for running deliveries to finish; True once none runs."""
 
     @abc.abstractmethod
     def abort(self) -> list[Delivery]:
-        """Stop at once: return every delivery not finished, running ones included."""
+        """Give up on running deliveries (their outcome will not be recorded); return them."""
+
+    def request_stop(self) -> None:
+        """Ask to start nothing new, from a signal handler or another thread: set flags only."""
+        return None  # pools notice the worker's own stop flag soon enough
+
+    def close(self) -> None:
+        """Let go of threads, loops and the like, after ``stop`` (and ``abort``)."""
+        return None
+
+    def limit(self, job: Job, call: Callable[[], Any]) -> Any:
+        """Run a time-limited call, stopping it at ``job.task.time_limit`` if this pool can.
+
+        The default cannot interrupt: the call ends when it ends, and fails if it overran.
+        """
+        return late_limit(job, call)
+
+    def abandoned(self) -> int:
+        """Calls given up at their time limit that are still running somewhere in this process."""
+        return 0
+
+    def interrupts_caller(self) -> bool:
+        """True while a task runs on the fetch loop's own thread (solo), so that a hard stop must
+        raise in it to interrupt it."""
+        return False

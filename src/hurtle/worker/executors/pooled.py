@@ -1,0 +1,95 @@
+"""``PooledExecutor``: deliveries run by a ``RunnerPool``; the base of threads and greenlets.
+
+The fetch loop may hold at most ``size + prefetch`` deliveries (running plus buffered), where
+``size`` is the number of live runners and ``prefetch`` defaults to the same number: the local
+buffer stays bounded and proportional to the pool, so a slow task never keeps a backlog of others
+from idle workers. With ``min_concurrency < concurrency`` the pool scales itself: a batch that
+finds no idle runner starts more (up to ``concurrency``), which widens the next fetch, and a
+runner idle for a while retires (down to ``min_concurrency``).
+
+Subclasses choose how runners start (``spawn``) and how a time-limited call is stopped
+(``limit``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from ...brokers import Delivery
+from ...errors import ConfigurationError
+from ..processor import Processor
+from .base import Executor
+from .runners import RunnerPool, Spawn, spawn_thread
+
+
+class PooledExecutor(Executor):
+    #: Runner names, for logs and thread dumps.
+    runner_name = "hurtle-runner"
+
+    def __init__(
+        self,
+        concurrency: int,
+        *,
+        min_concurrency: int | None = None,
+        prefetch: int | None = None,
+        spawn: Spawn = spawn_thread,
+    ) -> None:
+        low = concurrency if min_concurrency is None else min_concurrency
+        if not 0 < low <= concurrency:
+            raise ConfigurationError(
+                f"concurrency must be at least 1 (and MIN <= MAX in MIN,MAX), got "
+                f"{low},{concurrency}"
+            )
+        self.concurrency = concurrency
+        self.min_concurrency = low
+        self.prefetch = prefetch
+        self.spawn = spawn
+        self._pool: RunnerPool[Delivery] | None = None
+
+    @property
+    def pool(self) -> RunnerPool[Delivery]:
+        assert self._pool is not None, "start() the executor first"
+        return self._pool
+
+    def start(self, processor: Processor) -> None:
+        self._pool = RunnerPool(
+            processor.process, max_size=self.concurrency, min_size=self.min_concurrency,
+            spawn=self.spawn, name=self.runner_name, on_expire=processor.expire,
+        )
+        self._pool.start()
+
+    def wait_for_capacity(self, timeout: float) -> int:
+        pool = self.pool
+        deadline = time.monotonic() + timeout
+        with pool.cond:
+            while not pool.stopping:
+                size = pool.size
+                free = size + (size if self.prefetch is None else self.prefetch)
+                free -= pool.outstanding()
+                if free > 0:
+                    return free
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return 0
+                pool.cond.wait(left)
+            return 0
+
+    def submit(self, deliveries: list[Delivery]) -> None:
+        self.pool.submit(deliveries)
+
+    def idle(self) -> bool:
+        pool = self.pool
+        with pool.cond:
+            return pool.outstanding() == 0
+
+    def stop(self) -> list[Delivery]:
+        return self.pool.stop()
+
+    def join(self, timeout: float) -> bool:
+        return self.pool.join(timeout)
+
+    def abort(self) -> list[Delivery]:
+        return self.pool.abort()
+
+    def abandoned(self) -> int:
+        return self.pool.abandoned()

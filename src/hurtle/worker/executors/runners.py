@@ -1,0 +1,255 @@
+"""``RunnerPool``: runners (threads or greenlets) that take work from one buffer.
+
+Shared by the threads, gevent and eventlet executors (items are deliveries) and by the asyncio
+executor for its plain ``def`` tasks (items are jobs). The pool owns what those modes have in
+common and nothing else: the buffer, how many runners live (between ``min_size`` and
+``max_size``, growing when work waits and no runner is idle, retiring a runner idle for
+``idle_timeout``), what each runner holds, and graceful or immediate stop.
+
+It also owns time limits for threads, which cannot be interrupted: a watchdog thread fails a call
+that overruns (``on_expire``), abandons its thread — it is no longer counted, its outcome will be
+ignored, and as a daemon it never holds up the process's exit — and starts another in its place.
+Greenlet pools override ``limit`` with their own timeouts and never start the watchdog.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, TypeVar
+
+from ..processor import Job
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+#: Starts ``target`` on a new runner named ``name``.
+Spawn = Callable[[Callable[[], None], str], None]
+
+
+def spawn_thread(target: Callable[[], None], name: str) -> None:
+    threading.Thread(target=target, name=name, daemon=True).start()
+
+
+class _Abandoned(BaseException):
+    """Raised in a runner whose call was given up at its time limit: record no outcome."""
+
+
+class _Slot:
+    __slots__ = ("abandoned", "deadline", "item", "job")
+
+    def __init__(self) -> None:
+        self.item: Any = None
+        self.job: Job | None = None
+        self.deadline: float | None = None
+        self.abandoned = False
+
+
+class RunnerPool(Generic[T]):
+    def __init__(
+        self,
+        work: Callable[[T], None],
+        *,
+        max_size: int,
+        min_size: int | None = None,
+        spawn: Spawn = spawn_thread,
+        name: str = "hurtle-runner",
+        idle_timeout: float = 2.0,
+        on_expire: Callable[[Job], None] | None = None,
+    ) -> None:
+        self.work = work
+        self.max_size = max_size
+        self.min_size = max_size if min_size is None else min_size
+        self.spawn = spawn
+        self.name = name
+        self.idle_timeout = idle_timeout
+        self.on_expire = on_expire
+        self.cond = threading.Condition()
+        self._buffer: deque[T] = deque()
+        self._running: dict[_Slot, T] = {}
+        self._live = 0
+        self._idle = 0
+        self._made = 0
+        self._stopping = False
+        self._local = threading.local()
+        self._abandoned = 0
+        self._watchdog: threading.Thread | None = None
+        self._watch = threading.Event()
+
+    # -- sizes -----------------------------------------------------------------------------
+
+    @property
+    def size(self) -> int:
+        """Runners alive and not abandoned (at least ``min_size`` once started)."""
+        return max(self._live, self.min_size)
+
+    def outstanding(self) -> int:
+        """Items buffered or running (call with ``cond`` held)."""
+        return len(self._buffer) + len(self._running)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def abandoned(self) -> int:
+        with self.cond:
+            return self._abandoned
+
+    def start(self) -> None:
+        with self.cond:
+            self._grow(self.min_size)
+
+    def _grow(self, n: int) -> None:
+        """Start ``n`` more runners, up to ``max_size`` (``cond`` held)."""
+        for _ in range(min(n, self.max_size - self._live)):
+            self._live += 1
+            self._made += 1
+            self.spawn(self._runner, f"{self.name}-{self._made}")
+
+    # -- work ------------------------------------------------------------------------------
+
+    def submit(self, items: Iterable[T]) -> None:
+        with self.cond:
+            buffer = self._buffer
+            buffer.extend(items)
+            waiting = len(buffer) - self._idle
+            if waiting > 0:
+                self._grow(waiting)
+            self.cond.notify(len(buffer))
+
+    def _runner(self) -> None:
+        slot = _Slot()
+        self._local.slot = slot
+        cond = self.cond
+        buffer = self._buffer
+        running = self._running
+        work = self.work
+        while True:
+            with cond:
+                self._idle += 1
+                while not buffer and not self._stopping:
+                    if self._live > self.min_size:
+                        if not cond.wait(self.idle_timeout) and not buffer:
+                            break  # idle too long above the minimum: retire
+                    else:
+                        cond.wait()
+                self._idle -= 1
+                if self._stopping or not buffer:
+                    self._live -= 1
+                    return
+                item = slot.item = buffer.popleft()
+                running[slot] = item
+            try:
+                work(item)
+            except _Abandoned:
+                with cond:
+                    self._abandoned -= 1
+                return
+            except BaseException:
+                log.exception("%s: unexpected error, the runner goes on", self.name)
+            with cond:
+                if slot.abandoned:  # given up by abort(): the pool no longer counts it
+                    self._abandoned -= 1
+                    return
+                running.pop(slot, None)
+                slot.item = None
+                cond.notify_all()
+
+    # -- time limits for threads -----------------------------------------------------------
+
+    def limit(self, job: Job, call: Callable[[], Any]) -> Any:
+        """Run ``call`` in this runner; at ``job``'s time limit, fail and abandon it."""
+        limit = job.task.time_limit
+        assert limit is not None
+        slot: _Slot = self._local.slot
+        with self.cond:
+            slot.job = job
+            slot.deadline = job.started + limit
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(
+                    target=self._watchdog_run, name=f"{self.name}-watchdog", daemon=True
+                )
+                self._watchdog.start()
+        self._watch.set()
+        try:
+            return call()
+        finally:
+            with self.cond:
+                slot.deadline = None
+                slot.job = None
+                if slot.abandoned:
+                    raise _Abandoned()  # the outcome is already recorded, by the watchdog
+
+    def _watchdog_run(self) -> None:
+        while True:
+            self._watch.clear()
+            expired: list[Job] = []
+            with self.cond:
+                now = time.monotonic()
+                nearest: float | None = None
+                for slot in list(self._running):
+                    deadline = slot.deadline
+                    if deadline is None:
+                        continue
+                    if deadline <= now and slot.job is not None:
+                        expired.append(slot.job)
+                        self._abandon(slot)
+                    elif nearest is None or deadline < nearest:
+                        nearest = deadline
+                if expired:
+                    self._grow(self.min_size - self._live)
+                    self.cond.notify_all()
+            for job in expired:
+                log.error("task %s[%s] overran its time limit of %gs; its thread cannot be "
+                          "interrupted, so it is abandoned and replaced", job.task.name,
+                          job.message.id, job.task.time_limit)
+                if self.on_expire is not None:
+                    self.on_expire(job)
+            self._watch.wait(1.0 if nearest is None else max(nearest - now, 0.001))
+
+    def _abandon(self, slot: _Slot) -> None:
+        """Stop counting a running slot: its runner exits when its call returns (``cond`` held)."""
+        slot.abandoned = True
+        self._running.pop(slot, None)
+        self._live -= 1
+        self._abandoned += 1
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def stop(self) -> list[T]:
+        """Start nothing new; return what was never started."""
+        with self.cond:
+            self._stopping = True
+            unstarted = list(self._buffer)
+            self._buffer.clear()
+            self.cond.notify_all()
+        return unstarted
+
+    def join(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self._running:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
+
+    def abort(self) -> list[T]:
+        """Give up on every running item and return it, with what was never started.
+
+        A time-limited call given up this way records no outcome; any other may still record one
+        if it ends before the worker exits (harmless: the broker ignores settling what it was
+        handed back).
+        """
+        with self.cond:
+            self._stopping = True
+            out = list(self._running.values()) + list(self._buffer)
+            self._buffer.clear()
+            for slot in list(self._running):
+                self._abandon(slot)
+            self.cond.notify_all()
+        return out
