@@ -3,7 +3,8 @@
 Every benchmarked task body calls ``done()``: one counter increment and one ``time.monotonic()``
 read, no I/O. A daemon thread (started on the first task, so after any fork) writes the
 process's totals to ``$HURTLE_BENCH_PROBE_DIR/<pid>.json`` every ``INTERVAL`` seconds and at exit;
-the driver sums the files. Times are ``CLOCK_MONOTONIC`` seconds, one clock for every process on
+the driver sums the files. (A worker that forks a process per task appends one record per task
+to ``forked.log`` instead: see ``done_appending``.) Times are ``CLOCK_MONOTONIC`` seconds, one clock for every process on
 the host (Ruby's ``Process.clock_gettime(Process::CLOCK_MONOTONIC)`` reads the same one).
 
 The file is for reporting only: the end of a run is the largest ``last`` any process recorded, not
@@ -45,9 +46,28 @@ def done_locked() -> None:
         done()
 
 
-#: What a task body calls: ``done``, or ``done_locked`` when ``HURTLE_BENCH_PROBE_LOCK`` is set
-#: (the scenario runs tasks on several threads of one process).
-hit = done_locked if os.environ.get("HURTLE_BENCH_PROBE_LOCK") else done
+_LINE = 21  # "%020.9f\n": one fixed-size record per task in the append file
+
+
+def done_appending() -> None:
+    """``done()`` for workers that fork a process per task (RQ's default), whose memory dies
+    with each task: append the finish time to ``forked.log`` (one small ``O_APPEND`` write)."""
+    now = _monotonic()
+    directory = os.environ.get(ENV_DIR)
+    if not directory:
+        return
+    fd = os.open(os.path.join(directory, "forked.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, b"%020.9f\n" % now)
+    finally:
+        os.close(fd)
+
+
+#: What a task body calls: ``done``; ``done_locked`` when ``HURTLE_BENCH_PROBE_LOCK`` is set
+#: (tasks run on several threads of one process); ``done_appending`` when
+#: ``HURTLE_BENCH_PROBE_APPEND`` is set (a process per task).
+hit = (done_appending if os.environ.get("HURTLE_BENCH_PROBE_APPEND")
+       else done_locked if os.environ.get("HURTLE_BENCH_PROBE_LOCK") else done)
 
 
 def _reset() -> None:
@@ -101,4 +121,14 @@ def read(directory: Path) -> dict[str, Any]:
         count += int(data["count"])
         first = float(data["first"]) if not first else min(first, float(data["first"]))
         last = max(last, float(data["last"]))
+    appended = directory / "forked.log"
+    if appended.exists():
+        data = appended.read_bytes()
+        records = len(data) // _LINE
+        if records:
+            times = [float(data[i * _LINE:(i + 1) * _LINE]) for i in (0, records - 1)]
+            count += records
+            processes += records
+            first = min(first, times[0]) if first else times[0]
+            last = max(last, times[1])
     return {"count": count, "first": first, "last": last, "processes": processes}

@@ -1,6 +1,8 @@
 """The raw redis-py loops hurtle is measured against: no framework, no acknowledgement.
 
-Messages are msgpack maps ``{"task": "add", "args": [5, 6]}`` on one list, ``bench:raw``. Publish
+Messages are msgpack maps ``{"id": <16 hex digits>, "task": "add", "args": [5, 6]}`` on one list,
+``bench:raw``: the least a task message carries (without an id nothing can be acknowledged,
+retried or traced; without a name, no function can be chosen). Publish
 kinds: ``single`` (one ``LPUSH`` per task), ``pipelined`` (``LPUSH`` per task, 1,000 per pipeline
 round trip), ``multi`` (one ``LPUSH`` carrying 1,000 values). Consume kinds: ``single`` (one
 ``BLPOP`` per task) and ``batch`` (``LPOP key 1000``); both decode each message and call the
@@ -44,18 +46,22 @@ def publish_kind(kind: str, count: int, progress: Callable[[int], None]) -> int:
     r = _client()
     encode = msgspec.msgpack.encode
     sent = 0
+
+    def message() -> bytes:
+        return encode({"id": os.urandom(8).hex(), "task": "add", "args": [5, 6]})
+
     while sent < count:
         n = min(BATCH, count - sent)
         if kind == "single":
             for _ in range(n):
-                r.lpush(KEY, encode({"task": "add", "args": [5, 6]}))
+                r.lpush(KEY, message())
         elif kind == "pipelined":
             pipe = r.pipeline(transaction=False)
             for _ in range(n):
-                pipe.lpush(KEY, encode({"task": "add", "args": [5, 6]}))
+                pipe.lpush(KEY, message())
             pipe.execute()
         else:
-            r.lpush(KEY, *[encode({"task": "add", "args": [5, 6]}) for _ in range(n)])
+            r.lpush(KEY, *[message() for _ in range(n)])
         sent += n
         progress(sent)
     return sent

@@ -106,6 +106,9 @@ class Runner:
         client.close()
 
     def run(self, scenario: Scenario, count: int) -> Row:
+        asked = count
+        if scenario.max_count is not None and count > scenario.max_count:
+            count = scenario.max_count
         row = Row(name=scenario.name, system=scenario.system, guarantee=scenario.guarantee,
                   config=scenario.config, count=count,
                   version=scenario.version())
@@ -119,6 +122,8 @@ class Runner:
         broker_url = (self.redis_url if scenario.store == "redis"
                       else f"sqlite:///{workdir / 'bench.db'}")
         env = dict(os.environ)
+        if count != asked:
+            row.notes.append(f"capped at {count:,} tasks (this row is too slow for {asked:,})")
         env.update(scenario.env)
         env.update(
             HURTLE_BROKER_URL=broker_url,

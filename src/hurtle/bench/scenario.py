@@ -39,6 +39,8 @@ class Scenario:
     install: str = BENCH_EXTRA
     #: Distribution (or program) whose version the table shows.
     version_of: str | None = None
+    #: Most tasks this row runs, for a peer too slow to run the full count in reasonable time.
+    max_count: int | None = None
     #: Writes files the row needs into its work directory; returns extra environment.
     prepare: Callable[[Path, str], dict[str, str]] | None = None
     #: Tasks still queued or held after the run (``None``: the row cannot tell).

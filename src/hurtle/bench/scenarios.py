@@ -22,6 +22,8 @@ _PUBLISH = (_PY, "-m", "hurtle.bench.publish")
 _HURTLE_WORKER = (_PY, "-m", "hurtle", "--log-level", "WARNING", "worker",
                   "hurtle.bench.peers.hurtle_app:app")
 _LOCK = {"HURTLE_BENCH_PROBE_LOCK": "1"}
+#: RQ's default worker forks per job (~30 jobs/s on 2 cores): 100,000 would take an hour.
+RQ_FORK_MAX = 2000
 
 
 def _raw(name: str, publish: str, consume: str, config: str) -> Scenario:
@@ -91,9 +93,18 @@ SCENARIOS: list[Scenario] = [
     ),
     Scenario(
         name="rq", system="RQ", guarantee="not acknowledged",
-        config="rq worker, default Worker class (one fork per job), 1 process",
+        config="rq worker, default Worker class (a fork per job), 1 process",
         publisher=(*_PUBLISH, "hurtle.bench.peers.rq_app:publish", "{count}"),
         worker=(_PY, "-m", "rq.cli", "worker", "--url", "{redis_url}", "--quiet", "bench"),
+        env={"HURTLE_BENCH_PROBE_APPEND": "1"}, max_count=RQ_FORK_MAX,
+        modules=("rq", "redis"), version_of="rq", leftover=leftover.llen("rq:queue:bench"),
+    ),
+    Scenario(
+        name="rq-simple", system="RQ", guarantee="not acknowledged",
+        config="rq worker -w rq.SimpleWorker (no fork per job), 1 process",
+        publisher=(*_PUBLISH, "hurtle.bench.peers.rq_app:publish", "{count}"),
+        worker=(_PY, "-m", "rq.cli", "worker", "--url", "{redis_url}", "--quiet",
+                "--worker-class", "rq.SimpleWorker", "bench"),
         modules=("rq", "redis"), version_of="rq", leftover=leftover.llen("rq:queue:bench"),
     ),
     Scenario(
