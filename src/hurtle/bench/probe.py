@@ -4,8 +4,9 @@ Every benchmarked task body calls ``done()``: one counter increment and one ``ti
 read, no I/O. A daemon thread (started on the first task, so after any fork) writes the
 process's totals to ``$HURTLE_BENCH_PROBE_DIR/<pid>.json`` every ``INTERVAL`` seconds and at exit;
 the driver sums the files. (A worker that forks a process per task appends one record per task
-to ``forked.log`` instead: see ``done_appending``.) Times are ``CLOCK_MONOTONIC`` seconds, one clock for every process on
-the host (Ruby's ``Process.clock_gettime(Process::CLOCK_MONOTONIC)`` reads the same one).
+to ``forked.log`` instead: see ``done_appending``.) Times are ``CLOCK_MONOTONIC`` seconds, one
+clock for every process on the host (Ruby's ``Process.clock_gettime(Process::CLOCK_MONOTONIC)``
+reads the same one).
 
 The file is for reporting only: the end of a run is the largest ``last`` any process recorded, not
 the moment the driver read it.
