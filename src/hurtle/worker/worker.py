@@ -127,9 +127,15 @@ class Worker:
                 raise _HardStop()
 
     def install_signal_handlers(self) -> None:
-        if threading.current_thread() is threading.main_thread():
+        """Handle SIGTERM/SIGINT, when called on the main thread (else signals stay as they are).
+
+        Asking Python rather than ``threading``: greenlet libraries patch ``threading``.
+        """
+        try:
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        except ValueError:
+            log.debug("not on the main thread: signals are left to the program")
 
     # -- running ---------------------------------------------------------------------------
 

@@ -1,0 +1,111 @@
+"""``@app.task(time_limit=S)``: a task that runs longer is stopped (or, in a thread, abandoned)
+and recorded as failed with ``TimeLimitExceeded``, then retried or dead-lettered by its policy."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from hurtle import Hurtle
+from test_executors_processes import GREENLET_POOLS, Project, pools, project  # noqa: F401
+
+
+@pytest.fixture
+def app() -> Hurtle:
+    return Hurtle("memory://", default_retry_delay=0.01, heartbeat_timeout=5)
+
+
+def test_threads_pool_fails_an_overrunning_task_and_replaces_its_thread(app: Hurtle) -> None:
+    stuck = threading.Event()
+    quick_ran: list[int] = []
+
+    @app.task(time_limit=0.2, retries=0)
+    def hang() -> None:
+        stuck.wait(30)  # "blocked in C": nothing can interrupt it
+
+    @app.task
+    def quick(i: int) -> None:
+        quick_ran.append(i)
+
+    hang.send()
+    quick.send_many([(i,) for i in range(5)])
+    worker = app.worker(pool="threads", concurrency=1, burst=True)
+    started = time.monotonic()
+    worker.run()  # the one thread is stuck, yet the others run and the worker exits
+    assert time.monotonic() - started < 20
+    assert sorted(quick_ran) == list(range(5))
+    (dead,) = app.broker.dead_letters("default")
+    assert "TimeLimitExceeded" in dead.reason and "time limit of 0.2s" in dead.reason
+    assert worker.executor.abandoned() == 1
+    stuck.set()
+
+
+def test_asyncio_pool_cancels_an_overrunning_coroutine_then_retries_it(app: Hurtle) -> None:
+    cancelled: list[int] = []
+
+    @app.task(time_limit=0.1, retries=1, retry_delay=0.01)
+    async def sleepy() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            cancelled.append(1)
+            raise
+
+    sleepy.send()
+    app.worker(pool="asyncio", concurrency=4, burst=True).run()
+    assert cancelled == [1, 1]  # the first attempt and its retry
+    (dead,) = app.broker.dead_letters("default")
+    assert "failed on attempt 2 of 2" in dead.reason and "TimeLimitExceeded" in dead.reason
+
+
+def test_a_task_within_its_limit_succeeds_and_its_own_timeout_error_is_not_a_limit(
+    app: Hurtle,
+) -> None:
+    @app.task(time_limit=5, retries=0)
+    async def own_timeout() -> None:
+        raise TimeoutError("the task's own")
+
+    @app.task(time_limit=5)
+    def fine() -> None:
+        pass
+
+    own_timeout.send()
+    fine.send()
+    app.worker(pool="asyncio", burst=True).run()
+    (dead,) = app.broker.dead_letters("default")
+    assert "TimeoutError: the task's own" in dead.reason
+    assert "TimeLimitExceeded" not in dead.reason
+
+
+def test_solo_off_the_main_thread_fails_the_overrun_once_it_ends(app: Hurtle) -> None:
+    @app.task(time_limit=0.05, retries=0)
+    def slow() -> None:
+        time.sleep(0.2)
+
+    slow.send()
+    thread = app.worker(burst=True).run_in_thread()
+    thread.join(20)
+    (dead,) = app.broker.dead_letters("default")
+    assert "TimeLimitExceeded" in dead.reason
+
+
+@pytest.mark.parametrize("pool", pools("solo", "threads", "asyncio", *GREENLET_POOLS))
+def test_overrunning_task_is_stopped_retried_then_dead_lettered_in_a_real_worker(
+    project: Project,  # noqa: F811
+    pool: str,
+) -> None:
+    project.send_many("w.limited", [("slow", 60.0), ("fast", 0.01)])
+    if pool == "asyncio":
+        project.send_many("w.alimited", [("aslow", 60.0)])
+    result = project.hurtle("worker", "tasks:app", "--pool", pool, "--concurrency", "4",
+                            "--burst", timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert project.lines("start").count("slow") == 2  # the first attempt and one retry
+    assert sorted(project.lines("done")) == ["fast"]
+    dead = project.app.broker.dead_letters("default")
+    assert len(dead) == (2 if pool == "asyncio" else 1)
+    assert all("TimeLimitExceeded" in d.reason and "time limit of 0.5s" in d.reason
+               for d in dead)
