@@ -41,6 +41,9 @@ def add_parser(sub: Any) -> None:
     tasks.add_argument("--workdir", type=Path, default=None,
                        help="keep each row's logs and probe files here (default: a temp dir)")
     tasks.set_defaults(handler=run_tasks)
+    from .io import add_parser as add_io_parser  # the worker runtime's own benchmark
+
+    add_io_parser(kinds)
 
 
 def run_tasks(args: argparse.Namespace) -> int:
