@@ -115,18 +115,24 @@ class Processor:
     # -- the short path --------------------------------------------------------------------
 
     def process(self, delivery: Delivery) -> None:
-        """Run one delivery to its outcome (hot path: keep it short)."""
-        job = self.begin(delivery)
-        if job is None:
+        """Run one delivery to its outcome (hot path: keep it short; no ``Job`` unless needed)."""
+        self.processed += 1
+        try:
+            message = _decode(delivery.raw)
+        except DecodeError as err:
+            self._undecodable(delivery, err)
             return
-        task = job.task
+        task = self.tasks.get(message.task)
+        if task is None:
+            self._unknown(delivery, message)
+            return
         if self.middleware or task.is_async or task.time_limit is not None:
-            self.run(job)
+            self.run(Job(delivery, message, task))
             return
         try:
-            job.call()
+            task.fn(*message.args, **message.kwargs)
         except Exception as err:
-            self._failed(job, err)
+            self._failed(Job(delivery, message, task), err)
             return
         self.acker.ack(delivery)
 
@@ -138,19 +144,11 @@ class Processor:
         try:
             message = _decode(delivery.raw)
         except DecodeError as err:
-            self.failed += 1
-            log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, err)
-            self.acker.dead_letter(delivery, f"undecodable message: {err}")
+            self._undecodable(delivery, err)
             return None
         task = self.tasks.get(message.task)
         if task is None:
-            self.failed += 1
-            reason = (
-                f"unknown task {message.task!r}: this worker's app registers no task of that "
-                "name; deploy the code that defines it, then retry the dead letter"
-            )
-            log.error("dead-lettering message %s: %s", message.id, reason)
-            self.acker.dead_letter(delivery, reason)
+            self._unknown(delivery, message)
             return None
         return Job(delivery, message, task)
 
@@ -202,6 +200,20 @@ class Processor:
         self.finish(job, None, job.time_limit_error())
 
     # -- helpers ---------------------------------------------------------------------------
+
+    def _undecodable(self, delivery: Delivery, err: DecodeError) -> None:
+        self.failed += 1
+        log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, err)
+        self.acker.dead_letter(delivery, f"undecodable message: {err}")
+
+    def _unknown(self, delivery: Delivery, message: Message) -> None:
+        self.failed += 1
+        reason = (
+            f"unknown task {message.task!r}: this worker's app registers no task of that "
+            "name; deploy the code that defines it, then retry the dead letter"
+        )
+        log.error("dead-lettering message %s: %s", message.id, reason)
+        self.acker.dead_letter(delivery, reason)
 
     def _run_coroutine(self, job: Job) -> Any:
         """Run an ``async def`` task outside the asyncio pool, on this thread's own loop."""
