@@ -80,7 +80,7 @@ def run_tasks(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-    found = report.ratios(rows)
+    found = [r for r in report.ratios(rows) if r.value is not None]
     print(f"hurtle bench tasks: {args.count:,} x add(5, 6) per row; {info['cpu']}, "
           f"{info['cores']} cores, {info['memory_gib']} GiB, Python {info['python']}, "
           f"Redis {info['redis']}, {info['date']}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from .scenario import Row
@@ -37,7 +38,8 @@ def plot(rows: list[Row], path: Path, title: str) -> str | None:
     ax.set_xlabel("tasks/s (log scale)")
     ax.set_title(title, fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
-    ax.set_xlim(left=100, right=max(consume + publish) * 4)
+    lowest = min(v for v in consume + publish if v)
+    ax.set_xlim(left=10 ** math.floor(math.log10(lowest)), right=max(consume + publish) * 4)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
