@@ -63,6 +63,10 @@ class Message(msgspec.Struct, frozen=True, array_like=True, gc=False):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 
+#: Decode without wrapping errors, for hot loops that fall back to ``Message.decode`` (and its
+#: clear ``DecodeError``) on any exception.
+decode_unchecked = _decoder.decode
+
 
 def encode_many(messages: list[Message]) -> list[bytes]:
     """Encode a batch; the first message that fails raises ``EncodeError`` and nothing is kept."""

@@ -48,6 +48,12 @@ class Acker:
         if len(acks) == self.batch_size:
             self._wake.set()
 
+    def ack_many(self, deliveries: list[Delivery]) -> None:
+        acks = self._acks
+        acks.extend(deliveries)
+        if len(acks) >= self.batch_size:
+            self._wake.set()
+
     def retry(self, delivery: Delivery, message: Message) -> None:
         self._op(lambda c: c.retry(delivery, message))
 

@@ -27,11 +27,11 @@ import time
 import traceback
 from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..brokers import Delivery
 from ..errors import DecodeError, Reject, Retry, TimeLimitExceeded
-from ..message import Message
+from ..message import Message, decode_unchecked
 from ..middleware import Middleware
 from ..middleware.retries import backoff, next_attempt
 from .acker import Acker
@@ -42,6 +42,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _decode = Message.decode
+
+
+class BatchState(Protocol):
+    """What ``process_many`` reads and keeps up to date for the executor driving it."""
+
+    #: Set (from a signal handler or another thread) to start nothing more.
+    stopping: bool
+    #: The delivery running now, so that a hard stop can hand it back.
+    current: Delivery | None
+    #: Where the deliveries left unstarted by a stop go.
+    unstarted: list[Delivery]
 
 
 class Job:
@@ -135,6 +146,45 @@ class Processor:
             self._failed(Job(delivery, message, task), err)
             return
         self.acker.ack(delivery)
+
+    def process_many(self, deliveries: list[Delivery], state: BatchState) -> None:
+        """Run a batch one delivery after another on this thread (the solo pool's hot path).
+
+        Plain tasks are called inline and acknowledged together once the batch is done; anything
+        else (bad bytes, unknown tasks, ``async def``, time limits, middleware) takes ``process``.
+        """
+        tasks = self.tasks
+        decode = decode_unchecked
+        plain = not self.middleware
+        done: list[Delivery] = []
+        started = 0
+        try:
+            for i, delivery in enumerate(deliveries):
+                if state.stopping:
+                    state.unstarted.extend(deliveries[i:])
+                    break
+                state.current = delivery
+                try:
+                    message = decode(delivery.raw)
+                    task = tasks[message.task]
+                except Exception:
+                    self.process(delivery)  # dead-letters it with the reason
+                    continue
+                if not plain or task.is_async or task.time_limit is not None:
+                    self.process(delivery)
+                    continue
+                started += 1
+                try:
+                    task.fn(*message.args, **message.kwargs)
+                except Exception as err:
+                    self._failed(Job(delivery, message, task), err)
+                    continue
+                done.append(delivery)
+            state.current = None
+        finally:  # also when a hard stop raises in a task: what finished is acknowledged
+            self.processed += started
+            if done:
+                self.acker.ack_many(done)
 
     # -- the steps -------------------------------------------------------------------------
 

@@ -25,11 +25,12 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..brokers import Consumer, Delivery
-from ..errors import BrokerError, ConfigurationError
+from ..errors import ConfigurationError
 from ..ids import new_id
 from ..middleware import Middleware
 from .acker import Acker
 from .executors import Executor, make_executor
+from .fetcher import Fetcher
 from .heartbeat import Heartbeat
 from .processor import Processor
 
@@ -175,28 +176,14 @@ class Worker:
         s = self.settings
         # a burst worker looks at the queue counts as soon as a short wait finds nothing
         wait = min(s.fetch_timeout, 0.05) if self.burst else s.fetch_timeout
-        failures = 0
+        fetcher = Fetcher(consumer, executor, wait, self._stop)
         while not self._stop.is_set():
             if self._must_leave(executor):
                 return
-            want = executor.wait_for_capacity(wait)
-            if want <= 0:
-                continue
-            try:
-                batch = consumer.fetch(want, wait)
-            except BrokerError as err:
-                failures += 1
-                delay = min(0.1 * 2 ** min(failures, 6), 5.0)
-                log.warning("fetch failed (%d in a row), retrying in %.1fs: %s",
-                            failures, delay, err)
-                self._stop.wait(delay)
-                continue
-            if failures:
-                log.info("broker reachable again after %d failed fetches", failures)
-                failures = 0
+            batch = fetcher.fetch()
             if batch:
                 executor.submit(batch)
-            elif self.burst and self._drained():
+            elif batch is not None and self.burst and self._drained():
                 log.info("burst: queues %s are empty, stopping", ", ".join(self.queues))
                 return
 

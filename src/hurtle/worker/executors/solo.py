@@ -32,60 +32,54 @@ class SoloExecutor(Executor):
         self.max_batch = max_batch
         self.target = target_batch_seconds
         self._per_task = target_batch_seconds / 8  # a guess until the first batch is timed
-        self._process: Callable[[Delivery], None] | None = None
-        self._stopping = False
-        self._current: Delivery | None = None
-        self._unstarted: list[Delivery] = []
+        self._processor: Processor | None = None
+        self.stopping = False
+        self.current: Delivery | None = None
+        self.unstarted: list[Delivery] = []
 
     def start(self, processor: Processor) -> None:
-        self._process = processor.process
+        self._processor = processor
 
     def wait_for_capacity(self, timeout: float) -> int:
-        if self._stopping:
+        if self.stopping:
             return 0
         return max(1, min(self.max_batch, int(self.target / max(self._per_task, 1e-7))))
 
     def submit(self, deliveries: list[Delivery]) -> None:
-        process = self._process
-        assert process is not None, "start() the executor first"
+        processor = self._processor
+        assert processor is not None, "start() the executor first"
         started = perf_counter()
-        done = 0
-        for i, delivery in enumerate(deliveries):
-            if self._stopping:
-                self._unstarted.extend(deliveries[i:])
-                break
-            self._current = delivery
-            process(delivery)
-            done += 1
-        self._current = None
+        before = len(self.unstarted)
+        processor.process_many(deliveries, self)
+        done = len(deliveries) - (len(self.unstarted) - before)
         if done:
             per_task = (perf_counter() - started) / done
             self._per_task = 0.5 * self._per_task + 0.5 * per_task
 
     def idle(self) -> bool:
-        return self._current is None
+        return self.current is None
 
     def request_stop(self) -> None:
-        self._stopping = True  # submit() checks it between deliveries
+        self.stopping = True  # submit() checks it between deliveries
 
     def stop(self) -> list[Delivery]:
-        self._stopping = True
-        unstarted, self._unstarted = self._unstarted, []
+        self.stopping = True
+        unstarted, self.unstarted = self.unstarted, []
         return unstarted
 
     def join(self, timeout: float) -> bool:
         return True  # tasks run inside submit(): none runs once the fetch loop is out
 
     def abort(self) -> list[Delivery]:
-        self._stopping = True
-        out, self._unstarted = self._unstarted, []
-        if self._current is not None:
-            out.insert(0, self._current)
-            self._current = None
+        self.stopping = True
+        out, self.unstarted = self.unstarted, []
+        if self.current is not None:
+            out.insert(0, self.current)
+            self.current = None
         return out
 
     def interrupts_caller(self) -> bool:
-        return self._current is not None
+        return self.current is not None
 
     def limit(self, job: Job, call: Callable[[], Any]) -> Any:
         seconds = job.task.time_limit

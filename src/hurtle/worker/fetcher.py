@@ -1,0 +1,51 @@
+"""``Fetcher``: pulls batches from the broker into a bounded local buffer.
+
+The fetch loop asks the executor how much room it has, fetches at most that many deliveries, and
+hands them over: the local buffer is the executor's, bounded by its capacity. A fetch that fails
+(the broker went away) is logged and retried with backoff; the worker carries on.
+
+Fetching the next batch on a thread of its own while the solo pool runs the current one was
+measured and did not pay (the threads fight over the GIL, and a stop must wait for the fetch in
+flight), so every pool fetches from the worker's own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ..brokers import Consumer, Delivery
+from ..errors import BrokerError
+from .executors import Executor
+
+log = logging.getLogger(__name__)
+
+
+class Fetcher:
+    def __init__(
+        self, consumer: Consumer, executor: Executor, wait: float, stopping: threading.Event
+    ) -> None:
+        self.consumer = consumer
+        self.executor = executor
+        self.wait = wait
+        self.failures = 0
+        self._stopping = stopping  # the worker's stop flag: it cuts a backoff wait short
+
+    def fetch(self) -> list[Delivery] | None:
+        """One batch, fetched here and now; ``None`` when there is no room or the fetch failed."""
+        want = self.executor.wait_for_capacity(self.wait)
+        if want <= 0:
+            return None
+        try:
+            batch = self.consumer.fetch(want, self.wait)
+        except BrokerError as err:
+            self.failures += 1
+            delay = min(0.1 * 2 ** min(self.failures, 6), 5.0)
+            log.warning("fetch failed (%d in a row), retrying in %.1fs: %s",
+                        self.failures, delay, err)
+            self._stopping.wait(delay)
+            return None
+        if self.failures:
+            log.info("broker reachable again after %d failed fetches", self.failures)
+            self.failures = 0
+        return batch
