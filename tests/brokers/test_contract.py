@@ -431,6 +431,46 @@ def test_close_releases_what_the_consumer_held(make: MakeBroker) -> None:
     assert sorted(ids_of(b_side.consumer(["q"]).fetch(10, 1))) == sorted(m.id for m in ms)
 
 
+def test_prefetch_then_fetch_returns_the_next_batch_in_order(broker: Broker) -> None:
+    ms = [msg("q", i) for i in range(5)]
+    broker.publish(ms)
+    c = broker.consumer(["q"])
+    first = c.fetch(2, 1)
+    c.prefetch(2)  # brokers that cannot overlap ignore it: the contract is the same
+    second = c.fetch(2, 1)
+    assert ids_of(first + second) == [m.id for m in ms[:4]]
+    c.prefetch(10)
+    c.prefetch(10)  # a second call while one is under way changes nothing
+    assert ids_of(c.fetch(10, 1)) == [ms[4].id]
+    c.prefetch(10)  # finds nothing: the next fetch waits as usual
+    assert c.fetch(10, 0.05) == []
+    assert broker.stats(["q"])["q"] == QueueStats(in_flight=5)
+
+
+def test_what_a_prefetch_took_is_held_and_released_by_close(make: MakeBroker) -> None:
+    a_side, b_side = make(), make()
+    ms = [msg("q", i) for i in range(3)]
+    a_side.publish(ms)
+    a = a_side.consumer(["q"])
+    a.prefetch(10)
+    a.close()
+    assert b_side.stats(["q"])["q"] == QueueStats(ready=3)
+    assert sorted(ids_of(b_side.consumer(["q"]).fetch(10, 1))) == sorted(m.id for m in ms)
+
+
+def test_what_a_silent_consumer_prefetched_goes_to_a_live_one(make: MakeBroker) -> None:
+    a_side, b_side = make(heartbeat_timeout=0.3), make(heartbeat_timeout=0.3)
+    ms = [msg("q", i) for i in range(3)]
+    a_side.publish(ms)
+    a = a_side.consumer(["q"])
+    a.prefetch(10)  # then a dies before reading the reply
+    time.sleep(0.5)
+    b = b_side.consumer(["q"])
+    b.heartbeat()
+    assert sorted(ids_of(drain(b))) == sorted(m.id for m in ms)
+    del a
+
+
 # -- bad input -------------------------------------------------------------------------------
 
 

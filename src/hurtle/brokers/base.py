@@ -82,6 +82,16 @@ class Consumer(abc.ABC):
         an empty list then. Delayed messages whose time has come count as ready.
         """
 
+    def prefetch(self, max_count: int) -> None:
+        """Start taking up to ``max_count`` more in the background, without waiting.
+
+        The next ``fetch`` returns what this took (or fetches as usual when it took nothing).
+        A worker that runs a batch on its own thread calls it first, so that the broker's round
+        trip overlaps the work. Brokers that cannot overlap ignore it; what it takes is held
+        like anything fetched, and ``close`` releases it.
+        """
+        return None
+
     @abc.abstractmethod
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Record these deliveries as done: they leave the broker for good."""

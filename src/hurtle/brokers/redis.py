@@ -22,6 +22,7 @@ Nothing here decodes a payload: garbage bytes come out of ``fetch`` like any mes
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -432,6 +433,8 @@ class RedisConsumer(Consumer):
         self._reading = list(self._targets.values())
         self._wake_keys = [t.keys.wake for t in self._reading]
         self._fetch = broker._scripts.fetch
+        # a fetch script sent by ``prefetch`` whose reply is still to be read: (connection, want)
+        self._pending: tuple[Any, int] | None = None
 
     def _target(self, queue: str) -> _Target:
         target = self._targets.get(queue)
@@ -439,9 +442,54 @@ class RedisConsumer(Consumer):
             target = self._targets[queue] = _Target(queue, self.worker_id)
         return target
 
+    def prefetch(self, max_count: int) -> None:
+        if self._pending is not None or len(self._reading) != 1 or max_count <= 0:
+            return  # several queues are read in turn: nothing to overlap
+        max_count = min(max_count, BATCH_MASK)
+        pool = self.broker._client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command(*self._fetch_command(self._reading[0], max_count))
+        except redis.RedisError:  # the next fetch meets the problem and reports it
+            pool.release(conn)
+            conn.disconnect()
+            return
+        self._pending = (conn, max_count)
+
+    def _fetch_command(self, target: _Target, want: int) -> tuple[Any, ...]:
+        return (
+            "EVALSHA", self._fetch.sha, len(target.fetch_keys), *target.fetch_keys,
+            want, self.worker_id, max(PROMOTE_LIMIT, want),
+        )
+
+    def _collect(self) -> list[Delivery]:
+        """Read the reply of the fetch ``prefetch`` sent."""
+        assert self._pending is not None
+        conn, want = self._pending
+        self._pending = None
+        pool = self.broker._client.connection_pool
+        try:
+            res = conn.read_response()
+        except NoScriptError:
+            pool.release(conn)
+            return self._take(want)[0]
+        except BaseException:
+            conn.disconnect()  # a reply half read: the connection cannot be reused
+            pool.release(conn)
+            raise
+        pool.release(conn)
+        return self._deliveries(self._reading[0].name, res)
+
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
         if max_count <= 0:
             return []
+        if self._pending is not None:
+            try:
+                out = self._collect()
+            except redis.RedisError as err:
+                self.broker._fail(err, f"fetching from {list(self.queues)}")
+            if out:
+                return out
         max_count = min(max_count, BATCH_MASK)
         deadline = time.monotonic() + timeout
         while True:
@@ -473,17 +521,23 @@ class RedisConsumer(Consumer):
                 f"fetching from {target.name!r}",
             )
             if len(res) > 1:
-                name = target.name
-                for at in range(1, len(res), 2):  # one batch per priority: id, payloads
-                    base = res[at] << BATCH_BITS
-                    raws = res[at + 1]
-                    n = len(raws)
-                    out += map(Delivery, repeat(name, n), raws, range(base, base + n))
+                out += self._deliveries(target.name, res)
                 if len(out) >= max_count:
                     break
             elif res[0] >= 0 and (wait_ms < 0 or res[0] < wait_ms):
                 wait_ms = res[0]
         return out, wait_ms
+
+    @staticmethod
+    def _deliveries(name: str, res: list[Any]) -> list[Delivery]:
+        """Deliveries from a fetch script's reply: one batch per priority, id then payloads."""
+        out: list[Delivery] = []
+        for at in range(1, len(res), 2):
+            base = res[at] << BATCH_BITS
+            raws = res[at + 1]
+            n = len(raws)
+            out += map(Delivery, repeat(name, n), raws, range(base, base + n))
+        return out
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
@@ -569,6 +623,9 @@ class RedisConsumer(Consumer):
         self.broker._heartbeat(list(self._targets), self.worker_id)
 
     def close(self) -> None:
+        if self._pending is not None:  # what it took is in flight: the close script releases it
+            with contextlib.suppress(redis.RedisError):
+                self._collect()
         script = self.broker._scripts.close
         commands = []
         for target in self._targets.values():

@@ -4,9 +4,10 @@ The fetch loop asks the executor how much room it has, fetches at most that many
 hands them over: the local buffer is the executor's, bounded by its capacity. A fetch that fails
 (the broker went away) is logged and retried with backoff; the worker carries on.
 
-Fetching the next batch on a thread of its own while the solo pool runs the current one was
-measured and did not pay (the threads fight over the GIL, and a stop must wait for the fetch in
-flight), so every pool fetches from the worker's own thread.
+When the executor runs a batch before ``submit`` returns (solo), the next fetch is sent to the
+broker before the batch runs (``Consumer.prefetch``) and its reply read afterwards: the broker
+works while the tasks do, with no extra thread. (A fetching thread was measured first and did not
+pay: the threads fight over the GIL, and a stop must wait for the fetch in flight.)
 """
 
 from __future__ import annotations
@@ -48,4 +49,6 @@ class Fetcher:
         if self.failures:
             log.info("broker reachable again after %d failed fetches", self.failures)
             self.failures = 0
+        if batch and self.executor.runs_in_submit:
+            self.consumer.prefetch(self.executor.wait_for_capacity(0))
         return batch

@@ -26,6 +26,9 @@ class Executor(abc.ABC):
     concurrency: int
     #: True when runners are greenlets sharing one OS thread (``async def`` tasks take turns).
     greenlets = False
+    #: True when ``submit`` runs the batch before it returns (solo): the fetch loop then asks
+    #: the broker for the next batch first, so that the round trip overlaps the work.
+    runs_in_submit = False
 
     @abc.abstractmethod
     def start(self, processor: Processor) -> None:

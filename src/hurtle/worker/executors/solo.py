@@ -27,6 +27,7 @@ from .base import Executor
 
 class SoloExecutor(Executor):
     concurrency = 1
+    runs_in_submit = True
 
     def __init__(self, *, max_batch: int = 1000, target_batch_seconds: float = 0.05) -> None:
         self.max_batch = max_batch
