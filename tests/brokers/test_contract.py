@@ -431,6 +431,18 @@ def test_close_releases_what_the_consumer_held(make: MakeBroker) -> None:
     assert sorted(ids_of(b_side.consumer(["q"]).fetch(10, 1))) == sorted(m.id for m in ms)
 
 
+def test_ack_and_fetch_records_the_acks_and_takes_the_next_batch(broker: Broker) -> None:
+    ms = [msg("q", i) for i in range(5)]
+    broker.publish(ms)
+    c = broker.consumer(["q"])
+    first = c.fetch(3, 1)
+    second = c.ack_and_fetch(first, 3, 1)
+    assert ids_of(second) == [m.id for m in ms[3:]]
+    assert broker.stats(["q"])["q"] == QueueStats(in_flight=2)
+    assert c.ack_and_fetch(second, 3, 0.05) == []  # nothing left: the acks count all the same
+    assert broker.stats(["q"])["q"] == QueueStats()
+
+
 def test_prefetch_then_fetch_returns_the_next_batch_in_order(broker: Broker) -> None:
     ms = [msg("q", i) for i in range(5)]
     broker.publish(ms)

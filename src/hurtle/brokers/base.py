@@ -73,6 +73,8 @@ class Consumer(abc.ABC):
     #: The id other workers see in the broker; its heartbeat keeps this consumer's deliveries.
     worker_id: str
     queues: tuple[str, ...]
+    #: True when ``ack_and_fetch`` does both in one step of the store, cheaper than two.
+    combines_ack_and_fetch = False
 
     @abc.abstractmethod
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
@@ -81,6 +83,16 @@ class Consumer(abc.ABC):
         Blocks up to ``timeout`` seconds while nothing is ready, without a busy loop, and returns
         an empty list then. Delayed messages whose time has come count as ready.
         """
+
+    def ack_and_fetch(
+        self, deliveries: Sequence[Delivery], max_count: int, timeout: float
+    ) -> list[Delivery]:
+        """``ack(deliveries)``, then ``fetch(max_count, timeout)``: the acknowledgement is
+        recorded whatever the fetch finds, and an error means neither happened or only the ack.
+        """
+        if deliveries:
+            self.ack(deliveries)
+        return self.fetch(max_count, timeout)
 
     def prefetch(self, max_count: int) -> None:
         """Start taking up to ``max_count`` more in the background, without waiting.

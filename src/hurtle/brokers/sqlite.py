@@ -394,6 +394,8 @@ class SQLiteBroker(Broker):
 
 
 class _SQLiteConsumer(Consumer):
+    combines_ack_and_fetch = True
+
     def __init__(self, broker: SQLiteBroker, queues: tuple[str, ...], worker_id: str) -> None:
         self.broker = broker
         self.queues = queues
@@ -425,11 +427,27 @@ class _SQLiteConsumer(Consumer):
             if out or not self._wait(deadline, ticket):
                 return out
 
-    def _claim(self, max_count: int) -> list[Delivery]:
+    def ack_and_fetch(
+        self, deliveries: Sequence[Delivery], max_count: int, timeout: float
+    ) -> list[Delivery]:
+        """One transaction deletes the acknowledged rows and claims the next batch."""
+        if not deliveries or not self.queues or max_count <= 0:
+            return super().ack_and_fetch(deliveries, max_count, timeout)
+        receipts = [d.receipt for d in deliveries]
+        out = self._claim(max_count, settle=receipts)
+        self._held.difference_update(receipts)
+        return out or self.fetch(max_count, timeout)
+
+    def _claim(self, max_count: int, settle: list[int] | None = None) -> list[Delivery]:
         worker_id = self.worker_id
         out: list[Delivery] = []
         with self.broker._write() as conn:
             now = time.time()
+            if settle:
+                conn.execute(
+                    f"DELETE FROM messages WHERE id IN ({_IDS}) AND owner = ?",
+                    (json.dumps(settle), worker_id),
+                )
             # Re-register if declared dead meanwhile, so that what it takes stays recoverable.
             conn.execute(
                 "INSERT OR IGNORE INTO workers (worker_id, last_seen) VALUES (?, ?)",

@@ -54,6 +54,17 @@ class Acker:
         if len(acks) >= self.batch_size:
             self._wake.set()
 
+    def take_acks(self) -> list[Delivery]:
+        """Take the acknowledgements gathered so far, for the caller to record itself."""
+        with self._flushing:
+            pending = self._acks
+            popleft = pending.popleft
+            return [popleft() for _ in range(len(pending))]
+
+    def give_back(self, acks: list[Delivery]) -> None:
+        """Return acknowledgements taken with ``take_acks`` that could not be recorded."""
+        self._acks.extendleft(reversed(acks))
+
     def retry(self, delivery: Delivery, message: Message) -> None:
         self._op(lambda c: c.retry(delivery, message))
 

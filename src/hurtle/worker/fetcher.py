@@ -7,7 +7,10 @@ hands them over: the local buffer is the executor's, bounded by its capacity. A 
 When the executor runs a batch before ``submit`` returns (solo), the next fetch is sent to the
 broker before the batch runs (``Consumer.prefetch``) and its reply read afterwards: the broker
 works while the tasks do, with no extra thread. (A fetching thread was measured first and did not
-pay: the threads fight over the GIL, and a stop must wait for the fetch in flight.)
+pay: the threads fight over the GIL, and a stop must wait for the fetch in flight.) On a store
+that records acknowledgements and claims in one step (SQLite, one writer at a time), the solo
+loop hands the acknowledgements gathered so far to that step instead of leaving them to the
+acker's thread: one transaction a batch instead of two that wait for each other.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import threading
 
 from ..brokers import Consumer, Delivery
 from ..errors import BrokerError
+from .acker import Acker
 from .executors import Executor
 
 log = logging.getLogger(__name__)
@@ -24,10 +28,19 @@ log = logging.getLogger(__name__)
 
 class Fetcher:
     def __init__(
-        self, consumer: Consumer, executor: Executor, wait: float, stopping: threading.Event
+        self,
+        consumer: Consumer,
+        executor: Executor,
+        acker: Acker,
+        wait: float,
+        stopping: threading.Event,
     ) -> None:
         self.consumer = consumer
         self.executor = executor
+        self.acker = acker
+        # solo on a store that records acks and claims in one step (SQLite): one transaction
+        # a batch instead of two that contend for the one writer
+        self.combine = executor.runs_in_submit and consumer.combines_ack_and_fetch
         self.wait = wait
         self.failures = 0
         self._stopping = stopping  # the worker's stop flag: it cuts a backoff wait short
@@ -37,9 +50,15 @@ class Fetcher:
         want = self.executor.wait_for_capacity(self.wait)
         if want <= 0:
             return None
+        acks = self.acker.take_acks() if self.combine else None
         try:
-            batch = self.consumer.fetch(want, self.wait)
+            if acks:
+                batch = self.consumer.ack_and_fetch(acks, want, self.wait)
+            else:
+                batch = self.consumer.fetch(want, self.wait)
         except BrokerError as err:
+            if acks:
+                self.acker.give_back(acks)
             self.failures += 1
             delay = min(0.1 * 2 ** min(self.failures, 6), 5.0)
             log.warning("fetch failed (%d in a row), retrying in %.1fs: %s",

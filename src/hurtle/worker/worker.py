@@ -176,7 +176,8 @@ class Worker:
         s = self.settings
         # a burst worker looks at the queue counts as soon as a short wait finds nothing
         wait = min(s.fetch_timeout, 0.05) if self.burst else s.fetch_timeout
-        fetcher = Fetcher(consumer, executor, wait, self._stop)
+        assert self.acker is not None
+        fetcher = Fetcher(consumer, executor, self.acker, wait, self._stop)
         while not self._stop.is_set():
             if self._must_leave(executor):
                 return
