@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+
+from hurtle import Hurtle
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,3 +93,88 @@ def run_hurtle(*args: str, cwd: Path | None = None, timeout: float = 60, **env: 
         [sys.executable, "-m", "hurtle", *args], cwd=cwd, env=hurtle_env(**env),
         capture_output=True, text=True, timeout=timeout, check=False,
     )
+
+
+class Project:
+    """A directory with a tasks.py, its own broker (SQLite unless ``url``) and a log of task runs.
+
+    ``tasks_source`` is the module's text; its tasks append lines to the file ``$RUNS_LOG``.
+    The test side registers ``task_names`` on an app of its own, to send them.
+    """
+
+    def __init__(
+        self, root: Path, tasks_source: str, task_names: Sequence[str], url: str | None = None
+    ) -> None:
+        self.root = root
+        (root / "tasks.py").write_text(tasks_source)
+        self.log = root / "runs.log"
+        self.log.touch()
+        self.url = url or f"sqlite:///{root / 'hurtle.db'}"
+        self.env = {"HURTLE_BROKER_URL": self.url, "RUNS_LOG": str(self.log)}
+        self.app = Hurtle(self.url)
+        self._started = 0
+        self._outputs: dict[int, Path] = {}
+        for name in task_names:
+            self.app.task(name=name, retries=0)(lambda *a: None)
+
+    def send(self, name: str, *args: object) -> str:
+        return self.app.tasks[name].send(*args)
+
+    def send_many(self, name: str, calls: list[tuple[object, ...]]) -> None:
+        self.app.tasks[name].send_many(calls)
+
+    def runs(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+    def lines(self, word: str) -> list[str]:
+        """Task numbers of the ``start`` or ``done`` lines, in order."""
+        return [r.split()[1] for r in self.runs() if r.startswith(word + " ")]
+
+    def pids(self) -> set[str]:
+        return {r.split()[2] for r in self.runs()}
+
+    def hurtle(self, *args: str, timeout: float = 60, **env: str
+               ) -> subprocess.CompletedProcess[str]:
+        return run_hurtle(*args, cwd=self.root, timeout=timeout, **{**self.env, **env})
+
+    def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
+        """Start hurtle in the background; its output goes to a file (``output(proc)``)."""
+        self._started += 1
+        out = self.root / f"process-{self._started}.log"
+        with out.open("w") as f:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "hurtle", *args], cwd=self.root,
+                env=hurtle_env(**{**self.env, **env}), stdout=f, stderr=subprocess.STDOUT,
+                text=True,
+            )
+        self._outputs[proc.pid] = out
+        return proc
+
+    def output(self, proc: subprocess.Popen[str]) -> str:
+        return self._outputs[proc.pid].read_text()
+
+    def stop(self, proc: subprocess.Popen[str], timeout: float = 30) -> int:
+        """Wait for ``proc`` to exit (killing it if it overstays); its exit status."""
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"still running after {timeout}s:\n{self.output(proc)}"
+                                 ) from None
+
+    def status(self) -> dict[str, dict[str, int]]:
+        """What ``hurtle status --json`` prints, per queue."""
+        out = self.hurtle("status", "tasks:app", "--json")
+        assert out.returncode == 0, out.stderr
+        return dict(json.loads(out.stdout)["queues"])
+
+    def stats(self) -> dict[str, int]:
+        s = self.app.broker.stats(["default"])["default"]
+        return {"ready": s.ready, "delayed": s.delayed, "in_flight": s.in_flight, "dead": s.dead}
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out; runs so far: {self.runs()[-5:]}"
+            time.sleep(0.02)

@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import hurtle_env, run_hurtle
-from hurtle import Hurtle
+from helpers import Project, run_hurtle
 
 TASKS = textwrap.dedent(
     """
@@ -52,64 +49,9 @@ TASKS = textwrap.dedent(
 )
 
 
-class Project:
-    """A directory with a tasks.py, its own SQLite file and a log of task runs."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        (root / "tasks.py").write_text(TASKS)
-        self.db = root / "hurtle.db"
-        self.log = root / "runs.log"
-        self.log.touch()
-        self.url = f"sqlite:///{self.db}"
-        self.env = {"HURTLE_BROKER_URL": self.url, "RUNS_LOG": str(self.log)}
-        self.app = Hurtle(self.url)
-        self._started = 0
-        self._outputs: dict[int, Path] = {}
-        for name in ("tasks.add", "tasks.slow", "tasks.broken"):
-            self.app.task(name=name, retries=0)(lambda *a: None)
-
-    def send(self, name: str, *args: object) -> str:
-        return self.app.tasks[name].send(*args)
-
-    def runs(self) -> list[str]:
-        return self.log.read_text().splitlines()
-
-    def hurtle(self, *args: str, timeout: float = 60, **env: str
-               ) -> subprocess.CompletedProcess[str]:
-        return run_hurtle(*args, cwd=self.root, timeout=timeout, **{**self.env, **env})
-
-    def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        """Start hurtle in the background; its output goes to a file (``output(proc)``)."""
-        self._started += 1
-        out = self.root / f"process-{self._started}.log"
-        with out.open("w") as f:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "hurtle", *args], cwd=self.root,
-                env=hurtle_env(**{**self.env, **env}), stdout=f, stderr=subprocess.STDOUT,
-                text=True,
-            )
-        self._outputs[proc.pid] = out
-        return proc
-
-    def output(self, proc: subprocess.Popen[str]) -> str:
-        return self._outputs[proc.pid].read_text()
-
-    def status(self) -> dict[str, dict[str, int]]:
-        out = self.hurtle("status", "tasks:app", "--json")
-        assert out.returncode == 0, out.stderr
-        return dict(json.loads(out.stdout)["queues"])
-
-    def wait_for(self, predicate, timeout: float = 20) -> None:  # type: ignore[no-untyped-def]
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out; runs so far: {self.runs()[-5:]}"
-            time.sleep(0.02)
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    p = Project(tmp_path)
+    p = Project(tmp_path, TASKS, ("tasks.add", "tasks.slow", "tasks.broken"))
     yield p  # type: ignore[misc]
     p.app.close()
 

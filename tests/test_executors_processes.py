@@ -11,13 +11,12 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import hurtle_env, run_hurtle
-from hurtle import Hurtle
+from helpers import Project, hurtle_env
 
 TASKS = textwrap.dedent(
     """
@@ -82,79 +81,9 @@ def pools(*names: str) -> list[object]:
     return [needs(p) for p in names]
 
 
-class Project:
-    """A directory with a tasks.py, its own SQLite file and a log of task runs."""
-
-    def __init__(self, root: Path, url: str | None = None) -> None:
-        self.root = root
-        (root / "tasks.py").write_text(TASKS)
-        self.log = root / "runs.log"
-        self.log.touch()
-        self.url = url or f"sqlite:///{root / 'hurtle.db'}"
-        self.env = {"HURTLE_BROKER_URL": self.url, "RUNS_LOG": str(self.log)}
-        self.app = Hurtle(self.url)
-        self._started = 0
-        self._outputs: dict[int, Path] = {}
-        for name in TASK_NAMES:
-            self.app.task(name=name, retries=0)(lambda *a: None)
-
-    def send_many(self, name: str, calls: list[tuple[object, ...]]) -> None:
-        self.app.tasks[name].send_many(calls)
-
-    def runs(self) -> list[str]:
-        return self.log.read_text().splitlines()
-
-    def lines(self, word: str) -> list[str]:
-        """Task numbers of the ``start`` or ``done`` lines, in order."""
-        return [r.split()[1] for r in self.runs() if r.startswith(word + " ")]
-
-    def pids(self) -> set[str]:
-        return {r.split()[2] for r in self.runs()}
-
-    def hurtle(self, *args: str, timeout: float = 60, **env: str
-               ) -> subprocess.CompletedProcess[str]:
-        return run_hurtle(*args, cwd=self.root, timeout=timeout, **{**self.env, **env})
-
-    def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        """Start hurtle in the background; its output goes to a file (``output(proc)``)."""
-        self._started += 1
-        out = self.root / f"process-{self._started}.log"
-        with out.open("w") as f:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "hurtle", *args], cwd=self.root,
-                env=hurtle_env(**{**self.env, **env}), stdout=f, stderr=subprocess.STDOUT,
-                text=True,
-            )
-        self._outputs[proc.pid] = out
-        return proc
-
-    def output(self, proc: subprocess.Popen[str]) -> str:
-        return self._outputs[proc.pid].read_text()
-
-    def stop(self, proc: subprocess.Popen[str], timeout: float = 30) -> int:
-        """Wait for ``proc`` to exit (killing it if it overstays); its exit status."""
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise AssertionError(f"still running after {timeout}s:\n{self.output(proc)}"
-                                 ) from None
-
-    def stats(self) -> dict[str, int]:
-        s = self.app.broker.stats(["default"])["default"]
-        return {"ready": s.ready, "delayed": s.delayed, "in_flight": s.in_flight, "dead": s.dead}
-
-    def wait_for(self, predicate: Callable[[], bool], timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            assert time.monotonic() < deadline, f"timed out; runs so far: {self.runs()[-5:]}"
-            time.sleep(0.02)
-
-
 @pytest.fixture
 def project(tmp_path: Path) -> Iterator[Project]:
-    p = Project(tmp_path)
+    p = Project(tmp_path, TASKS, TASK_NAMES)
     yield p
     p.app.close()
 
@@ -182,7 +111,7 @@ def test_pool_at_concurrency_500_runs_2000_tasks_exactly_once(
 def test_pool_at_concurrency_500_on_redis_runs_2000_tasks_exactly_once(
     tmp_path: Path, redis_url: str, pool: str
 ) -> None:
-    project = Project(tmp_path, redis_url)
+    project = Project(tmp_path, TASKS, TASK_NAMES, redis_url)
     total = 2000
     project.send_many(task_for(pool), [(i, 0.01) for i in range(total)])
     result = project.hurtle("worker", "tasks:app", "--pool", pool, "--concurrency", "500",
