@@ -1,16 +1,28 @@
-"""Crash recovery with real worker processes killed by SIGKILL, on the embedded SQLite broker."""
+"""Crash recovery with real worker processes killed by SIGKILL, on SQLite and on Redis."""
 
 from __future__ import annotations
 
 import collections
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
-from test_cli import Project, project  # noqa: F401 - the fixture
+import pytest
+
+from helpers import Project
+from test_cli import TASKS
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
+    url = str(request.getfixturevalue("redis_url")) if request.param == "redis" else None
+    p = Project(tmp_path, TASKS, ("tasks.add", "tasks.slow", "tasks.broken"), url)
+    yield p
+    p.app.close()
 
 
 def test_tasks_of_a_sigkilled_worker_run_elsewhere_once_its_heartbeat_lapses(
-    project: Project,  # noqa: F811
+    project: Project,
 ) -> None:
     total = 600
     project.app.tasks["tasks.slow"].send_many([(i, 0.002) for i in range(total)])
@@ -33,7 +45,7 @@ def test_tasks_of_a_sigkilled_worker_run_elsewhere_once_its_heartbeat_lapses(
 
 
 def test_a_slow_task_on_a_live_worker_is_never_given_to_another_worker(
-    project: Project,  # noqa: F811
+    project: Project,
     tmp_path: Path,
 ) -> None:
     env = {"HURTLE_HEARTBEAT_TIMEOUT": "0.5"}
