@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -147,3 +148,88 @@ def test_state_survives_reopening_the_file(tmp_path: Path) -> None:
     with make_broker(url) as broker:
         [d] = broker.consumer(["q"]).fetch(1, 1)
         assert Message.decode(d.raw) == m
+
+
+def test_a_file_of_an_older_schema_is_refused_with_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE messages (id INTEGER PRIMARY KEY, body BLOB)")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    with pytest.raises(ConfigurationError, match=r"older hurtle.*delete it or move it"):
+        make_broker(f"sqlite:///{path}")
+
+
+def test_released_messages_go_to_the_back_of_their_priority(tmp_path: Path) -> None:
+    with make_broker(f"sqlite:///{tmp_path / 'hurtle.db'}") as broker:
+        ms = messages(5)
+        broker.publish(ms)
+        c = broker.consumer(["q"])
+        held = c.fetch(2, 1)
+        c.release(held)  # unlike Redis: behind what was waiting, in their own order
+        got = [Message.decode(d.raw).id for d in c.fetch(10, 1)]
+        assert got == [m.id for m in ms[2:] + ms[:2]]
+
+
+def test_due_delayed_messages_come_after_those_already_ready_in_publish_order(
+    tmp_path: Path,
+) -> None:
+    with make_broker(f"sqlite:///{tmp_path / 'hurtle.db'}") as broker:
+        eta = time.time() + 0.3
+        late = [Message(id=new_id(), task="t", queue="q", eta=eta) for _ in range(3)]
+        broker.publish(late)
+        ready = messages(2)
+        broker.publish(ready)
+        time.sleep(0.4)
+        got = [Message.decode(d.raw).id for d in broker.consumer(["q"]).fetch(10, 1)]
+        assert got == [m.id for m in ready + late]
+
+
+def claims(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        n: int = conn.execute("SELECT count(*) FROM claims").fetchone()[0]
+        return n
+    finally:
+        conn.close()
+
+
+def test_claims_are_dropped_once_nothing_of_them_is_held(tmp_path: Path) -> None:
+    path = tmp_path / "hurtle.db"
+    with make_broker(f"sqlite:///{path}") as broker:
+        ms = messages(10)
+        broker.publish(ms)
+        c = broker.consumer(["q"])
+        first = c.fetch(4, 1)
+        second = c.fetch(4, 1)
+        assert claims(path) == 2
+        c.ack(first[:2])
+        assert claims(path) == 2
+        c.ack(first[2:])
+        assert claims(path) == 1
+        third = c.ack_and_fetch(second, 10, 1)
+        assert claims(path) == 1
+        c.retry(third[0], ms[8])
+        c.dead_letter(third[1], "no")
+        assert claims(path) == 0
+        c.release(c.fetch(10, 1))
+        assert claims(path) == 0
+        c.fetch(10, 1)
+        c.close()
+        assert claims(path) == 0
+        assert broker.stats(["q"])["q"] == QueueStats(ready=1, dead=1)
+
+
+def test_message_ids_are_never_reused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'hurtle.db'}"
+    receipts: list[int] = []
+    for _ in range(2):  # emptied then reopened: a table's max(rowid) + 1 would start over
+        with make_broker(url) as broker:
+            broker.publish(messages(3))
+            c = broker.consumer(["q"])
+            got = c.fetch(10, 1)
+            receipts += [d.receipt for d in got]
+            c.ack(got)
+            c.close()
+    assert receipts == sorted(set(receipts))

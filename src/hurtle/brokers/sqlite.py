@@ -1,26 +1,43 @@
 """``sqlite:///path``: the embedded default — durable, zero setup, several processes on one host.
 
 Storage. One database file in WAL mode with ``synchronous=NORMAL`` (a commit survives a crash of
-the process; a power cut may lose the last commits). Tables:
+the process; a power cut may lose the last commits). A log and a cursor per priority, so that
+the hot path writes each message once and deletes it once, like a plain insert-then-delete loop:
 
-* ``messages`` — every message not yet settled. Its ``owner`` column is its state: NULL = ready,
-  ``''`` = delayed (waiting for ``eta``), a worker id = held by that worker. A delivery's receipt
-  is its row id. Two partial indexes keep the hot path short: ``(queue, priority DESC)`` over
-  ready rows only serves the claim (a claim just leaves it, an ack touches no index), and
-  ``(queue, eta)`` over delayed rows only, so a far-future backlog never slows a claim. Held rows
-  are not indexed: finding them by owner is a scan, done only to recover a dead worker's
-  deliveries and to count ``in_flight`` in ``stats``; a consumer closes by the ids it holds.
+* ``messages`` — every ready or held message, keyed ``(queue, priority, id)`` (``WITHOUT
+  ROWID``: the key *is* the table, no second index). Ids come from the one-row ``seq`` counter,
+  one ``UPDATE … RETURNING`` per batch; they strictly increase across processes (writes are
+  serialized) and are never reused.
+* ``cursors`` — per ``(queue, priority)``, the last id claimed: rows above it are ready, rows at
+  or below it that still exist are held by some claim. Fetching moves the cursor; it rewrites
+  no message.
+* ``claims`` — one row per ``(queue, priority)`` range of ids a fetch took, with the worker that
+  took it: a worker holds the surviving rows of its claims' ranges. A claim row whose range is
+  empty is dropped when an ack reaches it, and on heartbeat and close. A delivery's receipt packs
+  its id and priority (``id * 16 + priority``; the queue is on the ``Delivery``).
+* ``delayed`` — messages waiting for their ``eta``, indexed by ``(queue, eta)`` so that a
+  far-future backlog never slows a claim. The fetch that finds them due moves them to
+  ``messages`` under new ids, in the order they were published.
 * ``workers`` — one row per live consumer and its last heartbeat.
 * ``dead`` — dead letters, oldest first by row id.
 * ``queues`` — every queue ever published to.
 
-Every operation is one transaction of a few statements per *batch*: publish is one
-``executemany``, fetch one ``UPDATE … RETURNING`` per queue, ack one ``DELETE`` over a JSON array
-of row ids. Writes start with ``BEGIN IMMEDIATE`` so that two processes never deadlock upgrading a
-read lock to a write lock; a busy file is waited for (``busy_timeout``), not reported.
+Priorities are 0..9 (the task API checks them); a raw ``Message`` outside that range is stored
+at the nearest end.
 
-Delayed rows are promoted (owner ``''`` -> NULL) by the fetch that finds them due. They keep
-their row id, so among messages of one priority they come in the order they were published.
+Every operation is one transaction of a few statements per *batch*: publish is one counter
+update and one ``executemany``; fetch reads each priority of each queue above its cursor, moves
+the cursor and records the claim; ack is one ``DELETE`` over a JSON array of ids per
+``(queue, priority)``. A solo worker's ``ack_and_fetch`` does its acks and its next claim in one
+transaction. Writes start with ``BEGIN IMMEDIATE`` so that two processes never deadlock upgrading
+a read lock to a write lock; a busy file is waited for (``busy_timeout``), not reported.
+
+Settling, and what goes back. A receipt names one row; a row whose holder was declared dead was
+re-queued under a new id, so a late ack, retry or dead letter of it finds nothing and does
+nothing. ``release``, ``close`` and the recovery of a dead worker's deliveries re-insert the
+surviving rows under *new* ids: unlike the Redis broker (which puts them back at the front),
+released and recovered messages go to the back of their priority, in their original order among
+themselves. A retry is the next attempt, published anew (delayed or ready).
 
 Waiting. SQLite cannot notify another process, so a fetch that finds nothing sleep-polls, cheaply:
 
@@ -29,7 +46,8 @@ Waiting. SQLite cannot notify another process, so a fetch that finds nothing sle
 * commits of other connections (other processes, other broker objects) show in
   ``PRAGMA data_version``, a per-connection counter that costs microseconds and reads no table.
   It is checked after 1 ms, then at intervals doubling up to 25 ms; only when it changed are the
-  queues probed (a read), and only when the probe sees something ready is the write lock taken;
+  queues probed (a read: any row above a cursor, the nearest delayed ``eta``), and only when the
+  probe sees something ready is the write lock taken;
 * the nearest delayed ``eta`` of the consumer's queues ends the wait too.
 
 So an idle worker picks up a message sent from another process within ~25 ms, for about forty
@@ -38,6 +56,9 @@ trivial reads a second.
 Connections. One connection per broker object, guarded by a lock: a broker and its consumers can
 be used from several threads; blocking waits do not hold the lock. A forked child opens its own
 connection on first use (a SQLite connection must not cross ``fork``).
+
+Schema. The file records its schema version (``PRAGMA user_version``); a file written by an
+older hurtle is refused with a ``ConfigurationError`` (delete or move it).
 """
 
 from __future__ import annotations
@@ -55,37 +76,60 @@ from pathlib import Path
 
 from ..errors import BrokerError, ConfigurationError
 from ..ids import new_id
-from ..message import Message, encode_many
+from ..message import MAX_PRIORITY, MIN_PRIORITY, Message, encode_many
 from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
 
 __all__ = ["SQLiteBroker"]
 
 log = logging.getLogger(__name__)
 
-#: The ``owner`` of a delayed row. Worker ids are never empty.
-_DELAYED = ""
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _BUSY_TIMEOUT_MS = 30_000
 _POLL_FIRST = 0.001
 _POLL_MAX = 0.025
+#: A receipt is ``id << _PRIORITY_BITS | priority``, i.e. ``id * 16 + priority``.
+_PRIORITY_BITS = 4
+_PRIORITY_MASK = (1 << _PRIORITY_BITS) - 1
+assert MAX_PRIORITY <= _PRIORITY_MASK and MIN_PRIORITY >= 0
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS messages (
-    id       INTEGER PRIMARY KEY,
+CREATE TABLE messages (
     queue    TEXT    NOT NULL,
     priority INTEGER NOT NULL,
+    id       INTEGER NOT NULL,
+    body     BLOB    NOT NULL,
+    PRIMARY KEY (queue, priority, id)
+) WITHOUT ROWID;
+CREATE TABLE cursors (
+    queue    TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    last     INTEGER NOT NULL,
+    PRIMARY KEY (queue, priority)
+) WITHOUT ROWID;
+CREATE TABLE claims (
+    batch    INTEGER PRIMARY KEY,
+    worker   TEXT    NOT NULL,
+    queue    TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    lo       INTEGER NOT NULL,
+    hi       INTEGER NOT NULL
+);
+CREATE INDEX claims_worker ON claims (worker);
+CREATE TABLE seq (next INTEGER NOT NULL);
+INSERT INTO seq (next) VALUES (1);
+CREATE TABLE delayed (
+    seq      INTEGER PRIMARY KEY,
+    queue    TEXT    NOT NULL,
     eta      REAL    NOT NULL,
-    owner    TEXT,
+    priority INTEGER NOT NULL,
     body     BLOB    NOT NULL
 );
-CREATE INDEX IF NOT EXISTS messages_ready ON messages (queue, owner, priority DESC)
-    WHERE owner IS NULL;
-CREATE INDEX IF NOT EXISTS messages_delayed ON messages (queue, eta) WHERE owner = '';
-CREATE TABLE IF NOT EXISTS workers (
+CREATE INDEX delayed_due ON delayed (queue, eta);
+CREATE TABLE workers (
     worker_id TEXT PRIMARY KEY,
     last_seen REAL NOT NULL
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dead (
+CREATE TABLE dead (
     seq       INTEGER PRIMARY KEY,
     id        TEXT    NOT NULL UNIQUE,
     queue     TEXT    NOT NULL,
@@ -93,26 +137,85 @@ CREATE TABLE IF NOT EXISTS dead (
     body      BLOB    NOT NULL,
     failed_at REAL    NOT NULL
 );
-CREATE INDEX IF NOT EXISTS dead_queue ON dead (queue);
-CREATE TABLE IF NOT EXISTS queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE INDEX dead_queue ON dead (queue);
+CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
 """
 
-_INSERT = "INSERT INTO messages (queue, priority, eta, owner, body) VALUES (?, ?, ?, ?, ?)"
+_IDS = "SELECT value FROM json_each(?)"
+_NEXT_IDS = "UPDATE seq SET next = next + ? RETURNING next"
+_INSERT = "INSERT INTO messages (queue, priority, id, body) VALUES (?, ?, ?, ?)"
+_INSERT_DELAYED = "INSERT INTO delayed (queue, eta, priority, body) VALUES (?, ?, ?, ?)"
 _ADD_QUEUE = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
+_ADD_CURSOR = "INSERT OR IGNORE INTO cursors (queue, priority, last) VALUES (?, ?, 0)"
 _UPSERT_WORKER = (
     "INSERT INTO workers (worker_id, last_seen) VALUES (?, ?) "
     "ON CONFLICT (worker_id) DO UPDATE SET last_seen = excluded.last_seen"
 )
-_CLAIM = (
-    "UPDATE messages SET owner = ?1 WHERE id IN ("
-    "SELECT id FROM messages WHERE queue = ?2 AND owner IS NULL "
-    "ORDER BY priority DESC, id LIMIT ?3) RETURNING id, priority, body"
+_CURSORS = "SELECT priority, last FROM cursors WHERE queue = ? ORDER BY priority DESC"
+_TAKE = (
+    "SELECT id, body FROM messages WHERE queue = ? AND priority = ? AND id > ? ORDER BY id LIMIT ?"
 )
-_SETTLE = "DELETE FROM messages WHERE id = ? AND owner = ?"
-_IDS = "SELECT value FROM json_each(?)"
-_by_priority = itemgetter(1)
-_by_id = itemgetter(0)
-_queue_of = attrgetter("queue")
+_MOVE_CURSOR = "UPDATE cursors SET last = ? WHERE queue = ? AND priority = ?"
+_ADD_CLAIM = "INSERT INTO claims (worker, queue, priority, lo, hi) VALUES (?, ?, ?, ?, ?)"
+_SETTLE = "DELETE FROM messages WHERE queue = ? AND priority = ? AND id = ?"
+_SETTLE_MANY = f"DELETE FROM messages WHERE queue = ? AND priority = ? AND id IN ({_IDS})"
+_TAKE_BACK = (
+    f"DELETE FROM messages WHERE queue = ? AND priority = ? AND id IN ({_IDS}) "
+    "RETURNING queue, priority, id, body"
+)
+_TAKE_BACK_RANGE = (
+    "DELETE FROM messages WHERE queue = ? AND priority = ? AND id BETWEEN ? AND ? "
+    "RETURNING queue, priority, id, body"
+)
+_CLAIM_IS_EMPTY = (
+    "NOT EXISTS (SELECT 1 FROM messages m WHERE m.queue = claims.queue "
+    "AND m.priority = claims.priority AND m.id BETWEEN claims.lo AND claims.hi)"
+)
+# Claims of a worker that an ack reached (their ``lo`` is at most the highest id acked) and
+# that hold nothing any more: one index seek per claim of the worker, per batch.
+_DROP_REACHED = (
+    "DELETE FROM claims WHERE worker = ? AND queue = ? AND priority = ? AND lo <= ? "
+    f"AND {_CLAIM_IS_EMPTY}"
+)
+_DROP_EMPTY = f"DELETE FROM claims WHERE worker = ? AND {_CLAIM_IS_EMPTY}"
+_eta_of = attrgetter("eta")
+_held_order = itemgetter(0, 1, 2)
+
+Rows = list[tuple[str, int, int, bytes]]  # (queue, priority, id, body)
+
+
+def _clamp(priority: int) -> int:
+    return min(max(priority, MIN_PRIORITY), MAX_PRIORITY)
+
+
+def _next_ids(conn: sqlite3.Connection, n: int) -> int:
+    """Reserve ``n`` new message ids; returns the first. Call in a write transaction."""
+    end: int = conn.execute(_NEXT_IDS, (n,)).fetchone()[0]
+    return end - n
+
+
+def _requeue(conn: sqlite3.Connection, rows: Rows) -> int:
+    """Insert held rows (already deleted) again as ready, under new ids, at the back of their
+    priority and in their order among themselves; returns how many."""
+    if not rows:
+        return 0
+    rows.sort(key=_held_order)
+    start = _next_ids(conn, len(rows))
+    conn.executemany(_INSERT, [(q, p, start + i, body) for i, (q, p, _, body) in enumerate(rows)])
+    return len(rows)
+
+
+def _group(deliveries: Sequence[Delivery]) -> dict[tuple[str, int], list[int]]:
+    """Receipts as ``{(queue, priority): [id, ...]}``."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for d in deliveries:
+        receipt = d.receipt
+        key = (d.queue, receipt & _PRIORITY_MASK)
+        ids = groups.get(key)
+        if ids is None:
+            groups[key] = ids = []
+        ids.append(receipt >> _PRIORITY_BITS)
+    return groups
 
 
 def _path_of(url: str) -> Path:
@@ -145,7 +248,8 @@ class SQLiteBroker(Broker):
         self._lock = threading.Lock()
         self._wake = threading.Condition(threading.Lock())
         self._ticket = 0  # bumped (under _wake) by every local commit that may make work ready
-        self._known: set[str] = set()  # queues this object knows are in the queues table
+        # (queue, priority) pairs this object knows have a cursor (and their queue a name row)
+        self._known: set[tuple[str, int]] = set()
         self._closed = False
         self._pid = os.getpid()
         self._conn = self._open()
@@ -185,6 +289,13 @@ class SQLiteBroker(Broker):
             if version > _SCHEMA_VERSION:
                 raise sqlite3.DatabaseError(
                     f"schema version {version} is newer than this hurtle ({_SCHEMA_VERSION})"
+                )
+            if 0 < version < _SCHEMA_VERSION:
+                raise ConfigurationError(
+                    f"the SQLite broker file {str(self.path)!r} (from {self.url!r}) was written "
+                    f"by an older hurtle (schema version {version}; this one uses "
+                    f"{_SCHEMA_VERSION}) and cannot be upgraded: delete it or move it away "
+                    "(whatever it still holds is lost to this hurtle), then start again"
                 )
             if version < _SCHEMA_VERSION:
                 for statement in _SCHEMA.split(";"):
@@ -249,10 +360,32 @@ class SQLiteBroker(Broker):
             self._ticket += 1
             self._wake.notify_all()
 
-    def _add_queues(self, conn: sqlite3.Connection, names: Iterable[str]) -> list[str]:
-        new = [n for n in names if n not in self._known]
+    def _register(
+        self, conn: sqlite3.Connection, pairs: set[tuple[str, int]]
+    ) -> set[tuple[str, int]]:
+        """Make sure these (queue, priority) pairs have a cursor; returns those this object did
+        not know of, to add to ``_known`` once the transaction committed."""
+        new = pairs - self._known
         if new:
-            conn.executemany(_ADD_QUEUE, [(n,) for n in new])
+            conn.executemany(_ADD_QUEUE, [(q,) for q in {q for q, _ in new}])
+            conn.executemany(_ADD_CURSOR, sorted(new))
+        return new
+
+    def _store(
+        self, conn: sqlite3.Connection, items: Sequence[tuple[str, int, float, bytes]], now: float
+    ) -> set[tuple[str, int]]:
+        """Insert ``(queue, priority, eta, raw)`` items: due ones ready, the others delayed."""
+        new = self._register(conn, {(q, p) for q, p, _, _ in items})
+        ready = [(q, p, raw) for q, p, eta, raw in items if eta <= now]
+        if ready:
+            start = _next_ids(conn, len(ready))
+            conn.executemany(
+                _INSERT, [(q, p, start + i, raw) for i, (q, p, raw) in enumerate(ready)]
+            )
+        if len(ready) < len(items):
+            conn.executemany(
+                _INSERT_DELAYED, [(q, eta, p, raw) for q, p, eta, raw in items if eta > now]
+            )
         return new
 
     # -- producer side ---------------------------------------------------------------------
@@ -262,23 +395,39 @@ class SQLiteBroker(Broker):
             return
         payloads = encode_many(list(messages))
         now = time.time()
-        rows = [
-            (m.queue, m.priority, m.eta, None if m.eta <= now else _DELAYED, raw)
-            for m, raw in zip(messages, payloads, strict=True)
-        ]
-        with self._write() as conn:
-            new = self._add_queues(conn, set(map(_queue_of, messages)))
-            conn.executemany(_INSERT, rows)
+        pairs = {(m.queue, m.priority) for m in messages}
+        if max(map(_eta_of, messages)) <= now and all(
+            MIN_PRIORITY <= p <= MAX_PRIORITY for _, p in pairs
+        ):
+            # the common case: every message ready, one pass to build the rows
+            with self._write() as conn:
+                new = self._register(conn, pairs)
+                start = _next_ids(conn, len(messages))
+                conn.executemany(
+                    _INSERT,
+                    [
+                        (m.queue, m.priority, i, raw)
+                        for m, i, raw in zip(
+                            messages, range(start, start + len(messages)), payloads, strict=True
+                        )
+                    ],
+                )
+        else:
+            items = [
+                (m.queue, _clamp(m.priority), m.eta, raw)
+                for m, raw in zip(messages, payloads, strict=True)
+            ]
+            with self._write() as conn:
+                new = self._store(conn, items, now)
         self._known.update(new)
         self._notify()
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         if not payloads:
             return
-        rows = [(queue, 0, 0.0, None, bytes(raw)) for raw in payloads]
+        items = [(queue, 0, 0.0, bytes(raw)) for raw in payloads]
         with self._write() as conn:
-            new = self._add_queues(conn, (queue,))
-            conn.executemany(_INSERT, rows)
+            new = self._store(conn, items, time.time())
         self._known.update(new)
         self._notify()
 
@@ -303,24 +452,19 @@ class SQLiteBroker(Broker):
             wanted = (json.dumps(names),)
             # ready, delayed, in flight, dead
             counts = {name: [0, 0, 0, 0] for name in names}
-            for queue, n in conn.execute(
-                f"SELECT queue, count(*) FROM messages WHERE queue IN ({_IDS}) "
-                "AND owner IS NULL GROUP BY queue",
+            for queue, ready, n in conn.execute(  # above its cursor: ready; at or below: held
+                "SELECT c.queue, m.id > c.last, count(*) FROM cursors c JOIN messages m "
+                "ON m.queue = c.queue AND m.priority = c.priority "
+                f"WHERE c.queue IN ({_IDS}) GROUP BY 1, 2",
                 wanted,
             ):
-                counts[queue][0] += n
+                counts[queue][0 if ready else 2] += n
             for queue, due, n in conn.execute(  # delayed rows already due are ready
-                f"SELECT queue, eta <= ?, count(*) FROM messages WHERE queue IN ({_IDS}) "
-                "AND owner = '' GROUP BY 1, 2",
+                f"SELECT queue, eta <= ?, count(*) FROM delayed WHERE queue IN ({_IDS}) "
+                "GROUP BY 1, 2",
                 (now, wanted[0]),
             ):
                 counts[queue][0 if due else 1] += n
-            for queue, n in conn.execute(  # held rows have no index: this one scans
-                f"SELECT queue, count(*) FROM messages WHERE queue IN ({_IDS}) "
-                "AND owner > '' GROUP BY queue",
-                wanted,
-            ):
-                counts[queue][2] += n
             for queue, n in conn.execute(
                 f"SELECT queue, count(*) FROM dead WHERE queue IN ({_IDS}) GROUP BY queue",
                 wanted,
@@ -339,6 +483,8 @@ class SQLiteBroker(Broker):
         return moved
 
     def _recover_in(self, conn: sqlite3.Connection, now: float) -> int:
+        """Forget workers silent for ``heartbeat_timeout``, and re-queue what every claim of a
+        worker not in ``workers`` still holds (theirs, and any left without a worker)."""
         dead = [
             r[0]
             for r in conn.execute(
@@ -346,16 +492,28 @@ class SQLiteBroker(Broker):
                 (now - self.heartbeat_timeout,),
             )
         ]
-        if not dead:
+        if dead:
+            conn.execute(f"DELETE FROM workers WHERE worker_id IN ({_IDS})", (json.dumps(dead),))
+        # one row per outstanding batch, not per message: this scan stays short
+        orphans = conn.execute(
+            "SELECT batch, worker, queue, priority, lo, hi FROM claims "
+            "WHERE worker NOT IN (SELECT worker_id FROM workers)"
+        ).fetchall()
+        if not orphans:
             return 0
-        ids = (json.dumps(dead),)
-        moved: int = conn.execute(
-            f"UPDATE messages SET owner = NULL WHERE owner IN ({_IDS})",
-            ids,
-        ).rowcount
-        conn.execute(f"DELETE FROM workers WHERE worker_id IN ({_IDS})", ids)
+        rows: Rows = []
+        for _, _, queue, priority, lo, hi in orphans:
+            rows += conn.execute(_TAKE_BACK_RANGE, (queue, priority, lo, hi)).fetchall()
+        conn.execute(
+            f"DELETE FROM claims WHERE batch IN ({_IDS})", (json.dumps([c[0] for c in orphans]),)
+        )
+        moved = _requeue(conn, rows)
         if moved:
-            log.warning("recovered %d deliveries held by silent workers %s", moved, dead)
+            log.warning(
+                "recovered %d deliveries held by silent workers %s",
+                moved,
+                sorted({c[1] for c in orphans}),
+            )
         return moved
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
@@ -402,13 +560,17 @@ class _SQLiteConsumer(Consumer):
         self.worker_id = worker_id
         marks = _placeholders(len(queues))
         self._promote_sql = (
-            f"UPDATE messages SET owner = NULL WHERE queue IN ({marks}) AND owner = '' AND eta <= ?"
+            f"DELETE FROM delayed WHERE queue IN ({marks}) AND eta <= ? "
+            "RETURNING seq, queue, priority, body"
         )
         self._probe_sql = "SELECT " + ", ".join(
-            [f"EXISTS (SELECT 1 FROM messages WHERE queue IN ({marks}) AND owner IS NULL)"]
-            + ["(SELECT min(eta) FROM messages WHERE queue = ? AND owner = '')"] * len(queues)
+            [
+                f"EXISTS (SELECT 1 FROM cursors c WHERE c.queue IN ({marks}) AND EXISTS ("
+                "SELECT 1 FROM messages m WHERE m.queue = c.queue AND m.priority = c.priority "
+                "AND m.id > c.last))"
+            ]
+            + ["(SELECT min(eta) FROM delayed WHERE queue = ?)"] * len(queues)
         )
-        self._held: set[int] = set()  # receipts fetched and not yet settled here
         with broker._write() as conn:
             conn.execute(_UPSERT_WORKER, (worker_id, time.time()))
 
@@ -433,37 +595,46 @@ class _SQLiteConsumer(Consumer):
         """One transaction deletes the acknowledged rows and claims the next batch."""
         if not deliveries or not self.queues or max_count <= 0:
             return super().ack_and_fetch(deliveries, max_count, timeout)
-        receipts = [d.receipt for d in deliveries]
-        out = self._claim(max_count, settle=receipts)
-        self._held.difference_update(receipts)
+        out = self._claim(max_count, settle=_group(deliveries))
         return out or self.fetch(max_count, timeout)
 
-    def _claim(self, max_count: int, settle: list[int] | None = None) -> list[Delivery]:
+    def _claim(
+        self, max_count: int, settle: dict[tuple[str, int], list[int]] | None = None
+    ) -> list[Delivery]:
         worker_id = self.worker_id
         out: list[Delivery] = []
         with self.broker._write() as conn:
             now = time.time()
             if settle:
-                conn.execute(
-                    f"DELETE FROM messages WHERE id IN ({_IDS}) AND owner = ?",
-                    (json.dumps(settle), worker_id),
-                )
+                self._ack_in(conn, settle)
             # Re-register if declared dead meanwhile, so that what it takes stays recoverable.
             conn.execute(
                 "INSERT OR IGNORE INTO workers (worker_id, last_seen) VALUES (?, ?)",
                 (worker_id, now),
             )
-            conn.execute(self._promote_sql, (*self.queues, now))
+            due = conn.execute(self._promote_sql, (*self.queues, now)).fetchall()
+            if due:  # to the back of their priority, in the order they were published
+                due.sort(key=itemgetter(0))
+                start = _next_ids(conn, len(due))
+                conn.executemany(
+                    _INSERT, [(q, p, start + i, body) for i, (_, q, p, body) in enumerate(due)]
+                )
             for queue in self.queues:
-                rows = conn.execute(_CLAIM, (worker_id, queue, max_count - len(out))).fetchall()
-                if rows:
-                    # RETURNING promises no order: restore priority first, then oldest first.
-                    rows.sort(key=_by_id)
-                    rows.sort(key=_by_priority, reverse=True)
-                    out += [Delivery(queue, body, rowid) for rowid, _, body in rows]
-                    self._held.update(map(_by_id, rows))
+                for priority, last in conn.execute(_CURSORS, (queue,)).fetchall():
+                    rows = conn.execute(
+                        _TAKE, (queue, priority, last, max_count - len(out))
+                    ).fetchall()
+                    if not rows:
+                        continue
+                    hi = rows[-1][0]
+                    conn.execute(_MOVE_CURSOR, (hi, queue, priority))
+                    conn.execute(_ADD_CLAIM, (worker_id, queue, priority, rows[0][0], hi))
+                    out += [
+                        Delivery(queue, body, id_ << _PRIORITY_BITS | priority)
+                        for id_, body in rows
+                    ]
                     if len(out) >= max_count:
-                        break
+                        return out
         return out
 
     def _wait(self, deadline: float, ticket: int) -> bool:
@@ -509,59 +680,68 @@ class _SQLiteConsumer(Consumer):
 
     # -- settling --------------------------------------------------------------------------
     # A delivery no longer held (its worker was declared dead and it went back to its queue)
-    # is left to whoever holds it now: settling it here would run or drop it twice.
+    # is left to whoever holds it now: it went back under a new id, so settling the old
+    # receipt finds no row and does nothing.
+
+    def _ack_in(self, conn: sqlite3.Connection, groups: dict[tuple[str, int], list[int]]) -> None:
+        for (queue, priority), ids in groups.items():
+            conn.execute(_SETTLE_MANY, (queue, priority, json.dumps(ids)))
+            conn.execute(_DROP_REACHED, (self.worker_id, queue, priority, max(ids)))
+
+    def _settle_one(self, conn: sqlite3.Connection, delivery: Delivery) -> bool:
+        """Delete one held row; False when it is not held any more."""
+        receipt = delivery.receipt
+        priority, id_ = receipt & _PRIORITY_MASK, receipt >> _PRIORITY_BITS
+        if not conn.execute(_SETTLE, (delivery.queue, priority, id_)).rowcount:
+            return False
+        conn.execute(_DROP_REACHED, (self.worker_id, delivery.queue, priority, id_))
+        return True
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
-        receipts = [d.receipt for d in deliveries]
+        groups = _group(deliveries)
         with self.broker._write() as conn:
-            conn.execute(
-                f"DELETE FROM messages WHERE id IN ({_IDS}) AND owner = ?",
-                (json.dumps(receipts), self.worker_id),
-            )
-        self._held.difference_update(receipts)
+            self._ack_in(conn, groups)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()
         b = self.broker
-        owner = None if message.eta <= time.time() else _DELAYED
-        new: list[str] = []
+        new: set[tuple[str, int]] = set()
         with b._write() as conn:
-            if conn.execute(_SETTLE, (delivery.receipt, self.worker_id)).rowcount:
-                new = b._add_queues(conn, (message.queue,))
-                conn.execute(_INSERT, (message.queue, message.priority, message.eta, owner, raw))
-        self._held.discard(delivery.receipt)
+            if self._settle_one(conn, delivery):
+                item = (message.queue, _clamp(message.priority), message.eta, raw)
+                new = b._store(conn, [item], time.time())
         b._known.update(new)
         b._notify()
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         with self.broker._write() as conn:
-            if conn.execute(_SETTLE, (delivery.receipt, self.worker_id)).rowcount:
+            if self._settle_one(conn, delivery):
                 conn.execute(
                     "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)",
                     (new_id(), delivery.queue, reason, delivery.raw, time.time()),
                 )
-        self._held.discard(delivery.receipt)
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
-        if deliveries:
-            self._release([d.receipt for d in deliveries])
-            self.broker._notify()
-
-    def _release(self, receipts: list[int]) -> None:
+        """Give them back, under new ids: at the back of their priority (see the module doc)."""
+        if not deliveries:
+            return
+        groups = _group(deliveries)
         with self.broker._write() as conn:
-            conn.execute(
-                f"UPDATE messages SET owner = NULL WHERE id IN ({_IDS}) AND owner = ?",
-                (json.dumps(receipts), self.worker_id),
-            )
-        self._held.difference_update(receipts)
+            rows: Rows = []
+            for (queue, priority), ids in groups.items():
+                rows += conn.execute(_TAKE_BACK, (queue, priority, json.dumps(ids))).fetchall()
+            _requeue(conn, rows)
+            conn.execute(_DROP_EMPTY, (self.worker_id,))
+        self.broker._notify()
 
     def heartbeat(self) -> None:
         b = self.broker
         with b._write() as conn:
             now = time.time()
             conn.execute(_UPSERT_WORKER, (self.worker_id, now))
+            conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved = b._recover_in(conn, now)
         if moved:
             b._notify()
@@ -571,10 +751,12 @@ class _SQLiteConsumer(Consumer):
         if b._closed:
             return
         with b._write() as conn:
-            conn.execute(
-                f"UPDATE messages SET owner = NULL WHERE id IN ({_IDS}) AND owner = ?",
-                (json.dumps(list(self._held)), self.worker_id),
-            )
+            rows: Rows = []
+            for queue, priority, lo, hi in conn.execute(
+                "SELECT queue, priority, lo, hi FROM claims WHERE worker = ?", (self.worker_id,)
+            ).fetchall():
+                rows += conn.execute(_TAKE_BACK_RANGE, (queue, priority, lo, hi)).fetchall()
+            _requeue(conn, rows)
+            conn.execute("DELETE FROM claims WHERE worker = ?", (self.worker_id,))
             conn.execute("DELETE FROM workers WHERE worker_id = ?", (self.worker_id,))
-        self._held.clear()
         b._notify()
