@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import redis
+from hurtle.bench.redis_server import RedisServer
 
 TASKS = textwrap.dedent(
     """
@@ -38,29 +38,12 @@ TASKS = textwrap.dedent(
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     tmp = Path(tempfile.mkdtemp(prefix="hurtle-latency-"))
-    port = free_port()
-    server = subprocess.Popen(
-        [shutil.which("redis-server") or "redis-server", "--port", str(port), "--save", "",
-         "--appendonly", "no", "--dir", str(tmp)],
-        stdout=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    server = RedisServer()
+    url = server.url
     client = redis.Redis.from_url(url)
-    for _ in range(100):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.05)
     (tmp / "latency_tasks.py").write_text(TASKS)
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, HURTLE_BROKER_URL=url, LATENCY_FD=str(write_fd),
@@ -92,8 +75,7 @@ def main() -> None:
     finally:
         worker.terminate()
         worker.wait(30)
-        server.terminate()
-        server.wait(10)
+        server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     p, s = statistics.median(pings) * 1e3, statistics.median(sends) * 1e3
     s99 = sorted(sends)[int(0.99 * (len(sends) - 1))] * 1e3

@@ -17,58 +17,19 @@ then the ratios (budget: hurtle >= 0.5x raw).
 
 from __future__ import annotations
 
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import redis
+from hurtle.bench.redis_server import RedisServer
 from hurtle.brokers.redis import RedisBroker
 from hurtle.ids import new_id
 from hurtle.message import Message
 
 BATCH = 1000
 ROUNDS = 3
-
-
-def start_server(workdir: str) -> tuple[subprocess.Popen[bytes], str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        sys.exit("redis-server is not installed")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            workdir,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    for _ in range(200):
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            time.sleep(0.02)
-    client.close()
-    return proc, url
 
 
 def raw_publish(client: redis.Redis, bodies: list[bytes]) -> float:
@@ -125,8 +86,8 @@ def hurtle_consume(broker: RedisBroker, n: int, decode: bool) -> float:
 
 def main() -> None:
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
-    workdir = tempfile.mkdtemp(prefix="hurtle-bench-")
-    proc, url = start_server(workdir)
+    server = RedisServer()
+    url = server.url
     try:
         messages = [Message(id=new_id(), task="add", queue="bench", args=(5, 6)) for _ in range(n)]
         bodies = [m.encode() for m in messages]
@@ -163,9 +124,7 @@ def main() -> None:
         broker.close()
         client.close()
     finally:
-        proc.terminate()
-        proc.wait()
-        shutil.rmtree(workdir, ignore_errors=True)
+        server.stop()
 
 
 if __name__ == "__main__":
