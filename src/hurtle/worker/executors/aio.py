@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -82,18 +81,12 @@ class AsyncioExecutor(Executor):
     # -- the fetch thread's side -----------------------------------------------------------
 
     def wait_for_capacity(self, timeout: float) -> int:
-        deadline = time.monotonic() + timeout
         window = self.concurrency + self.prefetch
         with self._cond:
-            while not self._stopping:
-                free = window - self._outstanding
-                if free > 0:
-                    return free
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return 0
-                self._cond.wait(left)
-            return 0
+            self._cond.wait_for(
+                lambda: self._stopping or window > self._outstanding, timeout
+            )
+            return 0 if self._stopping else max(window - self._outstanding, 0)
 
     def submit(self, deliveries: list[Delivery]) -> None:
         assert self._loop is not None, "start() the executor first"
@@ -172,14 +165,8 @@ class AsyncioExecutor(Executor):
         return self._in_loop(take_unstarted)
 
     def join(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self._cond:
-            while self._outstanding > 0:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.wait(left)
-            return True
+            return self._cond.wait_for(lambda: self._outstanding <= 0, timeout)
 
     def abort(self) -> list[Delivery]:
         self.stop()

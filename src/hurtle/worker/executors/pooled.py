@@ -13,8 +13,6 @@ Subclasses choose how runners start (``spawn``) and how a time-limited call is s
 
 from __future__ import annotations
 
-import time
-
 from ...brokers import Delivery
 from ...errors import ConfigurationError
 from ..processor import Processor
@@ -60,19 +58,14 @@ class PooledExecutor(Executor):
 
     def wait_for_capacity(self, timeout: float) -> int:
         pool = self.pool
-        deadline = time.monotonic() + timeout
+
+        def free() -> int:
+            size = pool.size
+            return size + (size if self.prefetch is None else self.prefetch) - pool.outstanding()
+
         with pool.cond:
-            while not pool.stopping:
-                size = pool.size
-                free = size + (size if self.prefetch is None else self.prefetch)
-                free -= pool.outstanding()
-                if free > 0:
-                    return free
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return 0
-                pool.cond.wait(left)
-            return 0
+            pool.cond.wait_for(lambda: pool.stopping or free() > 0, timeout)
+            return 0 if pool.stopping else max(free(), 0)
 
     def submit(self, deliveries: list[Delivery]) -> None:
         self.pool.submit(deliveries)

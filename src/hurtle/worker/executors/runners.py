@@ -229,14 +229,8 @@ class RunnerPool(Generic[T]):
         return unstarted
 
     def join(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
         with self.cond:
-            while self._running:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self.cond.wait(left)
-            return True
+            return self.cond.wait_for(lambda: not self._running, timeout)
 
     def abort(self) -> list[T]:
         """Give up on every running item and return it, with what was never started.
