@@ -207,9 +207,7 @@ class Processor:
         result: Any = None
         error: Exception | None = None
         try:
-            for m in self.middleware:
-                m.before_process(job.message)
-            job.started = time.monotonic()
+            self._start(job)
             if job.task.is_async:
                 result = self._run_coroutine(job)
             elif job.task.time_limit is None:
@@ -225,13 +223,17 @@ class Processor:
         result: Any = None
         error: Exception | None = None
         try:
-            for m in self.middleware:
-                m.before_process(job.message)
-            job.started = time.monotonic()
+            self._start(job)
             result = await _within_limit(job)
         except Exception as err:
             error = err
         self.finish(job, result, error)
+
+    def _start(self, job: Job) -> None:
+        """The ``before_process`` hooks (they may raise ``Retry``/``Reject``), then the clock."""
+        for m in self.middleware:
+            m.before_process(job.message)
+        job.started = time.monotonic()
 
     def finish(self, job: Job, result: Any, error: Exception | None) -> None:
         """Run the ``after_process`` hooks and record the outcome with the acker."""
