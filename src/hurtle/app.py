@@ -64,6 +64,8 @@ class Hurtle:
                     self._broker = make_broker(
                         self.settings.broker_url,
                         heartbeat_timeout=self.settings.heartbeat_timeout,
+                        dead_letter_max=self.settings.dead_letter_max,
+                        dead_letter_ttl=self.settings.dead_letter_ttl,
                     )
                 broker = self._broker
         return broker

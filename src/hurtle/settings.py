@@ -14,6 +14,8 @@ from typing import Any
 from .errors import ConfigurationError
 
 DEFAULT_BROKER_URL = "sqlite:///hurtle.db"
+DEFAULT_DEAD_LETTER_MAX = 10_000
+DEFAULT_DEAD_LETTER_TTL = 180 * 24 * 3600.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +47,12 @@ class Settings:
     fetch_timeout: float = 1.0
     #: Seconds that running tasks get to finish on a graceful stop.
     shutdown_timeout: float = 30.0
+    #: Most dead letters kept per queue; a new one beyond it drops the oldest, with a warning in
+    #: the log. ``0``: no limit.
+    dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX
+    #: Seconds a dead letter is kept (default 180 days); older ones of a queue are dropped when it
+    #: gets its next dead letter. ``0``: until purged.
+    dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL
 
     @property
     def effective_heartbeat_interval(self) -> float:

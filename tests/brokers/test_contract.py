@@ -7,15 +7,17 @@ came back.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import msgspec
 import pytest
 
-from hurtle.brokers import Broker, Consumer, Delivery, QueueStats
-from hurtle.errors import EncodeError
+from hurtle.brokers import Broker, Consumer, Delivery, QueueStats, make_broker
+from hurtle.errors import ConfigurationError, EncodeError
 from hurtle.ids import new_id
 from hurtle.message import Message
 
@@ -498,3 +500,88 @@ def test_publish_of_a_batch_with_one_bad_message_enqueues_none_of_it(broker: Bro
         broker.publish([msg("q", 1), msg("q", 2), msg("q", object())])
     assert broker.stats(["q"])["q"] == QueueStats()
     assert broker.consumer(["q"]).fetch(10, 0) == []
+
+
+# -- dead letters: bounded per queue (dead_letter_max, dead_letter_ttl) ---------------------
+
+
+@pytest.fixture
+def make_bounded(broker_url: str) -> Iterator[MakeBroker]:
+    """Make a broker on the store with dead-letter limits of the test's choosing."""
+    made: list[Broker] = []
+
+    def factory(**limits: Any) -> Broker:
+        b = make_broker(broker_url, **limits)
+        made.append(b)
+        return b
+
+    yield factory
+    for b in made:
+        b.close()
+
+
+def _dead_letter_one_by_one(broker: Broker, queue: str, n: int) -> Consumer:
+    broker.publish([msg(queue, i) for i in range(n)])
+    c = broker.consumer([queue])
+    for i, d in enumerate(c.fetch(n, 1)):
+        c.dead_letter(d, f"reason {i}")
+    return c
+
+
+def test_dead_letters_beyond_the_cap_drop_the_oldest_with_a_warning(
+    make_bounded: MakeBroker, caplog: pytest.LogCaptureFixture
+) -> None:
+    broker = make_bounded(dead_letter_max=5)
+    _dead_letter_one_by_one(broker, "other", 2)
+    with caplog.at_level(logging.WARNING, logger="hurtle"):
+        _dead_letter_one_by_one(broker, "q", 8)
+    assert [d.reason for d in broker.dead_letters("q")] == [f"reason {i}" for i in range(3, 8)]
+    assert broker.stats(["q"])["q"].dead == 5
+    assert len(broker.dead_letters("other")) == 2  # the cap is per queue
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 3 and all("dropped the 1 oldest" in w for w in warnings), warnings
+    assert all("'q'" in w and "dead_letter_max (5)" in w for w in warnings), warnings
+
+
+def test_dead_letters_past_the_ttl_are_dropped_at_the_next_dead_letter(
+    make_bounded: MakeBroker,
+) -> None:
+    ttl = 0.2
+    broker = make_bounded(dead_letter_ttl=ttl)
+    broker.publish([msg("q", 1), msg("q", 2)])
+    c = broker.consumer(["q"])
+    first, second = c.fetch(2, 1)
+    c.dead_letter(first, "old")
+    [old] = broker.dead_letters("q")
+    deadline = time.monotonic() + 10
+    while time.time() <= old.failed_at + ttl + 0.01:  # until it is past the ttl
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    c.dead_letter(second, "new")
+    assert [d.reason for d in broker.dead_letters("q")] == ["new"]
+
+
+def test_dead_letter_limits_of_zero_keep_every_dead_letter(make_bounded: MakeBroker) -> None:
+    broker = make_bounded(dead_letter_max=0, dead_letter_ttl=0)
+    _dead_letter_one_by_one(broker, "q", 8)
+    assert len(broker.dead_letters("q")) == 8
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [
+        {"dead_letter_max": -1},
+        {"dead_letter_max": 2.5},
+        {"dead_letter_max": True},
+        {"dead_letter_ttl": -1.0},
+        {"dead_letter_ttl": float("nan")},
+        {"dead_letter_ttl": float("inf")},
+    ],
+    ids=str,
+)
+def test_bad_dead_letter_limits_are_refused_naming_the_value(
+    broker_url: str, limits: dict[str, Any]
+) -> None:
+    [(name, value)] = limits.items()
+    with pytest.raises(ConfigurationError, match=rf"{name} must be .*got {value!r}"):
+        make_broker(broker_url, **limits)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
+from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
 
 __all__ = ["Broker", "Consumer", "DeadLetter", "Delivery", "QueueStats", "make_broker"]
@@ -12,17 +13,33 @@ __all__ = ["Broker", "Consumer", "DeadLetter", "Delivery", "QueueStats", "make_b
 SCHEMES = ("sqlite", "memory", "redis", "rediss")
 
 
-def make_broker(url: str, *, heartbeat_timeout: float = 20.0) -> Broker:
+def make_broker(
+    url: str,
+    *,
+    heartbeat_timeout: float = 20.0,
+    dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
+    dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+) -> Broker:
     """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme == "memory":
         from .memory import MemoryBroker
 
-        return MemoryBroker(url, heartbeat_timeout=heartbeat_timeout)
+        return MemoryBroker(
+            url,
+            heartbeat_timeout=heartbeat_timeout,
+            dead_letter_max=dead_letter_max,
+            dead_letter_ttl=dead_letter_ttl,
+        )
     if scheme == "sqlite":
         from .sqlite import SQLiteBroker
 
-        return SQLiteBroker(url, heartbeat_timeout=heartbeat_timeout)
+        return SQLiteBroker(
+            url,
+            heartbeat_timeout=heartbeat_timeout,
+            dead_letter_max=dead_letter_max,
+            dead_letter_ttl=dead_letter_ttl,
+        )
     if scheme in ("redis", "rediss"):
         try:
             from .redis import RedisBroker
@@ -30,7 +47,12 @@ def make_broker(url: str, *, heartbeat_timeout: float = 20.0) -> Broker:
             raise ConfigurationError(
                 f"the redis broker needs the redis package ({err}): pip install 'hurtle[redis]'"
             ) from err
-        return RedisBroker(url, heartbeat_timeout=heartbeat_timeout)
+        return RedisBroker(
+            url,
+            heartbeat_timeout=heartbeat_timeout,
+            dead_letter_max=dead_letter_max,
+            dead_letter_ttl=dead_letter_ttl,
+        )
     raise ConfigurationError(
         f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory:// or "
         "redis://host:port/db"

@@ -14,19 +14,28 @@ is recorded. Deliveries of a consumer whose heartbeat lapsed for ``heartbeat_tim
 back to their queues (``recover``), whatever their age: a slow task on a live worker is never
 handed out twice.
 
+Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): each dead-letter
+write also drops, in the same step of the store, the queue's dead letters older than the ttl and
+then the oldest beyond the cap. Drops by the cap are logged as warnings, expiries as info.
+
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
 
 from __future__ import annotations
 
 import abc
+import logging
+import math
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
 
+from ..errors import ConfigurationError
 from ..message import Message
+
+log = logging.getLogger(__name__)
 
 
 class Delivery(msgspec.Struct, gc=False):
@@ -114,7 +123,11 @@ class Consumer(abc.ABC):
 
     @abc.abstractmethod
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        """Move a held delivery to its queue's dead letters, with ``reason`` and its raw bytes."""
+        """Move a held delivery to its queue's dead letters, with ``reason`` and its raw bytes.
+
+        In the same step, drop that queue's dead letters older than the broker's
+        ``dead_letter_ttl``, then the oldest beyond its ``dead_letter_max`` (``log_trimmed``).
+        """
 
     @abc.abstractmethod
     def release(self, deliveries: Sequence[Delivery]) -> None:
@@ -136,6 +149,10 @@ class Broker(abc.ABC):
     url: str
     #: Seconds after which a silent consumer's deliveries are handed to others.
     heartbeat_timeout: float
+    #: Most dead letters kept per queue, ``0`` for no limit (``check_dead_letter_limits``).
+    dead_letter_max: int
+    #: Seconds a dead letter is kept, ``0`` for no limit.
+    dead_letter_ttl: float
 
     @abc.abstractmethod
     def publish(self, messages: Sequence[Message]) -> None:
@@ -219,6 +236,43 @@ class Broker(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def check_dead_letter_limits(dead_letter_max: int, dead_letter_ttl: float) -> tuple[int, float]:
+    """The limits, checked: a whole number and a finite number of seconds, each ``>= 0``."""
+    if isinstance(dead_letter_max, bool) or not isinstance(dead_letter_max, int) or (
+        dead_letter_max < 0
+    ):
+        raise ConfigurationError(
+            f"dead_letter_max must be a whole number >= 0 (0: keep every dead letter), "
+            f"got {dead_letter_max!r}"
+        )
+    if (
+        isinstance(dead_letter_ttl, bool)
+        or not isinstance(dead_letter_ttl, int | float)
+        or not math.isfinite(dead_letter_ttl)
+        or dead_letter_ttl < 0
+    ):
+        raise ConfigurationError(
+            f"dead_letter_ttl must be a finite number of seconds >= 0 (0: keep dead letters "
+            f"until purged), got {dead_letter_ttl!r}"
+        )
+    return dead_letter_max, float(dead_letter_ttl)
+
+
+def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
+    """Say what a dead-letter write dropped: expiries at info, drops by the cap as a warning."""
+    if expired:
+        log.info(
+            "dropped %d dead letters of queue %r older than dead_letter_ttl (%g s)",
+            expired, queue, broker.dead_letter_ttl,
+        )
+    if dropped:
+        log.warning(
+            "dropped the %d oldest dead letters of queue %r to keep dead_letter_max (%d); "
+            "raise it, or retry or purge them sooner, to keep more",
+            dropped, queue, broker.dead_letter_max,
+        )
 
 
 def now() -> float:

@@ -15,7 +15,16 @@ from collections.abc import Iterable, Sequence
 
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, encode_many
-from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
+from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from .base import (
+    Broker,
+    Consumer,
+    DeadLetter,
+    Delivery,
+    QueueStats,
+    check_dead_letter_limits,
+    log_trimmed,
+)
 
 _LEVELS = MAX_PRIORITY + 1
 
@@ -33,7 +42,17 @@ class _Queue:
 
 
 class MemoryBroker(Broker):
-    def __init__(self, url: str = "memory://", *, heartbeat_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        url: str = "memory://",
+        *,
+        heartbeat_timeout: float = 20.0,
+        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+    ) -> None:
+        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
+            dead_letter_max, dead_letter_ttl
+        )
         self.url = url
         self.heartbeat_timeout = heartbeat_timeout
         self._lock = threading.Lock()
@@ -125,6 +144,21 @@ class MemoryBroker(Broker):
     def _next_eta_locked(self, queues: Sequence[str]) -> float | None:
         etas = [q.delayed[0][0] for n in queues if (q := self._queues.get(n)) and q.delayed]
         return min(etas) if etas else None
+
+    def _trim_dead_locked(self, q: _Queue, now: float) -> tuple[int, int]:
+        """Drop dead letters past the ttl, then the oldest beyond the cap; (expired, dropped)."""
+        dead = q.dead
+        expired = dropped = 0
+        if self.dead_letter_ttl:
+            cutoff = now - self.dead_letter_ttl
+            while dead and next(iter(dead.values())).failed_at < cutoff:
+                del dead[next(iter(dead))]
+                expired += 1
+        if self.dead_letter_max:
+            while len(dead) > self.dead_letter_max:
+                del dead[next(iter(dead))]
+                dropped += 1
+        return expired, dropped
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         with self._lock:
@@ -225,10 +259,14 @@ class _MemoryConsumer(Consumer):
         with b._lock:
             self._take(delivery)
             dead_id = new_id()
-            b._queue(delivery.queue).dead[dead_id] = DeadLetter(
+            q = b._queue(delivery.queue)
+            now = time.time()
+            q.dead[dead_id] = DeadLetter(
                 id=dead_id, queue=delivery.queue, reason=reason, raw=delivery.raw,
-                failed_at=time.time(),
+                failed_at=now,
             )
+            expired, dropped = b._trim_dead_locked(q, now)
+        log_trimmed(b, delivery.queue, expired, dropped)
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         b = self.broker

@@ -48,7 +48,16 @@ import redis
 from ..errors import BrokerError, ConfigurationError, EncodeError
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, encode_many
-from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
+from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from .base import (
+    Broker,
+    Consumer,
+    DeadLetter,
+    Delivery,
+    QueueStats,
+    check_dead_letter_limits,
+    log_trimmed,
+)
 from .keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
 
 __all__ = ["RedisBroker", "RedisConsumer"]
@@ -129,7 +138,17 @@ _Command = tuple[tuple[Any, ...], "_Script | None"]
 class RedisBroker(Broker):
     """The broker contract on one Redis server (6.2 or later)."""
 
-    def __init__(self, url: str, *, heartbeat_timeout: float = 20.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        heartbeat_timeout: float = 20.0,
+        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+    ) -> None:
+        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
+            dead_letter_max, dead_letter_ttl
+        )
         self.url = _public_url(url)
         self.heartbeat_timeout = heartbeat_timeout
         self._scripts = _get_scripts()
@@ -596,12 +615,17 @@ class RedisConsumer(Consumer):
         target = self._target(delivery.queue)
         k = target.keys
         receipt = delivery.receipt
-        self.broker._eval(
-            self.broker._scripts.dead_letter,
+        b = self.broker
+        _, expired, dropped = b._eval(
+            b._scripts.dead_letter,
             (target.inflight, k.dead, k.dead_raw, k.dead_reason),
-            (receipt >> BATCH_BITS, receipt & BATCH_MASK, new_id(), reason, delivery.raw),
+            (
+                receipt >> BATCH_BITS, receipt & BATCH_MASK, new_id(), reason, delivery.raw,
+                repr(b.dead_letter_ttl), b.dead_letter_max,
+            ),
             f"dead-lettering a message of {delivery.queue!r}",
         )
+        log_trimmed(b, delivery.queue, expired, dropped)
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:

@@ -29,7 +29,9 @@ deletes it once, like a plain insert-then-delete loop:
   far-future backlog never slows a claim. The fetch that finds them due moves them to
   ``messages`` under new ids, in the order they were published.
 * ``workers`` — one row per live consumer and its last heartbeat.
-* ``dead`` — dead letters, oldest first by row id.
+* ``dead`` — dead letters, oldest first by row id. Each dead-letter write drops, in its own
+  transaction, those of its queue past ``dead_letter_ttl`` and then the oldest beyond
+  ``dead_letter_max`` (expiry goes by the order they were recorded).
 * ``queues`` — every queue ever published to.
 
 Priorities are 0..9 (the task API checks them); a raw ``Message`` outside that range is stored
@@ -88,7 +90,16 @@ from urllib.parse import parse_qsl
 from ..errors import BrokerError, ConfigurationError
 from ..ids import new_id
 from ..message import MAX_PRIORITY, MIN_PRIORITY, Message, encode_many
-from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
+from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from .base import (
+    Broker,
+    Consumer,
+    DeadLetter,
+    Delivery,
+    QueueStats,
+    check_dead_letter_limits,
+    log_trimmed,
+)
 
 __all__ = ["SQLiteBroker"]
 
@@ -193,6 +204,18 @@ _DROP_REACHED = (
     f"AND {_CLAIM_IS_EMPTY}"
 )
 _DROP_EMPTY = f"DELETE FROM claims WHERE worker = ? AND {_CLAIM_IS_EMPTY}"
+_INSERT_DEAD = "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)"
+# Dead letters of a queue are trimmed in the order they were recorded (``seq``, which the
+# ``dead_queue`` index holds): expiry reads the oldest rows only until the first one still
+# within the ttl, so a write that expires nothing reads one row; the cap walks that index.
+_EXPIRE_DEAD = (
+    "DELETE FROM dead WHERE queue = ?1 AND seq < (SELECT seq FROM dead WHERE queue = ?1 "
+    "AND failed_at >= ?2 ORDER BY seq LIMIT 1)"
+)
+_CAP_DEAD = (
+    "DELETE FROM dead WHERE queue = ?1 AND seq <= (SELECT seq FROM dead WHERE queue = ?1 "
+    "ORDER BY seq DESC LIMIT 1 OFFSET ?2)"
+)
 _eta_of = attrgetter("eta")
 _held_order = itemgetter(0, 1, 2)
 
@@ -277,8 +300,16 @@ class SQLiteBroker(Broker):
     """The contract on one SQLite file, shared by every process and thread that opens it."""
 
     def __init__(
-        self, url: str = "sqlite:///hurtle.db", *, heartbeat_timeout: float = 20.0
+        self,
+        url: str = "sqlite:///hurtle.db",
+        *,
+        heartbeat_timeout: float = 20.0,
+        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
     ) -> None:
+        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
+            dead_letter_max, dead_letter_ttl
+        )
         self.url = url
         self.heartbeat_timeout = heartbeat_timeout
         self.path = _path_of(url)
@@ -554,6 +585,15 @@ class SQLiteBroker(Broker):
             )
         return moved
 
+    def _trim_dead(self, conn: sqlite3.Connection, queue: str, now: float) -> tuple[int, int]:
+        """Drop dead letters past the ttl, then the oldest beyond the cap; (expired, dropped)."""
+        expired = dropped = 0
+        if self.dead_letter_ttl:
+            expired = conn.execute(_EXPIRE_DEAD, (queue, now - self.dead_letter_ttl)).rowcount
+        if self.dead_letter_max:
+            dropped = conn.execute(_CAP_DEAD, (queue, self.dead_letter_max)).rowcount
+        return expired, dropped
+
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         with self._read() as conn:
             rows = conn.execute(
@@ -754,12 +794,14 @@ class _SQLiteConsumer(Consumer):
         b._notify()
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        with self.broker._write() as conn:
+        b = self.broker
+        expired = dropped = 0
+        with b._write() as conn:
             if self._settle_one(conn, delivery):
-                conn.execute(
-                    "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)",
-                    (new_id(), delivery.queue, reason, delivery.raw, time.time()),
-                )
+                now = time.time()
+                conn.execute(_INSERT_DEAD, (new_id(), delivery.queue, reason, delivery.raw, now))
+                expired, dropped = b._trim_dead(conn, delivery.queue, now)
+        log_trimmed(b, delivery.queue, expired, dropped)
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """Give them back, under new ids: at the back of their priority (see the module doc)."""

@@ -1,5 +1,6 @@
 --[[
-  Move a held delivery to its queue's dead letters, keeping its bytes exactly and the reason.
+  Move a held delivery to its queue's dead letters, keeping its bytes exactly and the reason;
+  then drop the queue's dead letters older than the ttl, and the oldest beyond the cap.
 
   Input:
     KEYS[1]      in-flight index of the worker (batch id -> count held)
@@ -12,10 +13,15 @@
     ARGV[3]      new dead-letter id
     ARGV[4]      reason
     ARGV[5]      payload, as it was delivered
+    ARGV[6]      seconds a dead letter is kept, 0 for no limit
+    ARGV[7]      most dead letters kept, 0 for no limit
 
   Output:
-    1 if the delivery was still held, 0 if it had been recovered from this worker meanwhile
-    (the dead letter is stored either way).
+    { held, expired, dropped }: held is 1 if the delivery was still held, 0 if it had been
+    recovered from this worker meanwhile (the dead letter is stored either way); expired and
+    dropped count the dead letters removed by the ttl and by the cap. One call removes at most
+    TRIM_MAX of each, so that a backlog far above the cap (after lowering it) shrinks over
+    several calls instead of blocking the server.
 ]]
 -- @include _lib
 
@@ -23,4 +29,31 @@ local held = settle(KEYS[1], ARGV[1], tonumber(ARGV[2]))
 redis.call('ZADD', KEYS[2], server_now(), ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[5])
 redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
-return held
+
+-- trimming
+local TRIM_MAX = 10000
+
+local function drop(ids)
+  if #ids > 0 then
+    call_chunked('ZREM', KEYS[2], ids)
+    call_chunked('HDEL', KEYS[3], ids)
+    call_chunked('HDEL', KEYS[4], ids)
+  end
+  return #ids
+end
+
+local ttl = tonumber(ARGV[6])
+local cap = tonumber(ARGV[7])
+local expired = 0
+local dropped = 0
+if ttl > 0 then
+  local cutoff = string.format('(%.6f', server_now() - ttl)
+  expired = drop(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', cutoff, 'LIMIT', 0, TRIM_MAX))
+end
+if cap > 0 then
+  local excess = redis.call('ZCARD', KEYS[2]) - cap
+  if excess > 0 then
+    dropped = drop(redis.call('ZRANGE', KEYS[2], 0, math.min(excess, TRIM_MAX) - 1))
+  end
+end
+return { held, expired, dropped }
