@@ -1,21 +1,45 @@
-"""``hurtle dead APP list|retry|purge``: look at, re-run or drop dead letters."""
+"""``hurtle dead APP list|retry|purge [ID...]``: look at, re-run or drop dead letters.
+
+Without ids, an action covers every dead letter of the queues (``--queue``, else every queue the
+app or the broker knows). With ids, only those: an id is a dead letter's own id (the first column
+of ``list``) or the id of the message inside it (what ``send`` returned, ``message`` in ``list``).
+An id that names no dead letter is reported and makes the command exit 1, after the others were
+handled.
+"""
 
 from __future__ import annotations
 
 import argparse
 import datetime
 import json
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..brokers import Broker, DeadLetter
 from ._app import load_app
+
+#: Dead letters read per round trip when looking for ids.
+_PAGE = 500
+EXIT_NOT_FOUND = 1
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser("dead", help="dead letters")
+    p: argparse.ArgumentParser = sub.add_parser(
+        "dead",
+        help="dead letters",
+        description="List, retry or purge dead letters: every one of the queues, or those "
+        "named by ID.",
+        epilog="ID is a dead letter's own id (the first column of 'list') or the id of the "
+        "message it holds (what send() returned, shown as 'message' by 'list'). An ID that "
+        "names no dead letter is reported and the command exits 1, after handling the others.",
+    )
     p.add_argument("app", help="the app, as module:attribute")
     p.add_argument("action", choices=("list", "retry", "purge"))
+    p.add_argument("ids", nargs="*", metavar="ID", help="only these dead letters (see below)")
     p.add_argument("--queue", "-q", default=None, help="one queue (default: every queue)")
-    p.add_argument("--limit", type=int, default=50, help="how many to list per queue")
+    p.add_argument("--limit", type=int, default=50,
+                   help="how many to list per queue (default 50; ignored with IDs)")
     p.add_argument("--json", action="store_true", help="list as JSON")
     p.set_defaults(handler=run)
 
@@ -27,35 +51,106 @@ def _reason_line(reason: str) -> str:
     return f"{lines[0]} ... {lines[-1].strip()}"
 
 
+def _every(broker: Broker, queue: str) -> Iterator[DeadLetter]:
+    offset = 0
+    while page := broker.dead_letters(queue, limit=_PAGE, offset=offset):
+        yield from page
+        offset += len(page)
+
+
+def _named(
+    broker: Broker, queues: Sequence[str], ids: Sequence[str]
+) -> tuple[list[DeadLetter], list[str]]:
+    """The dead letters of ``queues`` that ``ids`` name (by their id or their message's id),
+    and the ids that named none."""
+    wanted = set(ids)
+    found: list[DeadLetter] = []
+    matched: set[str] = set()
+    for queue in queues:
+        for d in _every(broker, queue):
+            m = d.message()
+            hits = {d.id, m.id} & wanted if m is not None else {d.id} & wanted
+            if hits:
+                found.append(d)
+                matched |= hits
+    return found, [i for i in dict.fromkeys(ids) if i not in matched]
+
+
+def _row(d: DeadLetter) -> dict[str, object]:
+    m = d.message()
+    return {
+        "id": d.id, "queue": d.queue, "reason": d.reason, "failed_at": d.failed_at,
+        "message_id": m.id if m else None, "task": m.task if m else None,
+        "args": list(m.args) if m else None, "kwargs": dict(m.kwargs) if m else None,
+        "attempt": m.attempt if m else None, "raw": None if m else d.raw.hex(),
+    }
+
+
+def _call(row: dict[str, Any]) -> str:
+    args = [repr(a) for a in row["args"]]
+    args += [f"{k}={v!r}" for k, v in row["kwargs"].items()]
+    text = f"{row['task']}({', '.join(args)})"
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _print_list(rows: list[dict[str, Any]], more: dict[str, int]) -> None:
+    if not rows:
+        print("no dead letters")
+    for row in rows:
+        when = datetime.datetime.fromtimestamp(float(row["failed_at"]))
+        head = f"{row['id']}  {row['queue']}  {when.isoformat(timespec='seconds')}"
+        if row["task"] is not None:
+            print(f"{head}  {_call(row)}  message {row['message_id']}")
+        else:
+            print(f"{head}  raw {str(row['raw'])[:60]}  (not a hurtle message)")
+        print(f"    {_reason_line(str(row['reason']))}")
+    for queue, n in more.items():
+        print(f"... and {n:,} more in {queue!r} (raise --limit to see them)")
+
+
 def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     broker = app.broker
     queues = [args.queue] if args.queue else sorted(set(app.queues()) | set(broker.queues()))
+    chosen: list[DeadLetter] = []
+    missing: list[str] = []
+    if args.ids:
+        chosen, missing = _named(broker, queues, args.ids)
+        for i in missing:
+            print(f"hurtle: no dead letter in {', '.join(map(repr, queues)) or 'any queue'} has "
+                  f"the id {i!r} (neither as its own id nor as its message's id)",
+                  file=sys.stderr)
     if args.action == "list":
-        out: list[dict[str, object]] = []
-        for queue in queues:
-            for d in broker.dead_letters(queue, limit=args.limit):
-                m = d.message()
-                out.append({
-                    "id": d.id, "queue": d.queue, "reason": d.reason, "failed_at": d.failed_at,
-                    "task": m.task if m else None, "message_id": m.id if m else None,
-                    "args": list(m.args) if m else None, "raw": None if m else d.raw.hex(),
-                })
+        more: dict[str, int] = {}
+        if not args.ids:
+            for queue in queues:
+                page = broker.dead_letters(queue, limit=args.limit)
+                chosen += page
+                total = broker.stats([queue])[queue].dead
+                if total > len(page):
+                    more[queue] = total - len(page)
+        rows = [_row(d) for d in chosen]
         if args.json:
-            print(json.dumps(out, indent=2, default=repr))
-            return 0
-        if not out:
-            print("no dead letters")
-        for row in out:
-            when = datetime.datetime.fromtimestamp(float(row["failed_at"]))  # type: ignore[arg-type]
-            what = (f"{row['task']}{tuple(row['args'])}"  # type: ignore[arg-type]
-                    if row["task"] else f"raw {str(row['raw'])[:60]}")
-            print(f"{row['id']}  {row['queue']}  {when.isoformat(timespec='seconds')}  {what}\n"
-                  f"    {_reason_line(str(row['reason']))}")
-        return 0
+            print(json.dumps(rows, indent=2, default=repr))
+        else:
+            _print_list(rows, more)
+        return EXIT_NOT_FOUND if missing else 0
     total = 0
-    for queue in queues:
-        total += broker.retry_dead(queue) if args.action == "retry" else broker.purge_dead(queue)
+    if args.ids:
+        by_queue: dict[str, list[str]] = {}
+        for d in chosen:
+            by_queue.setdefault(d.queue, []).append(d.id)
+        for queue, dead_ids in by_queue.items():
+            if args.action == "retry":
+                total += broker.retry_dead(queue, dead_ids)
+            else:
+                total += broker.delete_dead(queue, dead_ids)
+    else:
+        for queue in queues:
+            if args.action == "retry":
+                total += broker.retry_dead(queue)
+            else:
+                total += broker.purge_dead(queue)
     verb = "put back" if args.action == "retry" else "purged"
     print(f"{verb} {total} dead letters")
-    return 0
+    return EXIT_NOT_FOUND if missing else 0
