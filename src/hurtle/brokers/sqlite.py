@@ -7,10 +7,11 @@ survives a crash of the process *and* of the machine (a power cut). The URL opti
 of the process and the file is never corrupted, but a power cut or kernel crash may lose the last
 commits — a returned publish, or an ack (the task then runs again). The flush is paid per
 transaction, that is per *batch*: measured with ``benchmarks/sqlite_synchronous.py`` (2 cores, ext4
-on a virtual disk), ``full`` costs 13% of publish and 23% of fetch+ack throughput in batches of
-1,000, and makes one-message-at-a-time publishing ~5x slower (4,600/s instead of 24,000/s); a disk
-with a slower flush widens the gap. The level holds per connection: each process gets what its own
-URL says. No other ``?option`` is accepted.
+on a virtual disk), ``full`` costs 7 to 13% of publish and 14 to 23% of fetch+ack throughput in
+batches of 1,000 (6 to 10% of ``hurtle demo``), and makes one-message-at-a-time publishing 5x slower
+(4,000 to 4,600/s instead of 22,000 to 24,000/s); a disk with a slower flush widens the gap. The
+level holds per connection: each process gets what its own URL says. No other ``?option`` is
+accepted.
 
 Storage. A log and a cursor per priority, so that the hot path writes each message once and
 deletes it once, like a plain insert-then-delete loop:
