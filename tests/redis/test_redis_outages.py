@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 pytest.importorskip("redis")
@@ -122,3 +123,33 @@ def test_a_consumer_works_again_once_redis_is_back(make_redis_server: MakeServer
         assert numbers(consumer.fetch(1, 1.0)) == [1]
     finally:
         broker.close()
+
+
+def test_a_retry_into_another_queue_that_redis_refuses_keeps_the_delivery(
+    make_redis_server: MakeServer,
+) -> None:
+    import redis
+
+    server = make_redis_server()
+    broker = make_broker(server.url)
+    admin = redis.Redis.from_url(server.url)
+    try:
+        m = msg(1, queue="a")
+        broker.publish([m])
+        consumer = broker.consumer(["a"])
+        [held] = consumer.fetch(1, 1.0)
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.config_set("maxmemory", 1)  # every write that needs memory is refused (OOM)
+        elsewhere = msgspec.structs.replace(m, queue="b", attempt=1)
+        with pytest.raises(BrokerError, match="maxmemory"):
+            consumer.retry(held, elsewhere)
+        admin.config_set("maxmemory", 0)
+        stats = broker.stats(["a", "b"])
+        assert (stats["a"].in_flight, stats["b"].ready) == (1, 0)  # still held, in one place
+        consumer.retry(held, elsewhere)  # the acker tries again once Redis takes writes
+        stats = broker.stats(["a", "b"])
+        assert (stats["a"].in_flight, stats["b"].ready) == (0, 1)
+    finally:
+        admin.close()
+        broker.close()
+

@@ -93,6 +93,7 @@ class _Scripts:
         self.retry = _Script("retry")
         self.dead_letter = _Script("dead_letter")
         self.release = _Script("release")
+        self.held = _Script("held")
         self.heartbeat = _Script("heartbeat")
         self.close = _Script("close")
         self.stats = _Script("stats")
@@ -576,7 +577,12 @@ class RedisConsumer(Consumer):
                 doing,
             )
             return
-        # Another queue is another hash tag: store the new attempt first, then drop the old one.
+        # Another queue is another hash tag, so no one script can move the message: check that
+        # this worker still holds it, store the new attempt, and settle the delivery only once
+        # that succeeded (three round trips, on a rare path). A failure in between leaves the
+        # message in both queues, to run twice, never in neither.
+        if not b._eval(b._scripts.held, (source.inflight,), (batch, index), doing):
+            return  # settled already, or recovered: the copy in the queue is the one that lives
         args: list[Any] = [0] * (MAX_PRIORITY + 1)
         if message.eta > time.time():
             args += [message.eta, _PRIORITY_ARG[message.priority], raw]
@@ -587,10 +593,10 @@ class RedisConsumer(Consumer):
             [
                 (("SADD", QUEUES, message.queue), None),
                 b._call(b._scripts.publish, _publish_keys(message.queue), args),
-                b._call(b._scripts.ack, (source.inflight,), _ack_args([delivery.receipt])),
             ],
             doing,
         )
+        b._eval(b._scripts.ack, (source.inflight,), _ack_args([delivery.receipt]), doing)
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         target = self._target(delivery.queue)
