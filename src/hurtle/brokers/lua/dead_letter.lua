@@ -14,13 +14,16 @@
     ARGV[5]      payload, as it was delivered
 
   Output:
-    1 if the delivery was still held, 0 if it had been recovered from this worker meanwhile
-    (the dead letter is stored either way).
+    1 if the delivery was still held and is now a dead letter; 0 if it had been settled already
+    or recovered from this worker (declared dead): then nothing is stored, the copy that went
+    back to the queue is the one that lives.
 ]]
 -- @include _lib
 
-local held = settle(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+if settle(KEYS[1], ARGV[1], tonumber(ARGV[2])) == 0 then
+  return 0
+end
 redis.call('ZADD', KEYS[2], server_now(), ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[5])
 redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
-return held
+return 1
