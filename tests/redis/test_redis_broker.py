@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import cast
 
+import msgspec
 import pytest
 
 pytest.importorskip("redis")
@@ -313,3 +314,18 @@ def test_acking_every_message_of_a_batch_in_pieces_leaves_no_keys_behind(
     consumer.close()
     keys = {k.decode() for k in cast(list[bytes], client.keys("*"))}
     assert not [k for k in keys if ":inflight:" in k]
+
+
+def test_retry_of_a_stored_message_with_an_out_of_range_priority_dead_letters_it(
+    broker: RedisBroker,
+) -> None:
+    bad = Message(id=new_id(), task="t", queue="q", priority=12)
+    broker.publish_raw("q", [bad.encode()])  # written by something else than hurtle's publish
+    consumer = broker.consumer(["q"])
+    [held] = consumer.fetch(1, 1.0)
+    consumer.retry(held, msgspec.structs.replace(bad, attempt=1))
+    [dead] = broker.dead_letters("q")
+    assert dead.raw == held.raw
+    assert "priority 12" in dead.reason and "out of range" in dead.reason
+    assert broker.stats(["q"])["q"] == QueueStats(dead=1)
+    consumer.close()

@@ -373,6 +373,19 @@ class RedisBroker(Broker):
 _PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
 
 
+def _unstorable(message: Message) -> str | None:
+    """Why ``message`` cannot be stored as a retry (a field out of range), or ``None``."""
+    priority = message.priority
+    if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:
+        return (
+            f"priority {priority!r} of task {message.task!r} is out of range (an int from 0 "
+            f"to {MAX_PRIORITY})"
+        )
+    if not math.isfinite(message.eta):
+        return f"eta {message.eta!r} of task {message.task!r} is not a finite time"
+    return None
+
+
 def _publish_keys(name: str) -> tuple[str, ...]:
     k = queue_keys(name)
     return (*k.ready, k.delayed, k.wake, k.seq)
@@ -558,12 +571,19 @@ class RedisConsumer(Consumer):
         self.broker._pipeline(commands, f"acknowledging {len(deliveries)} deliveries")
 
     def retry(self, delivery: Delivery, message: Message) -> None:
-        raw = message.encode()
-        if not 0 <= message.priority <= MAX_PRIORITY:
-            raise EncodeError(
-                f"priority {message.priority!r} of task {message.task!r} is out of range: use "
-                f"an int from 0 to {MAX_PRIORITY}"
+        problem = _unstorable(message)
+        if problem is None:
+            try:
+                raw = message.encode()
+            except EncodeError as err:
+                problem = str(err)
+        if problem is not None:
+            # Raising would fail this delivery the same way at every try, for ever.
+            self.dead_letter(
+                delivery,
+                f"cannot store the next attempt: {problem}; this is the message as delivered",
             )
+            return
         b = self.broker
         source = self._target(delivery.queue)
         batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
