@@ -488,10 +488,15 @@ class RedisConsumer(Consumer):
             return  # several queues are read in turn: nothing to overlap
         max_count = min(max_count, BATCH_MASK)
         pool = self.broker._client.connection_pool
-        conn = pool.get_connection()
+        # Whatever fails here, the next fetch meets the problem and reports it; if the command
+        # did reach the server, that fetch carries the same token and hands the batch back.
+        try:
+            conn = pool.get_connection()
+        except (redis.RedisError, OSError):
+            return
         try:
             conn.send_command(*self._fetch_command(self._reading[0], max_count))
-        except redis.RedisError:  # the next fetch meets the problem and reports it
+        except (redis.RedisError, OSError):
             pool.release(conn)
             conn.disconnect()
             return
