@@ -212,3 +212,56 @@ def test_a_burst_worker_whose_fetch_replies_are_lost_runs_everything_and_exits(
         assert project.stats() == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0}
     finally:
         project.app.close()
+
+
+def test_a_publish_whose_reply_is_lost_is_stored_at_least_once(
+    direct: RedisBroker, through: RedisBroker, proxy: ReplyDropper
+) -> None:
+    through.publish([Message(id=new_id(), task="t", queue="q")])  # loads the scripts
+    direct.consumer(["q"]).fetch(10, 0)
+    ms = [Message(id=new_id(), task="t", queue="q", args=(i,)) for i in range(5)]
+    proxy.drop_replies(_get_scripts().publish.sha.encode(), 1)
+    through.publish(ms)  # resent once by the client: it returns, maybe stored twice
+    assert proxy.dropped == 1
+    got = direct.consumer(["q"]).fetch(100, 1.0)
+    assert {Message.decode(d.raw).id for d in got} == {m.id for m in ms}
+    assert len(got) in (5, 10)  # duplicates allowed, never a loss (see the module docstring)
+
+
+@pytest.mark.parametrize("lost", [1, 2])
+@pytest.mark.parametrize("outcome", ["retry", "dead letter"])
+def test_a_settle_whose_reply_is_lost_counts_once(
+    direct: RedisBroker, through: RedisBroker, proxy: ReplyDropper, outcome: str, lost: int
+) -> None:
+    """One lost reply: the client resends the command. Two: the call raises, and the caller
+    (the acker) sends it again, with a new dead-letter id."""
+    scripts = _get_scripts()
+    publish(direct, 2)
+    consumer = through.consumer(["q"])
+    held = consumer.fetch(2, 1.0)
+    m = Message.decode(held[0].raw)
+    nxt = Message(id=m.id, task="t", queue="q", args=m.args, attempt=1)
+
+    def settle() -> None:
+        if outcome == "retry":
+            consumer.retry(held[0], nxt)
+        else:
+            consumer.dead_letter(held[0], "second")
+
+    # the first settle loads the script; the second one loses its reply
+    if outcome == "retry":
+        consumer.retry(held[1], Message(id=new_id(), task="t", queue="q", attempt=1))
+        proxy.drop_replies(scripts.retry.sha.encode(), lost)
+        expected = QueueStats(ready=2)
+    else:
+        consumer.dead_letter(held[1], "first")
+        proxy.drop_replies(scripts.dead_letter.sha.encode(), lost)
+        expected = QueueStats(dead=2)
+    if lost == 1:
+        settle()
+    else:
+        with pytest.raises(BrokerError):
+            settle()
+        settle()
+    assert proxy.dropped == lost
+    assert direct.stats(["q"])["q"] == expected
