@@ -585,3 +585,54 @@ def test_bad_dead_letter_limits_are_refused_naming_the_value(
     [(name, value)] = limits.items()
     with pytest.raises(ConfigurationError, match=rf"{name} must be .*got {value!r}"):
         make_broker(broker_url, **limits)
+
+
+# -- redis area: settling a delivery that was taken back ------------------------------------
+
+
+def _recovered_delivery(make: MakeBroker) -> tuple[Broker, Consumer, Delivery, Message]:
+    """A delivery held by a consumer declared dead, whose message went back to its queue."""
+    a_side, b_side = make(heartbeat_timeout=0.3), make(heartbeat_timeout=0.3)
+    m = msg("q", 1)
+    a_side.publish([m])
+    a = a_side.consumer(["q"])
+    [stale] = a.fetch(1, 1)
+    deadline = time.monotonic() + 10
+    while b_side.recover() == 0:  # a falls silent until its heartbeat lapses
+        assert time.monotonic() < deadline, "the silent consumer was never declared dead"
+        time.sleep(0.05)
+    a.heartbeat()  # a comes back to life: too late for what it held
+    return b_side, a, stale, m
+
+
+@pytest.mark.parametrize("outcome", ["ack", "retry", "retry later", "retry elsewhere", "dead"])
+def test_settling_a_delivery_recovered_from_a_consumer_declared_dead_does_nothing(
+    make: MakeBroker, outcome: str
+) -> None:
+    broker, late, stale, m = _recovered_delivery(make)
+    assert broker.stats(["q"])["q"] == QueueStats(ready=1)
+    if outcome == "ack":
+        late.ack([stale])
+    elif outcome == "dead":
+        late.dead_letter(stale, "failed, too late")
+    else:
+        eta = time.time() + 60 if outcome == "retry later" else 0.0
+        queue = "other" if outcome == "retry elsewhere" else "q"
+        late.retry(stale, msgspec.structs.replace(m, attempt=1, eta=eta, queue=queue))
+    stats = broker.stats(["q", "other"])
+    assert stats == {"q": QueueStats(ready=1), "other": QueueStats()}
+    assert broker.dead_letters("q") == []
+    [again] = drain(broker.consumer(["q", "other"]))
+    assert Message.decode(again.raw) == m  # the recovered copy is the one that lives
+
+
+def test_settling_a_delivery_twice_counts_the_first_outcome_only(broker: Broker) -> None:
+    m = msg("q", 1)
+    broker.publish([m])
+    c = broker.consumer(["q"])
+    [d] = c.fetch(1, 1)
+    c.retry(d, msgspec.structs.replace(m, attempt=1))
+    c.retry(d, msgspec.structs.replace(m, attempt=1))  # sent again, as after a lost reply
+    c.dead_letter(d, "too late")
+    assert broker.stats(["q"])["q"] == QueueStats(ready=1)
+    assert broker.dead_letters("q") == []

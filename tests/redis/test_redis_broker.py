@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from typing import cast
 
+import msgspec
 import pytest
 
 pytest.importorskip("redis")
@@ -313,3 +314,37 @@ def test_acking_every_message_of_a_batch_in_pieces_leaves_no_keys_behind(
     consumer.close()
     keys = {k.decode() for k in cast(list[bytes], client.keys("*"))}
     assert not [k for k in keys if ":inflight:" in k]
+
+
+def test_malformed_members_of_the_delayed_set_become_dead_letters_and_the_queue_runs_on(
+    broker: RedisBroker, client: redis.Redis
+) -> None:
+    broker.publish([msg("q", 1, eta=time.time() + 0.05)])  # a real delayed message
+    garbage = [b"garbage", b"x:1:payload", b"12:00ab:payload", b"3:zz:payload", b"", b"4::\xff"]
+    client.zadd(queue_keys("q").delayed, {g: time.time() - 10 for g in garbage})
+    consumer = broker.consumer(["q"])
+    got: list[Delivery] = []
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        got = consumer.fetch(10, 1.0)
+    assert numbers(got) == [1]
+    dead = broker.dead_letters("q")
+    assert sorted(d.raw for d in dead) == sorted(garbage)
+    assert all("malformed member of the delayed set" in d.reason for d in dead)
+    assert broker.stats(["q"])["q"] == QueueStats(in_flight=1, dead=len(garbage))
+    consumer.close()
+
+
+def test_retry_of_a_stored_message_with_an_out_of_range_priority_dead_letters_it(
+    broker: RedisBroker,
+) -> None:
+    bad = Message(id=new_id(), task="t", queue="q", priority=12)
+    broker.publish_raw("q", [bad.encode()])  # written by something else than hurtle's publish
+    consumer = broker.consumer(["q"])
+    [held] = consumer.fetch(1, 1.0)
+    consumer.retry(held, msgspec.structs.replace(bad, attempt=1))
+    [dead] = broker.dead_letters("q")
+    assert dead.raw == held.raw
+    assert "priority 12" in dead.reason and "out of range" in dead.reason
+    assert broker.stats(["q"])["q"] == QueueStats(dead=1)
+    consumer.close()

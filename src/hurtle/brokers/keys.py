@@ -12,6 +12,8 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:inflight:W         HASH    batch id B -> how many of batch B worker W still holds
     hurtle:{q}:inflight:W:B       LIST    the payloads of batch B, in fetch order
     hurtle:{q}:inflight:W:B:done  STRING  bitmap: bit i set = message i of batch B is settled
+    hurtle:{q}:fetched:W          STRING  "TOKEN B1 B2 ...": W's last fetch that took something,
+                                          until a fetch with another token (expires after a week)
     hurtle:{q}:workers            ZSET    W, scored by W's last heartbeat (server time)
     hurtle:{q}:wake               LIST    wake-up tokens that idle consumers BLPOP on
     hurtle:{q}:seq                STRING  counter for batch ids and delayed members
@@ -70,6 +72,10 @@ class QueueKeys:
     def inflight(self, worker_id: str) -> str:
         """The index of the batches ``worker_id`` holds from this queue."""
         return f"{self.inflight_prefix}{worker_id}"
+
+    def fetched(self, worker_id: str) -> str:
+        """The record of the last fetch of ``worker_id`` from this queue that took something."""
+        return f"{PREFIX}:{{{self.name}}}:fetched:{worker_id}"
 
 
 @lru_cache(maxsize=4096)

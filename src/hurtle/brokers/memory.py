@@ -2,6 +2,9 @@
 
 Messages live in Python structures behind one lock; nothing survives the process. Consumers in
 several threads of the same process see one store.
+
+Settling a delivery that is no longer held (settled before, or recovered from a consumer declared
+dead) changes nothing, as on every broker.
 """
 
 from __future__ import annotations
@@ -250,14 +253,16 @@ class _MemoryConsumer(Consumer):
         raw = message.encode()
         b = self.broker
         with b._lock:
-            self._take(delivery)
+            if self._take(delivery) is None:
+                return  # settled already, or recovered: the copy in the queue is the one alive
             b._put(message.queue, raw, message.priority, message.eta)
             b._wake.notify_all()
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         b = self.broker
         with b._lock:
-            self._take(delivery)
+            if self._take(delivery) is None:
+                return  # settled already, or recovered: the copy in the queue is the one alive
             dead_id = new_id()
             q = b._queue(delivery.queue)
             now = time.time()

@@ -12,12 +12,33 @@ How it works, in short:
 * fetch: ``fetch.lua`` promotes due delayed messages, ``LPOP``-s up to N (highest priority first),
   records them in this worker's in-flight hash and refreshes its heartbeat. When nothing is ready
   the consumer blocks server-side (``BLPOP`` on the queues' wake lists) until a publish pushes a
-  token, the next delayed message is due, or the timeout ends. No polling loop.
+  token, the next delayed message is due, or the timeout ends. No polling loop. Each fetch
+  carries a token, kept until its reply is read: a fetch sent again after a lost reply first
+  hands back what the lost one took, so nothing stays held by a worker that never saw it.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
 * crash recovery: ``heartbeat.lua`` marks the worker alive per queue and hands back what workers
   silent for ``heartbeat_timeout`` held, at the front of the queue.
 
-Nothing here decodes a payload: garbage bytes come out of ``fetch`` like any message.
+Nothing here decodes a payload: garbage bytes come out of ``fetch`` like any message. Bad data
+that something else wrote into Redis never stops a queue: a delayed member that is not
+``P:SEQ:payload`` goes to the queue's dead letters as it was, and a retry whose message has a
+priority outside 0-9 or a non-finite eta dead-letters the delivery as delivered, with the reason
+(rather than clamp the priority: the message would run in an order nobody chose).
+
+What runs twice. The clients resend a command once when its connection fails (a pooled
+connection that died with a restarted server); timeouts are not resent. So a command whose reply
+was lost may run twice, and so may one that the caller tries again after a ``BrokerError``:
+
+* fetch: takes once — the token above;
+* heartbeat, close: no harm done twice;
+* ack, retry, dead letter, release: once — a delivery is settled one way only, and settling one
+  already settled, or recovered from a worker declared dead, changes nothing (the copy that went
+  back to the queue is the one that lives);
+* publish: at least once — a batch whose reply was lost may be stored twice, and a publish that
+  raised may have been stored: calling it again can duplicate messages, never lose them;
+* a retry into another queue (another hash tag, so no one script can do it): the new attempt is
+  stored first and the delivery settled only once that succeeded, so a failure in between leaves
+  the message in both queues (it runs twice), never in neither.
 """
 
 from __future__ import annotations
@@ -102,6 +123,7 @@ class _Scripts:
         self.retry = _Script("retry")
         self.dead_letter = _Script("dead_letter")
         self.release = _Script("release")
+        self.held = _Script("held")
         self.heartbeat = _Script("heartbeat")
         self.close = _Script("close")
         self.stats = _Script("stats")
@@ -391,6 +413,19 @@ class RedisBroker(Broker):
 _PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
 
 
+def _unstorable(message: Message) -> str | None:
+    """Why ``message`` cannot be stored as a retry (a field out of range), or ``None``."""
+    priority = message.priority
+    if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:
+        return (
+            f"priority {priority!r} of task {message.task!r} is out of range (an int from 0 "
+            f"to {MAX_PRIORITY})"
+        )
+    if not math.isfinite(message.eta):
+        return f"eta {message.eta!r} of task {message.task!r} is not a finite time"
+    return None
+
+
 def _publish_keys(name: str) -> tuple[str, ...]:
     k = queue_keys(name)
     return (*k.ready, k.delayed, k.wake, k.seq)
@@ -431,14 +466,20 @@ def _ack_args(receipts: list[int]) -> list[Any]:
 class _Target:
     """One queue of a consumer, with its script keys built once."""
 
-    __slots__ = ("fetch_keys", "inflight", "keys", "name")
+    __slots__ = ("fetch_keys", "fetched", "inflight", "keys", "name", "token")
 
     def __init__(self, name: str, worker_id: str) -> None:
         self.name = name
         self.keys: QueueKeys = queue_keys(name)
         k = self.keys
         self.inflight = k.inflight(worker_id)
-        self.fetch_keys = (*k.ready, k.delayed, self.inflight, k.workers, k.wake, k.seq)
+        self.fetched = k.fetched(worker_id)
+        self.fetch_keys = (
+            *k.ready, k.delayed, self.inflight, k.workers, k.wake, k.seq, self.fetched,
+            k.dead, k.dead_raw, k.dead_reason,
+        )
+        #: The token of the next fetch from this queue: a new one once a reply has been read.
+        self.token = new_id()
 
 
 class RedisConsumer(Consumer):
@@ -466,10 +507,15 @@ class RedisConsumer(Consumer):
             return  # several queues are read in turn: nothing to overlap
         max_count = min(max_count, BATCH_MASK)
         pool = self.broker._client.connection_pool
-        conn = pool.get_connection()
+        # Whatever fails here, the next fetch meets the problem and reports it; if the command
+        # did reach the server, that fetch carries the same token and hands the batch back.
+        try:
+            conn = pool.get_connection()
+        except (redis.RedisError, OSError):
+            return
         try:
             conn.send_command(*self._fetch_command(self._reading[0], max_count))
-        except redis.RedisError:  # the next fetch meets the problem and reports it
+        except (redis.RedisError, OSError):
             pool.release(conn)
             conn.disconnect()
             return
@@ -478,7 +524,7 @@ class RedisConsumer(Consumer):
     def _fetch_command(self, target: _Target, want: int) -> tuple[Any, ...]:
         return (
             "EVALSHA", self._fetch.sha, len(target.fetch_keys), *target.fetch_keys,
-            want, self.worker_id, max(PROMOTE_LIMIT, want),
+            want, self.worker_id, max(PROMOTE_LIMIT, want), target.token,
         )
 
     def _collect(self) -> list[Delivery]:
@@ -497,7 +543,9 @@ class RedisConsumer(Consumer):
             pool.release(conn)
             raise
         pool.release(conn)
-        return self._deliveries(self._reading[0].name, res)
+        target = self._reading[0]
+        target.token = new_id()
+        return self._deliveries(target.name, res)
 
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
         if max_count <= 0:
@@ -505,8 +553,8 @@ class RedisConsumer(Consumer):
         if self._pending is not None:
             try:
                 out = self._collect()
-            except redis.RedisError as err:
-                self.broker._fail(err, f"fetching from {list(self.queues)}")
+            except redis.RedisError:
+                out = []  # the reply is lost: ``_take`` sends the fetch again, same token
             if out:
                 return out
         max_count = min(max_count, BATCH_MASK)
@@ -533,12 +581,19 @@ class RedisConsumer(Consumer):
         out: list[Delivery] = []
         wait_ms = -1
         for target in self._reading:
-            res = self.broker._eval(
-                self._fetch,
-                target.fetch_keys,
-                (max_count - len(out), self.worker_id, max(PROMOTE_LIMIT, max_count)),
-                f"fetching from {target.name!r}",
-            )
+            try:
+                res = self.broker._eval(
+                    self._fetch,
+                    target.fetch_keys,
+                    (max_count - len(out), self.worker_id, max(PROMOTE_LIMIT, max_count),
+                     target.token),
+                    f"fetching from {target.name!r}",
+                )
+            except BrokerError:
+                if out:  # held already: hand them over; this queue is asked again next time
+                    return out, 0
+                raise
+            target.token = new_id()
             if len(res) > 1:
                 out += self._deliveries(target.name, res)
                 if len(out) >= max_count:
@@ -576,12 +631,19 @@ class RedisConsumer(Consumer):
         self.broker._pipeline(commands, f"acknowledging {len(deliveries)} deliveries")
 
     def retry(self, delivery: Delivery, message: Message) -> None:
-        raw = message.encode()
-        if not 0 <= message.priority <= MAX_PRIORITY:
-            raise EncodeError(
-                f"priority {message.priority!r} of task {message.task!r} is out of range: use "
-                f"an int from 0 to {MAX_PRIORITY}"
+        problem = _unstorable(message)
+        if problem is None:
+            try:
+                raw = message.encode()
+            except EncodeError as err:
+                problem = str(err)
+        if problem is not None:
+            # Raising would fail this delivery the same way at every try, for ever.
+            self.dead_letter(
+                delivery,
+                f"cannot store the next attempt: {problem}; this is the message as delivered",
             )
+            return
         b = self.broker
         source = self._target(delivery.queue)
         batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
@@ -595,7 +657,12 @@ class RedisConsumer(Consumer):
                 doing,
             )
             return
-        # Another queue is another hash tag: store the new attempt first, then drop the old one.
+        # Another queue is another hash tag, so no one script can move the message: check that
+        # this worker still holds it, store the new attempt, and settle the delivery only once
+        # that succeeded (three round trips, on a rare path). A failure in between leaves the
+        # message in both queues, to run twice, never in neither.
+        if not b._eval(b._scripts.held, (source.inflight,), (batch, index), doing):
+            return  # settled already, or recovered: the copy in the queue is the one that lives
         args: list[Any] = [0] * (MAX_PRIORITY + 1)
         if message.eta > time.time():
             args += [message.eta, _PRIORITY_ARG[message.priority], raw]
@@ -606,10 +673,10 @@ class RedisConsumer(Consumer):
             [
                 (("SADD", QUEUES, message.queue), None),
                 b._call(b._scripts.publish, _publish_keys(message.queue), args),
-                b._call(b._scripts.ack, (source.inflight,), _ack_args([delivery.receipt])),
             ],
             doing,
         )
+        b._eval(b._scripts.ack, (source.inflight,), _ack_args([delivery.receipt]), doing)
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         target = self._target(delivery.queue)
@@ -651,7 +718,7 @@ class RedisConsumer(Consumer):
             with contextlib.suppress(redis.RedisError):
                 self._collect()
         script = self.broker._scripts.close
-        commands = []
+        commands: list[_Command] = []
         for target in self._targets.values():
             k = target.keys
             commands.append(
@@ -659,4 +726,5 @@ class RedisConsumer(Consumer):
                     script, (*k.ready, target.inflight, k.workers, k.wake), (self.worker_id,)
                 )
             )
+            commands.append((("DEL", target.fetched), None))
         self.broker._pipeline(commands, "closing a consumer")

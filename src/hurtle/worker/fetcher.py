@@ -2,7 +2,8 @@
 
 The fetch loop asks the executor how much room it has, fetches at most that many deliveries, and
 hands them over: the local buffer is the executor's, bounded by its capacity. A fetch that fails
-(the broker went away) is logged and retried with backoff; the worker carries on.
+(the broker went away) is logged and retried with backoff; the worker carries on. Every broker
+call here is guarded so, the prefetch too: a broker restart never stops the loop.
 
 When the executor runs a batch before ``submit`` returns (solo), the next fetch is sent to the
 broker before the batch runs (``Consumer.prefetch``) and its reply read afterwards: the broker
@@ -69,5 +70,8 @@ class Fetcher:
             log.info("broker reachable again after %d failed fetches", self.failures)
             self.failures = 0
         if batch and self.executor.runs_in_submit:
-            self.consumer.prefetch(self.executor.wait_for_capacity(0))
+            try:
+                self.consumer.prefetch(self.executor.wait_for_capacity(0))
+            except BrokerError as err:  # the batch in hand runs; the next fetch tries again
+                log.debug("prefetch failed: %s", err)
         return batch

@@ -17,15 +17,18 @@
     ARGV[7]      most dead letters kept, 0 for no limit
 
   Output:
-    { held, expired, dropped }: held is 1 if the delivery was still held, 0 if it had been
-    recovered from this worker meanwhile (the dead letter is stored either way); expired and
-    dropped count the dead letters removed by the ttl and by the cap. One call removes at most
-    TRIM_MAX of each, so that a backlog far above the cap (after lowering it) shrinks over
-    several calls instead of blocking the server.
+    { held, expired, dropped }: held is 1 if the delivery was still held and is now a dead
+    letter; 0 if it had been settled already or recovered from this worker (declared dead):
+    then nothing is stored (the copy that went back to the queue is the one that lives) and
+    nothing is trimmed. expired and dropped count the dead letters removed by the ttl and by
+    the cap. One call removes at most TRIM_MAX of each, so that a backlog far above the cap
+    (after lowering it) shrinks over several calls instead of blocking the server.
 ]]
 -- @include _lib
 
-local held = settle(KEYS[1], ARGV[1], tonumber(ARGV[2]))
+if settle(KEYS[1], ARGV[1], tonumber(ARGV[2])) == 0 then
+  return { 0, 0, 0 }
+end
 redis.call('ZADD', KEYS[2], server_now(), ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[5])
 redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
@@ -56,4 +59,4 @@ if cap > 0 then
     dropped = drop(redis.call('ZRANGE', KEYS[2], 0, math.min(excess, TRIM_MAX) - 1))
   end
 end
-return { held, expired, dropped }
+return { 1, expired, dropped }

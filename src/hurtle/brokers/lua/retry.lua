@@ -16,12 +16,15 @@
     ARGV[5]      payload of the new attempt
 
   Output:
-    1 if the delivery was still held, 0 if it had already been recovered from this worker
-    (the new attempt is stored either way: at-least-once).
+    1 if the delivery was still held and the new attempt is stored; 0 if it had been settled
+    already or recovered from this worker (declared dead): then nothing is stored, the copy
+    that went back to the queue is the one that lives.
 ]]
 -- @include _lib
 
-local held = settle(KEYS[12], ARGV[1], tonumber(ARGV[2]))
+if settle(KEYS[12], ARGV[1], tonumber(ARGV[2])) == 0 then
+  return 0
+end
 local eta = tonumber(ARGV[4])
 if eta > server_now() then
   local seq = redis.call('INCR', KEYS[14])
@@ -30,4 +33,4 @@ else
   redis.call('RPUSH', KEYS[tonumber(ARGV[3]) + 1], ARGV[5])
 end
 wake_one(KEYS[13])
-return held
+return 1
