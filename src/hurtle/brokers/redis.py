@@ -47,7 +47,7 @@ import redis
 
 from ..errors import BrokerError, ConfigurationError, EncodeError
 from ..ids import new_id
-from ..message import MAX_PRIORITY, Message, encode_many
+from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
 from .keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
 
@@ -231,6 +231,7 @@ class RedisBroker(Broker):
     # -- producing --------------------------------------------------------------------------
 
     def publish(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
         batch = messages if isinstance(messages, list) else list(messages)
         if not batch:
             return

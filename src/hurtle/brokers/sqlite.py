@@ -76,7 +76,7 @@ from pathlib import Path
 
 from ..errors import BrokerError, ConfigurationError
 from ..ids import new_id
-from ..message import MAX_PRIORITY, MIN_PRIORITY, Message, encode_many
+from ..message import MAX_PRIORITY, MIN_PRIORITY, Message, check_messages, encode_many
 from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
 
 __all__ = ["SQLiteBroker"]
@@ -391,14 +391,13 @@ class SQLiteBroker(Broker):
     # -- producer side ---------------------------------------------------------------------
 
     def publish(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
         if not messages:
             return
         payloads = encode_many(list(messages))
         now = time.time()
         pairs = {(m.queue, m.priority) for m in messages}
-        if max(map(_eta_of, messages)) <= now and all(
-            MIN_PRIORITY <= p <= MAX_PRIORITY for _, p in pairs
-        ):
+        if max(map(_eta_of, messages)) <= now:
             # the common case: every message ready, one pass to build the rows
             with self._write() as conn:
                 new = self._register(conn, pairs)
@@ -414,7 +413,7 @@ class SQLiteBroker(Broker):
                 )
         else:
             items = [
-                (m.queue, _clamp(m.priority), m.eta, raw)
+                (m.queue, m.priority, m.eta, raw)
                 for m, raw in zip(messages, payloads, strict=True)
             ]
             with self._write() as conn:
