@@ -258,7 +258,8 @@ class SQLiteBroker(Broker):
 
     def _open(self) -> sqlite3.Connection:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.parent.is_dir():  # a typo must not quietly start an empty queue
+                raise FileNotFoundError(f"no directory {str(self.path.parent.absolute())!r}")
             conn = sqlite3.connect(
                 self.path,
                 timeout=_BUSY_TIMEOUT_MS / 1000,
