@@ -426,3 +426,52 @@ def test_the_publish_check_accepts_whatever_decode_accepts_at_the_bounds() -> No
     check_messages(ok)
     assert [Message.decode(m.encode()) for m in ok] == ok
     assert not math.isnan(ok[0].eta)
+
+
+# -- settings --------------------------------------------------------------------------------
+
+
+def _numeric_settings() -> list[str]:
+    from hurtle.settings import BOUNDS
+
+    return sorted(BOUNDS)
+
+
+@pytest.mark.parametrize("name", _numeric_settings())
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf", "-1"])
+def test_every_numeric_setting_refuses_nan_infinity_and_negatives_at_load(
+    name: str, raw: str
+) -> None:
+    from hurtle.settings import load_settings
+
+    variable = f"HURTLE_{name.upper()}"
+    with pytest.raises(ConfigurationError, match=rf"^{variable}='{raw}': {name} must be") as info:
+        load_settings(environ={variable: raw})
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"heartbeat_timeout": float("nan")}, "heartbeat_timeout=nan: heartbeat_timeout must"),
+        ({"heartbeat_timeout": 0}, "heartbeat_timeout must be > 0"),
+        ({"fetch_batch_size": 0}, "fetch_batch_size must be >= 1"),
+        ({"fetch_batch_size": 2.5}, "fetch_batch_size must be a whole number"),
+        ({"shutdown_timeout": "30"}, "shutdown_timeout must be a number, got '30'"),
+        ({"default_queue": ""}, "default_queue must be a non-empty string"),
+    ],
+)
+def test_keyword_settings_are_checked_like_the_environment(
+    overrides: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Hurtle("memory://", **overrides)
+    assert named in str(info.value)
+
+
+def test_good_settings_load_from_the_environment() -> None:
+    from hurtle.settings import load_settings
+
+    s = load_settings(environ={"HURTLE_HEARTBEAT_TIMEOUT": "2.5", "HURTLE_SHUTDOWN_TIMEOUT": "0",
+                               "HURTLE_FETCH_BATCH_SIZE": "10"})
+    assert (s.heartbeat_timeout, s.shutdown_timeout, s.fetch_batch_size) == (2.5, 0.0, 10)
