@@ -323,6 +323,10 @@ class BoundTask(Generic[P, R]):
         return Args(*args, **kwargs)
 
 
+def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    return True
+
+
 def _send_many(
     task: Task[Any, Any],
     calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args],
@@ -336,10 +340,13 @@ def _send_many(
     messages = CheckedBatch()
     append = messages.append
     arity = task.arity
-    # a call of positional arguments only is checked by its count; any other by fits()
-    lo, hi = (arity.bare_min, arity.bare_max) if arity is not None else (0, sys.maxsize)
-    fits = arity.fits if arity is not None else None
-    fitting_keys: Any = None  # the keyword names of the last dict call that fit
+    if arity is None:  # no signature to check against
+        lo, hi, fits = 0, sys.maxsize, _always
+    else:
+        lo, hi, fits = arity.bare_min, arity.bare_max, arity.fits
+    # Positional calls are checked by their count; a call with keywords is checked when its
+    # shape (positional count, keyword names) differs from the previous call's.
+    shape_n, shape_names = -1, frozenset[str]()
     for call in calls:
         if type(call) is tuple:
             args, kwargs = call, empty
@@ -347,12 +354,6 @@ def _send_many(
             args, kwargs = tuple(call), empty
         elif isinstance(call, dict):
             args, kwargs = (), call
-            if fits is not None and call.keys() != fitting_keys:  # same names: same answer
-                if not fits(args, kwargs):
-                    task._unfit(args, kwargs)
-                fitting_keys = call.keys()
-            append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
-            continue
         elif isinstance(call, Args):
             args, kwargs = call.args, call.kwargs
         else:
@@ -360,7 +361,12 @@ def _send_many(
                 f"send_many({name}): each call must be a tuple of arguments, a dict of "
                 f"keyword arguments or hurtle.Args(...), got {type(call).__name__}"
             )
-        if (kwargs or not lo <= len(args) <= hi) and fits is not None and not fits(args, kwargs):
+        if kwargs:
+            if len(args) != shape_n or kwargs.keys() != shape_names:
+                if not fits(args, kwargs):
+                    task._unfit(args, kwargs)
+                shape_n, shape_names = len(args), frozenset(kwargs)
+        elif not lo <= len(args) <= hi:
             task._unfit(args, kwargs)
         append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
     if messages:
