@@ -475,3 +475,39 @@ def test_good_settings_load_from_the_environment() -> None:
     s = load_settings(environ={"HURTLE_HEARTBEAT_TIMEOUT": "2.5", "HURTLE_SHUTDOWN_TIMEOUT": "0",
                                "HURTLE_FETCH_BATCH_SIZE": "10"})
     assert (s.heartbeat_timeout, s.shutdown_timeout, s.fetch_batch_size) == (2.5, 0.0, 10)
+
+
+# -- a call that cannot bind, already in the queue -------------------------------------------
+
+
+def test_a_queued_call_that_cannot_bind_is_dead_lettered_at_once_not_retried(app: Hurtle) -> None:
+    runs: list[int] = []
+
+    @app.task(name="jobs.add", retries=3, retry_delay=0.01)
+    def add(x: int, y: int) -> int:
+        runs.append(x)
+        return x + y
+
+    # sent by a producer with another version of the code: send() would refuse it
+    app.broker.publish([Message(id="m1", task="jobs.add", queue="default", args=(1, 2, 3))])
+    app.broker.publish([Message(id="m2", task="jobs.add", queue="default", args=(1, 2))])
+    app.worker(burst=True).run()
+    assert runs == [1]  # only the call that fits ran
+    (dead,) = app.broker.dead_letters("default")
+    assert "too many positional arguments" in dead.reason
+    assert "jobs.add(x, y)" in dead.reason and "retrying cannot help" in dead.reason
+    m = dead.message()
+    assert m is not None and m.attempt == 0  # no retry was spent on it
+
+
+def test_a_type_error_raised_inside_a_task_is_still_retried(app: Hurtle) -> None:
+    runs: list[int] = []
+
+    @app.task(retries=1, retry_delay=0.01)
+    def broken(x: int) -> None:
+        runs.append(x)
+        raise TypeError("a bug in the task")
+
+    broken.send(1)
+    app.worker(burst=True).run()
+    assert runs == [1, 1]

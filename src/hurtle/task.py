@@ -230,15 +230,21 @@ class Task(Generic[P, R]):
             priority=priority, eta=eta, created=now, headers=headers,
         )
 
-    def _unfit(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> NoReturn:
+    def unfit(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+        """Why a call with these arguments cannot bind to the function, or None if it can (or
+        the function has no signature to check)."""
         arity = self.arity
-        assert arity is not None
-        raise ArgumentError(
-            f"cannot send {self.name}: {arity.problem(args, kwargs)} (its signature: "
-            f"{self.name}{arity.text()}; got {len(args)} positional argument(s)"
+        if arity is None or arity.fits(args, kwargs):
+            return None
+        return (
+            f"the arguments of {self.name} do not fit: {arity.problem(args, kwargs)} (its "
+            f"signature: {self.name}{arity.text()}; got {len(args)} positional argument(s)"
             + (f" and keyword(s) {', '.join(map(str, kwargs))}" if kwargs else "")
-            + "); nothing was enqueued"
+            + ")"
         )
+
+    def _unfit(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> NoReturn:
+        raise ArgumentError(f"cannot send: {self.unfit(args, kwargs)}; nothing was enqueued")
 
     def _resolve(
         self, options: SendOptions | None, now: float
