@@ -511,3 +511,16 @@ def test_a_type_error_raised_inside_a_task_is_still_retried(app: Hurtle) -> None
     broken.send(1)
     app.worker(burst=True).run()
     assert runs == [1, 1]
+
+
+def test_send_many_checks_a_task_priority_reassigned_after_registration(app: Hurtle) -> None:
+    @app.task
+    def f(x: int) -> None:
+        pass
+
+    f.priority = 42
+    with pytest.raises(ConfigurationError, match="priority 42"):
+        f.send_many([(1,)])
+    with pytest.raises(EncodeError, match="priority 42"):
+        f.send(1)
+    assert _nothing_stored(app)

@@ -341,8 +341,10 @@ def _send_many(
     now = time.time()
     queue, priority, eta, headers = task._resolve(options, now)
     name = task.name
+    _check_priority(name, priority)  # once a batch, in case task.priority was reassigned
     empty: dict[str, Any] = {}
-    # valid by construction: the options were checked above, once (see CheckedBatch)
+    # valid by construction: options are checked when made, the priority just above, attempt
+    # is 0 and created is now; so the broker skips its pass over the batch (see CheckedBatch)
     messages = CheckedBatch()
     append = messages.append
     arity = task.arity
