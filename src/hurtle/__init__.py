@@ -14,6 +14,7 @@
 from .app import Hurtle
 from .brokers import Broker, DeadLetter, QueueStats
 from .errors import (
+    ArgumentError,
     BrokerError,
     ConfigurationError,
     DecodeError,
@@ -32,6 +33,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Args",
+    "ArgumentError",
     "Broker",
     "BrokerError",
     "ConfigurationError",

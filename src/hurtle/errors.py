@@ -6,6 +6,8 @@ so that they are never confused with failures.
 
 from __future__ import annotations
 
+import sys
+
 
 class HurtleError(Exception):
     """Base class of every error raised by hurtle."""
@@ -17,6 +19,10 @@ class ConfigurationError(HurtleError):
 
 class EncodeError(HurtleError):
     """A task's arguments cannot be encoded; nothing was enqueued."""
+
+
+class ArgumentError(HurtleError, TypeError):
+    """A call's arguments do not fit its task's signature; nothing was enqueued."""
 
 
 class DecodeError(HurtleError):
@@ -39,6 +45,16 @@ class Retry(Exception):
     """Raised by a task to ask for another attempt, optionally after ``delay`` seconds."""
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
+        if delay is not None and (
+            type(delay) not in (int, float) or not 0 <= delay <= sys.float_info.max
+        ):
+            from .message import seconds_problem  # only now: message imports this module
+
+            problem = seconds_problem(delay, "Retry(delay=...)")
+            if problem is not None:
+                raise ConfigurationError(
+                    f"{problem}; pass seconds >= 0, or no delay for the task's backoff"
+                )
         super().__init__(reason or "retry requested")
         self.delay = delay
         self.reason = reason

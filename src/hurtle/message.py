@@ -2,12 +2,23 @@
 
 Messages are MessagePack arrays (msgspec), so a message can only ever name a registered task and
 carry plain data: nothing that comes over the wire is unpickled.
+
+The fields a broker and a worker trust are checked at both ends: ``check_messages`` (which every
+broker's ``publish`` calls first) refuses a message whose priority is not an int from 0 to 9,
+whose attempt is not an int >= 0, or whose eta or created time is not a finite number >= 0, with
+an ``EncodeError`` naming the value; ``Message.decode`` refuses the same as a ``DecodeError``
+(the worker dead-letters such bytes as undecodable). The decoder checks them in the type itself,
+at no measurable cost.
 """
 
 from __future__ import annotations
 
+import math
+import re
+import sys
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Annotated, Any
 
 import msgspec
 
@@ -16,6 +27,12 @@ from .errors import DecodeError, EncodeError
 #: Priorities run from 0 (the default, lowest) to 9 (highest).
 MIN_PRIORITY = 0
 MAX_PRIORITY = 9
+_MAX_FLOAT = sys.float_info.max
+
+Priority = Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
+Attempt = Annotated[int, msgspec.Meta(ge=0)]
+#: A Unix time in seconds: finite and >= 0 (NaN and infinity fail both bounds).
+Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=_MAX_FLOAT)]
 
 
 class Message(msgspec.Struct, frozen=True, array_like=True, gc=False):
@@ -30,30 +47,34 @@ class Message(msgspec.Struct, frozen=True, array_like=True, gc=False):
     queue: str
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = {}
-    attempt: int = 0
-    priority: int = 0
-    eta: float = 0.0
-    created: float = 0.0
+    attempt: Attempt = 0
+    priority: Priority = 0
+    eta: Timestamp = 0.0
+    created: Timestamp = 0.0
     headers: dict[str, Any] = {}
 
     def encode(self) -> bytes:
         """The MessagePack bytes of this message; raises ``EncodeError`` naming the bad type."""
         try:
             return _encoder.encode(self)
-        except (TypeError, ValueError, OverflowError) as err:
-            raise EncodeError(
-                f"cannot encode the arguments of task {self.task!r}: {err}; pass plain data "
-                "(str, int, float, bool, None, bytes, list, tuple, dict, datetime, uuid, "
-                "dataclasses) or encode the object yourself"
-            ) from err
+        except (TypeError, ValueError, OverflowError, RecursionError) as err:
+            raise EncodeError(_encode_failure(self.task, err)) from err
 
     @staticmethod
     def decode(raw: bytes) -> Message:
         """Rebuild a message from broker bytes; raises ``DecodeError`` when they are not one."""
         try:
             return _decoder.decode(raw)
+        except msgspec.ValidationError as err:
+            raise DecodeError(
+                f"not a valid hurtle message ({len(raw)} bytes): {_invalid_field(raw, err)}"
+            ) from err
         except (msgspec.DecodeError, TypeError, ValueError) as err:
             raise DecodeError(f"not a hurtle message ({len(raw)} bytes): {err}") from err
+        except RecursionError as err:
+            raise DecodeError(
+                f"not a hurtle message ({len(raw)} bytes): nested too deeply to decode ({err})"
+            ) from err
 
     @property
     def is_delayed(self) -> bool:
@@ -67,13 +88,143 @@ _decoder = msgspec.msgpack.Decoder(Message)
 #: clear ``DecodeError``) on any exception.
 decode_unchecked = _decoder.decode
 
+_FIELDS = Message.__struct_fields__
+_AT_INDEX = re.compile(r"at `\$\[(\d+)\]`")
+
+
+def priority_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as a priority, or None: an int (not a bool) from 0 to 9."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return (
+            f"priority must be an int from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        return (
+            f"priority {value!r} is out of range: use an int from {MIN_PRIORITY} (the default) "
+            f"to {MAX_PRIORITY} (first)"
+        )
+    return None
+
+
+def seconds_problem(value: object, what: str, unit: str = "a number of seconds") -> str | None:
+    """What is wrong with ``value`` as ``what`` (a delay, an eta...), or None: a finite int or
+    float (not a bool) >= 0."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return f"{what} must be {unit}, got {value!r} ({type(value).__name__})"
+    try:
+        finite = math.isfinite(value) and float(value) <= _MAX_FLOAT
+    except OverflowError:  # an int beyond any float, such as 10**400
+        finite = False
+    if not finite:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{str(value)[:20]}... (an int)"
+        return f"{what} must be a finite number, got {shown}"
+    if value < 0:
+        return f"{what} must be >= 0, got {value!r}"
+    return None
+
+
+def message_problem(m: Message) -> str | None:
+    """What is wrong with a message's checked fields (priority, attempt, eta, created), or None."""
+    problem = priority_problem(m.priority)
+    if problem is None and (
+        not isinstance(m.attempt, int) or isinstance(m.attempt, bool) or m.attempt < 0
+    ):
+        problem = f"attempt must be an int >= 0, got {m.attempt!r}"
+    return (
+        problem
+        or seconds_problem(m.eta, "eta", "a Unix time in seconds")
+        or seconds_problem(m.created, "created", "a Unix time in seconds")
+    )
+
+
+class CheckedBatch(list[Message]):
+    """Messages valid by construction: ``Task.send_many`` builds them from options it checked
+    once for the whole call, so ``check_messages`` trusts them without a pass over the batch."""
+
+    __slots__ = ()
+
+
+_NUMBER_TYPES = frozenset((int, float))
+
+
+def check_messages(messages: Sequence[Message]) -> None:
+    """Raise ``EncodeError`` naming the first message whose checked fields are invalid.
+
+    Every broker's ``publish`` calls this first, so one invalid message in a batch enqueues
+    nothing, on every broker alike, with the same error.
+    """
+    if type(messages) is CheckedBatch:
+        return
+    numbers = _NUMBER_TYPES
+    for m in messages:
+        p, a, e, c = m.priority, m.attempt, m.eta, m.created
+        if (
+            type(p) is not int
+            or not MIN_PRIORITY <= p <= MAX_PRIORITY
+            or type(a) is not int
+            or a < 0
+            or type(e) not in numbers
+            or not 0.0 <= e <= _MAX_FLOAT  # False for NaN, inf and 10**400
+            or type(c) not in numbers
+            or not 0.0 <= c <= _MAX_FLOAT
+        ):
+            break
+    else:
+        return
+    for m in messages:  # the slow path: name the first message that is wrong, and why
+        problem = message_problem(m)
+        if problem is not None:
+            raise EncodeError(
+                f"cannot publish message {m.id} of task {m.task!r}: {problem}; "
+                "nothing was enqueued"
+            )
+
 
 def encode_many(messages: list[Message]) -> list[bytes]:
     """Encode a batch; the first message that fails raises ``EncodeError`` and nothing is kept."""
     encode = _encoder.encode
     try:
         return [encode(m) for m in messages]
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, RecursionError):
         for m in messages:
             m.encode()  # raises the EncodeError naming the task and the type
         raise
+
+
+def _encode_failure(task: str, err: BaseException) -> str:
+    if isinstance(err, RecursionError):
+        return (
+            f"cannot encode the arguments of task {task!r}: they are nested too deeply ({err}); "
+            "flatten them or pass a reference (an id, a path) instead"
+        )
+    return (
+        f"cannot encode the arguments of task {task!r}: {err}; pass plain data "
+        "(str, int, float, bool, None, bytes, list, tuple, dict, datetime, uuid, "
+        "dataclasses) or encode the object yourself"
+    )
+
+
+def _invalid_field(raw: bytes, err: msgspec.ValidationError) -> str:
+    """A field that failed validation, with its value when the bytes still show it."""
+    match = _AT_INDEX.search(str(err))
+    if match is None or int(match.group(1)) >= len(_FIELDS):
+        return str(err)
+    index = int(match.group(1))
+    name = _FIELDS[index]
+    try:
+        fields = msgspec.msgpack.decode(raw)
+        value = fields[index]
+    except Exception:  # only to say more: the ValidationError is the answer
+        return f"{name}: {err}"
+    if name == "priority":
+        problem = priority_problem(value)
+    elif name == "attempt":
+        problem = None if isinstance(value, int) and value >= 0 else (
+            f"attempt {value!r} is not an int >= 0"
+        )
+    elif name in ("eta", "created"):
+        problem = seconds_problem(value, name, "a Unix time in seconds")
+    else:
+        problem = None
+    return problem or f"{name} {value!r}: {err}"

@@ -1,12 +1,15 @@
 """Every setting hurtle has, its default, and the one function that reads ``HURTLE_*`` variables.
 
 Precedence: keyword arguments given to ``Hurtle(...)`` win over the environment, which wins over
-the defaults below.
+the defaults below. Every value is checked when it is loaded (``BOUNDS``): a numeric setting must
+be a finite number within its bounds, so ``HURTLE_HEARTBEAT_TIMEOUT=nan`` fails at once with a
+``ConfigurationError`` naming the variable, not later inside a worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -59,6 +62,22 @@ class Settings:
         return self.heartbeat_interval or max(self.heartbeat_timeout / 4.0, 0.05)
 
 
+#: The lowest value of each numeric setting, and whether that value itself is allowed. Every
+#: numeric setting must also be finite (no NaN, no infinity).
+BOUNDS: dict[str, tuple[float, bool]] = {
+    "heartbeat_timeout": (0, False),
+    "heartbeat_interval": (0, True),
+    "default_retries": (0, True),
+    "default_retry_delay": (0, True),
+    "max_retry_delay": (0, True),
+    "ack_batch_size": (1, True),
+    "ack_interval_ms": (0, True),
+    "fetch_batch_size": (1, True),
+    "fetch_timeout": (0, False),
+    "shutdown_timeout": (0, True),
+}
+
+
 def _convert(name: str, kind: Any, raw: str) -> Any:
     try:
         if kind in (int, "int"):
@@ -68,10 +87,31 @@ def _convert(name: str, kind: Any, raw: str) -> Any:
         if kind in (bool, "bool"):
             return raw.strip().lower() in {"1", "true", "yes", "on"}
     except ValueError:
-        raise ConfigurationError(
-            f"HURTLE_{name.upper()}={raw!r} is not a valid {kind}: set it to a number"
-        ) from None
+        what = "a whole number" if kind in (int, "int") else "a number"
+        raise ConfigurationError(f"HURTLE_{name.upper()}={raw!r}: {name} must be {what}") from None
     return raw
+
+
+def _problem(name: str, kind: Any, value: Any) -> str | None:
+    """What is wrong with ``value`` for the setting ``name`` of type ``kind``, or None."""
+    if kind in (str, "str"):
+        if not isinstance(value, str) or not value:
+            return f"must be a non-empty string, got {value!r}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, got {value!r} ({type(value).__name__})"
+    if kind in (int, "int") and not isinstance(value, int):
+        return f"must be a whole number, got {value!r}"
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:
+        finite = False
+    if not finite:
+        return f"must be a finite number, got {value!r}"
+    low, inclusive = BOUNDS.get(name, (-math.inf, True))
+    if value < low or (value == low and not inclusive):
+        return f"must be {'>=' if inclusive else '>'} {low:g}, got {value!r}"
+    return None
 
 
 def load_settings(
@@ -80,20 +120,22 @@ def load_settings(
     """Build ``Settings`` from defaults, then ``HURTLE_*`` variables, then ``overrides``."""
     env = os.environ if environ is None else environ
     values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     fields = {f.name: f for f in dataclasses.fields(Settings)}
     for name, field in fields.items():
         raw = env.get(f"HURTLE_{name.upper()}")
         if raw is not None and raw != "":
             values[name] = _convert(name, field.type, raw)
+            sources[name] = f"HURTLE_{name.upper()}={raw!r}"
     for name, value in (overrides or {}).items():
         if name not in fields:
             known = ", ".join(sorted(fields))
             raise ConfigurationError(f"unknown setting {name!r}; known settings are: {known}")
         if value is not None:
             values[name] = value
-    settings = Settings(**values)
-    if settings.heartbeat_timeout <= 0:
-        raise ConfigurationError(
-            f"heartbeat_timeout must be positive, got {settings.heartbeat_timeout}"
-        )
-    return settings
+            sources[name] = f"{name}={value!r}"
+    for name, value in values.items():
+        problem = _problem(name, fields[name].type, value)
+        if problem is not None:
+            raise ConfigurationError(f"{sources[name]}: {name} {problem}")
+    return Settings(**values)

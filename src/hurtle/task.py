@@ -2,19 +2,31 @@
 
 ``add.send(1, 2)`` builds one frozen ``Message`` and publishes it; ``add.send_many(...)`` builds
 a batch and publishes it in one round trip; ``add(1, 2)`` is still a plain local call.
+
+What can be checked at send time is checked there, once per call and not per message: options
+(priority an int from 0 to 9, delay and eta finite seconds >= 0) raise ``ConfigurationError``,
+arguments that do not fit the function's signature raise ``ArgumentError`` (a ``TypeError``).
+The signature is read once, at registration; a send checks the count of positional arguments
+against a precomputed range and, only when keywords are given, their names.
+
+Typing: ``add.send(1, "x")`` is caught by mypy (the task keeps its function's ``ParamSpec``). A
+``ParamSpec`` cannot be turned into the tuple type of its positional arguments, so the tuple
+items of ``send_many([(1, 2), ...])`` cannot be typed against the function; items built with
+``add.args(1, 2)`` are (``add.send_many(add.args(i, i) for i in range(10))``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
-from .errors import ConfigurationError
+from .errors import ArgumentError, ConfigurationError
 from .ids import new_id
-from .message import MAX_PRIORITY, MIN_PRIORITY, Message
+from .message import CheckedBatch, Message, priority_problem, seconds_problem
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -43,13 +55,121 @@ class SendOptions:
     priority: int | None = None
     headers: Mapping[str, Any] | None = None
 
+    def __post_init__(self) -> None:  # checked once per options, never per message
+        problem = None
+        if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
+            problem = f"queue must be a non-empty str, got {self.queue!r}"
+        elif self.priority is not None:
+            problem = priority_problem(self.priority)
+        if problem is None and self.delay is not None:
+            problem = seconds_problem(self.delay, "delay")
+        if problem is None and self.eta is not None:
+            problem = seconds_problem(self.eta, "eta", "a Unix time in seconds (time.time() + s)")
+        if problem is not None:
+            raise ConfigurationError(problem)
 
-def _check_priority(priority: int) -> int:
-    if not MIN_PRIORITY <= priority <= MAX_PRIORITY:
-        raise ConfigurationError(
-            f"priority must be between {MIN_PRIORITY} and {MAX_PRIORITY}, got {priority!r}"
+
+def _check_priority(task: str, priority: object) -> int:
+    problem = priority_problem(priority)
+    if problem is not None:
+        raise ConfigurationError(f"task {task!r}: {problem}")
+    return priority  # type: ignore[return-value]
+
+
+def _check_seconds(task: str, value: object, what: str, unit: str = "a number of seconds"
+                   ) -> None:
+    problem = seconds_problem(value, what, unit)
+    if problem is not None:
+        raise ConfigurationError(f"task {task!r}: {problem}")
+
+
+_MAX_SHAPES = 256
+
+
+class _Arity:
+    """Which calls a function accepts, precomputed once, for a cheap check at send time."""
+
+    __slots__ = ("bare_max", "bare_min", "keywords", "max_positional", "positional",
+                 "required", "required_keywords", "required_positional_only", "shapes",
+                 "signature", "var_keyword")
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        kinds = inspect.Parameter
+        params = list(signature.parameters.values())
+        positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY,
+                                                      kinds.POSITIONAL_OR_KEYWORD)]
+        self.signature = signature
+        #: names of the positional parameters, in order
+        self.positional = [p.name for p in positional]
+        self.required = sum(1 for p in positional if p.default is p.empty)
+        #: required parameters that only a position can fill
+        self.required_positional_only = sum(
+            1 for p in positional if p.default is p.empty and p.kind is kinds.POSITIONAL_ONLY)
+        self.max_positional = (
+            sys.maxsize if any(p.kind is kinds.VAR_POSITIONAL for p in params)
+            else len(positional)
         )
-    return priority
+        self.keywords = frozenset(p.name for p in params if p.kind in (
+            kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY))
+        self.required_keywords = frozenset(
+            p.name for p in params if p.kind is kinds.KEYWORD_ONLY and p.default is p.empty)
+        self.var_keyword = any(p.kind is kinds.VAR_KEYWORD for p in params)
+        # a call without keywords fits when bare_min <= len(args) <= bare_max
+        self.bare_min = self.required
+        self.bare_max = -1 if self.required_keywords else self.max_positional
+        #: (positional count, *keyword names) -> whether such a call fits
+        self.shapes: dict[tuple[Any, ...], bool] = {}
+
+    def fits(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+        n = len(args)
+        if not kwargs:
+            return self.bare_min <= n <= self.bare_max
+        shape = (n, *kwargs)  # calls in a batch mostly share their shape: decide once per shape
+        known = self.shapes.get(shape)
+        if known is None:
+            known = self._fits(n, kwargs)
+            if len(self.shapes) < _MAX_SHAPES:
+                self.shapes[shape] = known
+        return known
+
+    def _fits(self, n: int, kwargs: Mapping[str, Any]) -> bool:
+        if n > self.max_positional:
+            return False
+        taken = self.positional[:n]
+        for name in kwargs:
+            if name in self.keywords:
+                if name in taken:
+                    return False
+            elif not self.var_keyword:
+                return False
+        if n < self.required and (
+            n < self.required_positional_only
+            or any(name not in kwargs for name in self.positional[n:self.required])
+        ):
+            return False
+        return self.required_keywords.issubset(kwargs)
+
+    def problem(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        """Why a call does not fit, in Python's own words."""
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as err:
+            return str(err)
+        return "the arguments do not fit"
+
+    def text(self) -> str:
+        """The signature without annotations: ``(x, y=0, *, z)``."""
+        return str(self.signature.replace(
+            parameters=[p.replace(annotation=p.empty) for p in self.signature.parameters.values()],
+            return_annotation=inspect.Signature.empty,
+        ))
+
+
+def _arity_of(fn: Callable[..., Any]) -> _Arity | None:
+    try:
+        return _Arity(inspect.signature(fn))
+    except (TypeError, ValueError):  # some builtins have no signature: nothing to check
+        return None
 
 
 class Task(Generic[P, R]):
@@ -67,16 +187,22 @@ class Task(Generic[P, R]):
         priority: int = 0,
         time_limit: float | None = None,
     ) -> None:
-        if retries < 0:
-            raise ConfigurationError(f"task {name!r}: retries must be >= 0, got {retries}")
+        if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+            raise ConfigurationError(f"task {name!r}: retries must be an int >= 0, got {retries!r}")
+        _check_seconds(name, retry_delay, "retry_delay")
+        if time_limit is not None:
+            _check_seconds(name, time_limit, "time_limit")
+            if time_limit == 0:
+                raise ConfigurationError(f"task {name!r}: time_limit must be > 0 (or None)")
         self.app = app
         self.fn = fn
         self.name = name
         self.queue = queue
         self.retries = retries
         self.retry_delay = retry_delay
-        self.priority = _check_priority(priority)
+        self.priority = _check_priority(name, priority)
         self.time_limit = time_limit
+        self.arity = _arity_of(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -90,13 +216,35 @@ class Task(Generic[P, R]):
     def message(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], options: SendOptions | None = None
     ) -> Message:
-        """The message one call would send, without sending it."""
+        """The message one call would send, without sending it.
+
+        Raises ``ArgumentError`` when the arguments do not fit the function's signature.
+        """
+        arity = self.arity
+        if arity is not None and not arity.fits(args, kwargs):
+            self._unfit(args, kwargs)
         now = time.time()
         queue, priority, eta, headers = self._resolve(options, now)
         return Message(
             id=new_id(), task=self.name, queue=queue, args=args, kwargs=kwargs,
             priority=priority, eta=eta, created=now, headers=headers,
         )
+
+    def unfit(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+        """Why a call with these arguments cannot bind to the function, or None if it can (or
+        the function has no signature to check)."""
+        arity = self.arity
+        if arity is None or arity.fits(args, kwargs):
+            return None
+        return (
+            f"the arguments of {self.name} do not fit: {arity.problem(args, kwargs)} (its "
+            f"signature: {self.name}{arity.text()}; got {len(args)} positional argument(s)"
+            + (f" and keyword(s) {', '.join(map(str, kwargs))}" if kwargs else "")
+            + ")"
+        )
+
+    def _unfit(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> NoReturn:
+        raise ArgumentError(f"cannot send: {self.unfit(args, kwargs)}; nothing was enqueued")
 
     def _resolve(
         self, options: SendOptions | None, now: float
@@ -111,7 +259,7 @@ class Task(Generic[P, R]):
             eta = now + options.delay
         return (
             self.queue if options.queue is None else options.queue,
-            self.priority if options.priority is None else _check_priority(options.priority),
+            self.priority if options.priority is None else options.priority,
             eta,
             dict(options.headers) if options.headers else {},
         )
@@ -127,9 +275,15 @@ class Task(Generic[P, R]):
         """Enqueue many calls in one batch; returns their ids in order.
 
         Each item is a tuple (or list) of positional arguments, a dict of keyword arguments, or an
-        ``Args(*args, **kwargs)``. If any argument cannot be encoded, nothing is enqueued.
+        ``Args(*args, **kwargs)`` (``self.args(...)`` builds one that mypy checks against the
+        function). If any call does not fit the signature (``ArgumentError``) or any argument
+        cannot be encoded (``EncodeError``), nothing is enqueued.
         """
         return _send_many(self, calls, None)
+
+    def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
+        """One call's arguments for ``send_many``, type-checked against the function."""
+        return Args(*args, **kwargs)
 
     def options(
         self,
@@ -140,10 +294,17 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         headers: Mapping[str, Any] | None = None,
     ) -> BoundTask[P, R]:
-        """This task with per-call options: ``add.options(delay=30, priority=9).send(1, 2)``."""
-        if priority is not None:
-            _check_priority(priority)
-        opts = SendOptions(queue=queue, delay=delay, eta=eta, priority=priority, headers=headers)
+        """This task with per-call options: ``add.options(delay=30, priority=9).send(1, 2)``.
+
+        ``delay`` is seconds from the send, ``eta`` a Unix time (it wins over ``delay``); both
+        must be finite and >= 0. ``priority`` is an int from 0 to 9.
+        """
+        try:
+            opts = SendOptions(
+                queue=queue, delay=delay, eta=eta, priority=priority, headers=headers
+            )
+        except ConfigurationError as err:
+            raise ConfigurationError(f"task {self.name!r}: {err}") from None
         return BoundTask(self, opts)
 
 
@@ -163,6 +324,14 @@ class BoundTask(Generic[P, R]):
                   ) -> list[str]:
         return _send_many(self.task, calls, self.opts)
 
+    def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
+        """One call's arguments for ``send_many``, type-checked against the function."""
+        return Args(*args, **kwargs)
+
+
+def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    return True
+
 
 def _send_many(
     task: Task[Any, Any],
@@ -172,9 +341,20 @@ def _send_many(
     now = time.time()
     queue, priority, eta, headers = task._resolve(options, now)
     name = task.name
+    _check_priority(name, priority)  # once a batch, in case task.priority was reassigned
     empty: dict[str, Any] = {}
-    messages: list[Message] = []
+    # valid by construction: options are checked when made, the priority just above, attempt
+    # is 0 and created is now; so the broker skips its pass over the batch (see CheckedBatch)
+    messages = CheckedBatch()
     append = messages.append
+    arity = task.arity
+    if arity is None:  # no signature to check against
+        lo, hi, fits = 0, sys.maxsize, _always
+    else:
+        lo, hi, fits = arity.bare_min, arity.bare_max, arity.fits
+    # Positional calls are checked by their count; a call with keywords is checked when its
+    # shape (positional count, keyword names) differs from the previous call's.
+    shape_n, shape_names = -1, frozenset[str]()
     for call in calls:
         if type(call) is tuple:
             args, kwargs = call, empty
@@ -189,6 +369,13 @@ def _send_many(
                 f"send_many({name}): each call must be a tuple of arguments, a dict of "
                 f"keyword arguments or hurtle.Args(...), got {type(call).__name__}"
             )
+        if kwargs:
+            if len(args) != shape_n or kwargs.keys() != shape_names:
+                if not fits(args, kwargs):
+                    task._unfit(args, kwargs)
+                shape_n, shape_names = len(args), frozenset(kwargs)
+        elif not lo <= len(args) <= hi:
+            task._unfit(args, kwargs)
         append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
     if messages:
         task.app.broker.publish(messages)

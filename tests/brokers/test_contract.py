@@ -636,3 +636,44 @@ def test_settling_a_delivery_twice_counts_the_first_outcome_only(broker: Broker)
     c.dead_letter(d, "too late")
     assert broker.stats(["q"])["q"] == QueueStats(ready=1)
     assert broker.dead_letters("q") == []
+
+
+# -- edges: one check of the fields every broker trusts, one error ---------------------------
+
+_INVALID_FIELDS = [
+    pytest.param({"priority": 10}, "priority 10", id="priority-10"),
+    pytest.param({"priority": -1}, "priority -1", id="priority-minus-1"),
+    pytest.param({"priority": 5.5}, "5.5", id="priority-float"),
+    pytest.param({"priority": True}, "True", id="priority-bool"),
+    pytest.param({"priority": "5"}, "'5'", id="priority-str"),
+    pytest.param({"eta": float("nan")}, "nan", id="eta-nan"),
+    pytest.param({"eta": float("inf")}, "inf", id="eta-inf"),
+    pytest.param({"eta": 10**400}, "finite", id="eta-huge-int"),
+    pytest.param({"eta": "tomorrow"}, "eta must be", id="eta-str"),
+    pytest.param({"attempt": -1}, "attempt", id="attempt-negative"),
+    pytest.param({"created": float("nan")}, "created", id="created-nan"),
+]
+
+
+@pytest.mark.parametrize(("fields", "named"), _INVALID_FIELDS)
+def test_publish_of_a_message_with_an_invalid_field_raises_encode_error_and_stores_nothing(
+    broker: Broker, fields: dict[str, object], named: str
+) -> None:
+    good = msg("q", 1)
+    bad = msg("q", 2, **fields)
+    with pytest.raises(EncodeError, match="nothing was enqueued") as info:
+        broker.publish([good, bad])
+    assert named in str(info.value)
+    assert bad.id in str(info.value)
+    assert broker.stats(["q"])["q"] == QueueStats()
+    assert broker.consumer(["q"]).fetch(10, 0) == []
+    assert broker.queues() == []  # not even the name of the queue
+
+
+def test_every_priority_from_0_to_9_and_any_finite_eta_is_accepted(broker: Broker) -> None:
+    ms = [msg("q", p, priority=p) for p in range(10)]
+    broker.publish([*ms, msg("q", eta=time.time() + 3600.0), msg("q", eta=0)])
+    assert broker.stats(["q"])["q"].ready == 11
+    assert broker.stats(["q"])["q"].delayed == 1
+    got = drain(broker.consumer(["q"]))
+    assert ids_of(got)[:10] == [m.id for m in reversed(ms)]

@@ -97,18 +97,27 @@ def test_a_send_from_another_process_wakes_a_blocked_fetch(tmp_path: Path) -> No
     broker.close()
 
 
-def test_file_and_missing_directories_are_created_on_first_use(tmp_path: Path) -> None:
-    path = tmp_path / "a" / "b" / "hurtle.db"
+def test_the_file_is_created_on_first_use(tmp_path: Path) -> None:
+    path = tmp_path / "hurtle.db"
     broker = make_broker(f"sqlite:///{path}")
     assert path.is_file()
     assert broker.queues() == []
     broker.close()
 
 
+def test_a_missing_directory_is_a_configuration_error_and_is_not_created(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b" / "hurtle.db"
+    with pytest.raises(ConfigurationError, match=r"no directory .*/a/b'") as info:
+        make_broker(f"sqlite:///{path}")
+    assert "\n" not in str(info.value)
+    assert not (tmp_path / "a").exists()
+
+
 def test_three_slashes_name_a_path_relative_to_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
     broker = make_broker("sqlite:///sub/hurtle.db")
     assert isinstance(broker, SQLiteBroker)
     assert (tmp_path / "sub" / "hurtle.db").is_file()

@@ -47,6 +47,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run_tasks(args: argparse.Namespace) -> int:
+    import redis  # noqa: F401 - every row needs it: fail before starting anything
+
     from . import machine, report
     from .plot import plot
     from .redis_server import RedisServer

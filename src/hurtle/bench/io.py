@@ -33,7 +33,6 @@ from ..app import Hurtle
 from ..cli._progress import Progress
 from ..errors import ConfigurationError
 from ..worker.executors import POOLS
-from . import io_tasks
 
 TARGETS = {"sleep": 50.0, "cpu": 1.6}
 
@@ -78,7 +77,7 @@ def add_parser(kinds: Any) -> None:
     io.add_argument("--redis-url", default=None,
                     help="use this Redis instead of starting one; its database is FLUSHED "
                          "before every row")
-    io.add_argument("--variants", default=",".join(io_tasks.VARIANTS),
+    io.add_argument("--variants", default="io,sleep,cpu",
                     help="comma-separated variants (default: io,sleep,cpu)")
     io.add_argument("--pools", default=",".join(POOLS),
                     help="comma-separated pools for io and sleep (default: all)")
@@ -90,7 +89,7 @@ def add_parser(kinds: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from . import machine
+    from . import io_tasks, machine  # io_tasks makes its app on import: not when parsing
     from .redis_server import RedisServer
 
     if args.count < 10 or args.concurrency < 1:
@@ -220,6 +219,8 @@ class IoBench:
 
     def _send(self, variant: str, pool: str, count: int) -> float:
         """Send ``count`` tasks in batches of 1,000; returns when sending began."""
+        from . import io_tasks
+
         app = Hurtle(self.url)
         name = io_tasks.task_name(variant, pool)
         task = app.task(name=name)(lambda *a: None)
@@ -273,6 +274,8 @@ def _stop(worker: subprocess.Popen[bytes]) -> None:
 
 def _calibrate_spins(seconds: float) -> int:
     """Loop iterations of ``io_tasks.spin`` that take about ``seconds`` here."""
+    from . import io_tasks
+
     spins = 10_000
     started = time.perf_counter()
     for _ in range(20):

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 from ..ids import new_id
-from ..message import MAX_PRIORITY, Message, encode_many
+from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from .base import (
     Broker,
@@ -80,6 +80,7 @@ class MemoryBroker(Broker):
             q.ready[priority].append(raw)
 
     def publish(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
         payloads = encode_many(list(messages))
         with self._lock:
             for m, raw in zip(messages, payloads, strict=True):

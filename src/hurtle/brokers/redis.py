@@ -68,7 +68,7 @@ import redis
 
 from ..errors import BrokerError, ConfigurationError, EncodeError
 from ..ids import new_id
-from ..message import MAX_PRIORITY, Message, encode_many
+from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from .base import (
     Broker,
@@ -272,6 +272,7 @@ class RedisBroker(Broker):
     # -- producing --------------------------------------------------------------------------
 
     def publish(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
         batch = messages if isinstance(messages, list) else list(messages)
         if not batch:
             return

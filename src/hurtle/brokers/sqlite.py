@@ -91,7 +91,7 @@ from urllib.parse import parse_qsl
 
 from ..errors import BrokerError, ConfigurationError
 from ..ids import new_id
-from ..message import MAX_PRIORITY, MIN_PRIORITY, Message, encode_many
+from ..message import MAX_PRIORITY, MIN_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from .base import (
     Broker,
@@ -329,7 +329,8 @@ class SQLiteBroker(Broker):
 
     def _open(self) -> sqlite3.Connection:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.path.parent.is_dir():  # a typo must not quietly start an empty queue
+                raise FileNotFoundError(f"no directory {str(self.path.parent.absolute())!r}")
             conn = sqlite3.connect(
                 self.path,
                 timeout=_BUSY_TIMEOUT_MS / 1000,
@@ -462,14 +463,13 @@ class SQLiteBroker(Broker):
     # -- producer side ---------------------------------------------------------------------
 
     def publish(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
         if not messages:
             return
         payloads = encode_many(list(messages))
         now = time.time()
         pairs = {(m.queue, m.priority) for m in messages}
-        if max(map(_eta_of, messages)) <= now and all(
-            MIN_PRIORITY <= p <= MAX_PRIORITY for _, p in pairs
-        ):
+        if max(map(_eta_of, messages)) <= now:
             # the common case: every message ready, one pass to build the rows
             with self._write() as conn:
                 new = self._register(conn, pairs)
@@ -485,7 +485,7 @@ class SQLiteBroker(Broker):
                 )
         else:
             items = [
-                (m.queue, _clamp(m.priority), m.eta, raw)
+                (m.queue, m.priority, m.eta, raw)
                 for m, raw in zip(messages, payloads, strict=True)
             ]
             with self._write() as conn:

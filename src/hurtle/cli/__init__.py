@@ -1,7 +1,9 @@
 """The ``hurtle`` command: one module per subcommand, one parser built here.
 
-Errors a user can fix (a wrong app path, a bad broker URL, an unreachable broker) print one line
-and exit with status 2, without a traceback.
+Errors a user can fix (a wrong app path, a bad broker URL or setting, an unreachable broker, a
+missing optional package) print one line and exit with status 2, without a traceback.
+``--log-level`` is accepted before or after the subcommand. Building the parser imports no user
+code and reads no setting, so ``hurtle --help`` works whatever the environment holds.
 """
 
 from __future__ import annotations
@@ -11,18 +13,47 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from .. import __version__
 from ..errors import HurtleError
 from . import dead, demo, status, worker
 
 EXIT_USAGE = 2
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+#: Optional packages: a command that needs one that is missing says which extra installs it.
+OPTIONAL = {"redis": "redis", "hiredis": "redis", "gevent": "gevent", "eventlet": "eventlet"}
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"invalid level {text!r}: choose from {', '.join(LOG_LEVELS)}"
+        )
+    return level
+
+
+def _add_log_level(parser: argparse.ArgumentParser, default: object) -> None:
+    parser.add_argument("--log-level", type=_log_level, default=default, metavar="LEVEL",
+                        help="DEBUG, INFO, WARNING or ERROR (default: INFO); at DEBUG a worker "
+                             "logs one line per batch it fetches")
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``parser``, at any depth (``hurtle bench tasks`` is two deep)."""
+    found: list[argparse.ArgumentParser] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += [child, *_subparsers(child)]
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hurtle", description="hurtle: a fast distributed task queue that keeps its promises"
     )
-    parser.add_argument("--log-level", default="INFO",
-                        help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
+    parser.add_argument("--version", action="version", version=f"hurtle {__version__}")
+    _add_log_level(parser, "INFO")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (worker, status, dead, demo):
         module.add_parser(sub)
@@ -32,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         bench_cli.add_parser(sub)
+    for child in _subparsers(parser):  # after the subcommand too; unset there, INFO wins
+        _add_log_level(child, argparse.SUPPRESS)
     return parser
 
 
@@ -39,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
-        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        level=getattr(logging, args.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
@@ -47,6 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except HurtleError as err:
         print(f"hurtle: error: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as err:
+        top = (err.name or "").partition(".")[0]
+        if top not in OPTIONAL:
+            raise
+        print(f"hurtle: error: this needs the {top} package, which is not installed: "
+              f"pip install 'hurtle[{OPTIONAL[top]}]'", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -4,6 +4,11 @@ Sends ``--count`` trivial ``add(x, y)`` calls with ``send_many`` to a fresh SQLi
 solo worker on them in this process, and reports publish and consume throughput. Consume time runs
 from the worker's start to the end of the last task; that every task ran is checked by counting
 correct sums.
+
+With ``--broker URL`` (a broker of the user's) the demo sends to a queue of its own with a unique
+name (``hurtle-demo-<id>``), consumes only that queue, and afterwards removes only the dead
+letters of that queue: nothing of the user's is touched. The empty queue's name stays known to
+the broker.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..app import Hurtle
+from ..ids import new_id
 from ._progress import Progress
 
 
@@ -46,10 +52,11 @@ def run(args: argparse.Namespace) -> int:
 
 def demo(url: str, count: int, batch: int = 1000, *, quiet: bool = False) -> dict[str, Any]:
     app = Hurtle(url, heartbeat_timeout=10)
+    queue = f"hurtle-demo-{new_id()}"  # its own: the demo never touches the user's queues
     sums = [0]
     finished = [0.0]
 
-    @app.task(name="demo.add")
+    @app.task(name="demo.add", queue=queue)
     def add(x: int, y: int) -> int:
         total = x + y
         if total == 11:
@@ -57,7 +64,6 @@ def demo(url: str, count: int, batch: int = 1000, *, quiet: bool = False) -> dic
         finished[0] = time.perf_counter()
         return total
 
-    app.broker.purge_dead("default")
     stream = open(os.devnull, "w") if quiet else None  # noqa: SIM115
     bar = Progress("publish", count, stream)
     started = time.perf_counter()
@@ -70,7 +76,7 @@ def demo(url: str, count: int, batch: int = 1000, *, quiet: bool = False) -> dic
     publish_s = time.perf_counter() - started
     bar.finish(sent)
 
-    worker = app.worker(pool="solo", burst=True)
+    worker = app.worker(queues=[queue], pool="solo", burst=True)
     bar = Progress("consume", count, stream)
     started = time.perf_counter()
     thread = worker.run_in_thread()
@@ -80,7 +86,9 @@ def demo(url: str, count: int, batch: int = 1000, *, quiet: bool = False) -> dic
     # until the last task ended: a burst worker takes a few more ms to see the queue is empty
     consume_s = (finished[0] or time.perf_counter()) - started
     bar.finish(worker.processed)
-    dead = app.broker.stats(["default"])["default"].dead
+    dead = app.broker.stats([queue])[queue].dead
+    if dead:
+        app.broker.purge_dead(queue)
     app.close()
     if stream is not None:
         stream.close()

@@ -8,13 +8,18 @@ processes instead of a worker (the supervisor imports no user code).
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import os
+from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
 from ..worker.executors import POOLS
 from ..worker.supervisor import EXIT_RECYCLE, Supervisor
 from ._app import load_app
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONCURRENCY = {"solo": 1, "threads": 10, "asyncio": 100, "gevent": 100, "eventlet": 100}
 
@@ -34,14 +39,27 @@ def add_parser(sub: Any) -> None:
                    help="run this many worker processes under a supervisor that restarts them")
     p.add_argument("--burst", action="store_true",
                    help="exit 0 once the queues have nothing ready, delayed or in flight")
-    p.add_argument("--shutdown-timeout", type=float, default=None,
+    p.add_argument("--shutdown-timeout", type=_seconds, default=None, metavar="S",
                    help="seconds running tasks get to finish on SIGTERM (default 30)")
     p.add_argument("--supervised-by", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
 def parse_concurrency(text: str | None, pool: str) -> tuple[int, int | None]:
-    """``"N"`` -> ``(N, None)``; ``"MIN,MAX"`` -> ``(MAX, MIN)``; ``None`` -> the pool default."""
+    """``"N"`` -> ``(N, None)``; ``"MIN,MAX"`` -> ``(MAX, MIN)``; ``None`` -> the pool default.
+
+    The solo pool runs one task at a time whatever ``N`` says (the caller warns).
+    """
     if text is None:
         return DEFAULT_CONCURRENCY[pool], None
     parts = [p.strip() for p in str(text).split(",")]
@@ -50,7 +68,7 @@ def parse_concurrency(text: str | None, pool: str) -> tuple[int, int | None]:
     except ValueError:
         numbers = []
     if len(numbers) == 1 and numbers[0] >= 1:
-        return numbers[0], None
+        return (1 if pool == "solo" else numbers[0]), None
     if len(numbers) == 2 and 1 <= numbers[0] <= numbers[1]:
         if pool not in ("threads", "gevent", "eventlet"):
             raise ConfigurationError(
@@ -65,6 +83,12 @@ def parse_concurrency(text: str | None, pool: str) -> tuple[int, int | None]:
 
 def run(args: argparse.Namespace) -> int:
     concurrency, min_concurrency = parse_concurrency(args.concurrency, args.pool)
+    ignored = args.pool == "solo" and args.concurrency is not None and int(args.concurrency) > 1
+    if ignored and args.supervised_by is None:  # the supervisor warned: not once per child
+        log.warning("--concurrency %s is ignored: the solo pool runs one task at a time; use "
+                    "--pool threads (or asyncio, gevent, eventlet) to run several at once, or "
+                    "--processes %s for that many solo processes", args.concurrency,
+                    args.concurrency)
     if args.processes is not None:
         return _supervise(args)
     from ..worker.executors.greenlets import patch
@@ -77,7 +101,11 @@ def run(args: argparse.Namespace) -> int:
         burst=args.burst, shutdown_timeout=args.shutdown_timeout,
         recycle_abandoned=args.supervised_by is not None, parent_pid=args.supervised_by,
     )
-    app.broker  # noqa: B018 - connect now, so a bad URL fails before anything starts
+    broker = app.broker  # connect now, so a bad URL fails before anything starts
+    where = getattr(broker, "path", None)  # a file broker: say which file, wherever we run
+    log.info("app %s: %d tasks (%s); broker %s", args.app, len(app.tasks),
+             ", ".join(sorted(app.tasks)) or "none",
+             f"file {Path(where).resolve()}" if where is not None else broker.url)
     worker.install_signal_handlers()
     worker.run()
     return EXIT_RECYCLE if worker.recycle else 0

@@ -279,6 +279,10 @@ class Processor:
     def _failed(self, job: Job, err: Exception) -> None:
         self.failed += 1
         delivery, message, task = job.delivery, job.message, job.task
+        if isinstance(err, TypeError) and (unfit := task.unfit(message.args, message.kwargs)):
+            log.error("task %s[%s] cannot take its arguments: %s", task.name, message.id, unfit)
+            self.acker.dead_letter(delivery, f"{unfit}; retrying cannot help")
+            return
         if isinstance(err, Reject):
             log.warning("task %s[%s] rejected: %s", task.name, message.id, err.reason)
             self.acker.dead_letter(delivery, f"rejected by task {task.name}: {err.reason}")

@@ -25,8 +25,9 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..brokers import Consumer, Delivery
-from ..errors import BrokerError, ConfigurationError
+from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..ids import new_id
+from ..message import Message
 from ..middleware import Middleware
 from .acker import Acker
 from .executors import Executor, make_executor
@@ -182,6 +183,7 @@ class Worker:
             if self._must_leave(executor):
                 return
             batch = fetcher.fetch()
+            self._note(fetcher, batch)
             if batch:
                 executor.submit(batch)
             elif batch is not None and self.burst and self._drained():
@@ -249,3 +251,44 @@ class Worker:
             if not t.is_alive():
                 break
         return t
+
+    #: When the fetches began to fail in a row (monotonic time), or None while they succeed.
+    _unreachable_since: float | None = None
+
+    def _note(self, fetcher: Fetcher, batch: list[Delivery] | None) -> None:
+        """After each fetch: a burst worker gives up on a broker that stays unreachable for the
+        heartbeat timeout (BrokerError: exit 2); at DEBUG, one line per batch, not per task."""
+        if not fetcher.failures:
+            self._unreachable_since = None
+            if batch and log.isEnabledFor(logging.DEBUG):
+                log.debug("fetched %d deliveries from %s: %s", len(batch),
+                          ", ".join(sorted({d.queue for d in batch})), _summary(batch))
+            return
+        if not self.burst:
+            return  # a long-running worker rides out the outage
+        now = time.monotonic()
+        if self._unreachable_since is None:
+            self._unreachable_since = now
+        elif now - self._unreachable_since > self.settings.heartbeat_timeout:
+            raise BrokerError(
+                f"burst: the broker {self.app.broker.url} has been unreachable for "
+                f"{now - self._unreachable_since:.1f}s (longer than the heartbeat timeout of "
+                f"{self.settings.heartbeat_timeout:g}s): giving up with the queues unfinished"
+            )
+
+
+def _summary(batch: list[Delivery]) -> str:
+    """Tasks by name with their counts, and the first and last message id (DEBUG only)."""
+    counts: dict[str, int] = {}
+    ids: list[str] = []
+    for d in batch:
+        try:
+            m: Message | None = Message.decode(d.raw)
+        except DecodeError:
+            m = None
+        name = m.task if m is not None else "(undecodable)"
+        counts[name] = counts.get(name, 0) + 1
+        if m is not None:
+            ids.append(m.id)
+    tasks = ", ".join(f"{name} x{n}" for name, n in sorted(counts.items()))
+    return f"{tasks}; ids {ids[0]} .. {ids[-1]}" if ids else tasks
