@@ -498,3 +498,39 @@ def test_publish_of_a_batch_with_one_bad_message_enqueues_none_of_it(broker: Bro
         broker.publish([msg("q", 1), msg("q", 2), msg("q", object())])
     assert broker.stats(["q"])["q"] == QueueStats()
     assert broker.consumer(["q"]).fetch(10, 0) == []
+
+
+# -- liveness: each consumer is judged by its own deadline ---------------------------------
+
+
+def test_a_peer_with_a_shorter_timeout_leaves_a_live_consumers_deliveries(
+    make: MakeBroker,
+) -> None:
+    patient_side = make(heartbeat_timeout=20)
+    patient_side.publish([msg("q", i) for i in range(3)])
+    patient = patient_side.consumer(["q"])
+    held = patient.fetch(10, 1)
+    patient.heartbeat()
+    hasty_side = make(heartbeat_timeout=0.2)
+    hasty = hasty_side.consumer(["q"])
+    time.sleep(0.5)  # longer than the hasty timeout, far shorter than the patient one's
+    assert hasty_side.recover() == 0
+    hasty.heartbeat()
+    assert hasty.fetch(10, 0) == []
+    assert hasty_side.stats(["q"])["q"] == QueueStats(in_flight=3)
+    patient.ack(held)
+    assert hasty_side.stats(["q"])["q"] == QueueStats()
+
+
+def test_a_consumer_with_a_short_timeout_is_recovered_by_a_patient_peer(
+    make: MakeBroker,
+) -> None:
+    hasty_side = make(heartbeat_timeout=0.2)
+    hasty_side.publish([msg("q", i) for i in range(3)])
+    hasty = hasty_side.consumer(["q"])
+    assert len(hasty.fetch(10, 1)) == 3  # then it falls silent
+    patient_side = make(heartbeat_timeout=20)
+    patient = patient_side.consumer(["q"])
+    time.sleep(0.5)
+    patient.heartbeat()
+    assert len(drain(patient)) == 3

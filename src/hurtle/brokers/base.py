@@ -10,9 +10,10 @@ Two sides:
   ``retry``, ``dead_letter`` or ``release``.
 
 Delivery semantics (DESIGN.md): at-least-once. A message leaves the broker only when its outcome
-is recorded. Deliveries of a consumer whose heartbeat lapsed for ``heartbeat_timeout`` seconds go
-back to their queues (``recover``), whatever their age: a slow task on a live worker is never
-handed out twice.
+is recorded. Each consumer beats with a deadline of its own (the time of the beat plus the
+``heartbeat_timeout`` of the broker it was made from); the deliveries of a consumer whose deadline
+passed go back to their queues (``recover``), whatever their age: a slow task on a live worker is
+never handed out twice, whatever timeout the worker that recovers has.
 
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """

@@ -12,7 +12,7 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:inflight:W         HASH    batch id B -> how many of batch B worker W still holds
     hurtle:{q}:inflight:W:B       LIST    the payloads of batch B, in fetch order
     hurtle:{q}:inflight:W:B:done  STRING  bitmap: bit i set = message i of batch B is settled
-    hurtle:{q}:workers            ZSET    W, scored by W's last heartbeat (server time)
+    hurtle:{q}:workers            ZSET    W, scored by W's deadline (server time)
     hurtle:{q}:wake               LIST    wake-up tokens that idle consumers BLPOP on
     hurtle:{q}:seq                STRING  counter for batch ids and delayed members
     hurtle:{q}:dead               ZSET    dead-letter id, scored by failure time

@@ -1,7 +1,8 @@
 """``memory://``: the whole contract in one process, for unit tests and ``hurtle.testing``.
 
 Messages live in Python structures behind one lock; nothing survives the process. Consumers in
-several threads of the same process see one store.
+several threads of the same process see one store. Each consumer keeps the heartbeat timeout its
+broker had when it was made, and its deadline (a beat plus that timeout) is what recovery checks.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class MemoryBroker(Broker):
         self._queues: dict[str, _Queue] = {}
         # worker id -> receipt -> (queue, raw, priority)
         self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
-        self._last_seen: dict[str, float] = {}
+        self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
 
     def _queue(self, name: str) -> _Queue:
@@ -100,12 +101,12 @@ class MemoryBroker(Broker):
             return self._recover_locked()
 
     def _recover_locked(self) -> int:
-        limit = time.time() - self.heartbeat_timeout
+        now = time.time()
         moved = 0
-        for worker_id, seen in list(self._last_seen.items()):
-            if seen < limit:
+        for worker_id, deadline in list(self._deadline.items()):
+            if deadline < now:
                 moved += self._requeue_locked(self._held.pop(worker_id, {}).values())
-                del self._last_seen[worker_id]
+                del self._deadline[worker_id]
         if moved:
             self._wake.notify_all()
         return moved
@@ -159,16 +160,17 @@ class _MemoryConsumer(Consumer):
         self.broker = broker
         self.queues = queues
         self.worker_id = worker_id
+        self.heartbeat_timeout = broker.heartbeat_timeout
         with broker._lock:
             broker._held.setdefault(worker_id, {})
-            broker._last_seen[worker_id] = time.time()
+            broker._deadline[worker_id] = time.time() + self.heartbeat_timeout
 
     def _held(self) -> dict[int, tuple[str, bytes, int]]:
         held = self.broker._held.get(self.worker_id)
         if held is None:  # declared dead while alive: start over under the same id
             held = self.broker._held[self.worker_id] = {}
             # and be known again, or what it takes now is never recovered if it dies
-            self.broker._last_seen.setdefault(self.worker_id, time.time())
+            self.broker._deadline.setdefault(self.worker_id, time.time() + self.heartbeat_timeout)
         return held
 
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
@@ -240,7 +242,7 @@ class _MemoryConsumer(Consumer):
     def heartbeat(self) -> None:
         b = self.broker
         with b._lock:
-            b._last_seen[self.worker_id] = time.time()
+            b._deadline[self.worker_id] = time.time() + self.heartbeat_timeout
             self._held()
             b._recover_locked()
 
@@ -248,7 +250,7 @@ class _MemoryConsumer(Consumer):
         b = self.broker
         with b._lock:
             b._requeue_locked(b._held.pop(self.worker_id, {}).values())
-            b._last_seen.pop(self.worker_id, None)
+            b._deadline.pop(self.worker_id, None)
             b._wake.notify_all()
 
 

@@ -14,8 +14,9 @@ How it works, in short:
   the consumer blocks server-side (``BLPOP`` on the queues' wake lists) until a publish pushes a
   token, the next delayed message is due, or the timeout ends. No polling loop.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
-* crash recovery: ``heartbeat.lua`` marks the worker alive per queue and hands back what workers
-  silent for ``heartbeat_timeout`` held, at the front of the queue.
+* crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
+  the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front
+  of the queue, what workers whose deadline passed held.
 
 Nothing here decodes a payload: garbage bytes come out of ``fetch`` like any message.
 """
@@ -306,15 +307,17 @@ class RedisBroker(Broker):
         }
 
     def recover(self) -> int:
-        return self._heartbeat(self.queues(), "")
+        return self._heartbeat(self.queues(), "", 0.0)
 
-    def _heartbeat(self, queues: Sequence[str], worker_id: str) -> int:
+    def _heartbeat(self, queues: Sequence[str], worker_id: str, timeout: float) -> int:
+        """Push ``worker_id``'s deadline to now + ``timeout`` (unless it is ``""``) and recover
+        ``queues`` from the workers whose deadline passed."""
         if not queues:
             return 0
         commands = []
         for name in queues:
             k = queue_keys(name)
-            args = (worker_id, repr(float(self.heartbeat_timeout)), k.inflight_prefix)
+            args = (worker_id, repr(float(timeout)), k.inflight_prefix)
             commands.append(
                 self._call(self._scripts.heartbeat, (*k.ready, k.workers, k.wake), args)
             )
@@ -429,6 +432,9 @@ class RedisConsumer(Consumer):
         self.broker = broker
         self.queues = queues
         self.worker_id = worker_id
+        #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
+        self.heartbeat_timeout = broker.heartbeat_timeout
+        self._timeout_arg = repr(float(broker.heartbeat_timeout))
         self._targets = {name: _Target(name, worker_id) for name in dict.fromkeys(queues)}
         self._reading = list(self._targets.values())
         self._wake_keys = [t.keys.wake for t in self._reading]
@@ -459,7 +465,7 @@ class RedisConsumer(Consumer):
     def _fetch_command(self, target: _Target, want: int) -> tuple[Any, ...]:
         return (
             "EVALSHA", self._fetch.sha, len(target.fetch_keys), *target.fetch_keys,
-            want, self.worker_id, max(PROMOTE_LIMIT, want),
+            want, self.worker_id, max(PROMOTE_LIMIT, want), self._timeout_arg,
         )
 
     def _collect(self) -> list[Delivery]:
@@ -517,7 +523,10 @@ class RedisConsumer(Consumer):
             res = self.broker._eval(
                 self._fetch,
                 target.fetch_keys,
-                (max_count - len(out), self.worker_id, max(PROMOTE_LIMIT, max_count)),
+                (
+                    max_count - len(out), self.worker_id, max(PROMOTE_LIMIT, max_count),
+                    self._timeout_arg,
+                ),
                 f"fetching from {target.name!r}",
             )
             if len(res) > 1:
@@ -620,7 +629,7 @@ class RedisConsumer(Consumer):
         self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
 
     def heartbeat(self) -> None:
-        self.broker._heartbeat(list(self._targets), self.worker_id)
+        self.broker._heartbeat(list(self._targets), self.worker_id, self.heartbeat_timeout)
 
     def close(self) -> None:
         if self._pending is not None:  # what it took is in flight: the close script releases it

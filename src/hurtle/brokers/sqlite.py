@@ -18,7 +18,9 @@ the hot path writes each message once and deletes it once, like a plain insert-t
 * ``delayed`` — messages waiting for their ``eta``, indexed by ``(queue, eta)`` so that a
   far-future backlog never slows a claim. The fetch that finds them due moves them to
   ``messages`` under new ids, in the order they were published.
-* ``workers`` — one row per live consumer and its last heartbeat.
+* ``workers`` — one row per live consumer and its deadline: the time of its last heartbeat plus
+  its *own* heartbeat timeout, so that a peer with a shorter timeout never takes what a live
+  worker with a longer one holds. Recovery re-queues what workers whose deadline passed held.
 * ``dead`` — dead letters, oldest first by row id.
 * ``queues`` — every queue ever published to.
 
@@ -57,8 +59,9 @@ Connections. One connection per broker object, guarded by a lock: a broker and i
 be used from several threads; blocking waits do not hold the lock. A forked child opens its own
 connection on first use (a SQLite connection must not cross ``fork``).
 
-Schema. The file records its schema version (``PRAGMA user_version``); a file written by an
-older hurtle is refused with a ``ConfigurationError`` (delete or move it).
+Schema. The file records its schema version (``PRAGMA user_version``). A file of the previous
+version is upgraded in place (``_UPGRADES``); an older one is refused with a
+``ConfigurationError`` (delete or move it).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ __all__ = ["SQLiteBroker"]
 
 log = logging.getLogger(__name__)
 
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _BUSY_TIMEOUT_MS = 30_000
 _POLL_FIRST = 0.001
 _POLL_MAX = 0.025
@@ -127,7 +130,7 @@ CREATE TABLE delayed (
 CREATE INDEX delayed_due ON delayed (queue, eta);
 CREATE TABLE workers (
     worker_id TEXT PRIMARY KEY,
-    last_seen REAL NOT NULL
+    deadline  REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE dead (
     seq       INTEGER PRIMARY KEY,
@@ -141,6 +144,14 @@ CREATE INDEX dead_queue ON dead (queue);
 CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
 """
 
+# Schema version -> the statements that turn it into the next one.
+_UPGRADES = {
+    # version 2 recorded a worker's last beat; version 3 its deadline (the writer's timeout of
+    # those days was 20 s unless set otherwise: workers still running get that much)
+    2: "ALTER TABLE workers RENAME COLUMN last_seen TO deadline; "
+    "UPDATE workers SET deadline = deadline + 20.0",
+}
+
 _IDS = "SELECT value FROM json_each(?)"
 _NEXT_IDS = "UPDATE seq SET next = next + ? RETURNING next"
 _INSERT = "INSERT INTO messages (queue, priority, id, body) VALUES (?, ?, ?, ?)"
@@ -148,8 +159,8 @@ _INSERT_DELAYED = "INSERT INTO delayed (queue, eta, priority, body) VALUES (?, ?
 _ADD_QUEUE = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
 _ADD_CURSOR = "INSERT OR IGNORE INTO cursors (queue, priority, last) VALUES (?, ?, 0)"
 _UPSERT_WORKER = (
-    "INSERT INTO workers (worker_id, last_seen) VALUES (?, ?) "
-    "ON CONFLICT (worker_id) DO UPDATE SET last_seen = excluded.last_seen"
+    "INSERT INTO workers (worker_id, deadline) VALUES (?, ?) "
+    "ON CONFLICT (worker_id) DO UPDATE SET deadline = excluded.deadline"
 )
 _CURSORS = "SELECT priority, last FROM cursors WHERE queue = ? ORDER BY priority DESC"
 _TAKE = (
@@ -290,6 +301,12 @@ class SQLiteBroker(Broker):
                 raise sqlite3.DatabaseError(
                     f"schema version {version} is newer than this hurtle ({_SCHEMA_VERSION})"
                 )
+            while 0 < version < _SCHEMA_VERSION and version in _UPGRADES:
+                for statement in _UPGRADES[version].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                version += 1
+                conn.execute(f"PRAGMA user_version = {version}")
             if 0 < version < _SCHEMA_VERSION:
                 raise ConfigurationError(
                     f"the SQLite broker file {str(self.path)!r} (from {self.url!r}) was written "
@@ -483,14 +500,10 @@ class SQLiteBroker(Broker):
         return moved
 
     def _recover_in(self, conn: sqlite3.Connection, now: float) -> int:
-        """Forget workers silent for ``heartbeat_timeout``, and re-queue what every claim of a
-        worker not in ``workers`` still holds (theirs, and any left without a worker)."""
+        """Forget workers whose deadline passed, and re-queue what every claim of a worker not
+        in ``workers`` still holds (theirs, and any left without a worker)."""
         dead = [
-            r[0]
-            for r in conn.execute(
-                "SELECT worker_id FROM workers WHERE last_seen < ?",
-                (now - self.heartbeat_timeout,),
-            )
+            r[0] for r in conn.execute("SELECT worker_id FROM workers WHERE deadline < ?", (now,))
         ]
         if dead:
             conn.execute(f"DELETE FROM workers WHERE worker_id IN ({_IDS})", (json.dumps(dead),))
@@ -558,6 +571,8 @@ class _SQLiteConsumer(Consumer):
         self.broker = broker
         self.queues = queues
         self.worker_id = worker_id
+        #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
+        self.heartbeat_timeout = broker.heartbeat_timeout
         marks = _placeholders(len(queues))
         self._promote_sql = (
             f"DELETE FROM delayed WHERE queue IN ({marks}) AND eta <= ? "
@@ -572,7 +587,7 @@ class _SQLiteConsumer(Consumer):
             + ["(SELECT min(eta) FROM delayed WHERE queue = ?)"] * len(queues)
         )
         with broker._write() as conn:
-            conn.execute(_UPSERT_WORKER, (worker_id, time.time()))
+            conn.execute(_UPSERT_WORKER, (worker_id, time.time() + self.heartbeat_timeout))
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -609,8 +624,8 @@ class _SQLiteConsumer(Consumer):
                 self._ack_in(conn, settle)
             # Re-register if declared dead meanwhile, so that what it takes stays recoverable.
             conn.execute(
-                "INSERT OR IGNORE INTO workers (worker_id, last_seen) VALUES (?, ?)",
-                (worker_id, now),
+                "INSERT OR IGNORE INTO workers (worker_id, deadline) VALUES (?, ?)",
+                (worker_id, now + self.heartbeat_timeout),
             )
             due = conn.execute(self._promote_sql, (*self.queues, now)).fetchall()
             if due:  # to the back of their priority, in the order they were published
@@ -740,7 +755,7 @@ class _SQLiteConsumer(Consumer):
         b = self.broker
         with b._write() as conn:
             now = time.time()
-            conn.execute(_UPSERT_WORKER, (self.worker_id, now))
+            conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved = b._recover_in(conn, now)
         if moved:

@@ -16,6 +16,7 @@
     ARGV[1]      max count N (below 2^20)
     ARGV[2]      worker id
     ARGV[3]      at most this many due delayed messages are promoted per call
+    ARGV[4]      the worker's heartbeat timeout in seconds: its deadline becomes now + this
 
   Output:
     { wait_ms, batch1, { payloads of batch1 }, batch2, { payloads of batch2 }, ... }
@@ -68,7 +69,7 @@ for p = 9, 0, -1 do
   end
 end
 
-redis.call('ZADD', KEYS[13], now, ARGV[2])
+redis.call('ZADD', KEYS[13], now + tonumber(ARGV[4]), ARGV[2])
 
 if got < want then
   redis.call('DEL', KEYS[14])

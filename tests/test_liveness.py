@@ -1,0 +1,63 @@
+"""Liveness: who counts as dead, and what happens to what a dead worker held.
+
+Brokers' shared rules are pinned in ``tests/brokers/test_contract.py``; here are the parts that
+need real worker processes or one broker's storage.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers import hurtle_env
+from hurtle.brokers import QueueStats, make_broker
+from hurtle.ids import new_id
+from hurtle.message import Message
+
+
+def _worker_id_of_a_fresh_process() -> str:
+    code = (
+        "from hurtle import Hurtle\n"
+        "from hurtle.worker.worker import Worker\n"
+        "print(Worker(Hurtle('memory://'), queues=['q']).worker_id)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=hurtle_env(), capture_output=True, text=True,
+        timeout=60, check=True,
+    )
+    return out.stdout.strip()
+
+
+def test_the_default_worker_id_differs_between_fresh_processes() -> None:
+    # a container restarted in place gets the same host name and pid: only the last part of
+    # the id tells the new worker from its dead predecessor
+    first, second = _worker_id_of_a_fresh_process(), _worker_id_of_a_fresh_process()
+    assert first.rsplit(":", 1)[1] != second.rsplit(":", 1)[1]
+
+
+def test_a_sqlite_file_of_the_previous_schema_is_upgraded_and_keeps_live_workers(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'hurtle.db'}"
+    broker = make_broker(url)
+    broker.publish([Message(id=new_id(), task="t", queue="q") for _ in range(3)])
+    consumer = broker.consumer(["q"])
+    assert len(consumer.fetch(10, 1)) == 3
+    broker.close()
+    # what the previous version wrote: the worker's last beat, not its deadline
+    conn = sqlite3.connect(tmp_path / "hurtle.db")
+    conn.execute("ALTER TABLE workers RENAME COLUMN deadline TO last_seen")
+    conn.execute("UPDATE workers SET last_seen = ?", (time.time(),))
+    conn.execute("PRAGMA user_version = 2")
+    conn.commit()
+    conn.close()
+    upgraded = make_broker(url, heartbeat_timeout=0.1)
+    try:
+        time.sleep(0.3)
+        assert upgraded.recover() == 0  # the worker was alive a moment ago: it keeps its batch
+        assert upgraded.stats(["q"])["q"] == QueueStats(in_flight=3)
+    finally:
+        upgraded.close()
