@@ -6,13 +6,17 @@ need real worker processes or one broker's storage.
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from helpers import hurtle_env
+import pytest
+
+from helpers import Project, hurtle_env
 from hurtle.brokers import QueueStats, make_broker
 from hurtle.ids import new_id
 from hurtle.message import Message
@@ -61,3 +65,56 @@ def test_a_sqlite_file_of_the_previous_schema_is_upgraded_and_keeps_live_workers
         assert upgraded.stats(["q"])["q"] == QueueStats(in_flight=3)
     finally:
         upgraded.close()
+
+
+SPIN_TASKS = """
+import os
+import time
+
+from hurtle import Hurtle
+
+app = Hurtle()
+
+
+def log(line):
+    with open(os.environ["RUNS_LOG"], "a") as f:
+        f.write(f"{line} {os.getpid()}\\n")
+
+
+@app.task(retries=0)
+def spin(name, seconds):
+    # computes in Python bytecode, never yielding to the event loop nor making a system call
+    log(f"start {name}")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+    log(f"done {name}")
+"""
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def spin_project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
+    url = str(request.getfixturevalue("redis_url")) if request.param == "redis" else None
+    p = Project(tmp_path, SPIN_TASKS, ("tasks.spin",), url)
+    yield p
+    p.app.close()
+
+
+@pytest.mark.parametrize("pool", ["gevent", "eventlet"])
+def test_a_cpu_bound_task_under_greenlets_does_not_make_its_worker_look_dead(
+    spin_project: Project, pool: str
+) -> None:
+    p = spin_project
+    env = {"HURTLE_HEARTBEAT_TIMEOUT": "1"}
+    p.send("tasks.spin", "cpu", 5.0)
+    busy = p.popen("worker", "tasks:app", "--pool", pool, **env)
+    p.wait_for(lambda: p.lines("start") == ["cpu"])
+    # a peer that beats and recovers while the task computes for several heartbeat timeouts,
+    # until the queue has nothing ready or in flight
+    peer = p.hurtle("worker", "tasks:app", "--burst", timeout=60, **env)
+    assert peer.returncode == 0, peer.stderr
+    busy.send_signal(signal.SIGTERM)
+    assert p.stop(busy) == 0, p.output(busy)
+    assert p.lines("start") == ["cpu"], p.runs()
+    assert p.lines("done") == ["cpu"], p.runs()
+    assert "Traceback" not in p.output(busy), p.output(busy)

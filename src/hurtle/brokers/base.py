@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -73,6 +73,9 @@ class Consumer(abc.ABC):
 
     #: The id other workers see in the broker; its heartbeat keeps this consumer's deliveries.
     worker_id: str
+    #: This consumer's own timeout (its broker's when it was made): each beat pushes its
+    #: deadline to now plus this.
+    heartbeat_timeout: float
     queues: tuple[str, ...]
     #: True when ``ack_and_fetch`` does both in one step of the store, cheaper than two.
     combines_ack_and_fetch = False
@@ -124,6 +127,16 @@ class Consumer(abc.ABC):
     @abc.abstractmethod
     def heartbeat(self) -> None:
         """Tell the broker this worker is alive, and recover what dead workers held."""
+
+    def heartbeat_session(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        """``(beat, end)``: ``beat`` does what ``heartbeat`` does for this consumer, through
+        connections of its own; ``end`` lets go of them (and releases nothing).
+
+        Made and used on one other OS thread: the worker's heartbeat thread under gevent or
+        eventlet, where this consumer's connections belong to the main thread's event loop.
+        Brokers whose store lives in this process beat through the consumer itself.
+        """
+        return self.heartbeat, _nothing
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -220,6 +233,10 @@ class Broker(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _nothing() -> None:
+    return None
 
 
 def now() -> float:

@@ -32,7 +32,7 @@ import socket
 import struct
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from importlib import resources
 from itertools import repeat
@@ -132,6 +132,7 @@ class RedisBroker(Broker):
 
     def __init__(self, url: str, *, heartbeat_timeout: float = 20.0) -> None:
         self.url = _public_url(url)
+        self._url = url  # with its password: for the heartbeat's own connections
         self.heartbeat_timeout = heartbeat_timeout
         self._scripts = _get_scripts()
         options: dict[str, Any] = {
@@ -630,6 +631,15 @@ class RedisConsumer(Consumer):
 
     def heartbeat(self) -> None:
         self.broker._heartbeat(list(self._targets), self.worker_id, self.heartbeat_timeout)
+
+    def heartbeat_session(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        own = RedisBroker(self.broker._url, heartbeat_timeout=self.heartbeat_timeout)
+        queues, worker_id, timeout = list(self._targets), self.worker_id, self.heartbeat_timeout
+
+        def beat() -> None:
+            own._heartbeat(queues, worker_id, timeout)
+
+        return beat, own.close
 
     def close(self) -> None:
         if self._pending is not None:  # what it took is in flight: the close script releases it

@@ -72,7 +72,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -760,6 +760,15 @@ class _SQLiteConsumer(Consumer):
             moved = b._recover_in(conn, now)
         if moved:
             b._notify()
+
+    def heartbeat_session(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        own = SQLiteBroker(self.broker.url, heartbeat_timeout=self.heartbeat_timeout)
+        try:
+            beater = _SQLiteConsumer(own, self.queues, self.worker_id)
+        except BaseException:
+            own.close()
+            raise
+        return beater.heartbeat, own.close
 
     def close(self) -> None:
         b = self.broker

@@ -1,33 +1,74 @@
 """``Heartbeat``: tells the broker this worker lives, and so recovers what dead workers held.
 
-It runs on its own thread at a fraction of ``heartbeat_timeout``, so a long task never makes its
-worker look dead. A failed beat is logged and tried again at the next tick.
+It runs on an operating-system thread of its own at a fraction of ``heartbeat_timeout``, so a long
+task never makes its worker look dead. A failed beat is logged and tried again at the next tick.
+
+Under gevent or eventlet, ``threading.Thread`` is a greenlet once the process is patched: a task
+that computes without yielding would starve it, and peers would take the worker for dead and run
+its tasks again. So the thread is started with the library's *original* thread functions, and,
+because the worker's connections belong to its event loop (one OS thread), the beats go through
+connections made on the heartbeat's own thread (``Consumer.heartbeat_session``).
+
+What it cannot do: beat while a task holds the GIL in one long C call (a ``pow`` of a huge
+number, a regex that backtracks for seconds). No Python thread runs then. When a beat comes later
+than the heartbeat timeout, this module logs a warning that names the setting to raise
+(``HURTLE_HEARTBEAT_TIMEOUT``): it must exceed the longest such call.
 """
 
 from __future__ import annotations
 
+import _thread
 import logging
-import threading
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
 
 from ..brokers import Consumer
 
 log = logging.getLogger(__name__)
 
 
+def _thread_functions() -> tuple[Callable[..., Any], Callable[[], Any], bool]:
+    """``(start_new_thread, allocate_lock, patched)``: the functions that make real OS threads
+    and locks even when gevent or eventlet patched the process; ``patched`` says whether one
+    did."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        return (
+            monkey.get_original("_thread", "start_new_thread"),
+            monkey.get_original("_thread", "allocate_lock"),
+            True,
+        )
+    patcher = sys.modules.get("eventlet.patcher")
+    if patcher is not None and patcher.is_monkey_patched("thread"):
+        original = patcher.original("_thread")
+        return original.start_new_thread, original.allocate_lock, True
+    return _thread.start_new_thread, _thread.allocate_lock, False
+
+
 class Heartbeat:
     def __init__(self, consumer: Consumer, interval: float) -> None:
         self.consumer = consumer
         self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="hurtle-heartbeat", daemon=True)
         self.failures = 0
+        self._start_thread, allocate_lock, self._patched = _thread_functions()
+        self._stopping = allocate_lock()  # held until stop() releases it
+        self._stopping.acquire()
+        self._exited = allocate_lock()  # held until the thread's loop ends
+        self._exited.acquire()
+        self._started = False
 
     def start(self) -> None:
-        self._thread.start()
+        self._started = True
+        self._start_thread(self._run, ())
 
     def beat(self) -> bool:
+        return self._beat(self.consumer.heartbeat)
+
+    def _beat(self, heartbeat: Callable[[], None]) -> bool:
         try:
-            self.consumer.heartbeat()
+            heartbeat()
         except Exception as err:
             self.failures += 1
             log.warning("heartbeat failed (%d in a row): %s", self.failures, err)
@@ -38,10 +79,41 @@ class Heartbeat:
         return True
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.beat()
+        beat: Callable[[], None] | None = None if self._patched else self.consumer.heartbeat
+        end: Callable[[], None] | None = None
+        timeout = self.consumer.heartbeat_timeout
+        waited_since = time.monotonic()
+        try:
+            while not self._stopping.acquire(True, self.interval):
+                late = time.monotonic() - waited_since
+                if late > timeout:
+                    log.warning(
+                        "this worker's heartbeat could not run for %.1fs, more than its "
+                        "heartbeat timeout of %gs: a task held the GIL in one long call (or the "
+                        "process was paused), so other workers may have taken what it held and "
+                        "run it again; set HURTLE_HEARTBEAT_TIMEOUT above the longest such call",
+                        late, timeout,
+                    )
+                if beat is None:  # connections of this thread's own, made here
+                    try:
+                        beat, end = self.consumer.heartbeat_session()
+                    except Exception as err:
+                        self.failures += 1
+                        log.warning("heartbeat failed (%d in a row): %s", self.failures, err)
+                if beat is not None:
+                    self._beat(beat)
+                waited_since = time.monotonic()
+        finally:
+            if end is not None:
+                try:
+                    end()
+                except Exception as err:
+                    log.debug("closing the heartbeat's connections: %s", err)
+            self._exited.release()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(self.interval + 5)
+        if not self._started:
+            return
+        self._started = False
+        self._stopping.release()
+        self._exited.acquire(True, self.interval + 5)
