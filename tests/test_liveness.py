@@ -118,3 +118,38 @@ def test_a_cpu_bound_task_under_greenlets_does_not_make_its_worker_look_dead(
     assert p.lines("start") == ["cpu"], p.runs()
     assert p.lines("done") == ["cpu"], p.runs()
     assert "Traceback" not in p.output(busy), p.output(busy)
+
+
+GIL_TASKS = """
+import time
+
+from hurtle import Hurtle
+
+app = Hurtle()
+
+
+@app.task(retries=0)
+def hold_the_gil(at_least):
+    # grows one C call (a big power, which never lets go of the GIL) until it lasted at_least
+    n = 100_000
+    while True:
+        started = time.monotonic()
+        pow(3, n)
+        if time.monotonic() - started > at_least:
+            return
+        n = n * 3 // 2
+"""
+
+
+def test_a_worker_whose_heartbeat_a_long_c_call_held_up_says_which_setting_to_raise(
+    tmp_path: Path,
+) -> None:
+    p = Project(tmp_path, GIL_TASKS, ("tasks.hold_the_gil",))
+    try:
+        p.send("tasks.hold_the_gil", 1.0)
+        out = p.hurtle("worker", "tasks:app", "--burst", HURTLE_HEARTBEAT_TIMEOUT="0.3")
+    finally:
+        p.app.close()
+    assert out.returncode == 0, out.stderr
+    assert "more than its heartbeat timeout of 0.3s" in out.stderr, out.stderr
+    assert "set HURTLE_HEARTBEAT_TIMEOUT above the longest such call" in out.stderr

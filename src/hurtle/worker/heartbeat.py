@@ -82,27 +82,29 @@ class Heartbeat:
         beat: Callable[[], None] | None = None if self._patched else self.consumer.heartbeat
         end: Callable[[], None] | None = None
         timeout = self.consumer.heartbeat_timeout
-        waited_since = time.monotonic()
+        last_beat = time.monotonic()  # the worker beat once before starting this thread
         try:
             while not self._stopping.acquire(True, self.interval):
-                late = time.monotonic() - waited_since
-                if late > timeout:
-                    log.warning(
-                        "this worker's heartbeat could not run for %.1fs, more than its "
-                        "heartbeat timeout of %gs: a task held the GIL in one long call (or the "
-                        "process was paused), so other workers may have taken what it held and "
-                        "run it again; set HURTLE_HEARTBEAT_TIMEOUT above the longest such call",
-                        late, timeout,
-                    )
                 if beat is None:  # connections of this thread's own, made here
                     try:
                         beat, end = self.consumer.heartbeat_session()
                     except Exception as err:
                         self.failures += 1
                         log.warning("heartbeat failed (%d in a row): %s", self.failures, err)
-                if beat is not None:
-                    self._beat(beat)
-                waited_since = time.monotonic()
+                        continue
+                if not self._beat(beat):
+                    continue
+                now = time.monotonic()
+                if now - last_beat > timeout:
+                    log.warning(
+                        "this worker went %.1fs without a heartbeat, more than its heartbeat "
+                        "timeout of %gs, so other workers may have taken what it held and run "
+                        "it again: a task held the GIL in one long call (or the process was "
+                        "paused, or the broker slow); set HURTLE_HEARTBEAT_TIMEOUT above the "
+                        "longest such call",
+                        now - last_beat, timeout,
+                    )
+                last_beat = now
         finally:
             if end is not None:
                 try:
