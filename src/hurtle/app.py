@@ -64,6 +64,7 @@ class Hurtle:
                     self._broker = make_broker(
                         self.settings.broker_url,
                         heartbeat_timeout=self.settings.heartbeat_timeout,
+                        max_recoveries=self.settings.max_recoveries,
                     )
                 broker = self._broker
         return broker

@@ -534,3 +534,35 @@ def test_a_consumer_with_a_short_timeout_is_recovered_by_a_patient_peer(
     time.sleep(0.5)
     patient.heartbeat()
     assert len(drain(patient)) == 3
+
+
+def test_a_message_whose_workers_keep_dying_becomes_a_dead_letter_and_innocents_run(
+    make: MakeBroker,
+) -> None:
+    broker = make(heartbeat_timeout=0.2)
+    poison, *innocent = [msg("q", i) for i in range(6)]
+    broker.publish([poison, *innocent])
+    runs: dict[str, int] = {}
+    acked: set[str] = set()
+    for _ in range(60):
+        if len(acked) == len(innocent) and broker.stats(["q"])["q"].dead:
+            break
+        broker.recover()
+        consumer = broker.consumer(["q"])
+        batch = consumer.fetch(4, 0)
+        ids = ids_of(batch)
+        for id_ in ids[: ids.index(poison.id) + 1 if poison.id in ids else None]:
+            runs[id_] = runs.get(id_, 0) + 1
+        if poison.id in ids:
+            # its worker dies with the whole batch unsettled: the messages that ran before the
+            # poison too (their acknowledgements were still on the way)
+            time.sleep(0.3)
+        else:
+            consumer.ack(batch)
+            acked.update(ids)
+    [dead] = broker.dead_letters("q")
+    assert Message.decode(dead.raw).id == poison.id
+    assert "its worker died" in dead.reason
+    assert runs[poison.id] <= broker.max_recoveries + 1
+    assert acked == {m.id for m in innocent}
+    assert broker.stats(["q"])["q"] == QueueStats(dead=1)

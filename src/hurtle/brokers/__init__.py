@@ -12,17 +12,23 @@ __all__ = ["Broker", "Consumer", "DeadLetter", "Delivery", "QueueStats", "make_b
 SCHEMES = ("sqlite", "memory", "redis", "rediss")
 
 
-def make_broker(url: str, *, heartbeat_timeout: float = 20.0) -> Broker:
+def make_broker(
+    url: str, *, heartbeat_timeout: float = 20.0, max_recoveries: int = 3
+) -> Broker:
     """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme == "memory":
         from .memory import MemoryBroker
 
-        return MemoryBroker(url, heartbeat_timeout=heartbeat_timeout)
+        return MemoryBroker(
+            url, heartbeat_timeout=heartbeat_timeout, max_recoveries=max_recoveries
+        )
     if scheme == "sqlite":
         from .sqlite import SQLiteBroker
 
-        return SQLiteBroker(url, heartbeat_timeout=heartbeat_timeout)
+        return SQLiteBroker(
+            url, heartbeat_timeout=heartbeat_timeout, max_recoveries=max_recoveries
+        )
     if scheme in ("redis", "rediss"):
         try:
             from .redis import RedisBroker
@@ -30,7 +36,9 @@ def make_broker(url: str, *, heartbeat_timeout: float = 20.0) -> Broker:
             raise ConfigurationError(
                 f"the redis broker needs the redis package ({err}): pip install 'hurtle[redis]'"
             ) from err
-        return RedisBroker(url, heartbeat_timeout=heartbeat_timeout)
+        return RedisBroker(
+            url, heartbeat_timeout=heartbeat_timeout, max_recoveries=max_recoveries
+        )
     raise ConfigurationError(
         f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory:// or "
         "redis://host:port/db"

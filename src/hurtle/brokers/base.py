@@ -150,6 +150,8 @@ class Broker(abc.ABC):
     url: str
     #: Seconds after which a silent consumer's deliveries are handed to others.
     heartbeat_timeout: float
+    #: Deaths of its worker a message survives before it becomes a dead letter.
+    max_recoveries: int
 
     @abc.abstractmethod
     def publish(self, messages: Sequence[Message]) -> None:

@@ -3,6 +3,11 @@
 Messages live in Python structures behind one lock; nothing survives the process. Consumers in
 several threads of the same process see one store. Each consumer keeps the heartbeat timeout its
 broker had when it was made, and its deadline (a beat plus that timeout) is what recovery checks.
+
+Poison messages are handled as in the Redis broker (``lua/heartbeat.lua`` explains how): deaths
+are counted per message, a message recovered a second time waits in quarantine and is let out
+one at a time, and a message let out that way whose worker dies holding no other such message
+becomes a dead letter past ``max_recoveries`` deaths.
 """
 
 from __future__ import annotations
@@ -21,22 +26,33 @@ from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
 _LEVELS = MAX_PRIORITY + 1
 
 
+#: Most recovered messages whose deaths a queue remembers (those with the fewest go first).
+MAX_DEATHS = 10_000
+
+
 class _Queue:
-    __slots__ = ("dead", "delayed", "ready")
+    __slots__ = ("dead", "deaths", "delayed", "last_probe", "probes", "quarantine", "ready")
 
     def __init__(self) -> None:
         self.ready: list[deque[bytes]] = [deque() for _ in range(_LEVELS)]
         self.delayed: list[tuple[float, int, int, bytes]] = []  # (eta, seq, priority, raw)
         self.dead: dict[str, DeadLetter] = {}
+        self.quarantine: deque[tuple[int, bytes]] = deque()  # (priority, raw)
+        self.deaths: dict[bytes, int] = {}  # raw -> deaths of its workers
+        self.probes: set[bytes] = set()  # quarantined messages let out and not recovered since
+        self.last_probe: tuple[int, bytes] | None = None
 
     def ready_count(self) -> int:
-        return sum(len(level) for level in self.ready)
+        return sum(len(level) for level in self.ready) + len(self.quarantine)
 
 
 class MemoryBroker(Broker):
-    def __init__(self, url: str = "memory://", *, heartbeat_timeout: float = 20.0) -> None:
+    def __init__(
+        self, url: str = "memory://", *, heartbeat_timeout: float = 20.0, max_recoveries: int = 3
+    ) -> None:
         self.url = url
         self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queues: dict[str, _Queue] = {}
@@ -105,11 +121,55 @@ class MemoryBroker(Broker):
         moved = 0
         for worker_id, deadline in list(self._deadline.items()):
             if deadline < now:
-                moved += self._requeue_locked(self._held.pop(worker_id, {}).values())
+                moved += self._recover_held_locked(self._held.pop(worker_id, {}), now)
                 del self._deadline[worker_id]
-        if moved:
+        released = False
+        for q in self._queues.values():
+            released = self._let_one_out_locked(q) or released
+        if moved or released:
             self._wake.notify_all()
         return moved
+
+    def _recover_held_locked(self, held: dict[int, tuple[str, bytes, int]], now: float) -> int:
+        """What one dead worker held: back to the queue, to quarantine or to the dead letters."""
+        probes: dict[str, int] = {}
+        for queue, raw, _ in held.values():
+            if raw in self._queue(queue).probes:
+                probes[queue] = probes.get(queue, 0) + 1
+        back = []
+        for queue, raw, priority in held.values():
+            q = self._queue(queue)
+            deaths = q.deaths[raw] = q.deaths.get(raw, 0) + 1
+            probe = raw in q.probes
+            q.probes.discard(raw)
+            if probe and probes[queue] == 1 and deaths > self.max_recoveries:
+                del q.deaths[raw]
+                dead_id = new_id()
+                q.dead[dead_id] = DeadLetter(
+                    id=dead_id, queue=queue, raw=raw, failed_at=now,
+                    reason=f"its worker died {deaths} times while holding it (max_recoveries "
+                    f"is {self.max_recoveries})",
+                )
+            elif deaths >= 2:
+                q.quarantine.append((priority, raw))
+            else:
+                back.append((queue, raw, priority))
+            if len(q.deaths) > MAX_DEATHS:
+                del q.deaths[min(q.deaths, key=q.deaths.__getitem__)]
+        self._requeue_locked(back)
+        return len(held)
+
+    @staticmethod
+    def _let_one_out_locked(q: _Queue) -> bool:
+        """Let one quarantined message out, unless the last one is still waiting to be taken."""
+        if not q.quarantine:
+            return False
+        if q.last_probe is not None and q.last_probe[1] in q.ready[q.last_probe[0]]:
+            return False
+        priority, raw = q.last_probe = q.quarantine.popleft()
+        q.ready[priority].appendleft(raw)
+        q.probes.add(raw)
+        return True
 
     def _requeue_locked(self, items: Iterable[tuple[str, bytes, int]]) -> int:
         n = 0

@@ -16,7 +16,9 @@ How it works, in short:
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
 * crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
   the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front
-  of the queue, what workers whose deadline passed held.
+  of the queue, what workers whose deadline passed held. It counts their deaths per message: a
+  message recovered twice is quarantined and let out alone, and one whose workers keep dying
+  becomes a dead letter past ``max_recoveries`` (see the script's header).
 
 Nothing here decodes a payload: garbage bytes come out of ``fetch`` like any message.
 """
@@ -130,10 +132,13 @@ _Command = tuple[tuple[Any, ...], "_Script | None"]
 class RedisBroker(Broker):
     """The broker contract on one Redis server (6.2 or later)."""
 
-    def __init__(self, url: str, *, heartbeat_timeout: float = 20.0) -> None:
+    def __init__(
+        self, url: str, *, heartbeat_timeout: float = 20.0, max_recoveries: int = 3
+    ) -> None:
         self.url = _public_url(url)
         self._url = url  # with its password: for the heartbeat's own connections
         self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
         self._scripts = _get_scripts()
         options: dict[str, Any] = {
             "socket_timeout": SOCKET_TIMEOUT,
@@ -299,7 +304,7 @@ class RedisBroker(Broker):
         commands = []
         for name in names:
             k = queue_keys(name)
-            keys = (*k.ready, k.delayed, k.workers, k.dead)
+            keys = (*k.ready, k.delayed, k.workers, k.dead, k.quarantine)
             commands.append(self._call(self._scripts.stats, keys, (k.inflight_prefix,)))
         results = self._pipeline(commands, "reading queue stats")
         return {
@@ -318,10 +323,12 @@ class RedisBroker(Broker):
         commands = []
         for name in queues:
             k = queue_keys(name)
-            args = (worker_id, repr(float(timeout)), k.inflight_prefix)
-            commands.append(
-                self._call(self._scripts.heartbeat, (*k.ready, k.workers, k.wake), args)
+            args = (worker_id, repr(float(timeout)), k.inflight_prefix, self.max_recoveries)
+            keys = (
+                *k.ready, k.workers, k.wake, k.quarantine, k.deaths, k.probes, k.probe, k.dead,
+                k.dead_raw, k.dead_reason, k.seq,
             )
+            commands.append(self._call(self._scripts.heartbeat, keys, args))
         return sum(self._pipeline(commands, "recording a heartbeat and recovering"))
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
@@ -633,7 +640,10 @@ class RedisConsumer(Consumer):
         self.broker._heartbeat(list(self._targets), self.worker_id, self.heartbeat_timeout)
 
     def heartbeat_session(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        own = RedisBroker(self.broker._url, heartbeat_timeout=self.heartbeat_timeout)
+        own = RedisBroker(
+            self.broker._url, heartbeat_timeout=self.heartbeat_timeout,
+            max_recoveries=self.broker.max_recoveries,
+        )
         queues, worker_id, timeout = list(self._targets), self.worker_id, self.heartbeat_timeout
 
         def beat() -> None:

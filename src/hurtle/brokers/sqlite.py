@@ -23,6 +23,16 @@ the hot path writes each message once and deletes it once, like a plain insert-t
   worker with a longer one holds. Recovery re-queues what workers whose deadline passed held.
 * ``dead`` — dead letters, oldest first by row id.
 * ``queues`` — every queue ever published to.
+* ``deaths``, ``quarantine``, ``probes`` — poison messages (a task that kills its process), as in
+  the Redis broker (``lua/heartbeat.lua``): recovery counts a death per recovered message (by
+  sha1 of its bytes; at most ``MAX_DEATHS`` rows, those with the fewest deaths go first). A
+  message recovered for the first time goes back to the queue; one recovered again waits in
+  ``quarantine``, away from the innocent messages it keeps coming back with, and recovery lets
+  those out one at a time (a *probe*, recorded in ``probes`` until it is settled or recovered;
+  the next once the previous was fetched). A probe whose dead worker held no other probe was the
+  likely killer: past ``max_recoveries`` deaths it becomes a dead letter ("its worker died N
+  times while holding it"), else it goes back to quarantine. Quarantined messages count as
+  ready in ``stats``.
 
 Priorities are 0..9 (the task API checks them); a raw ``Message`` outside that range is stored
 at the nearest end.
@@ -66,6 +76,7 @@ version is upgraded in place (``_UPGRADES``); an older one is refused with a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -94,6 +105,29 @@ _POLL_MAX = 0.025
 _PRIORITY_BITS = 4
 _PRIORITY_MASK = (1 << _PRIORITY_BITS) - 1
 assert MAX_PRIORITY <= _PRIORITY_MASK and MIN_PRIORITY >= 0
+
+_POISON_SCHEMA = """
+CREATE TABLE deaths (
+    queue  TEXT    NOT NULL,
+    digest TEXT    NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (queue, digest)
+) WITHOUT ROWID;
+CREATE TABLE quarantine (
+    seq      INTEGER PRIMARY KEY,
+    queue    TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    body     BLOB    NOT NULL
+);
+CREATE INDEX quarantine_queue ON quarantine (queue, seq);
+CREATE TABLE probes (
+    queue    TEXT    NOT NULL,
+    digest   TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    id       INTEGER NOT NULL,
+    PRIMARY KEY (queue, digest)
+) WITHOUT ROWID;
+"""
 
 _SCHEMA = """
 CREATE TABLE messages (
@@ -142,15 +176,17 @@ CREATE TABLE dead (
 );
 CREATE INDEX dead_queue ON dead (queue);
 CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
-"""
+""" + _POISON_SCHEMA
 
 # Schema version -> the statements that turn it into the next one.
 _UPGRADES = {
     # version 2 recorded a worker's last beat; version 3 its deadline (the writer's timeout of
     # those days was 20 s unless set otherwise: workers still running get that much)
     2: "ALTER TABLE workers RENAME COLUMN last_seen TO deadline; "
-    "UPDATE workers SET deadline = deadline + 20.0",
+    "UPDATE workers SET deadline = deadline + 20.0;" + _POISON_SCHEMA,
 }
+#: Most recovered messages whose deaths the file remembers (those with the fewest go first).
+MAX_DEATHS = 10_000
 
 _IDS = "SELECT value FROM json_each(?)"
 _NEXT_IDS = "UPDATE seq SET next = next + ? RETURNING next"
@@ -251,10 +287,15 @@ class SQLiteBroker(Broker):
     """The contract on one SQLite file, shared by every process and thread that opens it."""
 
     def __init__(
-        self, url: str = "sqlite:///hurtle.db", *, heartbeat_timeout: float = 20.0
+        self,
+        url: str = "sqlite:///hurtle.db",
+        *,
+        heartbeat_timeout: float = 20.0,
+        max_recoveries: int = 3,
     ) -> None:
         self.url = url
         self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
         self.path = _path_of(url)
         self._lock = threading.Lock()
         self._wake = threading.Condition(threading.Lock())
@@ -487,6 +528,11 @@ class SQLiteBroker(Broker):
                 wanted,
             ):
                 counts[queue][3] += n
+            for queue, n in conn.execute(  # waiting to be let out one at a time: ready
+                f"SELECT queue, count(*) FROM quarantine WHERE queue IN ({_IDS}) GROUP BY queue",
+                wanted,
+            ):
+                counts[queue][0] += n
         return {
             name: QueueStats(ready=c[0], delayed=c[1], in_flight=c[2], dead=c[3])
             for name, c in counts.items()
@@ -494,14 +540,16 @@ class SQLiteBroker(Broker):
 
     def recover(self) -> int:
         with self._write() as conn:
-            moved = self._recover_in(conn, time.time())
-        if moved:
+            moved, released = self._recover_in(conn, time.time())
+        if moved or released:
             self._notify()
         return moved
 
-    def _recover_in(self, conn: sqlite3.Connection, now: float) -> int:
+    def _recover_in(self, conn: sqlite3.Connection, now: float) -> tuple[int, bool]:
         """Forget workers whose deadline passed, and re-queue what every claim of a worker not
-        in ``workers`` still holds (theirs, and any left without a worker)."""
+        in ``workers`` still holds (theirs, and any left without a worker); then let one
+        quarantined message out per queue. Returns (deliveries recovered, whether one was let
+        out)."""
         dead = [
             r[0] for r in conn.execute("SELECT worker_id FROM workers WHERE deadline < ?", (now,))
         ]
@@ -512,22 +560,110 @@ class SQLiteBroker(Broker):
             "SELECT batch, worker, queue, priority, lo, hi FROM claims "
             "WHERE worker NOT IN (SELECT worker_id FROM workers)"
         ).fetchall()
-        if not orphans:
-            return 0
-        rows: Rows = []
-        for _, _, queue, priority, lo, hi in orphans:
-            rows += conn.execute(_TAKE_BACK_RANGE, (queue, priority, lo, hi)).fetchall()
-        conn.execute(
-            f"DELETE FROM claims WHERE batch IN ({_IDS})", (json.dumps([c[0] for c in orphans]),)
-        )
-        moved = _requeue(conn, rows)
-        if moved:
-            log.warning(
-                "recovered %d deliveries held by silent workers %s",
-                moved,
-                sorted({c[1] for c in orphans}),
+        moved = 0
+        if orphans:
+            held: dict[str, Rows] = {}
+            for _, worker, queue, priority, lo, hi in orphans:
+                held.setdefault(worker, []).extend(
+                    conn.execute(_TAKE_BACK_RANGE, (queue, priority, lo, hi)).fetchall()
+                )
+            conn.execute(
+                f"DELETE FROM claims WHERE batch IN ({_IDS})",
+                (json.dumps([c[0] for c in orphans]),),
             )
-        return moved
+            back: Rows = []
+            for rows in held.values():
+                back += self._sort_out(conn, rows, now)
+                moved += len(rows)
+            _requeue(conn, back)
+            if moved:
+                log.warning(
+                    "recovered %d deliveries held by silent workers %s",
+                    moved,
+                    sorted({c[1] for c in orphans}),
+                )
+                extra = conn.execute("SELECT count(*) FROM deaths").fetchone()[0] - MAX_DEATHS
+                if extra > 0:
+                    conn.execute(
+                        "DELETE FROM deaths WHERE (queue, digest) IN (SELECT queue, digest "
+                        "FROM deaths ORDER BY n LIMIT ?)",
+                        (extra,),
+                    )
+        return moved, self._let_out(conn)
+
+    def _sort_out(self, conn: sqlite3.Connection, rows: Rows, now: float) -> Rows:
+        """Count a death for each row one dead worker held; quarantine those that died before
+        and dead-letter a lone probe past ``max_recoveries``. Returns the rows to re-queue."""
+        digests = [hashlib.sha1(body).hexdigest() for _, _, _, body in rows]
+        probe = [
+            conn.execute(
+                "DELETE FROM probes WHERE queue = ? AND digest = ? RETURNING 1", (row[0], digest)
+            ).fetchone()
+            is not None
+            for row, digest in zip(rows, digests, strict=True)
+        ]
+        probes_per_queue: dict[str, int] = {}
+        for row, is_probe in zip(rows, probe, strict=True):
+            probes_per_queue[row[0]] = probes_per_queue.get(row[0], 0) + is_probe
+        back: Rows = []
+        for row, digest, is_probe in zip(rows, digests, probe, strict=True):
+            queue, priority, _, body = row
+            deaths: int = conn.execute(
+                "INSERT INTO deaths (queue, digest, n) VALUES (?, ?, 1) "
+                "ON CONFLICT (queue, digest) DO UPDATE SET n = n + 1 RETURNING n",
+                (queue, digest),
+            ).fetchone()[0]
+            if is_probe and probes_per_queue[queue] == 1 and deaths > self.max_recoveries:
+                conn.execute(
+                    "DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest)
+                )
+                conn.execute(
+                    "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)",
+                    (
+                        new_id(), queue,
+                        f"its worker died {deaths} times while holding it (max_recoveries is "
+                        f"{self.max_recoveries})",
+                        body, now,
+                    ),
+                )
+            elif deaths >= 2:
+                conn.execute(
+                    "INSERT INTO quarantine (queue, priority, body) VALUES (?, ?, ?)",
+                    (queue, priority, body),
+                )
+            else:
+                back.append(row)
+        return back
+
+    def _let_out(self, conn: sqlite3.Connection) -> bool:
+        """Per queue, let one quarantined message out unless the last one is still ready."""
+        # a probe whose row is gone was settled (or recovered: then it was handled above)
+        conn.execute(
+            "DELETE FROM probes WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE "
+            "m.queue = probes.queue AND m.priority = probes.priority AND m.id = probes.id)"
+        )
+        released = False
+        for (queue,) in conn.execute("SELECT DISTINCT queue FROM quarantine").fetchall():
+            waiting = conn.execute(
+                "SELECT 1 FROM probes p JOIN cursors c ON c.queue = p.queue "
+                "AND c.priority = p.priority WHERE p.queue = ? AND p.id > c.last",
+                (queue,),
+            ).fetchone()
+            if waiting:
+                continue
+            seq, priority, body = conn.execute(
+                "SELECT seq, priority, body FROM quarantine WHERE queue = ? ORDER BY seq LIMIT 1",
+                (queue,),
+            ).fetchone()
+            conn.execute("DELETE FROM quarantine WHERE seq = ?", (seq,))
+            id_ = _next_ids(conn, 1)
+            conn.execute(_INSERT, (queue, priority, id_, body))
+            conn.execute(
+                "INSERT OR REPLACE INTO probes (queue, digest, priority, id) VALUES (?, ?, ?, ?)",
+                (queue, hashlib.sha1(body).hexdigest(), priority, id_),
+            )
+            released = True
+        return released
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         with self._read() as conn:
@@ -757,12 +893,15 @@ class _SQLiteConsumer(Consumer):
             now = time.time()
             conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             conn.execute(_DROP_EMPTY, (self.worker_id,))
-            moved = b._recover_in(conn, now)
-        if moved:
+            moved, released = b._recover_in(conn, now)
+        if moved or released:
             b._notify()
 
     def heartbeat_session(self) -> tuple[Callable[[], None], Callable[[], None]]:
-        own = SQLiteBroker(self.broker.url, heartbeat_timeout=self.heartbeat_timeout)
+        own = SQLiteBroker(
+            self.broker.url, heartbeat_timeout=self.heartbeat_timeout,
+            max_recoveries=self.broker.max_recoveries,
+        )
         try:
             beater = _SQLiteConsumer(own, self.queues, self.worker_id)
         except BaseException:
