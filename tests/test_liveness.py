@@ -192,8 +192,9 @@ def poison_project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[P
     p.app.close()
 
 
+@pytest.mark.parametrize("pool", ["solo", "threads"])
 def test_a_task_that_kills_its_worker_becomes_a_dead_letter_and_the_others_all_run(
-    poison_project: Project,
+    poison_project: Project, pool: str
 ) -> None:
     p = poison_project
     p.send_many("tasks.work", [(i,) for i in range(10)])
@@ -201,7 +202,7 @@ def test_a_task_that_kills_its_worker_becomes_a_dead_letter_and_the_others_all_r
     p.send_many("tasks.work", [(i,) for i in range(10, 20)])
     exits = []
     for _ in range(20):  # a worker restarted each time it dies, until it drains the queue
-        out = p.hurtle("worker", "tasks:app", "--burst", timeout=120,
+        out = p.hurtle("worker", "tasks:app", "--burst", "--pool", pool, timeout=120,
                        HURTLE_HEARTBEAT_TIMEOUT="0.5")
         exits.append(out.returncode)
         if out.returncode == 0:
