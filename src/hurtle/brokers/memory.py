@@ -28,6 +28,8 @@ _LEVELS = MAX_PRIORITY + 1
 
 #: Most recovered messages whose deaths a queue remembers (those with the fewest go first).
 MAX_DEATHS = 10_000
+#: Most quarantined messages let out that a queue remembers (the oldest go first).
+MAX_PROBES = 1000
 
 
 class _Queue:
@@ -39,7 +41,8 @@ class _Queue:
         self.dead: dict[str, DeadLetter] = {}
         self.quarantine: deque[tuple[int, bytes]] = deque()  # (priority, raw)
         self.deaths: dict[bytes, int] = {}  # raw -> deaths of its workers
-        self.probes: set[bytes] = set()  # quarantined messages let out and not recovered since
+        # quarantined messages let out and not recovered since, oldest first
+        self.probes: dict[bytes, None] = {}
         self.last_probe: tuple[int, bytes] | None = None
 
     def ready_count(self) -> int:
@@ -141,7 +144,7 @@ class MemoryBroker(Broker):
             q = self._queue(queue)
             deaths = q.deaths[raw] = q.deaths.get(raw, 0) + 1
             probe = raw in q.probes
-            q.probes.discard(raw)
+            q.probes.pop(raw, None)
             if probe and probes[queue] == 1 and deaths > self.max_recoveries:
                 del q.deaths[raw]
                 dead_id = new_id()
@@ -168,7 +171,9 @@ class MemoryBroker(Broker):
             return False
         priority, raw = q.last_probe = q.quarantine.popleft()
         q.ready[priority].appendleft(raw)
-        q.probes.add(raw)
+        q.probes[raw] = None
+        if len(q.probes) > MAX_PROBES:
+            del q.probes[next(iter(q.probes))]
         return True
 
     def _requeue_locked(self, items: Iterable[tuple[str, bytes, int]]) -> int:
