@@ -109,8 +109,9 @@ def test_a_cpu_bound_task_under_greenlets_does_not_make_its_worker_look_dead(
     spin_project: Project, pool: str
 ) -> None:
     p = spin_project
-    env = {"HURTLE_HEARTBEAT_TIMEOUT": "1"}
-    p.send("tasks.spin", "cpu", 5.0)
+    # a timeout with room for a loaded machine: every statement of a beat waits for the GIL
+    env = {"HURTLE_HEARTBEAT_TIMEOUT": "2"}
+    p.send("tasks.spin", "cpu", 8.0)
     busy = p.popen("worker", "tasks:app", "--pool", pool, **env)
     p.wait_for(lambda: p.lines("start") == ["cpu"])
     # a peer that beats and recovers while the task computes for several heartbeat timeouts,

@@ -125,10 +125,14 @@ class Consumer(abc.ABC):
         """Give held deliveries back, unchanged and ready, to be fetched again (graceful stop)."""
 
     @abc.abstractmethod
-    def heartbeat(self) -> None:
-        """Tell the broker this worker is alive, and recover what dead workers held."""
+    def heartbeat(self) -> bool:
+        """Tell the broker this worker is alive, and recover what dead workers held.
 
-    def heartbeat_session(self) -> tuple[Callable[[], None], Callable[[], None]]:
+        Returns True while recovery has more to do soon (recovered messages wait to be let out
+        one at a time): the caller then beats again sooner than usual.
+        """
+
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         """``(beat, end)``: ``beat`` does what ``heartbeat`` does for this consumer, through
         connections of its own; ``end`` lets go of them (and releases nothing).
 

@@ -304,12 +304,13 @@ class _MemoryConsumer(Consumer):
             b._requeue_locked(items)
             b._wake.notify_all()
 
-    def heartbeat(self) -> None:
+    def heartbeat(self) -> bool:
         b = self.broker
         with b._lock:
             b._deadline[self.worker_id] = time.time() + self.heartbeat_timeout
             self._held()
             b._recover_locked()
+            return any(q.quarantine for q in b._queues.values())
 
     def close(self) -> None:
         b = self.broker

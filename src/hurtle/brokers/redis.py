@@ -313,13 +313,16 @@ class RedisBroker(Broker):
         }
 
     def recover(self) -> int:
-        return self._heartbeat(self.queues(), "", 0.0)
+        return self._heartbeat(self.queues(), "", 0.0)[0]
 
-    def _heartbeat(self, queues: Sequence[str], worker_id: str, timeout: float) -> int:
+    def _heartbeat(
+        self, queues: Sequence[str], worker_id: str, timeout: float
+    ) -> tuple[int, bool]:
         """Push ``worker_id``'s deadline to now + ``timeout`` (unless it is ``""``) and recover
-        ``queues`` from the workers whose deadline passed."""
+        ``queues`` from the workers whose deadline passed. Returns how many deliveries were
+        recovered, and whether messages wait in quarantine."""
         if not queues:
-            return 0
+            return 0, False
         commands = []
         for name in queues:
             k = queue_keys(name)
@@ -329,7 +332,8 @@ class RedisBroker(Broker):
                 k.dead_raw, k.dead_reason, k.seq,
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
-        return sum(self._pipeline(commands, "recording a heartbeat and recovering"))
+        results = self._pipeline(commands, "recording a heartbeat and recovering")
+        return sum(r[0] for r in results), any(r[1] for r in results)
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         k = queue_keys(queue)
@@ -636,18 +640,20 @@ class RedisConsumer(Consumer):
             commands.append(self.broker._call(script, (*k.ready, target.inflight, k.wake), triples))
         self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
 
-    def heartbeat(self) -> None:
-        self.broker._heartbeat(list(self._targets), self.worker_id, self.heartbeat_timeout)
+    def heartbeat(self) -> bool:
+        return self.broker._heartbeat(
+            list(self._targets), self.worker_id, self.heartbeat_timeout
+        )[1]
 
-    def heartbeat_session(self) -> tuple[Callable[[], None], Callable[[], None]]:
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = RedisBroker(
             self.broker._url, heartbeat_timeout=self.heartbeat_timeout,
             max_recoveries=self.broker.max_recoveries,
         )
         queues, worker_id, timeout = list(self._targets), self.worker_id, self.heartbeat_timeout
 
-        def beat() -> None:
-            own._heartbeat(queues, worker_id, timeout)
+        def beat() -> bool:
+            return own._heartbeat(queues, worker_id, timeout)[1]
 
         return beat, own.close
 

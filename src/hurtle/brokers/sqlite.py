@@ -540,16 +540,16 @@ class SQLiteBroker(Broker):
 
     def recover(self) -> int:
         with self._write() as conn:
-            moved, released = self._recover_in(conn, time.time())
+            moved, released, _ = self._recover_in(conn, time.time())
         if moved or released:
             self._notify()
         return moved
 
-    def _recover_in(self, conn: sqlite3.Connection, now: float) -> tuple[int, bool]:
+    def _recover_in(self, conn: sqlite3.Connection, now: float) -> tuple[int, bool, bool]:
         """Forget workers whose deadline passed, and re-queue what every claim of a worker not
         in ``workers`` still holds (theirs, and any left without a worker); then let one
         quarantined message out per queue. Returns (deliveries recovered, whether one was let
-        out)."""
+        out, whether more wait in quarantine)."""
         dead = [
             r[0] for r in conn.execute("SELECT worker_id FROM workers WHERE deadline < ?", (now,))
         ]
@@ -589,7 +589,7 @@ class SQLiteBroker(Broker):
                         "FROM deaths ORDER BY n LIMIT ?)",
                         (extra,),
                     )
-        return moved, self._let_out(conn)
+        return moved, *self._let_out(conn)
 
     def _sort_out(self, conn: sqlite3.Connection, rows: Rows, now: float) -> Rows:
         """Count a death for each row one dead worker held; quarantine those that died before
@@ -635,15 +635,22 @@ class SQLiteBroker(Broker):
                 back.append(row)
         return back
 
-    def _let_out(self, conn: sqlite3.Connection) -> bool:
-        """Per queue, let one quarantined message out unless the last one is still ready."""
+    def _let_out(self, conn: sqlite3.Connection) -> tuple[bool, bool]:
+        """Per queue, let one quarantined message out unless the last one is still ready.
+        Returns (whether one was let out, whether more wait).
+
+        One statement when nothing waits: it runs on every heartbeat, and a heartbeat thread
+        competing for the GIL with a task that computes pays for each statement."""
+        queues = conn.execute("SELECT DISTINCT queue FROM quarantine").fetchall()
+        if not queues:
+            return False, False
         # a probe whose row is gone was settled (or recovered: then it was handled above)
         conn.execute(
             "DELETE FROM probes WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE "
             "m.queue = probes.queue AND m.priority = probes.priority AND m.id = probes.id)"
         )
         released = False
-        for (queue,) in conn.execute("SELECT DISTINCT queue FROM quarantine").fetchall():
+        for (queue,) in queues:
             waiting = conn.execute(
                 "SELECT 1 FROM probes p JOIN cursors c ON c.queue = p.queue "
                 "AND c.priority = p.priority WHERE p.queue = ? AND p.id > c.last",
@@ -663,7 +670,8 @@ class SQLiteBroker(Broker):
                 (queue, hashlib.sha1(body).hexdigest(), priority, id_),
             )
             released = True
-        return released
+        pending = conn.execute("SELECT EXISTS (SELECT 1 FROM quarantine)").fetchone()[0]
+        return released, bool(pending)
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         with self._read() as conn:
@@ -887,17 +895,18 @@ class _SQLiteConsumer(Consumer):
             conn.execute(_DROP_EMPTY, (self.worker_id,))
         self.broker._notify()
 
-    def heartbeat(self) -> None:
+    def heartbeat(self) -> bool:
         b = self.broker
         with b._write() as conn:
             now = time.time()
             conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             conn.execute(_DROP_EMPTY, (self.worker_id,))
-            moved, released = b._recover_in(conn, now)
+            moved, released, pending = b._recover_in(conn, now)
         if moved or released:
             b._notify()
+        return pending
 
-    def heartbeat_session(self) -> tuple[Callable[[], None], Callable[[], None]]:
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = SQLiteBroker(
             self.broker.url, heartbeat_timeout=self.heartbeat_timeout,
             max_recoveries=self.broker.max_recoveries,

@@ -41,7 +41,8 @@
     ARGV[4]      max_recoveries: deaths a probe may survive
 
   Output:
-    how many deliveries went back to the ready lists, to quarantine or to the dead letters
+    { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
+      how many messages wait in quarantine }
 ]]
 -- @include _lib
 
@@ -126,4 +127,4 @@ end
 if #back > 0 or released then
   wake_one(KEYS[12])
 end
-return moved
+return { moved, redis.call('LLEN', KEYS[13]) }
