@@ -135,17 +135,15 @@ class MemoryBroker(Broker):
 
     def _recover_held_locked(self, held: dict[int, tuple[str, bytes, int]], now: float) -> int:
         """What one dead worker held: back to the queue, to quarantine or to the dead letters."""
-        probes: dict[str, int] = {}
-        for queue, raw, _ in held.values():
-            if raw in self._queue(queue).probes:
-                probes[queue] = probes.get(queue, 0) + 1
+        # across all its queues, unlike Redis (one queue per script)
+        lone = sum(raw in self._queue(queue).probes for queue, raw, _ in held.values()) == 1
         back = []
         for queue, raw, priority in held.values():
             q = self._queue(queue)
             deaths = q.deaths[raw] = q.deaths.get(raw, 0) + 1
             probe = raw in q.probes
             q.probes.pop(raw, None)
-            if probe and probes[queue] == 1 and deaths > self.max_recoveries:
+            if probe and lone and deaths > self.max_recoveries:
                 del q.deaths[raw]
                 dead_id = new_id()
                 q.dead[dead_id] = DeadLetter(

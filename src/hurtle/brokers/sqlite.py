@@ -29,10 +29,10 @@ the hot path writes each message once and deletes it once, like a plain insert-t
   message recovered for the first time goes back to the queue; one recovered again waits in
   ``quarantine``, away from the innocent messages it keeps coming back with, and recovery lets
   those out one at a time (a *probe*, recorded in ``probes`` until it is settled or recovered;
-  the next once the previous was fetched). A probe whose dead worker held no other probe was the
-  likely killer: past ``max_recoveries`` deaths it becomes a dead letter ("its worker died N
-  times while holding it"), else it goes back to quarantine. Quarantined messages count as
-  ready in ``stats``.
+  the next once the previous was fetched). A probe whose dead worker held no other probe (in any
+  queue) was the likely killer: past ``max_recoveries`` deaths it becomes a dead letter ("its
+  worker died N times while holding it"), else it goes back to quarantine. Quarantined messages
+  count as ready in ``stats``.
 
 Priorities are 0..9 (the task API checks them); a raw ``Message`` outside that range is stored
 at the nearest end.
@@ -602,9 +602,7 @@ class SQLiteBroker(Broker):
             is not None
             for row, digest in zip(rows, digests, strict=True)
         ]
-        probes_per_queue: dict[str, int] = {}
-        for row, is_probe in zip(rows, probe, strict=True):
-            probes_per_queue[row[0]] = probes_per_queue.get(row[0], 0) + is_probe
+        lone = sum(probe) == 1  # across all its queues, unlike Redis (one queue per script)
         back: Rows = []
         for row, digest, is_probe in zip(rows, digests, probe, strict=True):
             queue, priority, _, body = row
@@ -613,7 +611,7 @@ class SQLiteBroker(Broker):
                 "ON CONFLICT (queue, digest) DO UPDATE SET n = n + 1 RETURNING n",
                 (queue, digest),
             ).fetchone()[0]
-            if is_probe and probes_per_queue[queue] == 1 and deaths > self.max_recoveries:
+            if is_probe and lone and deaths > self.max_recoveries:
                 conn.execute(
                     "DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest)
                 )

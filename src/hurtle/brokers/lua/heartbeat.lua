@@ -17,7 +17,9 @@
   one once the previous probe was fetched). A probe that comes back from a dead worker that held
   no other probe was the likely killer: past max_recoveries deaths it becomes a dead letter
   ("its worker died N times while holding it"), else it goes back to quarantine. Innocents of a
-  recovered batch only ever wait in quarantine; they are never dead-lettered by this script.
+  recovered batch only ever wait in quarantine; they are never dead-lettered by this script, with
+  one exception: a script sees one queue, so a worker reading several queues that dies holding a
+  probe of each (the killer and an innocent let out at the same moment) counts a death for both.
   The deaths zset keeps at most MAX_DEATHS entries (those with the fewest deaths go first).
 
   Input:
