@@ -66,6 +66,7 @@ class Hurtle:
                         heartbeat_timeout=self.settings.heartbeat_timeout,
                         dead_letter_max=self.settings.dead_letter_max,
                         dead_letter_ttl=self.settings.dead_letter_ttl,
+                        max_recoveries=self.settings.max_recoveries,
                     )
                 broker = self._broker
         return broker

@@ -30,6 +30,9 @@ class Settings:
     #: Seconds without a heartbeat after which a worker counts as dead and its tasks are handed
     #: to other workers.
     heartbeat_timeout: float = 20.0
+    #: Deaths of its worker a message survives: a message whose worker died holding it more
+    #: often (a task that kills its process) becomes a dead letter.
+    max_recoveries: int = 3
     #: Seconds between two heartbeats of a worker; ``0`` means a quarter of the timeout.
     heartbeat_interval: float = 0.0
     #: Queue of tasks that name none.
@@ -75,6 +78,9 @@ BOUNDS: dict[str, tuple[float, bool]] = {
     "fetch_batch_size": (1, True),
     "fetch_timeout": (0, False),
     "shutdown_timeout": (0, True),
+    "max_recoveries": (1, True),
+    "dead_letter_max": (0, True),
+    "dead_letter_ttl": (0, True),
 }
 
 

@@ -677,3 +677,71 @@ def test_every_priority_from_0_to_9_and_any_finite_eta_is_accepted(broker: Broke
     assert broker.stats(["q"])["q"].delayed == 1
     got = drain(broker.consumer(["q"]))
     assert ids_of(got)[:10] == [m.id for m in reversed(ms)]
+
+
+# -- liveness: each consumer is judged by its own deadline ---------------------------------
+
+
+def test_a_peer_with_a_shorter_timeout_leaves_a_live_consumers_deliveries(
+    make: MakeBroker,
+) -> None:
+    patient_side = make(heartbeat_timeout=20)
+    patient_side.publish([msg("q", i) for i in range(3)])
+    patient = patient_side.consumer(["q"])
+    held = patient.fetch(10, 1)
+    patient.heartbeat()
+    hasty_side = make(heartbeat_timeout=0.2)
+    hasty = hasty_side.consumer(["q"])
+    time.sleep(0.5)  # longer than the hasty timeout, far shorter than the patient one's
+    assert hasty_side.recover() == 0
+    hasty.heartbeat()
+    assert hasty.fetch(10, 0) == []
+    assert hasty_side.stats(["q"])["q"] == QueueStats(in_flight=3)
+    patient.ack(held)
+    assert hasty_side.stats(["q"])["q"] == QueueStats()
+
+
+def test_a_consumer_with_a_short_timeout_is_recovered_by_a_patient_peer(
+    make: MakeBroker,
+) -> None:
+    hasty_side = make(heartbeat_timeout=0.2)
+    hasty_side.publish([msg("q", i) for i in range(3)])
+    hasty = hasty_side.consumer(["q"])
+    assert len(hasty.fetch(10, 1)) == 3  # then it falls silent
+    patient_side = make(heartbeat_timeout=20)
+    patient = patient_side.consumer(["q"])
+    time.sleep(0.5)
+    patient.heartbeat()
+    assert len(drain(patient)) == 3
+
+
+def test_a_message_whose_workers_keep_dying_becomes_a_dead_letter_and_innocents_run(
+    make: MakeBroker,
+) -> None:
+    broker = make(heartbeat_timeout=0.2)
+    poison, *innocent = [msg("q", i) for i in range(6)]
+    broker.publish([poison, *innocent])
+    runs: dict[str, int] = {}
+    acked: set[str] = set()
+    for _ in range(60):
+        if len(acked) == len(innocent) and broker.stats(["q"])["q"].dead:
+            break
+        broker.recover()
+        consumer = broker.consumer(["q"])
+        batch = consumer.fetch(4, 0)
+        ids = ids_of(batch)
+        for id_ in ids[: ids.index(poison.id) + 1 if poison.id in ids else None]:
+            runs[id_] = runs.get(id_, 0) + 1
+        if poison.id in ids:
+            # its worker dies with the whole batch unsettled: the messages that ran before the
+            # poison too (their acknowledgements were still on the way)
+            time.sleep(0.3)
+        else:
+            consumer.ack(batch)
+            acked.update(ids)
+    [dead] = broker.dead_letters("q")
+    assert Message.decode(dead.raw).id == poison.id
+    assert "its worker died" in dead.reason
+    assert runs[poison.id] <= broker.max_recoveries + 1
+    assert acked == {m.id for m in innocent}
+    assert broker.stats(["q"])["q"] == QueueStats(dead=1)

@@ -19,6 +19,7 @@ def make_broker(
     heartbeat_timeout: float = 20.0,
     dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
     dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+    max_recoveries: int = 3,
 ) -> Broker:
     """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
@@ -30,6 +31,7 @@ def make_broker(
             heartbeat_timeout=heartbeat_timeout,
             dead_letter_max=dead_letter_max,
             dead_letter_ttl=dead_letter_ttl,
+            max_recoveries=max_recoveries,
         )
     if scheme == "sqlite":
         from .sqlite import SQLiteBroker
@@ -39,6 +41,7 @@ def make_broker(
             heartbeat_timeout=heartbeat_timeout,
             dead_letter_max=dead_letter_max,
             dead_letter_ttl=dead_letter_ttl,
+            max_recoveries=max_recoveries,
         )
     if scheme in ("redis", "rediss"):
         try:
@@ -52,6 +55,7 @@ def make_broker(
             heartbeat_timeout=heartbeat_timeout,
             dead_letter_max=dead_letter_max,
             dead_letter_ttl=dead_letter_ttl,
+            max_recoveries=max_recoveries,
         )
     raise ConfigurationError(
         f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory:// or "

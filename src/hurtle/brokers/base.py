@@ -10,9 +10,10 @@ Two sides:
   ``retry``, ``dead_letter`` or ``release``.
 
 Delivery semantics (DESIGN.md): at-least-once. A message leaves the broker only when its outcome
-is recorded. Deliveries of a consumer whose heartbeat lapsed for ``heartbeat_timeout`` seconds go
-back to their queues (``recover``), whatever their age: a slow task on a live worker is never
-handed out twice.
+is recorded. Each consumer beats with a deadline of its own (the time of the beat plus the
+``heartbeat_timeout`` of the broker it was made from); the deliveries of a consumer whose deadline
+passed go back to their queues (``recover``), whatever their age: a slow task on a live worker is
+never handed out twice, whatever timeout the worker that recovers has.
 
 Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): each dead-letter
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
@@ -27,7 +28,7 @@ import abc
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import msgspec
@@ -81,6 +82,9 @@ class Consumer(abc.ABC):
 
     #: The id other workers see in the broker; its heartbeat keeps this consumer's deliveries.
     worker_id: str
+    #: This consumer's own timeout (its broker's when it was made): each beat pushes its
+    #: deadline to now plus this.
+    heartbeat_timeout: float
     queues: tuple[str, ...]
     #: True when ``ack_and_fetch`` does both in one step of the store, cheaper than two.
     combines_ack_and_fetch = False
@@ -134,8 +138,22 @@ class Consumer(abc.ABC):
         """Give held deliveries back, unchanged and ready, to be fetched again (graceful stop)."""
 
     @abc.abstractmethod
-    def heartbeat(self) -> None:
-        """Tell the broker this worker is alive, and recover what dead workers held."""
+    def heartbeat(self) -> bool:
+        """Tell the broker this worker is alive, and recover what dead workers held.
+
+        Returns True while recovery has more to do soon (recovered messages wait to be let out
+        one at a time): the caller then beats again sooner than usual.
+        """
+
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
+        """``(beat, end)``: ``beat`` does what ``heartbeat`` does for this consumer, through
+        connections of its own; ``end`` lets go of them (and releases nothing).
+
+        Made and used on one other OS thread: the worker's heartbeat thread under gevent or
+        eventlet, where this consumer's connections belong to the main thread's event loop.
+        Brokers whose store lives in this process beat through the consumer itself.
+        """
+        return self.heartbeat, _nothing
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -153,6 +171,8 @@ class Broker(abc.ABC):
     dead_letter_max: int
     #: Seconds a dead letter is kept, ``0`` for no limit.
     dead_letter_ttl: float
+    #: Deaths of its worker a message survives before it becomes a dead letter.
+    max_recoveries: int
 
     @abc.abstractmethod
     def publish(self, messages: Sequence[Message]) -> None:
@@ -273,6 +293,10 @@ def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
             "raise it, or retry or purge them sooner, to keep more",
             dropped, queue, broker.dead_letter_max,
         )
+
+
+def _nothing() -> None:
+    return None
 
 
 def now() -> float:

@@ -14,12 +14,16 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:inflight:W:B:done  STRING  bitmap: bit i set = message i of batch B is settled
     hurtle:{q}:fetched:W          STRING  "TOKEN B1 B2 ...": W's last fetch that took something,
                                           until a fetch with another token (expires after a week)
-    hurtle:{q}:workers            ZSET    W, scored by W's last heartbeat (server time)
+    hurtle:{q}:workers            ZSET    W, scored by W's deadline (server time)
     hurtle:{q}:wake               LIST    wake-up tokens that idle consumers BLPOP on
     hurtle:{q}:seq                STRING  counter for batch ids and delayed members
     hurtle:{q}:dead               ZSET    dead-letter id, scored by failure time
     hurtle:{q}:dead:raw           HASH    dead-letter id -> raw bytes
     hurtle:{q}:dead:reason        HASH    dead-letter id -> reason
+    hurtle:{q}:quarantine         LIST    P .. raw: messages recovered twice, let out one at a time
+    hurtle:{q}:deaths             ZSET    sha1 of a recovered raw message, scored by its deaths
+    hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
+    hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
 
 A fetch records what it took as one in-flight *batch* per priority (``B = SEQ * 10 + P``), so that
 recording and acknowledging a thousand messages costs a few commands rather than a thousand hash
@@ -45,9 +49,13 @@ class QueueKeys:
         "dead",
         "dead_raw",
         "dead_reason",
+        "deaths",
         "delayed",
         "inflight_prefix",
         "name",
+        "probe",
+        "probes",
+        "quarantine",
         "ready",
         "seq",
         "wake",
@@ -66,6 +74,10 @@ class QueueKeys:
         self.dead = f"{base}dead"
         self.dead_raw = f"{base}dead:raw"
         self.dead_reason = f"{base}dead:reason"
+        self.quarantine = f"{base}quarantine"
+        self.deaths = f"{base}deaths"
+        self.probes = f"{base}probes"
+        self.probe = f"{base}probe"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
 

@@ -5,6 +5,14 @@ several threads of the same process see one store.
 
 Settling a delivery that is no longer held (settled before, or recovered from a consumer declared
 dead) changes nothing, as on every broker.
+
+Each consumer keeps the heartbeat timeout its broker had when it was made, and its deadline (a
+beat plus that timeout) is what recovery checks.
+
+Poison messages are handled as in the Redis broker (``lua/heartbeat.lua`` explains how): deaths
+are counted per message, a message recovered a second time waits in quarantine and is let out
+one at a time, and a message let out that way whose worker dies holding no other such message
+becomes a dead letter past ``max_recoveries`` deaths.
 """
 
 from __future__ import annotations
@@ -32,16 +40,27 @@ from .base import (
 _LEVELS = MAX_PRIORITY + 1
 
 
+#: Most recovered messages whose deaths a queue remembers (those with the fewest go first).
+MAX_DEATHS = 10_000
+#: Most quarantined messages let out that a queue remembers (the oldest go first).
+MAX_PROBES = 1000
+
+
 class _Queue:
-    __slots__ = ("dead", "delayed", "ready")
+    __slots__ = ("dead", "deaths", "delayed", "last_probe", "probes", "quarantine", "ready")
 
     def __init__(self) -> None:
         self.ready: list[deque[bytes]] = [deque() for _ in range(_LEVELS)]
         self.delayed: list[tuple[float, int, int, bytes]] = []  # (eta, seq, priority, raw)
         self.dead: dict[str, DeadLetter] = {}
+        self.quarantine: deque[tuple[int, bytes]] = deque()  # (priority, raw)
+        self.deaths: dict[bytes, int] = {}  # raw -> deaths of its workers
+        # quarantined messages let out and not recovered since, oldest first
+        self.probes: dict[bytes, None] = {}
+        self.last_probe: tuple[int, bytes] | None = None
 
     def ready_count(self) -> int:
-        return sum(len(level) for level in self.ready)
+        return sum(len(level) for level in self.ready) + len(self.quarantine)
 
 
 class MemoryBroker(Broker):
@@ -52,18 +71,20 @@ class MemoryBroker(Broker):
         heartbeat_timeout: float = 20.0,
         dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        max_recoveries: int = 3,
     ) -> None:
         self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
             dead_letter_max, dead_letter_ttl
         )
         self.url = url
         self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queues: dict[str, _Queue] = {}
         # worker id -> receipt -> (queue, raw, priority)
         self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
-        self._last_seen: dict[str, float] = {}
+        self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
 
     def _queue(self, name: str) -> _Queue:
@@ -123,15 +144,59 @@ class MemoryBroker(Broker):
             return self._recover_locked()
 
     def _recover_locked(self) -> int:
-        limit = time.time() - self.heartbeat_timeout
+        now = time.time()
         moved = 0
-        for worker_id, seen in list(self._last_seen.items()):
-            if seen < limit:
-                moved += self._requeue_locked(self._held.pop(worker_id, {}).values())
-                del self._last_seen[worker_id]
-        if moved:
+        for worker_id, deadline in list(self._deadline.items()):
+            if deadline < now:
+                moved += self._recover_held_locked(self._held.pop(worker_id, {}), now)
+                del self._deadline[worker_id]
+        released = False
+        for q in self._queues.values():
+            released = self._let_one_out_locked(q) or released
+        if moved or released:
             self._wake.notify_all()
         return moved
+
+    def _recover_held_locked(self, held: dict[int, tuple[str, bytes, int]], now: float) -> int:
+        """What one dead worker held: back to the queue, to quarantine or to the dead letters."""
+        # across all its queues, unlike Redis (one queue per script)
+        lone = sum(raw in self._queue(queue).probes for queue, raw, _ in held.values()) == 1
+        back = []
+        for queue, raw, priority in held.values():
+            q = self._queue(queue)
+            deaths = q.deaths[raw] = q.deaths.get(raw, 0) + 1
+            probe = raw in q.probes
+            q.probes.pop(raw, None)
+            if probe and lone and deaths > self.max_recoveries:
+                del q.deaths[raw]
+                dead_id = new_id()
+                q.dead[dead_id] = DeadLetter(
+                    id=dead_id, queue=queue, raw=raw, failed_at=now,
+                    reason=f"its worker died {deaths} times while holding it (max_recoveries "
+                    f"is {self.max_recoveries})",
+                )
+            elif deaths >= 2:
+                q.quarantine.append((priority, raw))
+            else:
+                back.append((queue, raw, priority))
+            if len(q.deaths) > MAX_DEATHS:
+                del q.deaths[min(q.deaths, key=q.deaths.__getitem__)]
+        self._requeue_locked(back)
+        return len(held)
+
+    @staticmethod
+    def _let_one_out_locked(q: _Queue) -> bool:
+        """Let one quarantined message out, unless the last one is still waiting to be taken."""
+        if not q.quarantine:
+            return False
+        if q.last_probe is not None and q.last_probe[1] in q.ready[q.last_probe[0]]:
+            return False
+        priority, raw = q.last_probe = q.quarantine.popleft()
+        q.ready[priority].appendleft(raw)
+        q.probes[raw] = None
+        if len(q.probes) > MAX_PROBES:
+            del q.probes[next(iter(q.probes))]
+        return True
 
     def _requeue_locked(self, items: Iterable[tuple[str, bytes, int]]) -> int:
         n = 0
@@ -197,16 +262,17 @@ class _MemoryConsumer(Consumer):
         self.broker = broker
         self.queues = queues
         self.worker_id = worker_id
+        self.heartbeat_timeout = broker.heartbeat_timeout
         with broker._lock:
             broker._held.setdefault(worker_id, {})
-            broker._last_seen[worker_id] = time.time()
+            broker._deadline[worker_id] = time.time() + self.heartbeat_timeout
 
     def _held(self) -> dict[int, tuple[str, bytes, int]]:
         held = self.broker._held.get(self.worker_id)
         if held is None:  # declared dead while alive: start over under the same id
             held = self.broker._held[self.worker_id] = {}
             # and be known again, or what it takes now is never recovered if it dies
-            self.broker._last_seen.setdefault(self.worker_id, time.time())
+            self.broker._deadline.setdefault(self.worker_id, time.time() + self.heartbeat_timeout)
         return held
 
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
@@ -281,18 +347,19 @@ class _MemoryConsumer(Consumer):
             b._requeue_locked(items)
             b._wake.notify_all()
 
-    def heartbeat(self) -> None:
+    def heartbeat(self) -> bool:
         b = self.broker
         with b._lock:
-            b._last_seen[self.worker_id] = time.time()
+            b._deadline[self.worker_id] = time.time() + self.heartbeat_timeout
             self._held()
             b._recover_locked()
+            return any(q.quarantine for q in b._queues.values())
 
     def close(self) -> None:
         b = self.broker
         with b._lock:
             b._requeue_locked(b._held.pop(self.worker_id, {}).values())
-            b._last_seen.pop(self.worker_id, None)
+            b._deadline.pop(self.worker_id, None)
             b._wake.notify_all()
 
 

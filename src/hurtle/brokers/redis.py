@@ -16,8 +16,11 @@ How it works, in short:
   carries a token, kept until its reply is read: a fetch sent again after a lost reply first
   hands back what the lost one took, so nothing stays held by a worker that never saw it.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
-* crash recovery: ``heartbeat.lua`` marks the worker alive per queue and hands back what workers
-  silent for ``heartbeat_timeout`` held, at the front of the queue.
+* crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
+  the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front
+  of the queue, what workers whose deadline passed held. It counts their deaths per message: a
+  message recovered twice is quarantined and let out alone, and one whose workers keep dying
+  becomes a dead letter past ``max_recoveries`` (see the script's header).
 
 Nothing here decodes a payload: garbage bytes come out of ``fetch`` like any message. Bad data
 that something else wrote into Redis never stops a queue: a delayed member that is not
@@ -52,7 +55,7 @@ import socket
 import struct
 import time
 from bisect import bisect_left
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import lru_cache
 from importlib import resources
 from itertools import repeat
@@ -167,12 +170,15 @@ class RedisBroker(Broker):
         heartbeat_timeout: float = 20.0,
         dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        max_recoveries: int = 3,
     ) -> None:
         self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
             dead_letter_max, dead_letter_ttl
         )
         self.url = _public_url(url)
+        self._url = url  # with its password: for the heartbeat's own connections
         self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
         self._scripts = _get_scripts()
         options: dict[str, Any] = {
             "socket_timeout": SOCKET_TIMEOUT,
@@ -339,7 +345,7 @@ class RedisBroker(Broker):
         commands = []
         for name in names:
             k = queue_keys(name)
-            keys = (*k.ready, k.delayed, k.workers, k.dead)
+            keys = (*k.ready, k.delayed, k.workers, k.dead, k.quarantine)
             commands.append(self._call(self._scripts.stats, keys, (k.inflight_prefix,)))
         results = self._pipeline(commands, "reading queue stats")
         return {
@@ -348,19 +354,27 @@ class RedisBroker(Broker):
         }
 
     def recover(self) -> int:
-        return self._heartbeat(self.queues(), "")
+        return self._heartbeat(self.queues(), "", 0.0)[0]
 
-    def _heartbeat(self, queues: Sequence[str], worker_id: str) -> int:
+    def _heartbeat(
+        self, queues: Sequence[str], worker_id: str, timeout: float
+    ) -> tuple[int, bool]:
+        """Push ``worker_id``'s deadline to now + ``timeout`` (unless it is ``""``) and recover
+        ``queues`` from the workers whose deadline passed. Returns how many deliveries were
+        recovered, and whether messages wait in quarantine."""
         if not queues:
-            return 0
+            return 0, False
         commands = []
         for name in queues:
             k = queue_keys(name)
-            args = (worker_id, repr(float(self.heartbeat_timeout)), k.inflight_prefix)
-            commands.append(
-                self._call(self._scripts.heartbeat, (*k.ready, k.workers, k.wake), args)
+            args = (worker_id, repr(float(timeout)), k.inflight_prefix, self.max_recoveries)
+            keys = (
+                *k.ready, k.workers, k.wake, k.quarantine, k.deaths, k.probes, k.probe, k.dead,
+                k.dead_raw, k.dead_reason, k.seq,
             )
-        return sum(self._pipeline(commands, "recording a heartbeat and recovering"))
+            commands.append(self._call(self._scripts.heartbeat, keys, args))
+        results = self._pipeline(commands, "recording a heartbeat and recovering")
+        return sum(r[0] for r in results), any(r[1] for r in results)
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         k = queue_keys(queue)
@@ -490,6 +504,9 @@ class RedisConsumer(Consumer):
         self.broker = broker
         self.queues = queues
         self.worker_id = worker_id
+        #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
+        self.heartbeat_timeout = broker.heartbeat_timeout
+        self._timeout_arg = repr(float(broker.heartbeat_timeout))
         self._targets = {name: _Target(name, worker_id) for name in dict.fromkeys(queues)}
         self._reading = list(self._targets.values())
         self._wake_keys = [t.keys.wake for t in self._reading]
@@ -525,7 +542,7 @@ class RedisConsumer(Consumer):
     def _fetch_command(self, target: _Target, want: int) -> tuple[Any, ...]:
         return (
             "EVALSHA", self._fetch.sha, len(target.fetch_keys), *target.fetch_keys,
-            want, self.worker_id, max(PROMOTE_LIMIT, want), target.token,
+            want, self.worker_id, max(PROMOTE_LIMIT, want), target.token, self._timeout_arg,
         )
 
     def _collect(self) -> list[Delivery]:
@@ -587,7 +604,7 @@ class RedisConsumer(Consumer):
                     self._fetch,
                     target.fetch_keys,
                     (max_count - len(out), self.worker_id, max(PROMOTE_LIMIT, max_count),
-                     target.token),
+                     target.token, self._timeout_arg),
                     f"fetching from {target.name!r}",
                 )
             except BrokerError:
@@ -711,8 +728,22 @@ class RedisConsumer(Consumer):
             commands.append(self.broker._call(script, (*k.ready, target.inflight, k.wake), triples))
         self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
 
-    def heartbeat(self) -> None:
-        self.broker._heartbeat(list(self._targets), self.worker_id)
+    def heartbeat(self) -> bool:
+        return self.broker._heartbeat(
+            list(self._targets), self.worker_id, self.heartbeat_timeout
+        )[1]
+
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
+        own = RedisBroker(
+            self.broker._url, heartbeat_timeout=self.heartbeat_timeout,
+            max_recoveries=self.broker.max_recoveries,
+        )
+        queues, worker_id, timeout = list(self._targets), self.worker_id, self.heartbeat_timeout
+
+        def beat() -> bool:
+            return own._heartbeat(queues, worker_id, timeout)[1]
+
+        return beat, own.close
 
     def close(self) -> None:
         if self._pending is not None:  # what it took is in flight: the close script releases it

@@ -30,11 +30,23 @@ deletes it once, like a plain insert-then-delete loop:
 * ``delayed`` — messages waiting for their ``eta``, indexed by ``(queue, eta)`` so that a
   far-future backlog never slows a claim. The fetch that finds them due moves them to
   ``messages`` under new ids, in the order they were published.
-* ``workers`` — one row per live consumer and its last heartbeat.
+* ``workers`` — one row per live consumer and its deadline: the time of its last heartbeat plus
+  its *own* heartbeat timeout, so that a peer with a shorter timeout never takes what a live
+  worker with a longer one holds. Recovery re-queues what workers whose deadline passed held.
 * ``dead`` — dead letters, oldest first by row id. Each dead-letter write drops, in its own
   transaction, those of its queue past ``dead_letter_ttl`` and then the oldest beyond
   ``dead_letter_max`` (expiry goes by the order they were recorded).
 * ``queues`` — every queue ever published to.
+* ``deaths``, ``quarantine``, ``probes`` — poison messages (a task that kills its process), as in
+  the Redis broker (``lua/heartbeat.lua``): recovery counts a death per recovered message (by
+  sha1 of its bytes; at most ``MAX_DEATHS`` rows, those with the fewest deaths go first). A
+  message recovered for the first time goes back to the queue; one recovered again waits in
+  ``quarantine``, away from the innocent messages it keeps coming back with, and recovery lets
+  those out one at a time (a *probe*, recorded in ``probes`` until it is settled or recovered;
+  the next once the previous was fetched). A probe whose dead worker held no other probe (in any
+  queue) was the likely killer: past ``max_recoveries`` deaths it becomes a dead letter ("its
+  worker died N times while holding it"), else it goes back to quarantine. Quarantined messages
+  count as ready in ``stats``.
 
 Priorities are 0..9 (the task API checks them); a raw ``Message`` outside that range is stored
 at the nearest end.
@@ -71,19 +83,21 @@ Connections. One connection per broker object, guarded by a lock: a broker and i
 be used from several threads; blocking waits do not hold the lock. A forked child opens its own
 connection on first use (a SQLite connection must not cross ``fork``).
 
-Schema. The file records its schema version (``PRAGMA user_version``); a file written by an
-older hurtle is refused with a ``ConfigurationError`` (delete or move it).
+Schema. The file records its schema version (``PRAGMA user_version``). A file of the previous
+version is upgraded in place (``_UPGRADES``); an older one is refused with a
+``ConfigurationError`` (delete or move it).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import attrgetter, itemgetter
 from pathlib import Path
@@ -111,7 +125,7 @@ log = logging.getLogger(__name__)
 SYNCHRONOUS_LEVELS = ("full", "normal")
 DEFAULT_SYNCHRONOUS = "full"
 
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _BUSY_TIMEOUT_MS = 30_000
 _POLL_FIRST = 0.001
 _POLL_MAX = 0.025
@@ -119,6 +133,29 @@ _POLL_MAX = 0.025
 _PRIORITY_BITS = 4
 _PRIORITY_MASK = (1 << _PRIORITY_BITS) - 1
 assert MAX_PRIORITY <= _PRIORITY_MASK and MIN_PRIORITY >= 0
+
+_POISON_SCHEMA = """
+CREATE TABLE deaths (
+    queue  TEXT    NOT NULL,
+    digest TEXT    NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (queue, digest)
+) WITHOUT ROWID;
+CREATE TABLE quarantine (
+    seq      INTEGER PRIMARY KEY,
+    queue    TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    body     BLOB    NOT NULL
+);
+CREATE INDEX quarantine_queue ON quarantine (queue, seq);
+CREATE TABLE probes (
+    queue    TEXT    NOT NULL,
+    digest   TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    id       INTEGER NOT NULL,
+    PRIMARY KEY (queue, digest)
+) WITHOUT ROWID;
+"""
 
 _SCHEMA = """
 CREATE TABLE messages (
@@ -155,7 +192,7 @@ CREATE TABLE delayed (
 CREATE INDEX delayed_due ON delayed (queue, eta);
 CREATE TABLE workers (
     worker_id TEXT PRIMARY KEY,
-    last_seen REAL NOT NULL
+    deadline  REAL NOT NULL
 ) WITHOUT ROWID;
 CREATE TABLE dead (
     seq       INTEGER PRIMARY KEY,
@@ -167,7 +204,17 @@ CREATE TABLE dead (
 );
 CREATE INDEX dead_queue ON dead (queue);
 CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
-"""
+""" + _POISON_SCHEMA
+
+# Schema version -> the statements that turn it into the next one.
+_UPGRADES = {
+    # version 2 recorded a worker's last beat; version 3 its deadline (the writer's timeout of
+    # those days was 20 s unless set otherwise: workers still running get that much)
+    2: "ALTER TABLE workers RENAME COLUMN last_seen TO deadline; "
+    "UPDATE workers SET deadline = deadline + 20.0;" + _POISON_SCHEMA,
+}
+#: Most recovered messages whose deaths the file remembers (those with the fewest go first).
+MAX_DEATHS = 10_000
 
 _IDS = "SELECT value FROM json_each(?)"
 _NEXT_IDS = "UPDATE seq SET next = next + ? RETURNING next"
@@ -176,8 +223,8 @@ _INSERT_DELAYED = "INSERT INTO delayed (queue, eta, priority, body) VALUES (?, ?
 _ADD_QUEUE = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
 _ADD_CURSOR = "INSERT OR IGNORE INTO cursors (queue, priority, last) VALUES (?, ?, 0)"
 _UPSERT_WORKER = (
-    "INSERT INTO workers (worker_id, last_seen) VALUES (?, ?) "
-    "ON CONFLICT (worker_id) DO UPDATE SET last_seen = excluded.last_seen"
+    "INSERT INTO workers (worker_id, deadline) VALUES (?, ?) "
+    "ON CONFLICT (worker_id) DO UPDATE SET deadline = excluded.deadline"
 )
 _CURSORS = "SELECT priority, last FROM cursors WHERE queue = ? ORDER BY priority DESC"
 _TAKE = (
@@ -308,12 +355,14 @@ class SQLiteBroker(Broker):
         heartbeat_timeout: float = 20.0,
         dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        max_recoveries: int = 3,
     ) -> None:
         self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
             dead_letter_max, dead_letter_ttl
         )
         self.url = url
         self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
         self.path = _path_of(url)
         self.synchronous = _synchronous_of(url)
         self._lock = threading.Lock()
@@ -362,6 +411,12 @@ class SQLiteBroker(Broker):
                 raise sqlite3.DatabaseError(
                     f"schema version {version} is newer than this hurtle ({_SCHEMA_VERSION})"
                 )
+            while 0 < version < _SCHEMA_VERSION and version in _UPGRADES:
+                for statement in _UPGRADES[version].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                version += 1
+                conn.execute(f"PRAGMA user_version = {version}")
             if 0 < version < _SCHEMA_VERSION:
                 raise ConfigurationError(
                     f"the SQLite broker file {str(self.path)!r} (from {self.url!r}) was written "
@@ -541,6 +596,11 @@ class SQLiteBroker(Broker):
                 wanted,
             ):
                 counts[queue][3] += n
+            for queue, n in conn.execute(  # waiting to be let out one at a time: ready
+                f"SELECT queue, count(*) FROM quarantine WHERE queue IN ({_IDS}) GROUP BY queue",
+                wanted,
+            ):
+                counts[queue][0] += n
         return {
             name: QueueStats(ready=c[0], delayed=c[1], in_flight=c[2], dead=c[3])
             for name, c in counts.items()
@@ -548,20 +608,18 @@ class SQLiteBroker(Broker):
 
     def recover(self) -> int:
         with self._write() as conn:
-            moved = self._recover_in(conn, time.time())
-        if moved:
+            moved, released, _ = self._recover_in(conn, time.time())
+        if moved or released:
             self._notify()
         return moved
 
-    def _recover_in(self, conn: sqlite3.Connection, now: float) -> int:
-        """Forget workers silent for ``heartbeat_timeout``, and re-queue what every claim of a
-        worker not in ``workers`` still holds (theirs, and any left without a worker)."""
+    def _recover_in(self, conn: sqlite3.Connection, now: float) -> tuple[int, bool, bool]:
+        """Forget workers whose deadline passed, and re-queue what every claim of a worker not
+        in ``workers`` still holds (theirs, and any left without a worker); then let one
+        quarantined message out per queue. Returns (deliveries recovered, whether one was let
+        out, whether more wait in quarantine)."""
         dead = [
-            r[0]
-            for r in conn.execute(
-                "SELECT worker_id FROM workers WHERE last_seen < ?",
-                (now - self.heartbeat_timeout,),
-            )
+            r[0] for r in conn.execute("SELECT worker_id FROM workers WHERE deadline < ?", (now,))
         ]
         if dead:
             conn.execute(f"DELETE FROM workers WHERE worker_id IN ({_IDS})", (json.dumps(dead),))
@@ -570,22 +628,116 @@ class SQLiteBroker(Broker):
             "SELECT batch, worker, queue, priority, lo, hi FROM claims "
             "WHERE worker NOT IN (SELECT worker_id FROM workers)"
         ).fetchall()
-        if not orphans:
-            return 0
-        rows: Rows = []
-        for _, _, queue, priority, lo, hi in orphans:
-            rows += conn.execute(_TAKE_BACK_RANGE, (queue, priority, lo, hi)).fetchall()
-        conn.execute(
-            f"DELETE FROM claims WHERE batch IN ({_IDS})", (json.dumps([c[0] for c in orphans]),)
-        )
-        moved = _requeue(conn, rows)
-        if moved:
-            log.warning(
-                "recovered %d deliveries held by silent workers %s",
-                moved,
-                sorted({c[1] for c in orphans}),
+        moved = 0
+        if orphans:
+            held: dict[str, Rows] = {}
+            for _, worker, queue, priority, lo, hi in orphans:
+                held.setdefault(worker, []).extend(
+                    conn.execute(_TAKE_BACK_RANGE, (queue, priority, lo, hi)).fetchall()
+                )
+            conn.execute(
+                f"DELETE FROM claims WHERE batch IN ({_IDS})",
+                (json.dumps([c[0] for c in orphans]),),
             )
-        return moved
+            back: Rows = []
+            for rows in held.values():
+                back += self._sort_out(conn, rows, now)
+                moved += len(rows)
+            _requeue(conn, back)
+            if moved:
+                log.warning(
+                    "recovered %d deliveries held by silent workers %s",
+                    moved,
+                    sorted({c[1] for c in orphans}),
+                )
+                extra = conn.execute("SELECT count(*) FROM deaths").fetchone()[0] - MAX_DEATHS
+                if extra > 0:
+                    conn.execute(
+                        "DELETE FROM deaths WHERE (queue, digest) IN (SELECT queue, digest "
+                        "FROM deaths ORDER BY n LIMIT ?)",
+                        (extra,),
+                    )
+        return moved, *self._let_out(conn)
+
+    def _sort_out(self, conn: sqlite3.Connection, rows: Rows, now: float) -> Rows:
+        """Count a death for each row one dead worker held; quarantine those that died before
+        and dead-letter a lone probe past ``max_recoveries``. Returns the rows to re-queue."""
+        digests = [hashlib.sha1(body).hexdigest() for _, _, _, body in rows]
+        probe = [
+            conn.execute(
+                "DELETE FROM probes WHERE queue = ? AND digest = ? RETURNING 1", (row[0], digest)
+            ).fetchone()
+            is not None
+            for row, digest in zip(rows, digests, strict=True)
+        ]
+        lone = sum(probe) == 1  # across all its queues, unlike Redis (one queue per script)
+        back: Rows = []
+        for row, digest, is_probe in zip(rows, digests, probe, strict=True):
+            queue, priority, _, body = row
+            deaths: int = conn.execute(
+                "INSERT INTO deaths (queue, digest, n) VALUES (?, ?, 1) "
+                "ON CONFLICT (queue, digest) DO UPDATE SET n = n + 1 RETURNING n",
+                (queue, digest),
+            ).fetchone()[0]
+            if is_probe and lone and deaths > self.max_recoveries:
+                conn.execute(
+                    "DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest)
+                )
+                conn.execute(
+                    "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)",
+                    (
+                        new_id(), queue,
+                        f"its worker died {deaths} times while holding it (max_recoveries is "
+                        f"{self.max_recoveries})",
+                        body, now,
+                    ),
+                )
+            elif deaths >= 2:
+                conn.execute(
+                    "INSERT INTO quarantine (queue, priority, body) VALUES (?, ?, ?)",
+                    (queue, priority, body),
+                )
+            else:
+                back.append(row)
+        return back
+
+    def _let_out(self, conn: sqlite3.Connection) -> tuple[bool, bool]:
+        """Per queue, let one quarantined message out unless the last one is still ready.
+        Returns (whether one was let out, whether more wait).
+
+        One statement when nothing waits: it runs on every heartbeat, and a heartbeat thread
+        competing for the GIL with a task that computes pays for each statement."""
+        queues = conn.execute("SELECT DISTINCT queue FROM quarantine").fetchall()
+        if not queues:
+            return False, False
+        # a probe whose row is gone was settled (or recovered: then it was handled above)
+        conn.execute(
+            "DELETE FROM probes WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE "
+            "m.queue = probes.queue AND m.priority = probes.priority AND m.id = probes.id)"
+        )
+        released = False
+        for (queue,) in queues:
+            waiting = conn.execute(
+                "SELECT 1 FROM probes p JOIN cursors c ON c.queue = p.queue "
+                "AND c.priority = p.priority WHERE p.queue = ? AND p.id > c.last",
+                (queue,),
+            ).fetchone()
+            if waiting:
+                continue
+            seq, priority, body = conn.execute(
+                "SELECT seq, priority, body FROM quarantine WHERE queue = ? ORDER BY seq LIMIT 1",
+                (queue,),
+            ).fetchone()
+            conn.execute("DELETE FROM quarantine WHERE seq = ?", (seq,))
+            id_ = _next_ids(conn, 1)
+            conn.execute(_INSERT, (queue, priority, id_, body))
+            conn.execute(
+                "INSERT OR REPLACE INTO probes (queue, digest, priority, id) VALUES (?, ?, ?, ?)",
+                (queue, hashlib.sha1(body).hexdigest(), priority, id_),
+            )
+            released = True
+        pending = conn.execute("SELECT EXISTS (SELECT 1 FROM quarantine)").fetchone()[0]
+        return released, bool(pending)
 
     def _trim_dead(self, conn: sqlite3.Connection, queue: str, now: float) -> tuple[int, int]:
         """Drop dead letters past the ttl, then the oldest beyond the cap; (expired, dropped)."""
@@ -638,6 +790,8 @@ class _SQLiteConsumer(Consumer):
         self.broker = broker
         self.queues = queues
         self.worker_id = worker_id
+        #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
+        self.heartbeat_timeout = broker.heartbeat_timeout
         marks = _placeholders(len(queues))
         self._promote_sql = (
             f"DELETE FROM delayed WHERE queue IN ({marks}) AND eta <= ? "
@@ -652,7 +806,7 @@ class _SQLiteConsumer(Consumer):
             + ["(SELECT min(eta) FROM delayed WHERE queue = ?)"] * len(queues)
         )
         with broker._write() as conn:
-            conn.execute(_UPSERT_WORKER, (worker_id, time.time()))
+            conn.execute(_UPSERT_WORKER, (worker_id, time.time() + self.heartbeat_timeout))
 
     # -- fetching --------------------------------------------------------------------------
 
@@ -689,8 +843,8 @@ class _SQLiteConsumer(Consumer):
                 self._ack_in(conn, settle)
             # Re-register if declared dead meanwhile, so that what it takes stays recoverable.
             conn.execute(
-                "INSERT OR IGNORE INTO workers (worker_id, last_seen) VALUES (?, ?)",
-                (worker_id, now),
+                "INSERT OR IGNORE INTO workers (worker_id, deadline) VALUES (?, ?)",
+                (worker_id, now + self.heartbeat_timeout),
             )
             due = conn.execute(self._promote_sql, (*self.queues, now)).fetchall()
             if due:  # to the back of their priority, in the order they were published
@@ -818,15 +972,28 @@ class _SQLiteConsumer(Consumer):
             conn.execute(_DROP_EMPTY, (self.worker_id,))
         self.broker._notify()
 
-    def heartbeat(self) -> None:
+    def heartbeat(self) -> bool:
         b = self.broker
         with b._write() as conn:
             now = time.time()
-            conn.execute(_UPSERT_WORKER, (self.worker_id, now))
+            conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             conn.execute(_DROP_EMPTY, (self.worker_id,))
-            moved = b._recover_in(conn, now)
-        if moved:
+            moved, released, pending = b._recover_in(conn, now)
+        if moved or released:
             b._notify()
+        return pending
+
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
+        own = SQLiteBroker(
+            self.broker.url, heartbeat_timeout=self.heartbeat_timeout,
+            max_recoveries=self.broker.max_recoveries,
+        )
+        try:
+            beater = _SQLiteConsumer(own, self.queues, self.worker_id)
+        except BaseException:
+            own.close()
+            raise
+        return beater.heartbeat, own.close
 
     def close(self) -> None:
         b = self.broker

@@ -21,12 +21,12 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from secrets import token_hex
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..brokers import Consumer, Delivery
 from ..errors import BrokerError, ConfigurationError, DecodeError
-from ..ids import new_id
 from ..message import Message
 from ..middleware import Middleware
 from .acker import Acker
@@ -80,7 +80,9 @@ class Worker:
         self.shutdown_timeout = (
             self.settings.shutdown_timeout if shutdown_timeout is None else shutdown_timeout
         )
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{new_id()[-8:]}"
+        # random, not a counter: a process restarted in place (same host, same pid) must not
+        # take its dead predecessor's id and keep that one's deliveries alive with its beats
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{token_hex(4)}"
         self.executor: Executor = make_executor(
             pool, concurrency, min_concurrency=min_concurrency,
             max_batch=self.settings.fetch_batch_size,

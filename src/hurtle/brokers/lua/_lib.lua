@@ -62,48 +62,60 @@ local function settle(index, batch, i)
   return 1
 end
 
--- Put every unsettled message of the in-flight index `index` back at the front of its ready
--- list, oldest first, and delete the whole record. Returns how many messages went back.
-local function requeue_all(index, ready)
+-- Take every unsettled message out of the in-flight index `index` and delete the whole record.
+-- Returns { {priority, payload}, ... }, oldest first.
+local function take_unsettled(index)
   local flat = redis.call('HGETALL', index)
   if #flat == 0 then
-    return 0
+    return {}
   end
   local batches = {}
   for i = 1, #flat, 2 do
     batches[#batches + 1] = tonumber(flat[i])
   end
   table.sort(batches)
-  local back = {}  -- priority -> payloads, oldest first
-  local n = 0
+  local out = {}
   for _, batch in ipairs(batches) do
     local key = index .. ':' .. string.format('%d', batch)
     local items = redis.call('LRANGE', key, 0, -1)
     local done = redis.call('GET', key .. ':done') or ''
     local p = batch % 10
-    local list = back[p]
-    if not list then
-      list = {}
-      back[p] = list
-    end
     for i = 1, #items do
       local byte = string.byte(done, math.floor((i - 1) / 8) + 1) or 0
       local bit = math.floor(byte / 2 ^ (7 - (i - 1) % 8)) % 2
       if bit == 0 then
-        list[#list + 1] = items[i]
-        n = n + 1
+        out[#out + 1] = { p, items[i] }
       end
     end
     redis.call('DEL', key, key .. ':done')
   end
   redis.call('DEL', index)
-  for p, list in pairs(back) do
-    local reversed = {}
-    for i = #list, 1, -1 do
-      reversed[#reversed + 1] = list[i]
+  return out
+end
+
+-- Put `items` ({priority, payload}, oldest first) at the front of their ready lists, keeping
+-- their order: the oldest ends up at the head.
+local function push_front(items, ready)
+  local back = {}  -- priority -> payloads, newest first
+  for i = #items, 1, -1 do
+    local p = items[i][1]
+    local list = back[p]
+    if not list then
+      list = {}
+      back[p] = list
     end
-    -- LPUSH k a b c leaves c b a: pushing newest first puts the oldest at the head.
-    call_chunked('LPUSH', ready[p + 1], reversed)
+    list[#list + 1] = items[i][2]
   end
-  return n
+  for p, list in pairs(back) do
+    -- LPUSH k a b c leaves c b a: pushing newest first puts the oldest at the head.
+    call_chunked('LPUSH', ready[p + 1], list)
+  end
+end
+
+-- Put every unsettled message of the in-flight index `index` back at the front of its ready
+-- list, oldest first, and delete the whole record. Returns how many messages went back.
+local function requeue_all(index, ready)
+  local items = take_unsettled(index)
+  push_front(items, ready)
+  return #items
 end

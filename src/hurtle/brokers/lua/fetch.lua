@@ -23,6 +23,7 @@
     ARGV[3]      at most this many due delayed messages are promoted per call
     ARGV[4]      fetch token: the worker sends a fetch again with the same token as long as it
                  has not read a reply to it (lost connection, restarted server)
+    ARGV[5]      the worker's heartbeat timeout in seconds: its deadline becomes now + this
 
   Output:
     { wait_ms, batch1, { payloads of batch1 }, batch2, { payloads of batch2 }, ... }
@@ -132,7 +133,7 @@ elseif record then
   redis.call('DEL', KEYS[16])
 end
 
-redis.call('ZADD', KEYS[13], now, ARGV[2])
+redis.call('ZADD', KEYS[13], now + tonumber(ARGV[5]), ARGV[2])
 
 if got < want then
   redis.call('DEL', KEYS[14])

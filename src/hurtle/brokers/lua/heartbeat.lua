@@ -1,38 +1,132 @@
 --[[
   Record a worker's heartbeat in one queue, then recover that queue from dead workers: whatever a
-  worker silent for longer than the timeout held goes back to the front of the ready lists.
+  worker held whose deadline passed goes back to the queue.
+
+  A worker's deadline is set by the worker itself (server time of its last beat or fetch plus its
+  own heartbeat timeout), so workers with different timeouts judge each other fairly: a peer with
+  a short timeout never takes what a live worker with a long one holds.
 
   Only the in-flight records matter here: delayed messages wait in the delayed zset whatever
   happens to workers, and a live worker's deliveries are never touched, however old.
 
+  Poison messages (a task that kills its process). Every recovered message gets a death counted
+  in the deaths zset (sha1 of its bytes -> deaths). One that dies for the first time goes back to
+  the front of its ready list, like before. One that was recovered before goes to quarantine
+  instead, out of the batches of innocent messages it came back with again and again; this script
+  lets quarantined messages out one at a time (a "probe", at the front of its ready list; the next
+  one once the previous probe was fetched). A probe that comes back from a dead worker that held
+  no other probe was the likely killer: past max_recoveries deaths it becomes a dead letter
+  ("its worker died N times while holding it"), else it goes back to quarantine. Innocents of a
+  recovered batch only ever wait in quarantine; they are never dead-lettered by this script, with
+  one exception: a script sees one queue, so a worker reading several queues that dies holding a
+  probe of each (the killer and an innocent let out at the same moment) counts a death for both.
+  The deaths zset keeps at most MAX_DEATHS entries (those with the fewest deaths go first).
+
   Input:
     KEYS[1..10]  ready lists, priority 0..9
-    KEYS[11]     workers zset
+    KEYS[11]     workers zset (worker id scored by its deadline)
     KEYS[12]     wake list
+    KEYS[13]     quarantine list (priority digit .. payload)
+    KEYS[14]     deaths zset (sha1 of the payload, scored by deaths)
+    KEYS[15]     probes zset (sha1 of a quarantined message let out, scored by when)
+    KEYS[16]     last probe (STRING: priority digit .. payload)
+    KEYS[17]     dead zset (id scored by failure time)
+    KEYS[18]     dead raw hash (id -> payload)
+    KEYS[19]     dead reason hash (id -> reason)
+    KEYS[20]     seq counter (dead-letter ids)
 
     ARGV[1]      worker id to mark alive ('' = only recover)
-    ARGV[2]      heartbeat timeout in seconds
+    ARGV[2]      that worker's heartbeat timeout in seconds (its deadline is now + this)
     ARGV[3]      in-flight key prefix of this queue; a worker's in-flight index is
                  prefix .. worker id, its batches index .. ':' .. batch id
                  (same hash tag as KEYS, so still one slot)
+    ARGV[4]      max_recoveries: deaths a probe may survive
 
   Output:
-    how many deliveries went back to the ready lists
+    { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
+      how many messages wait in quarantine }
 ]]
 -- @include _lib
 
+local MAX_DEATHS = 10000
+local MAX_PROBES = 1000
+-- How far into a ready list the last probe is looked for: past this, it counts as fetched.
+local PROBE_SCAN = 1000
+
 local now = server_now()
 if ARGV[1] ~= '' then
-  redis.call('ZADD', KEYS[11], now, ARGV[1])
+  redis.call('ZADD', KEYS[11], now + tonumber(ARGV[2]), ARGV[1])
 end
-local cutoff = now - tonumber(ARGV[2])
-local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', cutoff))
+local max_recoveries = tonumber(ARGV[4])
+local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', now))
 local moved = 0
+local back = {}
 for _, worker in ipairs(dead) do
-  moved = moved + requeue_all(ARGV[3] .. worker, KEYS)
+  local held = take_unsettled(ARGV[3] .. worker)
   redis.call('ZREM', KEYS[11], worker)
+  local digests = {}
+  local probes = 0
+  for i, item in ipairs(held) do
+    digests[i] = redis.sha1hex(item[2])
+    if redis.call('ZREM', KEYS[15], digests[i]) == 1 then
+      probes = probes + 1
+      digests[i] = { digests[i] }  -- marks a probe
+    end
+  end
+  for i, item in ipairs(held) do
+    local digest = digests[i]
+    local probe = type(digest) == 'table'
+    if probe then
+      digest = digest[1]
+    end
+    local deaths = tonumber(redis.call('ZINCRBY', KEYS[14], 1, digest))
+    if probe and probes == 1 and deaths > max_recoveries then
+      local id = 'recovered-' .. string.format('%d', redis.call('INCR', KEYS[20]))
+      redis.call('ZADD', KEYS[17], now, id)
+      redis.call('HSET', KEYS[18], id, item[2])
+      redis.call('HSET', KEYS[19], id, 'its worker died ' .. string.format('%d', deaths)
+        .. ' times while holding it (max_recoveries is ' .. ARGV[4] .. ')')
+      redis.call('ZREM', KEYS[14], digest)
+    elseif deaths >= 2 then
+      redis.call('RPUSH', KEYS[13], string.format('%d', item[1]) .. item[2])
+    else
+      back[#back + 1] = item
+    end
+  end
+  moved = moved + #held
 end
-if moved > 0 then
+push_front(back, KEYS)
+if #dead > 0 then
+  local extra = redis.call('ZCARD', KEYS[14]) - MAX_DEATHS
+  if extra > 0 then
+    redis.call('ZREMRANGEBYRANK', KEYS[14], 0, extra - 1)
+  end
+end
+
+-- Let one quarantined message out, unless the last one let out is still waiting to be fetched.
+local released = false
+if redis.call('LLEN', KEYS[13]) > 0 then
+  local last = redis.call('GET', KEYS[16])
+  local waiting = false
+  if last then
+    local p = string.byte(last, 1) - 48
+    waiting = redis.call('LPOS', KEYS[p + 1], string.sub(last, 2), 'MAXLEN', PROBE_SCAN)
+      ~= false
+  end
+  if not waiting then
+    local entry = redis.call('LPOP', KEYS[13])
+    local payload = string.sub(entry, 2)
+    redis.call('LPUSH', KEYS[string.byte(entry, 1) - 48 + 1], payload)
+    redis.call('SET', KEYS[16], entry)
+    redis.call('ZADD', KEYS[15], now, redis.sha1hex(payload))
+    local extra = redis.call('ZCARD', KEYS[15]) - MAX_PROBES
+    if extra > 0 then
+      redis.call('ZREMRANGEBYRANK', KEYS[15], 0, extra - 1)
+    end
+    released = true
+  end
+end
+if #back > 0 or released then
   wake_one(KEYS[12])
 end
-return moved
+return { moved, redis.call('LLEN', KEYS[13]) }

@@ -6,6 +6,7 @@
     KEYS[11]     delayed zset
     KEYS[12]     workers zset
     KEYS[13]     dead zset
+    KEYS[14]     quarantine list (recovered messages let out one at a time: they count as ready)
 
     ARGV[1]      in-flight key prefix of this queue (prefix .. worker id = the worker's
                  index, batch id -> count held)
@@ -19,6 +20,7 @@ local ready = 0
 for p = 1, 10 do
   ready = ready + redis.call('LLEN', KEYS[p])
 end
+ready = ready + redis.call('LLEN', KEYS[14])
 local in_flight = 0
 for _, worker in ipairs(redis.call('ZRANGE', KEYS[12], 0, -1)) do
   for _, held in ipairs(redis.call('HVALS', ARGV[1] .. worker)) do
