@@ -265,10 +265,14 @@ class Acker:
 
     def _run(self) -> None:
         backoff = self.interval
+        was_stopping = False
         while True:
             self._wake.wait(backoff)
             self._wake.clear()
             stopping = self._stopping
+            if stopping and not was_stopping:  # the shutdown's tries start short again
+                was_stopping = True
+                backoff = self.interval
             if self.flush():
                 backoff = self.interval
             else:
