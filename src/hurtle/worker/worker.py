@@ -229,6 +229,9 @@ class Worker:
                 return
             batch = fetcher.fetch()
             if batch:
+                if self._must_leave(executor):  # it may have come true during the fetch
+                    self.acker.release(batch)
+                    return
                 executor.submit(batch)
             elif batch is not None and self.burst and self._drained():
                 log.info("burst: queues %s are empty, stopping", ", ".join(self.queues))
