@@ -83,7 +83,19 @@ def test_solo_hands_back_a_task_still_running_at_the_shutdown_timeout(project: P
     assert project.stats() == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0}
 
 
-def test_a_slow_task_in_solo_keeps_no_backlog_from_an_idle_worker(project: Project) -> None:
+@pytest.mark.parametrize("broker", ["sqlite", "redis"])
+def test_a_slow_task_in_solo_keeps_no_backlog_from_an_idle_worker(
+    tmp_path: Path, request: pytest.FixtureRequest, broker: str
+) -> None:
+    url = request.getfixturevalue("redis_url") if broker == "redis" else None
+    project = Project(tmp_path, TASKS, ("l.gate", "l.quick", "l.unprintable"), url)
+    try:
+        _slow_task_keeps_no_backlog(project)
+    finally:
+        project.app.close()
+
+
+def _slow_task_keeps_no_backlog(project: Project) -> None:
     gate = str(project.root / "gate")
     quick = [str(i) for i in range(1, 201)]
     project.send("l.gate", 0, gate)  # first in line: the first worker takes it with a batch
