@@ -309,3 +309,27 @@ def test_a_second_signal_right_after_an_outcome_never_hands_that_delivery_back(
     assert stats(app) == (2, 0, 0)  # the first is done for good; the two others went back
 
 
+
+
+def test_the_acker_retries_an_unreachable_broker_but_not_a_refusal() -> None:
+    import sqlite3
+
+    from hurtle.errors import BrokerError
+    from hurtle.worker.acker import unreachable
+
+    def wrapped(cause: BaseException) -> BrokerError:
+        try:
+            raise BrokerError("the broker failed") from cause
+        except BrokerError as err:
+            return err
+
+    assert unreachable(wrapped(ConnectionRefusedError(111, "refused")))
+    assert unreachable(wrapped(sqlite3.OperationalError("database is locked")))
+    assert not unreachable(wrapped(sqlite3.InterfaceError("bad parameter")))
+    assert not unreachable(BrokerError("the SQLite broker is closed"))
+    assert not unreachable(EncodeError("priority 12 is out of range"))
+    redis = pytest.importorskip("redis")
+    assert unreachable(wrapped(redis.ConnectionError("Connection closed by server.")))
+    assert unreachable(wrapped(redis.TimeoutError("Timeout reading from socket")))
+    assert unreachable(wrapped(redis.BusyLoadingError("Redis is loading the dataset")))
+    assert not unreachable(wrapped(redis.ResponseError("ERR Error running script")))
