@@ -117,6 +117,15 @@ class Consumer(abc.ABC):
         """
         return None
 
+    def take_prefetched(self) -> list[Delivery]:
+        """What the last ``prefetch`` took, now, without fetching anything else (``[]`` when
+        nothing was prefetched); the deliveries are held as usual.
+
+        A worker whose task runs long calls it to hand the prefetched batch back to the broker
+        for other workers.
+        """
+        return []
+
     @abc.abstractmethod
     def ack(self, deliveries: Sequence[Delivery]) -> None:
         """Record these deliveries as done: they leave the broker for good."""

@@ -539,6 +539,14 @@ class RedisConsumer(Consumer):
             return
         self._pending = (conn, max_count)
 
+    def take_prefetched(self) -> list[Delivery]:
+        if self._pending is None:
+            return []
+        try:
+            return self._collect()
+        except redis.RedisError as err:
+            self.broker._fail(err, f"fetching from {list(self.queues)}")
+
     def _fetch_command(self, target: _Target, want: int) -> tuple[Any, ...]:
         return (
             "EVALSHA", self._fetch.sha, len(target.fetch_keys), *target.fetch_keys,

@@ -2,23 +2,85 @@
 
 Acknowledgements are flushed in one broker call every ``batch_size`` outcomes or every
 ``interval`` seconds, whichever comes first, from the acker's own thread, so executors never wait
-on the network to finish a task. Retries and dead letters (rare) go through the same thread, in
-order. When the broker is unreachable, outcomes are kept and retried with backoff, never dropped.
+on the network to finish a task. Retries, dead letters and hand-backs (rare) go through the same
+thread, in order.
+
+When the broker cannot be reached (a ``BrokerError`` caused by a connection, a timeout or a busy
+store), outcomes are kept and retried with backoff, never dropped. ``stop`` keeps retrying so,
+with backoff, until everything is settled or its timeout is spent; what is still unsettled then
+is logged as an error with the counts. Such messages are not lost: they are still held by this
+worker's session in the broker, which hands them back when the session closes (or, if it cannot
+be closed, once this worker's heartbeat lapses), so their tasks run again.
+
+An outcome the broker refuses for its own content (anything else: an ``EncodeError``, a script
+error for that one delivery, ...) must not block the others. A refusal that is not a
+``BrokerError`` is final at once; a ``BrokerError`` that is not about reaching the broker is given
+``REFUSALS`` tries (the server may be briefly read-only or full). Then:
+
+* a retry that cannot be scheduled goes to the dead letters instead, with the reason;
+* a dead letter that cannot be stored, an acknowledgement or a hand-back that is refused, is
+  logged as an ERROR and dropped from the acker: the delivery stays held by this worker and goes
+  back to its queue when the session closes, so its task runs again (never lost, at worst run
+  twice). Acknowledgements are tried one by one before any is dropped.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
 
 from ..brokers import Consumer, Delivery
+from ..errors import BrokerError
 from ..message import Message
 
 log = logging.getLogger(__name__)
 
-_Op = Callable[[Consumer], None]
+#: Tries of an outcome that the reachable broker refuses before it is given up on.
+REFUSALS = 3
+#: Causes that mean "the broker cannot be reached now", whatever the driver (redis-py names its
+#: own ``ConnectionError``/``TimeoutError``; sqlite3 says a busy or locked file this way).
+_UNREACHABLE = frozenset({"ConnectionError", "TimeoutError", "OperationalError"})
+
+
+def unreachable(err: BaseException) -> bool:
+    """True when ``err`` says the broker cannot be reached now (retry), not that it refused."""
+    if not isinstance(err, BrokerError):
+        return False
+    cause: BaseException | None = err.__cause__
+    seen = 0
+    while cause is not None and seen < 10:
+        if isinstance(cause, OSError):
+            return True
+        if any(c.__name__ in _UNREACHABLE for c in type(cause).__mro__):
+            return True
+        cause = cause.__cause__
+        seen += 1
+    return False
+
+
+class _Op:
+    """A retry, a dead letter or a hand-back waiting to be settled."""
+
+    __slots__ = ("arg", "deliveries", "kind", "refusals")
+
+    def __init__(self, kind: str, deliveries: list[Delivery], arg: Message | str | None = None
+                 ) -> None:
+        self.kind = kind  # "retry", "dead" or "release"
+        self.deliveries = deliveries
+        self.arg = arg
+        self.refusals = 0
+
+    def apply(self, consumer: Consumer) -> None:
+        if self.kind == "retry":
+            assert isinstance(self.arg, Message)
+            consumer.retry(self.deliveries[0], self.arg)
+        elif self.kind == "dead":
+            assert isinstance(self.arg, str)
+            consumer.dead_letter(self.deliveries[0], self.arg)
+        else:
+            consumer.release(self.deliveries)
 
 
 class Acker:
@@ -35,9 +97,14 @@ class Acker:
         self._ops: list[_Op] = []
         self._wake = threading.Event()
         self._stopping = False
+        self._deadline = 0.0
         self._thread = threading.Thread(target=self._run, name="hurtle-acker", daemon=True)
         #: Outcomes settled so far (acks, retries, dead letters).
         self.settled = 0
+        #: Flushes in a row that left outcomes unsettled.
+        self.failures = 0
+        #: Outcomes given up on (refused by the broker, or unsettled when ``stop`` gave up).
+        self.dropped = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -66,14 +133,14 @@ class Acker:
         self._acks.extendleft(reversed(acks))
 
     def retry(self, delivery: Delivery, message: Message) -> None:
-        self._op(lambda c: c.retry(delivery, message))
+        self._op(_Op("retry", [delivery], message))
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self._op(lambda c: c.dead_letter(delivery, reason))
+        self._op(_Op("dead", [delivery], reason))
 
     def release(self, deliveries: list[Delivery]) -> None:
         if deliveries:
-            self._op(lambda c: c.release(deliveries))
+            self._op(_Op("release", list(deliveries)))
 
     def _op(self, op: _Op) -> None:
         with self._lock:
@@ -85,10 +152,17 @@ class Acker:
         with self._lock:
             return len(self._acks) + len(self._ops)
 
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
     def flush(self) -> bool:
-        """Settle everything gathered so far, now, from the calling thread; False on failure."""
+        """Settle everything gathered so far, now, from the calling thread; False when some
+        outcomes are left for later (the broker could not be reached, or refused some)."""
         with self._flushing:
-            return self._flush()
+            ok = self._flush()
+        self.failures = 0 if ok else self.failures + 1
+        return ok
 
     def _flush(self) -> bool:
         with self._lock:
@@ -96,41 +170,146 @@ class Acker:
         pending = self._acks
         popleft = pending.popleft
         acks = [popleft() for _ in range(len(pending))]
-        done_ops = 0
-        try:
-            for op in ops:
-                op(self.consumer)
-                done_ops += 1
-            if acks:
+        kept: list[_Op] = []  # to try again, in order
+        error: Exception | None = None  # why the broker could not be reached
+        settled = 0
+        for i, op in enumerate(ops):
+            try:
+                op.apply(self.consumer)
+            except Exception as err:
+                if unreachable(err):
+                    error = err
+                    kept += ops[i:]
+                    break
+                if not self._refused(op, err):
+                    kept.append(op)
+                continue
+            settled += 1
+        if acks and error is None:
+            try:
                 self.consumer.ack(acks)
-        except Exception as err:
-            log.warning("could not settle %d outcomes, will retry: %s",
-                        len(acks) + len(ops) - done_ops, err)
+            except Exception as err:
+                if unreachable(err):
+                    error = err
+                else:
+                    acks = self._ack_one_by_one(acks, err)
+            else:
+                settled += len(acks)
+                acks = []
+        if kept or acks:
             with self._lock:  # put back in front, in order
-                self._ops[:0] = ops[done_ops:]
+                self._ops[:0] = kept
             pending.extendleft(reversed(acks))
+        self.settled += settled
+        if error is not None:
+            log.warning("could not settle %d outcomes, will retry: %s",
+                        len(kept) + len(acks), error)
+        return not kept and not acks
+
+    def _refused(self, op: _Op, err: Exception) -> bool:
+        """Handle an outcome the broker refused; True when it is off the acker's hands."""
+        op.refusals += 1
+        if isinstance(err, BrokerError) and op.refusals < REFUSALS:
+            log.warning("the broker refused to settle one outcome (%s, try %d of %d): %s",
+                        op.kind, op.refusals, REFUSALS, err)
             return False
-        self.settled += len(acks) + len(ops)
+        delivery = op.deliveries[0]
+        if op.kind == "retry":
+            assert isinstance(op.arg, Message)
+            reason = (
+                f"the broker refused to schedule the retry of this message ({err}); it is "
+                f"kept here instead. The task had failed with: {op.arg.headers.get('error')}"
+            )
+            log.error("could not schedule a retry of message %s of %r: %s; dead-lettering it",
+                      op.arg.id, delivery.queue, err)
+            dead = _Op("dead", [delivery], reason)
+            try:
+                dead.apply(self.consumer)
+            except Exception as dead_err:
+                if unreachable(dead_err):
+                    with self._lock:
+                        self._ops.append(dead)  # settled once the broker is back
+                    return True
+                err = dead_err
+            else:
+                self.settled += 1
+                return True
+        self.dropped += len(op.deliveries)
+        log.error(
+            "the broker refused to settle %d deliveries of %r (%s: %s): giving up on them; they "
+            "stay held by this worker and go back to their queue when it stops, so their tasks "
+            "run again", len(op.deliveries), delivery.queue,
+            "a dead letter" if op.kind in ("dead", "retry") else "a hand-back", err,
+        )
         return True
+
+    def _ack_one_by_one(self, acks: list[Delivery], err: Exception) -> list[Delivery]:
+        """A batch of acknowledgements was refused: find which; return those to try again."""
+        log.warning("the broker refused %d acknowledgements (%s): trying them one by one",
+                    len(acks), err)
+        again: list[Delivery] = []
+        for i, delivery in enumerate(acks):
+            try:
+                self.consumer.ack([delivery])
+            except Exception as one_err:
+                if unreachable(one_err):
+                    again += acks[i:]
+                    break
+                self.dropped += 1
+                log.error("the broker refused to acknowledge a delivery of %r (%s): giving up "
+                          "on it; it goes back to its queue when this worker stops, so its "
+                          "task runs again", delivery.queue, one_err)
+            else:
+                self.settled += 1
+        return again
 
     def _run(self) -> None:
         backoff = self.interval
+        was_stopping = False
         while True:
             self._wake.wait(backoff)
             self._wake.clear()
             stopping = self._stopping
+            if stopping and not was_stopping:  # the shutdown's tries start short again
+                was_stopping = True
+                backoff = self.interval
             if self.flush():
                 backoff = self.interval
             else:
                 backoff = min(max(backoff * 2, 0.05), 2.0)
             if stopping:
-                return
+                left = self._deadline - time.monotonic()
+                if not self.pending or left <= 0:
+                    return
+                backoff = min(backoff, left)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Flush what is left and stop the thread (retrying the broker for up to ``timeout``)."""
+        """Settle what is left, retrying with backoff until done or ``timeout`` is spent; then
+        stop the thread. What could not be settled is logged as an error, with the counts."""
+        self._deadline = time.monotonic() + timeout
         self._stopping = True
         self._wake.set()
         if self._thread.is_alive():
-            self._thread.join(timeout)
-        if self.pending:
-            self.flush()
+            self._thread.join(timeout + 1.0)
+        else:
+            backoff = self.interval
+            while not self.flush():
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    break
+                time.sleep(min(backoff, left))
+                backoff = min(max(backoff * 2, 0.05), 2.0)
+        with self._lock:
+            acks, ops = len(self._acks), list(self._ops)
+        if acks or ops:
+            kinds = {k: sum(len(o.deliveries) for o in ops if o.kind == k)
+                     for k in ("retry", "dead", "release")}
+            self.dropped += acks + sum(kinds.values())
+            log.error(
+                "could not settle %d outcomes within the shutdown's %gs (%d acknowledgements, "
+                "%d retries, %d dead letters, %d hand-backs): those messages stay held by this "
+                "worker in the broker and go back to their queues when its session closes or "
+                "its heartbeat lapses, so their tasks run again",
+                acks + sum(kinds.values()), timeout, acks, kinds["retry"], kinds["dead"],
+                kinds["release"],
+            )

@@ -1,9 +1,17 @@
 """``Processor``: runs one delivery — decode, find the task, call it — and decides its outcome.
 
 Outcomes go to the acker: done (ack), another attempt (retry with backoff), or a dead letter with
-the reason (undecodable bytes, unknown task, retries exhausted, time limit, ``Reject``). Nothing
-here talks to the broker directly, and nothing a task raises escapes, except ``BaseException``s
-used to stop the worker.
+the reason (undecodable bytes, unknown task, retries exhausted, time limit, ``Reject``, arguments
+the task cannot be called with). Nothing here talks to the broker directly, and nothing a task
+raises escapes, except ``BaseException``s used to stop the worker.
+
+Every delivery ends in an outcome. Whatever goes wrong while handling one (an exception whose
+``str`` raises, bytes that make the decoder fail in an unexpected way, an error while recording
+the outcome) dead-letters that delivery with the reason (``crashed``) instead of killing the
+worker or leaving the message in flight: one bad message never stops a fleet. Objects that come
+from user code (exceptions, arguments) are formatted with ``describe``/``safe_repr``, which never
+raise. A call that raises ``TypeError`` because its arguments do not fit the task's signature is
+never retried: no attempt could succeed (checked only when a ``TypeError`` is raised).
 
 A delivery goes through three steps, which executors may drive separately:
 
@@ -21,11 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine, Sequence
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -49,10 +59,15 @@ class BatchState(Protocol):
 
     #: Set (from a signal handler or another thread) to start nothing more.
     stopping: bool
-    #: The delivery running now, so that a hard stop can hand it back.
+    #: The delivery whose task runs now, so that a hard stop can hand it back. It is cleared as
+    #: soon as the call returns, before the outcome is recorded: a hard stop never hands back a
+    #: delivery that has an outcome.
     current: Delivery | None
     #: Where the deliveries left unstarted by a stop go.
     unstarted: list[Delivery]
+    #: The batch's deliveries not taken yet. ``process_many`` takes them from the left; another
+    #: thread may take some from the right (to hand them back): each is taken exactly once.
+    pending: deque[Delivery]
 
 
 class Job:
@@ -130,7 +145,7 @@ class Processor:
         self.processed += 1
         try:
             message = _decode(delivery.raw)
-        except DecodeError as err:
+        except Exception as err:  # DecodeError, or whatever the decoder let escape
             self._undecodable(delivery, err)
             return
         task = self.tasks.get(message.task)
@@ -158,29 +173,42 @@ class Processor:
         plain = not self.middleware
         done: list[Delivery] = []
         started = 0
+        pending = state.pending = deque(deliveries)
+        take = pending.popleft
         try:
-            for i, delivery in enumerate(deliveries):
-                if state.stopping:
-                    state.unstarted.extend(deliveries[i:])
+            while True:
+                try:
+                    delivery = take()
+                except IndexError:  # all taken (some perhaps handed back by another thread)
                     break
                 state.current = delivery
+                if state.stopping:
+                    state.current = None
+                    state.unstarted.append(delivery)
+                    state.unstarted.extend(_take_all(pending))
+                    break
                 try:
                     message = decode(delivery.raw)
                     task = tasks[message.task]
                 except Exception:
+                    state.current = None
                     self.process(delivery)  # dead-letters it with the reason
                     continue
-                if not plain or task.is_async or task.time_limit is not None:
-                    self.process(delivery)
-                    continue
                 started += 1
+                if not plain or task.is_async or task.time_limit is not None:
+                    self.run(Job(delivery, message, task), state)
+                    continue
                 try:
                     task.fn(*message.args, **message.kwargs)
                 except Exception as err:
+                    state.current = None
                     self._failed(Job(delivery, message, task), err)
                     continue
+                state.current = None  # before the outcome: a hard stop now hands nothing back
                 done.append(delivery)
-            state.current = None
+        except BaseException:  # a hard stop raised in a task: the rest goes back unstarted
+            state.unstarted.extend(_take_all(pending))
+            raise
         finally:  # also when a hard stop raises in a task: what finished is acknowledged
             self.processed += started
             if done:
@@ -193,7 +221,7 @@ class Processor:
         self.processed += 1
         try:
             message = _decode(delivery.raw)
-        except DecodeError as err:
+        except Exception as err:  # DecodeError, or whatever the decoder let escape
             self._undecodable(delivery, err)
             return None
         task = self.tasks.get(message.task)
@@ -202,8 +230,11 @@ class Processor:
             return None
         return Job(delivery, message, task)
 
-    def run(self, job: Job) -> None:
-        """Call the task on this thread (within its time limit), then settle the outcome."""
+    def run(self, job: Job, state: BatchState | None = None) -> None:
+        """Call the task on this thread (within its time limit), then settle the outcome.
+
+        With ``state`` (the solo pool), ``state.current`` is cleared once the call returned.
+        """
         result: Any = None
         error: Exception | None = None
         try:
@@ -216,6 +247,8 @@ class Processor:
                 result = self.limit(job, job.call)
         except Exception as err:
             error = err
+        if state is not None:
+            state.current = None
         self.finish(job, result, error)
 
     async def run_async(self, job: Job) -> None:
@@ -240,12 +273,27 @@ class Processor:
         for m in reversed(self.middleware):
             try:
                 m.after_process(job.message, result, error)
-            except Exception:
-                log.exception("middleware %r failed in after_process", m)
+            except Exception as err:
+                log.error("middleware %s failed in after_process: %s", safe_repr(m),
+                          describe(err))
         if error is None:
             self.acker.ack(job.delivery)
         else:
             self._failed(job, error)
+
+    def crashed(self, delivery: Delivery, err: BaseException) -> None:
+        """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
+        self.failed += 1
+        self._crashed(delivery, err)
+
+    def _crashed(self, delivery: Delivery, err: BaseException) -> None:
+        reason = (
+            f"the worker could not handle this message ({describe(err)}); it is kept here "
+            f"instead of being retried, since it would fail the same way:\n{_trace(err)}"
+        )
+        log.error("dead-lettering a message of %r that could not be handled: %s",
+                  delivery.queue, describe(err))
+        self.acker.dead_letter(delivery, reason)
 
     def expire(self, job: Job) -> None:
         """Fail a job whose call could not be stopped at its time limit (it was abandoned)."""
@@ -253,10 +301,11 @@ class Processor:
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _undecodable(self, delivery: Delivery, err: DecodeError) -> None:
+    def _undecodable(self, delivery: Delivery, err: Exception) -> None:
         self.failed += 1
-        log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, err)
-        self.acker.dead_letter(delivery, f"undecodable message: {err}")
+        text = str(err) if isinstance(err, DecodeError) else describe(err)
+        log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, text)
+        self.acker.dead_letter(delivery, f"undecodable message: {text}")
 
     def _unknown(self, delivery: Delivery, message: Message) -> None:
         self.failed += 1
@@ -278,16 +327,28 @@ class Processor:
 
     def _failed(self, job: Job, err: Exception) -> None:
         self.failed += 1
+        try:
+            self._decide(job, err)
+        except Exception as inner:  # formatting or deciding failed: still an outcome
+            self._crashed(job.delivery, inner)
+
+    def _decide(self, job: Job, err: Exception) -> None:
         delivery, message, task = job.delivery, job.message, job.task
         if isinstance(err, TypeError) and (unfit := task.unfit(message.args, message.kwargs)):
-            log.error("task %s[%s] cannot take its arguments: %s", task.name, message.id, unfit)
-            self.acker.dead_letter(delivery, f"{unfit}; retrying cannot help")
+            reason = (
+                f"task {task.name} cannot be called with the arguments of this message "
+                f"({unfit}); retrying cannot help: send it with arguments that match "
+                f"{task.name}{_signature(task.fn)}, then purge this dead letter"
+            )
+            log.error("task %s[%s]: %s", task.name, message.id, reason)
+            self.acker.dead_letter(delivery, reason)
             return
         if isinstance(err, Reject):
-            log.warning("task %s[%s] rejected: %s", task.name, message.id, err.reason)
-            self.acker.dead_letter(delivery, f"rejected by task {task.name}: {err.reason}")
+            reason = safe_str(err.reason)
+            log.warning("task %s[%s] rejected: %s", task.name, message.id, reason)
+            self.acker.dead_letter(delivery, f"rejected by task {task.name}: {reason}")
             return
-        summary = f"{type(err).__name__}: {err}"
+        summary = describe(err)
         if message.attempt < task.retries:
             if isinstance(err, Retry) and err.delay is not None:
                 delay = err.delay
@@ -299,10 +360,9 @@ class Processor:
             )
             self.acker.retry(delivery, next_attempt(message, delay, summary))
             return
-        trace = "".join(traceback.format_exception(err))
         reason = (
             f"task {task.name} failed on attempt {message.attempt + 1} of {task.retries + 1}; "
-            f"no retries left:\n{trace}"
+            f"no retries left:\n{_trace(err)}"
         )
         log.error("task %s[%s] failed for good: %s", task.name, message.id, summary)
         self.acker.dead_letter(delivery, reason)
@@ -312,6 +372,52 @@ class Processor:
             if not loop.is_running():
                 loop.close()
         self._loops.clear()
+
+
+def safe_str(value: object) -> str:
+    """``str(value)``, or a placeholder when that raises (user objects may do anything)."""
+    try:
+        text = str(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+    return text if isinstance(text, str) else f"<unprintable {type(value).__name__}>"
+
+
+def safe_repr(value: object) -> str:
+    """``repr(value)``, or a placeholder when that raises."""
+    try:
+        return repr(value)
+    except Exception:
+        return f"<unprintable {type(value).__name__}>"
+
+
+def describe(err: BaseException) -> str:
+    """``TypeName: message`` for an exception, even one whose ``__str__`` raises."""
+    return f"{type(err).__name__}: {safe_str(err)}"
+
+
+def _trace(err: BaseException) -> str:
+    try:
+        return "".join(traceback.format_exception(err))
+    except Exception:
+        return describe(err)
+
+
+def _signature(fn: Callable[..., Any]) -> str:
+    try:
+        return str(inspect.signature(fn))
+    except (TypeError, ValueError):
+        return "(...)"
+
+
+def _take_all(pending: deque[Delivery]) -> Iterator[Delivery]:
+    """Take what is left of a batch, one at a time (another thread may take from the right)."""
+    take = pending.popleft
+    while True:
+        try:
+            yield take()
+        except IndexError:
+            return
 
 
 async def _within_limit(job: Job) -> Any:

@@ -12,6 +12,12 @@ interrupted) and is replaced at once. A child that exits with ``EXIT_USAGE`` met
 error that a restart cannot fix: everything stops and the supervisor exits 2. With ``burst``, a
 child that exits 0 has drained its queues and is not replaced.
 
+A signal may land at any moment, also while children are being started or restarted: once the
+supervisor is stopping it starts no child, and a child started while the signal was being handled
+is sent the signals it missed (each child counts what it was sent). A child that dies of the
+forwarded SIGTERM itself (it was still starting and had no handler yet, so it held nothing) has
+stopped cleanly.
+
 The supervisor imports no user code and opens no broker connection.
 """
 
@@ -36,7 +42,7 @@ EXIT_USAGE = 2
 
 
 class _Child:
-    __slots__ = ("done", "index", "proc", "restarts", "started")
+    __slots__ = ("done", "index", "proc", "restarts", "sent", "started")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -44,6 +50,7 @@ class _Child:
         self.started = 0.0
         self.restarts = 0
         self.done = False
+        self.sent = 0  # stop signals sent to the current process
 
 
 class Supervisor:
@@ -86,7 +93,7 @@ class Supervisor:
                         "now", name)
         else:
             return
-        self._forward(signal.SIGTERM)
+        self._forward()
         self._wake.set()
 
     def stop(self) -> None:
@@ -97,20 +104,35 @@ class Supervisor:
     def stopping(self) -> bool:
         return self._signals > 0
 
-    def _forward(self, signum: int) -> None:
+    def _forward(self) -> None:
         for child in self.children:
-            proc = child.proc
-            if proc is not None and proc.poll() is None:
+            self._catch_up(child)
+
+    def _catch_up(self, child: _Child) -> None:
+        """Send ``child`` the stop signals (at most two) it has not been sent yet."""
+        proc = child.proc
+        while proc is not None and child.sent < min(self._signals, 2):
+            child.sent += 1
+            if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signum)
+                    proc.send_signal(signal.SIGTERM)
 
     # -- children --------------------------------------------------------------------------
 
     def _spawn(self, child: _Child) -> None:
+        if self.stopping:
+            child.done = True
+            return
         argv = [sys.executable, "-m", "hurtle", *self.command]
-        child.proc = subprocess.Popen(argv, env=self.env, process_group=0)
+        child.proc = None  # a signal handled from here on is sent by the catch-up below
+        child.sent = 0
+        child.proc = self._popen(argv)
         child.started = time.monotonic()
         log.info("started worker process %d (pid %d)", child.index + 1, child.proc.pid)
+        self._catch_up(child)  # a signal handled while it was being started
+
+    def _popen(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(argv, env=self.env, process_group=0)
 
     def _reap(self, child: _Child, code: int) -> None:
         """Decide what happens after a child exited with ``code``."""
@@ -119,7 +141,10 @@ class Supervisor:
         how = f"exit status {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
         if self.stopping:
             child.done = True
-            if code != 0:
+            if code == -signal.SIGTERM and child.sent:
+                log.info("worker process pid %d stopped by the signal before it could handle "
+                         "it (it was still starting)", proc.pid)
+            elif code != 0:
                 self._failed = True
                 log.warning("worker process pid %d stopped with %s", proc.pid, how)
             return
@@ -152,7 +177,7 @@ class Supervisor:
     def run(self) -> int:
         """Run until every child has stopped; 0 if all stopped cleanly, 2 on a usage error."""
         for child in self.children:
-            self._spawn(child)
+            self._spawn(child)  # starts none once stopping
         while not all(child.done for child in self.children):
             self._wake.wait(self.poll_interval)
             self._wake.clear()

@@ -6,10 +6,16 @@ batches; the heartbeat keeps this worker's deliveries its own. This module owns 
 they start and stop, signals, and ``burst`` mode; it knows nothing of how tasks run.
 
 Stopping. The first SIGTERM/SIGINT (or ``stop()``) ends fetching; running tasks get up to
-``shutdown_timeout`` seconds to finish; what was fetched but not started, and what still runs
-after the deadline, goes back to the broker; outcomes are flushed. A second signal skips the wait:
-running tasks are handed back at once (in the solo pool, where the task runs on this very thread,
-by raising in it).
+``shutdown_timeout`` seconds, counted from that moment, to finish; what was fetched but not
+started, and what still runs after the deadline, goes back to the broker; outcomes are flushed. A
+second signal skips the wait: running tasks are handed back at once (in the solo pool, where the
+task runs on this very thread, by raising in it).
+
+In the solo pool the deadline is kept the same way: when the worker handles signals on the main
+thread, a small thread waits for the deadline and, if a task still runs then, signals the main
+thread, whose handler raises in the task as a second signal would. Off the main thread a task
+cannot be interrupted, and the stop waits for it. A hard stop never lands on the bookkeeping
+between tasks: it raises only while a task's own code runs (``Executor.interrupts_caller``).
 """
 
 from __future__ import annotations
@@ -93,6 +99,10 @@ class Worker:
         self._stop = threading.Event()
         self._hard = threading.Event()
         self._signals = 0
+        self._handling_signals = False
+        self._overdue = False  # set by the deadline thread just before it signals the main thread
+        self._stop_deadline: float | None = None
+        self._finished = threading.Event()
         self.consumer: Consumer | None = None
         self.acker: Acker | None = None
         self.processor: Processor | None = None
@@ -106,6 +116,8 @@ class Worker:
 
     def stop(self) -> None:
         """Ask for a graceful stop: no new fetches, running tasks finish, the rest goes back."""
+        if self._stop_deadline is None:
+            self._stop_deadline = time.monotonic() + self.shutdown_timeout
         self._stop.set()
         self.executor.request_stop()
 
@@ -119,6 +131,15 @@ class Worker:
         return self.processor.processed if self.processor else 0
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._overdue:  # sent by the deadline thread, not by a user
+            self._overdue = False
+            if not self._hard.is_set():
+                log.warning("tasks still running after the shutdown timeout of %gs: handing "
+                            "them back", self.shutdown_timeout)
+                self.stop_now()
+                if self.executor.interrupts_caller():
+                    raise _HardStop()
+            return
         self._signals += 1
         name = signal.Signals(signum).name
         if self._signals == 1:
@@ -140,6 +161,8 @@ class Worker:
             signal.signal(signal.SIGINT, self._on_signal)
         except ValueError:
             log.debug("not on the main thread: signals are left to the program")
+        else:
+            self._handling_signals = True
 
     # -- running ---------------------------------------------------------------------------
 
@@ -161,19 +184,42 @@ class Worker:
         acker.start()
         heartbeat.start()
         executor.start(processor)
+        if (
+            self._handling_signals
+            and executor.runs_in_submit
+            and threading.current_thread() is threading.main_thread()
+        ):
+            threading.Thread(
+                target=self._keep_deadline, args=(threading.get_ident(),),
+                name="hurtle-shutdown-deadline", daemon=True,
+            ).start()
         log.info("worker %s consuming %s with the %s pool (concurrency %d) on %s",
                  self.worker_id, ", ".join(self.queues), self.pool, executor.concurrency,
                  broker.url)
         self.started.set()
         try:
-            self._fetch_loop(consumer, executor)
-            unfinished = self._drain(executor)
-        except _HardStop:
-            unfinished = executor.stop() + executor.abort()
-        except BaseException:
-            self._shutdown(executor.stop() + executor.abort())
-            raise
-        self._shutdown(unfinished)
+            try:
+                self._fetch_loop(consumer, executor)
+                unfinished = self._drain(executor)
+            except _HardStop:
+                unfinished = executor.stop() + executor.abort()
+            except BaseException:
+                self._shutdown(executor.stop() + executor.abort())
+                raise
+            self._shutdown(unfinished)
+        finally:
+            self._finished.set()
+            self._stop.set()  # lets the deadline thread end
+
+    def _keep_deadline(self, main_thread: int) -> None:
+        """Interrupt a task still running on the main thread at the graceful stop's deadline."""
+        self._stop.wait()
+        deadline = self._stop_deadline
+        if deadline is None or self._finished.wait(max(deadline - time.monotonic(), 0.0)):
+            return
+        if not self._hard.is_set() and self.executor.interrupts_caller():
+            self._overdue = True
+            signal.pthread_kill(main_thread, signal.SIGTERM)
 
     def _fetch_loop(self, consumer: Consumer, executor: Executor) -> None:
         s = self.settings
@@ -187,6 +233,9 @@ class Worker:
             batch = fetcher.fetch()
             self._note(fetcher, batch)
             if batch:
+                if self._must_leave(executor):  # it may have come true during the fetch
+                    self.acker.release(batch)
+                    return
                 executor.submit(batch)
             elif batch is not None and self.burst and self._drained():
                 log.info("burst: queues %s are empty, stopping", ", ".join(self.queues))
@@ -220,7 +269,9 @@ class Worker:
     def _drain(self, executor: Executor) -> list[Delivery]:
         """Graceful stop: hand back the unstarted, wait for the running (up to the deadline)."""
         unstarted = executor.stop()
-        deadline = time.monotonic() + self.shutdown_timeout
+        deadline = self._stop_deadline
+        if deadline is None:  # the fetch loop ended by itself (burst, recycle)
+            deadline = time.monotonic() + self.shutdown_timeout
         while not executor.join(max(min(0.1, deadline - time.monotonic()), 0.0)):
             if self._hard.is_set():
                 break

@@ -8,8 +8,10 @@ on a thread of its own; the loop decodes each delivery (``Processor.begin``) and
   shrinks when idle), so that it can never block the loop; a time limit there works as in the
   threads pool (failed, thread abandoned and replaced).
 
-Either way the outcome goes through the same ``Processor.finish``. At most ``concurrency`` run at
-once, and at most as many again wait in the loop's buffer.
+Either way the outcome goes through the same ``Processor.finish``; should handling a delivery
+fail unexpectedly, it is dead-lettered (``Processor.crashed``) and still counted as done, so the
+worker never waits for it. At most ``concurrency`` run at once, and at most as many again wait in
+the loop's buffer.
 """
 
 from __future__ import annotations
@@ -110,7 +112,12 @@ class AsyncioExecutor(Executor):
         assert processor is not None and threads is not None and self._loop is not None
         buffer, running = self._buffer, self._running
         while buffer and len(running) < self.concurrency and not self._stopping:
-            job = processor.begin(buffer.popleft())
+            delivery = buffer.popleft()
+            try:
+                job = processor.begin(delivery)
+            except Exception as err:
+                processor.crashed(delivery, err)
+                job = None
             if job is None:  # dead-lettered already
                 self._settled(1)
             elif job.task.is_async:
@@ -121,13 +128,19 @@ class AsyncioExecutor(Executor):
 
     async def _run_async(self, job: Job) -> None:
         assert self._processor is not None
-        await self._processor.run_async(job)
+        try:
+            await self._processor.run_async(job)
+        except Exception as err:
+            self._processor.crashed(job.delivery, err)
         self._done(job)
 
     def _run_sync(self, job: Job) -> None:
         """On a pool thread: run a plain ``def`` task, then tell the loop."""
         assert self._processor is not None and self._loop is not None
-        self._processor.run(job)
+        try:
+            self._processor.run(job)
+        except Exception as err:
+            self._processor.crashed(job.delivery, err)
         self._loop.call_soon_threadsafe(self._done, job)
 
     def _expired(self, job: Job) -> None:

@@ -53,6 +53,7 @@ class PooledExecutor(Executor):
         self._pool = RunnerPool(
             processor.process, max_size=self.concurrency, min_size=self.min_concurrency,
             spawn=self.spawn, name=self.runner_name, on_expire=processor.expire,
+            on_error=processor.crashed,
         )
         self._pool.start()
 

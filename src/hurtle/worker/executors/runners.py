@@ -4,7 +4,9 @@ Shared by the threads, gevent and eventlet executors (items are deliveries) and 
 executor for its plain ``def`` tasks (items are jobs). The pool owns what those modes have in
 common and nothing else: the buffer, how many runners live (between ``min_size`` and
 ``max_size``, growing when work waits and no runner is idle, retiring a runner idle for
-``idle_timeout``), what each runner holds, and graceful or immediate stop.
+``idle_timeout``), what each runner holds, and graceful or immediate stop. An item whose work
+raises (which the processor never lets a task do) goes to ``on_error``, so that it still ends in
+an outcome instead of staying in flight until the worker stops; the runner goes on.
 
 It also owns time limits for threads, which cannot be interrupted: a watchdog thread fails a call
 that overruns (``on_expire``), abandons its thread — it is no longer counted, its outcome will be
@@ -59,6 +61,7 @@ class RunnerPool(Generic[T]):
         name: str = "hurtle-runner",
         idle_timeout: float = 2.0,
         on_expire: Callable[[Job], None] | None = None,
+        on_error: Callable[[T, BaseException], None] | None = None,
     ) -> None:
         self.work = work
         self.max_size = max_size
@@ -67,6 +70,7 @@ class RunnerPool(Generic[T]):
         self.name = name
         self.idle_timeout = idle_timeout
         self.on_expire = on_expire
+        self.on_error = on_error
         self.cond = threading.Condition()
         self._buffer: deque[T] = deque()
         self._running: dict[_Slot, T] = {}
@@ -148,8 +152,14 @@ class RunnerPool(Generic[T]):
                 with cond:
                     self._abandoned -= 1
                 return
-            except BaseException:
+            except BaseException as err:
                 log.exception("%s: unexpected error, the runner goes on", self.name)
+                if self.on_error is not None:
+                    try:
+                        self.on_error(item, err)
+                    except BaseException:
+                        log.exception("%s: could not record the outcome of a failed item",
+                                      self.name)
             with cond:
                 if slot.abandoned:  # given up by abort(): the pool no longer counts it
                     self._abandoned -= 1
