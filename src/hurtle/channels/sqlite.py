@@ -147,9 +147,9 @@ class SQLiteBackend:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    conn.executemany(_INSERT, frames)
                     if now - self._last_prune >= _PRUNE_EVERY:
                         self._prune(conn, now)
+                    conn.executemany(_INSERT, frames)
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
