@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hurtle import ConfigurationError, EncodeError, Hurtle
+from hurtle import BrokerError, ConfigurationError, EncodeError, Hurtle
 from hurtle.channels import ChannelMessage, Subscription, frame
 
 
@@ -203,3 +203,27 @@ def test_bad_values_and_names_are_refused_with_the_value(app: Hurtle) -> None:
         app.channel("x", flush_interval=0)
     with pytest.raises(ConfigurationError, match="subscribe"):
         app.subscribe()
+
+
+def test_a_failed_last_flush_is_counted_though_the_publisher_falls_silent(
+    app: Hurtle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ch = app.channel("quiet-end", flush_interval=3600)
+    with ch.subscribe() as sub:
+        ch.publish("first")
+        ch.flush()
+        assert [m.data for m in take(sub, 1)] == ["first"]
+        backend = app._channels.backend
+
+        def down(frames: object) -> None:
+            raise BrokerError("the broker is down")
+
+        monkeypatch.setattr(backend, "publish", down)
+        ch.publish_many(range(3))
+        with pytest.raises(BrokerError):
+            ch.flush()
+        monkeypatch.undo()  # the broker is back, and the publisher publishes nothing more
+        deadline = time.monotonic() + 20
+        while sub.lost == 0 and time.monotonic() < deadline:
+            assert sub.get(0.2) is None
+    assert sub.lost == 3

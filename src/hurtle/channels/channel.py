@@ -17,7 +17,10 @@ Sequence numbers. Each ``Channel`` object is a publisher with a random id, drawn
 child (whose copy of the parent's unsent buffer is dropped: the parent sends it). Its messages are
 numbered from 0, per channel; a frame carries the number of its first message. A flush that fails
 (the broker is down) logs an error and the numbers it used stay used, so subscribers count those
-messages as lost instead of never hearing of them.
+messages as lost instead of never hearing of them. ``TAIL_DELAY`` (1 s) after a channel's last
+frame, the flusher sends it an empty frame carrying the next number (once, not repeatedly): a
+subscriber that missed the last frames of a burst (a reconnection) finds out even if the publisher
+falls silent.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ DEFAULT_BUFFER = 1000
 DEFAULT_FLUSH_INTERVAL = 0.005
 #: Most messages in one frame; a bigger ``publish_many`` goes out as several frames.
 MAX_FRAME = 4096
+#: Seconds after a channel's last frame that it sends an empty one carrying its next number.
+TAIL_DELAY = 1.0
 
 
 def check_name(name: object) -> str:
@@ -152,6 +157,16 @@ class Channel:
         return [(name, frame.pack(pub, seq + i, pending[i:i + MAX_FRAME]))
                 for i in range(0, len(pending), MAX_FRAME)]
 
+    def tail(self) -> list[tuple[str, bytes]]:
+        """An empty frame with the next number (none while messages wait: a flush is due)."""
+        if self._pid != os.getpid():
+            return []
+        with self._lock:
+            if self._pending or not self._seq:
+                return []
+            seq = self._seq
+        return [(self.name, frame.pack(self._publisher_bytes, seq, []))]
+
     def subscribe(self, *, on_loss: LossCallback | None = None) -> Subscription:
         """A subscription to this channel: ``with ch.subscribe() as sub: for msg in sub: ...``."""
         return self._hub.subscribe((self.name,), on_loss=on_loss)
@@ -183,6 +198,7 @@ class ChannelHub:
         self._send_lock = threading.Lock()
         self._wake = threading.Condition(threading.Lock())
         self._due: dict[Channel, float] = {}
+        self._tails: dict[Channel, float] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -224,10 +240,37 @@ class ChannelHub:
         """Send the channels' buffers now: frames in sequence order, in one backend call."""
         if self._pid != os.getpid():
             self._reset_threads()
+        sent: list[Channel] = []
         with self._send_lock:
-            frames = [f for ch in channels for f in ch.take()]
-            if frames:
-                self.backend.publish(frames)
+            frames: list[tuple[str, bytes]] = []
+            for ch in channels:
+                taken = ch.take()
+                if taken:
+                    frames += taken
+                    sent.append(ch)
+            try:
+                if frames:
+                    self.backend.publish(frames)
+            finally:
+                if sent:
+                    self._tail_after(sent)
+
+    def _tail_after(self, channels: list[Channel]) -> None:
+        """Send each channel's tail frame ``TAIL_DELAY`` seconds after this flush (once)."""
+        at = time.monotonic() + TAIL_DELAY
+        with self._wake:
+            idle = not self._tails
+            for ch in channels:
+                self._tails[ch] = at
+            if self._thread is None:
+                self._start_thread()
+            elif idle:
+                self._wake.notify()
+
+    def _start_thread(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="hurtle-channel-flusher", daemon=True)
+        self._thread.start()
 
     def flush_all(self) -> None:
         with self._lock:
@@ -247,9 +290,7 @@ class ChannelHub:
                 return
             self._due[channel] = time.monotonic() + channel.flush_interval
             if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="hurtle-channel-flusher", daemon=True)
-                self._thread.start()
+                self._start_thread()
             else:
                 self._wake.notify()
 
@@ -259,20 +300,30 @@ class ChannelHub:
                 while True:
                     if self._stopping:
                         return
-                    if not self._due:
+                    if not self._due and not self._tails:
                         self._wake.wait()
                         continue
                     now = time.monotonic()
-                    first = min(self._due.values())
+                    first = min(self._due.values(), default=now + TAIL_DELAY)
+                    if self._tails:
+                        first = min(first, min(self._tails.values()))
                     if first > now:
                         self._wake.wait(first - now)
                         continue
                     ready = [ch for ch, at in self._due.items() if at <= now]
                     for ch in ready:
                         del self._due[ch]
+                    tails = [ch for ch, at in self._tails.items() if at <= now]
+                    for ch in tails:
+                        del self._tails[ch]
                     break
             try:
                 self.flush(ready)
+                if tails:
+                    with self._send_lock:
+                        frames = [f for ch in tails for f in ch.tail()]
+                        if frames:
+                            self.backend.publish(frames)
             except Exception:
                 log.exception("channels: a flush failed; subscribers will count those messages "
                               "as lost")

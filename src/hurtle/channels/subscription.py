@@ -6,8 +6,9 @@ slowly, a reconnection, frames pruned before a slow SQLite subscriber read them,
 failed flush): they are added to ``lost``, logged as a WARNING and passed to ``on_loss(channel,
 count)`` if given. A frame that starts earlier repeats messages already delivered; they are
 skipped. The first frame seen from a publisher sets its baseline, so what a publisher sent before
-the subscription started is not counted, and neither is a loss that only a publisher never heard
-from again could show.
+the subscription started is not counted. A publisher that falls silent sends one empty frame
+with its next number a second after its last one, so the end of a burst that went missing is
+counted too (unless the subscriber is still disconnected by then).
 
 Iterating blocks until a message arrives and ends once the subscription is closed (``with`` does
 that). ``get(timeout)`` returns ``None`` when nothing came in time. A subscription belongs to one
