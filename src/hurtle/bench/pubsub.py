@@ -5,9 +5,10 @@ duration. Every publisher sends to channels picked at random as fast as it can; 
 listens to all the channels, so each should receive everything every publisher sent. Reported
 per row: the median messages/s per subscriber (over every subscriber's one-second samples of the
 measured window, as seed 003 did), what publishers sent, the share that subscribers received
-(``delivered``), and the losses each system *reported* (only hurtle counts them; the others drop
-silently). Publishers and subscribers are processes, not threads; the broker (redis-server, the
-zmq proxy, nats-server) is one more process, all on the same cores.
+(``delivered``), the losses each system *reported* (only hurtle counts them; the others drop
+silently) and what is left ``unaccounted`` (neither received nor reported lost:
+silent loss). Publishers and subscribers are processes, not threads; the broker (redis-server,
+the zmq proxy, nats-server) is one more process, all on the same cores.
 
 Rows: ``hurtle-buffered`` (channels with their default buffer: 1,000 messages or 5 ms),
 ``hurtle-buffer0`` (``buffer=0``: one frame per publish), ``redis-publish`` (redis-py, one
@@ -52,6 +53,11 @@ class PubSubRow:
     seconds: float = 0.0
     skipped: str = ""
     notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def unaccounted(self) -> int:
+        """Messages neither received nor reported lost by any subscriber."""
+        return max(self.sent * self.pairs - self.received - (self.lost_reported or 0), 0)
 
     @property
     def delivered(self) -> float:
@@ -138,7 +144,7 @@ def run_row(name: str, pairs: int, setup: Setup) -> PubSubRow:
             ready.get(timeout=60)
         start.value = time.time() + 0.2
         go.set()
-        deadline = time.monotonic() + setup.duration + 60
+        deadline = time.monotonic() + setup.duration + 120
         while len(reports) < len(procs) and time.monotonic() < deadline:
             try:
                 reports.append(results.get(timeout=1))
@@ -183,11 +189,11 @@ def _setup(name: str, redis_url: str, args: argparse.Namespace, zmq_ports: tuple
 def _line(row: PubSubRow) -> str:
     if row.skipped:
         return f"{row.name:<17} C={row.pairs}  skipped: {row.skipped}"
-    lost = "silent" if row.lost_reported is None else f"{row.lost_reported:,} counted"
+    lost = "-" if row.lost_reported is None else f"{row.lost_reported:,}"
     notes = f"  [{'; '.join(row.notes)}]" if row.notes else ""
     return (f"{row.name:<17} C={row.pairs}  {row.median_rate:>11,.0f} msgs/s per subscriber  "
-            f"delivered {row.delivered:6.1%}  sent {row.sent:>11,}  lost {lost:<16}"
-            f"reconnects {row.reconnects}{notes}")
+            f"delivered {row.delivered:6.1%}  sent {row.sent:>11,}  reported lost {lost:>11}  "
+            f"unaccounted {row.unaccounted:>11,}  reconnects {row.reconnects}{notes}")
 
 
 def table(rows: list[PubSubRow]) -> str:
@@ -297,7 +303,8 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(
             {"benchmark": "hurtle bench pubsub", "machine": info, "channels": args.channels,
              "payload_bytes": args.size, "duration": args.duration,
-             "rows": [dataclasses.asdict(r) | {"delivered": r.delivered} for r in rows],
+             "rows": [dataclasses.asdict(r) | {"delivered": r.delivered,
+                                               "unaccounted": r.unaccounted} for r in rows],
              "ratios": lines}, indent=2) + "\n")
         print(f"\nwrote {args.json}")
     if args.plot:

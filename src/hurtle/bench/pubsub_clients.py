@@ -21,10 +21,12 @@ from typing import Any
 
 #: Messages sent between two looks at the clock.
 _CHECK_EVERY = 512
-#: A subscriber stops once nothing arrived for this long after the publishers stopped...
-_IDLE_AFTER_STOP = 1.0
-#: ...or this long after they stopped, whichever comes first.
-_DRAIN_MAX = 5.0
+#: A subscriber stops once nothing arrived for this long after the publishers stopped (hurtle's
+#: tail frames come 1 s after the last frame)...
+_IDLE_AFTER_STOP = 1.5
+#: ...or this long after they stopped, whichever comes first: what is still queued for it by
+#: then counts as not delivered.
+_DRAIN_MAX = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
