@@ -13,15 +13,26 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 
-__all__ = ["Backend", "Feed", "is_pattern", "make_backend", "matcher"]
+__all__ = ["Backend", "Feed", "OutFrame", "is_pattern", "make_backend", "matcher"]
 
-#: ``(channel, frame)`` pairs: what a flush sends and what a feed yields.
-Frames = Sequence[tuple[str, bytes]]
+
+class OutFrame(NamedTuple):
+    """A frame on its way out, with what a backend may need to know without decoding it."""
+
+    channel: str
+    data: bytes
+    publisher: str
+    #: The number the publisher's next message on this channel will carry.
+    next_seq: int
+
+
+#: What a flush sends, in order.
+Frames = Sequence[OutFrame]
 
 _GLOB = re.compile(r"[*?\[]")
 
@@ -43,6 +54,9 @@ def matcher(channels: Sequence[str], patterns: Sequence[str]) -> Callable[[str],
 class Feed(Protocol):
     #: Times the feed lost its connection and made a new one.
     reconnects: int
+    #: Set by the subscription: the (channel, publisher) pairs it has heard from. A feed that
+    #: reconnects may use it to tell how far each publisher got meanwhile (see ``redis``).
+    known: Callable[[], list[tuple[str, str]]]
 
     def receive(self, timeout: float) -> list[tuple[str, bytes]]:
         """The frames that arrived, waiting up to ``timeout`` seconds for the first one."""

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from . import frame
-from .backend import Backend, is_pattern, make_backend
+from .backend import Backend, OutFrame, is_pattern, make_backend
 
 if TYPE_CHECKING:
     from .subscription import AsyncSubscription, LossCallback, Subscription
@@ -139,7 +139,7 @@ class Channel:
         """Send what this channel has buffered, now, in the caller's thread."""
         self._hub.flush((self,))
 
-    def take(self) -> list[tuple[str, bytes]]:
+    def take(self) -> list[OutFrame]:
         """The buffered messages as frames, numbered; the buffer is left empty."""
         if self._pid != os.getpid():
             self._after_fork()
@@ -151,13 +151,15 @@ class Channel:
             self._pending = []
             seq = self._seq
             self._seq = seq + len(pending)
-        name, pub = self.name, self._publisher_bytes
+        name, pub, publisher = self.name, self._publisher_bytes, self.publisher
+        end = seq + len(pending)
         if len(pending) <= MAX_FRAME:
-            return [(name, frame.pack(pub, seq, pending))]
-        return [(name, frame.pack(pub, seq + i, pending[i:i + MAX_FRAME]))
+            return [OutFrame(name, frame.pack(pub, seq, pending), publisher, end)]
+        return [OutFrame(name, frame.pack(pub, seq + i, pending[i:i + MAX_FRAME]), publisher,
+                         min(seq + i + MAX_FRAME, end))
                 for i in range(0, len(pending), MAX_FRAME)]
 
-    def tail(self) -> list[tuple[str, bytes]]:
+    def tail(self) -> list[OutFrame]:
         """An empty frame with the next number (none while messages wait: a flush is due)."""
         if self._pid != os.getpid():
             return []
@@ -165,7 +167,8 @@ class Channel:
             if self._pending or not self._seq:
                 return []
             seq = self._seq
-        return [(self.name, frame.pack(self._publisher_bytes, seq, []))]
+        return [OutFrame(self.name, frame.pack(self._publisher_bytes, seq, []), self.publisher,
+                         seq)]
 
     def subscribe(self, *, on_loss: LossCallback | None = None) -> Subscription:
         """A subscription to this channel: ``with ch.subscribe() as sub: for msg in sub: ...``."""
@@ -242,7 +245,7 @@ class ChannelHub:
             self._reset_threads()
         sent: list[Channel] = []
         with self._send_lock:
-            frames: list[tuple[str, bytes]] = []
+            frames: list[OutFrame] = []
             for ch in channels:
                 taken = ch.take()
                 if taken:

@@ -22,6 +22,7 @@ MAX_PENDING = 100_000
 class _MemoryFeed:
     def __init__(self, backend: MemoryBackend, accepts: Callable[[str], bool]) -> None:
         self.reconnects = 0
+        self.known: Callable[[], list[tuple[str, str]]] = list
         self.accepts = accepts
         self._backend = backend
         self._frames: deque[tuple[str, bytes]] = deque()
@@ -58,10 +59,10 @@ class MemoryBackend:
     def publish(self, frames: Frames) -> None:
         with self._lock:
             feeds = list(self._feeds)
-        for channel, frame in frames:
+        for f in frames:
             for feed in feeds:
-                if feed.accepts(channel):
-                    feed.put(channel, frame)
+                if feed.accepts(f.channel):
+                    feed.put(f.channel, f.data)
 
     def open_feed(self, channels: Sequence[str], patterns: Sequence[str]) -> _MemoryFeed:
         feed = _MemoryFeed(self, matcher(channels, patterns))

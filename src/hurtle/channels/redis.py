@@ -6,9 +6,15 @@ burst). Redis pub/sub ignores the database number, so channel names carry it:
 
 Redis drops a subscriber that reads too slowly (``client-output-buffer-limit pubsub``) or whose
 connection breaks; what was published until it subscribes again never reaches it. The feed does
-not hide this: it reconnects (with a short backoff), subscribes again, counts the reconnection and
-logs a warning, and the subscription counts the missed messages by their sequence numbers when
-each publisher's next frame arrives.
+not hide this: it reconnects (with a short backoff), counts the reconnection, logs a warning and
+subscribes again, and the subscription counts the missed messages by their sequence numbers.
+
+So that a loss shows even when a publisher sends nothing more after it, the flush that publishes a
+frame also records, in the same pipeline, the publisher's next number for that channel:
+``SET hurtle:chseq:<publisher>:<channel> <next> EX 3600`` (in the URL's database). A feed that
+lost its connection reads those numbers for every (channel, publisher) its subscription has heard
+from (one ``MGET``) *before* it subscribes again, and hands them to the subscription as empty
+frames: everything below them was published while it was away.
 
 Not done yet: Redis Cluster (``SPUBLISH``/``SSUBSCRIBE``, sharded by channel). hurtle's Redis
 broker speaks to one server, and so do its channels.
@@ -19,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
@@ -28,6 +34,7 @@ from redis.retry import Retry
 import redis
 
 from ..errors import BrokerError, ConfigurationError
+from . import frame as frames_
 from .backend import Frames
 
 __all__ = ["RedisBackend"]
@@ -38,6 +45,12 @@ log = logging.getLogger(__name__)
 _MAX_BATCH = 1024
 _BACKOFF_FIRST = 0.01
 _BACKOFF_MAX = 1.0
+#: Seconds a publisher's recorded next number is kept after its last frame on a channel.
+SEQ_TTL = 3600
+
+
+def seq_key(publisher: str, channel: str) -> str:
+    return f"hurtle:chseq:{publisher}:{channel}"
 
 
 def _client(url: str) -> redis.Redis:
@@ -54,6 +67,7 @@ class _RedisFeed:
     def __init__(self, backend: RedisBackend, channels: Sequence[str],
                  patterns: Sequence[str]) -> None:
         self.reconnects = 0
+        self.known: Callable[[], list[tuple[str, str]]] = list
         self._backend = backend
         self._prefix = backend.prefix
         self._channels = [backend.prefix + c for c in channels]
@@ -61,6 +75,7 @@ class _RedisFeed:
         self._client = _client(backend.dsn)
         self._pubsub: redis.client.PubSub | None = None
         self._closed = False
+        self._marks: list[tuple[str, bytes]] = []
         self._subscribe()
 
     def _subscribe(self) -> None:
@@ -98,7 +113,9 @@ class _RedisFeed:
         delay = _BACKOFF_FIRST
         while not self._closed:
             try:
+                marks = self._read_marks()  # before subscribing: all of it was missed
                 self._subscribe()
+                self._marks += marks
                 return True
             except (redis.ConnectionError, redis.TimeoutError, OSError) as again:
                 if time.monotonic() + delay > until:
@@ -108,13 +125,22 @@ class _RedisFeed:
                 delay = min(delay * 2, _BACKOFF_MAX)
         return False
 
+    def _read_marks(self) -> list[tuple[str, bytes]]:
+        """Empty frames with each known publisher's next number, as recorded by its flushes."""
+        pairs = self.known()
+        if not pairs:
+            return []
+        found = self._client.mget([seq_key(p, c) for c, p in pairs])
+        return [(c, frames_.pack(frames_.publisher_bytes(p), int(n), []))
+                for (c, p), n in zip(pairs, found, strict=True) if n is not None]
+
     def receive(self, timeout: float) -> list[tuple[str, bytes]]:
         until = time.monotonic() + timeout
         if self._pubsub is None and not self._reconnect(ConnectionError("not connected"), until):
             return []
         pubsub = self._pubsub
         assert pubsub is not None
-        frames: list[tuple[str, bytes]] = []
+        frames, self._marks = self._marks, []
         cut = len(self._prefix)
         try:
             wait = timeout
@@ -160,13 +186,10 @@ class RedisBackend:
     def publish(self, frames: Frames) -> None:
         prefix = self.prefix
         try:
-            if len(frames) == 1:
-                channel, frame = frames[0]
-                self._client.publish(prefix + channel, frame)
-                return
             pipe = self._client.pipeline(transaction=False)
-            for channel, frame in frames:
-                pipe.publish(prefix + channel, frame)
+            for f in frames:
+                pipe.publish(prefix + f.channel, f.data)
+                pipe.set(seq_key(f.publisher, f.channel), f.next_seq, ex=SEQ_TTL)
             pipe.execute()
         except (redis.RedisError, OSError) as err:
             raise BrokerError(

@@ -81,6 +81,7 @@ def _connect(backend: SQLiteBackend) -> sqlite3.Connection:
 class _SQLiteFeed:
     def __init__(self, backend: SQLiteBackend, accepts: Callable[[str], bool]) -> None:
         self.reconnects = 0
+        self.known: Callable[[], list[tuple[str, str]]] = list
         self._backend = backend
         self._accepts = accepts
         self._conn = _connect(backend)
@@ -149,7 +150,7 @@ class SQLiteBackend:
                 try:
                     if now - self._last_prune >= _PRUNE_EVERY:
                         self._prune(conn, now)
-                    conn.executemany(_INSERT, frames)
+                    conn.executemany(_INSERT, [(f.channel, f.data) for f in frames])
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:

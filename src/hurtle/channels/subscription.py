@@ -75,6 +75,7 @@ class Subscription:
         self._closed = False
         self._io = threading.Lock()
         self._feed: Feed | None = backend.open_feed(self.channels, self.patterns)
+        self._feed.known = self._known
         self._reconnects = 0
 
     def __repr__(self) -> str:
@@ -176,6 +177,9 @@ class Subscription:
         if self.on_loss is not None:
             for channel, count in losses:
                 self.on_loss(channel, count)
+
+    def _known(self) -> list[tuple[str, str]]:
+        return list(self._expected)
 
     def _close_feed(self) -> None:
         feed, self._feed = self._feed, None
