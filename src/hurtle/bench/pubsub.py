@@ -169,6 +169,9 @@ def run_row(name: str, pairs: int, setup: Setup) -> PubSubRow:
     lost = [r["lost"] for r in subs]
     row.lost_reported = None if any(n is None for n in lost) else sum(lost)
     row.reconnects = sum(r["reconnects"] for r in subs)
+    errors = sorted({r["error"] for r in pubs if r.get("error")})
+    if errors:
+        row.notes.append("publisher errors at the end: " + "; ".join(errors))
     slow = sum(r.get("slow_consumer_errors", 0) for r in subs)
     if slow:
         row.notes.append(f"{slow} slow-consumer errors")

@@ -93,8 +93,12 @@ def publisher(setup: Setup, ready: Any, go: Any, start: Any, results: Any) -> No
             sent += 1
         if time.time() >= stop:
             break
-    finish()
-    results.put({"role": "publisher", "sent": sent})
+    error = ""
+    try:
+        finish()
+    except Exception as err:  # reported in the row's notes; what was sent still counts
+        error = f"{type(err).__name__}: {err}"
+    results.put({"role": "publisher", "sent": sent, "error": error})
 
 
 def _hurtle_publisher(setup: Setup) -> tuple[Callable[[int], None], Callable[[], None]]:
@@ -194,7 +198,7 @@ def _nats_publisher(setup: Setup) -> tuple[Callable[[int], None], Callable[[], N
 
     def finish() -> None:
         loop.run_until_complete(send(pending))
-        loop.run_until_complete(nc.flush())
+        loop.run_until_complete(nc.flush(timeout=120))
         loop.run_until_complete(nc.close())
         loop.close()
 
