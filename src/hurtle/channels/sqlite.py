@@ -10,7 +10,8 @@ Waiting. Each feed has its own connection and watches ``PRAGMA data_version`` (i
 another connection commits; it costs microseconds and reads no table), checked after 0.5 ms and
 then at intervals doubling up to ``POLL_MAX`` (4 ms): a frame from another process arrives within
 a few milliseconds, for a few hundred trivial reads a second while idle. Only when the version
-moved is the table read.
+moved is the table read. Measured with ``benchmarks/channel_latency.py`` (2 shared cores, one
+message every 10 ms): median 2.3 ms, p99 4.4 to 4.7 ms from publish to receipt.
 
 Retention. A publisher deletes frames older than ``RETENTION`` seconds (by id, from checkpoints it
 keeps in memory: no index on time), at most once a second. A subscriber that falls further behind
