@@ -75,28 +75,40 @@ class _RedisFeed:
         self._client = _client(backend.dsn)
         self._pubsub: redis.client.PubSub | None = None
         self._closed = False
+        #: Frames to hand out before reading the socket again (see ``_reconnect``).
         self._marks: list[tuple[str, bytes]] = []
-        self._subscribe()
+        self._marks = self._subscribe()
 
-    def _subscribe(self) -> None:
+    def _subscribe(self) -> list[tuple[str, bytes]]:
+        """Subscribe on a new connection; returns frames that came with the confirmations."""
         pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        early: list[tuple[str, bytes]] = []
+        cut = len(self._prefix)
         try:
             if self._channels:
                 pubsub.subscribe(*self._channels)
             if self._patterns:
                 pubsub.psubscribe(*self._patterns)
-            # Wait for the confirmations, so that what is published after this returns arrives.
+            # Wait for the confirmations, so that what is published after this returns arrives;
+            # frames of the channels confirmed first may arrive in between, and are kept.
             want = len(self._channels) + len(self._patterns)
             got = 0
             deadline = time.monotonic() + 10
             while got < want and time.monotonic() < deadline:
                 reply = pubsub.parse_response(block=False, timeout=0.1)
-                if reply is not None and reply[0] in (b"subscribe", b"psubscribe"):
+                if reply is None:
+                    continue
+                if reply[0] in (b"subscribe", b"psubscribe"):
                     got += 1
+                elif reply[0] == b"message":
+                    early.append((reply[1][cut:].decode(), reply[2]))
+                elif reply[0] == b"pmessage":
+                    early.append((reply[2][cut:].decode(), reply[3]))
         except BaseException:
             pubsub.close()
             raise
         self._pubsub = pubsub
+        return early
 
     def _reconnect(self, err: Exception, until: float) -> bool:
         """Subscribe again on a new connection; ``False`` if ``until`` passed first."""
@@ -114,8 +126,7 @@ class _RedisFeed:
         while not self._closed:
             try:
                 marks = self._read_marks()  # before subscribing: all of it was missed
-                self._subscribe()
-                self._marks += marks
+                self._marks += marks + self._subscribe()
                 return True
             except (redis.ConnectionError, redis.TimeoutError, OSError) as again:
                 if time.monotonic() + delay > until:
