@@ -15,7 +15,12 @@ message every 10 ms): median 2.3 ms, p99 4.4 to 4.7 ms from publish to receipt.
 
 Retention. A publisher deletes frames older than ``RETENTION`` seconds (by id, from checkpoints it
 keeps in memory: no index on time), at most once a second. A subscriber that falls further behind
-than that misses frames, and counts them as lost by their sequence numbers.
+than that misses frames, and counts them as lost by their sequence numbers. So that it can count
+them even when their publisher sends nothing afterwards, every flush also records, per (channel,
+publisher), the next number and the id of its last frame (``channel_seq``, kept an hour). A feed
+that finds ids missing below the rows it reads (ids are contiguous until pruned) looks up the
+publishers it knows whose last frame was among the missing ones, and hands their next numbers to
+the subscription as empty frames.
 
 Durability is not the point of a channel: frames are written with ``synchronous=NORMAL`` whatever
 the URL asks of the queues.
@@ -33,6 +38,7 @@ from collections.abc import Callable, Sequence
 
 from ..brokers.sqlite import _path_of
 from ..errors import BrokerError, ConfigurationError
+from . import frame as frames_
 from .backend import Frames, matcher
 
 __all__ = ["SQLiteBackend"]
@@ -46,15 +52,29 @@ POLL_MAX = 0.004
 _PRUNE_EVERY = 1.0
 _BUSY_TIMEOUT_MS = 30_000
 _READ_BATCH = 1024
+#: Seconds a publisher's recorded next number is kept after its last frame on a channel.
+SEQ_TTL = 3600.0
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS channel_frames ("
-    " id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT NOT NULL, frame BLOB NOT NULL)"
+    " id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT NOT NULL, frame BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS channel_seq ("
+    " channel TEXT NOT NULL, publisher TEXT NOT NULL, next INTEGER NOT NULL,"
+    " last_id INTEGER NOT NULL, at REAL NOT NULL,"
+    " PRIMARY KEY (channel, publisher)) WITHOUT ROWID",
 )
 _INSERT = "INSERT INTO channel_frames (channel, frame) VALUES (?, ?)"
+_MARK = (
+    "INSERT INTO channel_seq (channel, publisher, next, last_id, at) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (channel, publisher) DO UPDATE SET next = excluded.next, "
+    "last_id = excluded.last_id, at = excluded.at"
+)
+_MARKS_OF = "SELECT next, last_id FROM channel_seq WHERE channel = ? AND publisher = ?"
 _READ = "SELECT id, channel, frame FROM channel_frames WHERE id > ? ORDER BY id LIMIT ?"
-_NEWEST = "SELECT coalesce(max(id), 0) FROM channel_frames"
+#: The last id handed out, even when every frame was pruned since.
+_NEWEST = "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'channel_frames'), 0)"
 _PRUNE = "DELETE FROM channel_frames WHERE id <= ?"
+_PRUNE_MARKS = "DELETE FROM channel_seq WHERE at < ?"
 
 
 def _connect(backend: SQLiteBackend) -> sqlite3.Connection:
@@ -67,7 +87,8 @@ def _connect(backend: SQLiteBackend) -> sqlite3.Connection:
             if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
                 raise sqlite3.OperationalError("the file cannot be put in WAL mode")
             conn.execute("PRAGMA synchronous = NORMAL")
-            conn.execute(_SCHEMA)
+            for statement in _SCHEMA:
+                conn.execute(statement)
         except BaseException:
             conn.close()
             raise
@@ -107,8 +128,9 @@ class _SQLiteFeed:
                         rows = self._conn.execute(_READ, (self._cursor, _READ_BATCH)).fetchall()
                         if not rows:
                             break
+                        marks = self._pruned(rows[0][0]) if rows[0][0] > self._cursor + 1 else []
                         self._cursor = rows[-1][0]
-                        frames = [(c, f) for _, c, f in rows if accepts(c)]
+                        frames = marks + [(c, f) for _, c, f in rows if accepts(c)]
                         if frames:
                             return frames
                     delay = POLL_FIRST
@@ -119,6 +141,20 @@ class _SQLiteFeed:
                 delay = min(delay * 2, POLL_MAX)
         except sqlite3.Error as err:
             raise BrokerError(f"SQLite channels {self._backend.url!r}: {err}") from err
+
+    def _pruned(self, first: int) -> list[tuple[str, bytes]]:
+        """Ids after the cursor and before ``first`` were pruned unread: empty frames carrying
+        the next number of each known publisher whose last frame was among them."""
+        log.warning("SQLite channels %r: %d frame(s) were pruned before this subscriber read "
+                    "them (it is more than %g s behind)", self._backend.url,
+                    first - self._cursor - 1, RETENTION)
+        marks = []
+        for channel, publisher in self.known():
+            row = self._conn.execute(_MARKS_OF, (channel, publisher)).fetchone()
+            if row is not None and self._cursor < row[1] < first:
+                marks.append((channel, frames_.pack(frames_.publisher_bytes(publisher), row[0],
+                                                    [])))
+        return marks
 
     def close(self) -> None:
         self._conn.close()
@@ -152,6 +188,11 @@ class SQLiteBackend:
                     if now - self._last_prune >= _PRUNE_EVERY:
                         self._prune(conn, now)
                     conn.executemany(_INSERT, [(f.channel, f.data) for f in frames])
+                    # Ids of one transaction are contiguous: the last is last_insert_rowid().
+                    first = conn.execute("SELECT last_insert_rowid()").fetchone()[0] - len(frames)
+                    wall = time.time()
+                    conn.executemany(_MARK, [(f.channel, f.publisher, f.next_seq, first + i, wall)
+                                             for i, f in enumerate(frames, 1)])
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:
@@ -168,6 +209,7 @@ class SQLiteBackend:
             upto = self._checkpoints.popleft()[1]
         if upto is not None:
             conn.execute(_PRUNE, (upto,))
+            conn.execute(_PRUNE_MARKS, (time.time() - SEQ_TTL,))
 
     def open_feed(self, channels: Sequence[str], patterns: Sequence[str]) -> _SQLiteFeed:
         return _SQLiteFeed(self, matcher(channels, patterns))
