@@ -205,6 +205,11 @@ class ChannelHub:
         self._thread: threading.Thread | None = None
         self._stopping = False
 
+    def _after_fork(self) -> None:
+        # A forked child has no flusher thread, and any lock held at the fork stays held.
+        self._lock = threading.Lock()
+        self._reset_threads()
+
     @property
     def backend(self) -> Backend:
         backend = self._backend
@@ -242,7 +247,7 @@ class ChannelHub:
     def flush(self, channels: Iterable[Channel]) -> None:
         """Send the channels' buffers now: frames in sequence order, in one backend call."""
         if self._pid != os.getpid():
-            self._reset_threads()
+            self._after_fork()
         sent: list[Channel] = []
         with self._send_lock:
             frames: list[OutFrame] = []
@@ -287,7 +292,7 @@ class ChannelHub:
     def schedule(self, channel: Channel) -> None:
         """Arrange for ``channel`` to be flushed ``flush_interval`` seconds from now."""
         if self._pid != os.getpid():
-            self._reset_threads()
+            self._after_fork()
         with self._wake:
             if channel in self._due:
                 return
