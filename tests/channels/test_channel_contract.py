@@ -227,3 +227,21 @@ def test_a_failed_last_flush_is_counted_though_the_publisher_falls_silent(
         while sub.lost == 0 and time.monotonic() < deadline:
             assert sub.get(0.2) is None
     assert sub.lost == 3
+
+
+def test_publishers_not_heard_from_for_long_are_forgotten(
+    app: Hurtle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hurtle.channels import subscription
+
+    old, new = app.channel("gone", flush_interval=3600), app.channel("gone", buffer=0)
+    with app.subscribe("gone") as sub:
+        old.publish("from a publisher that then went away")
+        app._channels.backend.publish(old.take())  # sent without a tail frame to follow
+        assert len(take(sub, 1)) == 1
+        assert sub.publishers == 1
+        monkeypatch.setattr(subscription, "FORGET_AFTER", 0.0)
+        monkeypatch.setattr(subscription, "SWEEP_EVERY", 0.0)
+        new.publish("from another")
+        assert len(take(sub, 1)) == 1
+        assert sub.publishers == 1  # the first one is forgotten, the second followed

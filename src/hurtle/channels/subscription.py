@@ -8,7 +8,9 @@ count)`` if given. A frame that starts earlier repeats messages already delivere
 skipped. The first frame seen from a publisher sets its baseline, so what a publisher sent before
 the subscription started is not counted. A publisher that falls silent sends one empty frame
 with its next number a second after its last one, so the end of a burst that went missing is
-counted too (unless the subscriber is still disconnected by then).
+counted too (unless the subscriber is still disconnected by then). A publisher not heard from
+for an hour (``FORGET_AFTER``) is forgotten, so that what a subscription keeps does not grow with
+every publisher that ever came and went.
 
 Iterating blocks until a message arrives and ends once the subscription is closed (``with`` does
 that). ``get(timeout)`` returns ``None`` when nothing came in time. A subscription belongs to one
@@ -41,6 +43,12 @@ LossCallback = Callable[[str, int], None]
 
 #: Longest single wait on the backend, so that ``close()`` from another thread is seen soon.
 _SLICE = 0.25
+#: Seconds after which a publisher not heard from is forgotten (its next frame starts afresh):
+#: the number kept per (channel, publisher) would otherwise grow with every publisher that ever
+#: came and went. The brokers keep a publisher's last number for as long (one hour).
+FORGET_AFTER = 3600.0
+#: Seconds between two looks for publishers to forget.
+SWEEP_EVERY = 60.0
 
 
 class ChannelMessage(msgspec.Struct, frozen=True, gc=False):
@@ -70,6 +78,8 @@ class Subscription:
         #: Messages delivered to this subscription so far (handed out or waiting in it).
         self.received = 0
         self._expected: dict[tuple[str, str], int] = {}
+        self._heard: dict[tuple[str, str], float] = {}
+        self._swept = time.monotonic()
         self._ready: list[ChannelMessage] = []
         self._pos = 0
         self._closed = False
@@ -86,6 +96,11 @@ class Subscription:
     def reconnects(self) -> int:
         """Times the connection to the broker was lost and made again."""
         return self._feed.reconnects if self._feed is not None else self._reconnects
+
+    @property
+    def publishers(self) -> int:
+        """(channel, publisher) pairs whose numbers this subscription follows."""
+        return len(self._expected)
 
     @property
     def closed(self) -> bool:
@@ -150,7 +165,8 @@ class Subscription:
         if self._pos >= len(self._ready):
             self._ready, self._pos = [], 0
         ready = self._ready
-        expected = self._expected
+        expected, heard = self._expected, self._heard
+        now = time.monotonic()
         losses: list[tuple[str, int]] = []
         for channel, raw in frames:
             try:
@@ -171,8 +187,13 @@ class Subscription:
                     values = values[want - seq:]
                     seq = want
             expected[key] = seq + len(values)
+            heard[key] = now
             self.received += len(values)
             ready.extend(map(partial(ChannelMessage, channel), values))
+        if now - self._swept >= SWEEP_EVERY:
+            self._swept = now
+            for key in [k for k, at in heard.items() if at < now - FORGET_AFTER]:
+                del heard[key], expected[key]
         self.lost += sum(count for _, count in losses)
         if self.on_loss is not None:
             for channel, count in losses:
