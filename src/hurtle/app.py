@@ -17,6 +17,7 @@ from .settings import Settings, load_settings
 from .task import Task
 
 if TYPE_CHECKING:
+    from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
     from .worker import Worker
 
 P = ParamSpec("P")
@@ -50,6 +51,9 @@ class Hurtle:
         self._broker: Broker | None = broker if isinstance(broker, Broker) else None
         self._broker_lock = threading.Lock()
         self.tasks: dict[str, Task[Any, Any]] = {}
+        self._channel_hub: ChannelHub | None = None
+        # Channels open their own connections, from this URL (a given broker's, without secrets).
+        self._channel_broker_url = broker.url if isinstance(broker, Broker) else None
 
     def __repr__(self) -> str:
         return f"<Hurtle broker={self.settings.broker_url!r} tasks={len(self.tasks)}>"
@@ -138,8 +142,49 @@ class Hurtle:
 
         return Worker(self, **options)
 
+    # -- channels (pub/sub): see hurtle.channels ---------------------------------------------
+
+    @property
+    def _channels(self) -> ChannelHub:
+        hub = self._channel_hub
+        if hub is None:
+            from .channels import ChannelHub
+
+            with self._broker_lock:
+                if self._channel_hub is None:
+                    self._channel_hub = ChannelHub(self._channel_url)
+                hub = self._channel_hub
+        return hub
+
+    def _channel_url(self) -> str:
+        return self._channel_broker_url or self.settings.broker_url
+
+    def channel(self, name: str, *, buffer: int | None = None,
+                flush_interval: float | None = None) -> Channel:
+        """The channel ``name``: buffered by default (1,000 messages or 5 ms); ``buffer=0``
+        sends each ``publish`` at once."""
+        from .channels import DEFAULT_BUFFER, DEFAULT_FLUSH_INTERVAL
+
+        return self._channels.channel(
+            name,
+            buffer=DEFAULT_BUFFER if buffer is None else buffer,
+            flush_interval=DEFAULT_FLUSH_INTERVAL if flush_interval is None else flush_interval,
+        )
+
+    def subscribe(self, *names: str, on_loss: LossCallback | None = None) -> Subscription:
+        """A subscription to channels and glob patterns (``"prices.*"``)."""
+        return self._channels.subscribe(names, on_loss=on_loss)
+
+    def subscribe_async(self, *names: str,
+                        on_loss: LossCallback | None = None) -> AsyncSubscription:
+        """The same for asyncio: ``async for msg in app.subscribe_async("prices.*")``."""
+        return self._channels.subscribe_async(names, on_loss=on_loss)
+
     def close(self) -> None:
-        """Close the broker connection, if one was made."""
+        """Flush the channels and close the broker connection, if one was made."""
+        hub = self._channel_hub
+        if hub is not None:
+            hub.close()
         with self._broker_lock:
             if self._broker is not None:
                 self._broker.close()

@@ -1,0 +1,219 @@
+"""``redis://`` channels: one ``PUBLISH`` per frame, ``SUBSCRIBE``/``PSUBSCRIBE`` to receive.
+
+A flush sends all its frames in one pipeline (one round trip, one ``PUBLISH`` per channel's
+burst). Redis pub/sub ignores the database number, so channel names carry it:
+``hurtle:ch:<db>:<name>`` (apps on different databases of one server do not hear each other).
+
+Redis drops a subscriber that reads too slowly (``client-output-buffer-limit pubsub``) or whose
+connection breaks; what was published until it subscribes again never reaches it. The feed does
+not hide this: it reconnects (with a short backoff), counts the reconnection, logs a warning and
+subscribes again, and the subscription counts the missed messages by their sequence numbers.
+
+So that a loss shows even when a publisher sends nothing more after it, the flush that publishes a
+frame also records, in the same pipeline, the publisher's next number for that channel:
+``SET hurtle:chseq:<publisher>:<channel> <next> EX 3600`` (in the URL's database). A feed that
+lost its connection reads those numbers for every (channel, publisher) its subscription has heard
+from (one ``MGET``) *before* it subscribes again, and hands them to the subscription as empty
+frames: everything below them was published while it was away.
+
+Not done yet: Redis Cluster (``SPUBLISH``/``SSUBSCRIBE``, sharded by channel). hurtle's Redis
+broker speaks to one server, and so do its channels.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import redis
+
+from ..errors import BrokerError, ConfigurationError
+from . import frame as frames_
+from .backend import Frames
+
+__all__ = ["RedisBackend"]
+
+log = logging.getLogger(__name__)
+
+#: Frames taken from the socket per ``receive`` once the first one is there.
+_MAX_BATCH = 1024
+_BACKOFF_FIRST = 0.01
+_BACKOFF_MAX = 1.0
+#: Seconds a publisher's recorded next number is kept after its last frame on a channel.
+SEQ_TTL = 3600
+
+
+def seq_key(publisher: str, channel: str) -> str:
+    return f"hurtle:chseq:{publisher}:{channel}"
+
+
+def _client(url: str) -> redis.Redis:
+    # No silent retries inside redis-py: a broken connection must surface here, to be counted.
+    try:
+        return redis.Redis.from_url(url, retry=Retry(NoBackoff(), 0))
+    except ValueError as err:
+        raise ConfigurationError(
+            f"bad Redis URL for channels {url!r}: {err}; expected redis://host:port/db"
+        ) from err
+
+
+class _RedisFeed:
+    def __init__(self, backend: RedisBackend, channels: Sequence[str],
+                 patterns: Sequence[str]) -> None:
+        self.reconnects = 0
+        self.known: Callable[[], list[tuple[str, str]]] = list
+        self._backend = backend
+        self._prefix = backend.prefix
+        self._channels = [backend.prefix + c for c in channels]
+        self._patterns = [backend.prefix + p for p in patterns]
+        self._client = _client(backend.dsn)
+        self._pubsub: redis.client.PubSub | None = None
+        self._closed = False
+        #: Frames to hand out before reading the socket again (see ``_reconnect``).
+        self._marks: list[tuple[str, bytes]] = []
+        self._marks = self._subscribe()
+
+    def _subscribe(self) -> list[tuple[str, bytes]]:
+        """Subscribe on a new connection; returns frames that came with the confirmations."""
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        early: list[tuple[str, bytes]] = []
+        cut = len(self._prefix)
+        try:
+            if self._channels:
+                pubsub.subscribe(*self._channels)
+            if self._patterns:
+                pubsub.psubscribe(*self._patterns)
+            # Wait for the confirmations, so that what is published after this returns arrives;
+            # frames of the channels confirmed first may arrive in between, and are kept.
+            want = len(self._channels) + len(self._patterns)
+            got = 0
+            deadline = time.monotonic() + 10
+            while got < want and time.monotonic() < deadline:
+                reply = pubsub.parse_response(block=False, timeout=0.1)
+                if reply is None:
+                    continue
+                if reply[0] in (b"subscribe", b"psubscribe"):
+                    got += 1
+                elif reply[0] == b"message":
+                    early.append((reply[1][cut:].decode(), reply[2]))
+                elif reply[0] == b"pmessage":
+                    early.append((reply[2][cut:].decode(), reply[3]))
+        except BaseException:
+            pubsub.close()
+            raise
+        self._pubsub = pubsub
+        return early
+
+    def _reconnect(self, err: Exception, until: float) -> bool:
+        """Subscribe again on a new connection; ``False`` if ``until`` passed first."""
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._pubsub.close()
+            self._pubsub = None
+            self.reconnects += 1
+            log.warning(
+                "channel subscription to Redis at %s lost its connection (%s); subscribing "
+                "again: messages published meanwhile are counted as lost when their "
+                "publishers' next frames arrive", self._backend.url, err,
+            )
+        delay = _BACKOFF_FIRST
+        while not self._closed:
+            try:
+                marks = self._read_marks()  # before subscribing: all of it was missed
+                self._marks += marks + self._subscribe()
+                return True
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as again:
+                if time.monotonic() + delay > until:
+                    log.debug("Redis at %s still unreachable: %s", self._backend.url, again)
+                    return False
+                time.sleep(delay)
+                delay = min(delay * 2, _BACKOFF_MAX)
+        return False
+
+    def _read_marks(self) -> list[tuple[str, bytes]]:
+        """Empty frames with each known publisher's next number, as recorded by its flushes."""
+        pairs = self.known()
+        if not pairs:
+            return []
+        found = self._client.mget([seq_key(p, c) for c, p in pairs])
+        return [(c, frames_.pack(frames_.publisher_bytes(p), int(n), []))
+                for (c, p), n in zip(pairs, found, strict=True) if n is not None]
+
+    def receive(self, timeout: float) -> list[tuple[str, bytes]]:
+        until = time.monotonic() + timeout
+        if self._pubsub is None and not self._reconnect(ConnectionError("not connected"), until):
+            return []
+        pubsub = self._pubsub
+        assert pubsub is not None
+        frames, self._marks = self._marks, []
+        cut = len(self._prefix)
+        try:
+            wait = timeout
+            while len(frames) < _MAX_BATCH:
+                reply = pubsub.get_message(timeout=wait)
+                if reply is None:
+                    if frames or wait == 0:
+                        break
+                    wait = until - time.monotonic()
+                    if wait <= 0:
+                        break
+                    continue
+                if reply["type"] in ("message", "pmessage"):
+                    frames.append((reply["channel"][cut:].decode(), reply["data"]))
+                    wait = 0
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+            self._reconnect(err, until)
+        return frames
+
+    def close(self) -> None:
+        self._closed = True
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._pubsub.close()
+            self._pubsub = None
+        self._client.close()
+
+
+class RedisBackend:
+    def __init__(self, url: str) -> None:
+        self.dsn = url
+        parts = urlsplit(url)
+        self.url = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
+        db = parts.path.lstrip("/") or "0"
+        if not db.isdigit():
+            raise ConfigurationError(
+                f"bad Redis URL {self.url!r}: the database {db!r} is not a number; expected "
+                "redis://host:port/db"
+            )
+        self.prefix = f"hurtle:ch:{int(db)}:"
+        self._client = _client(url)
+
+    def publish(self, frames: Frames) -> None:
+        prefix = self.prefix
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for f in frames:
+                pipe.publish(prefix + f.channel, f.data)
+                pipe.set(seq_key(f.publisher, f.channel), f.next_seq, ex=SEQ_TTL)
+            pipe.execute()
+        except (redis.RedisError, OSError) as err:
+            raise BrokerError(
+                f"cannot publish to Redis at {self.url}: {err}; is redis-server running?"
+            ) from err
+
+    def open_feed(self, channels: Sequence[str], patterns: Sequence[str]) -> _RedisFeed:
+        try:
+            return _RedisFeed(self, channels, patterns)
+        except (redis.RedisError, OSError) as err:
+            raise BrokerError(
+                f"cannot subscribe at Redis {self.url}: {err}; is redis-server running?"
+            ) from err
+
+    def close(self) -> None:
+        self._client.close()
