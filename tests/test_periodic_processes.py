@@ -176,3 +176,12 @@ def test_a_supervisor_passes_no_scheduler_to_its_workers(tmp_path: Path) -> None
     # a worker that schedules says so before it starts consuming
     assert "scheduler:" not in project.output(proc)
     assert ticks(project) == {}
+
+
+def test_schedule_list_of_an_app_without_schedules_says_so(tmp_path: Path) -> None:
+    project = Project(tmp_path, "from hurtle import Hurtle\napp = Hurtle()\n", [])
+    text = project.hurtle("schedule", "tasks:app", "list")
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.strip() == "tasks:app has no periodic tasks (app.periodic)"
+    doc = project.hurtle("schedule", "tasks:app", "list", "--json")
+    assert json.loads(doc.stdout)["schedules"] == []

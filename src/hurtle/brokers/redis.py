@@ -341,7 +341,7 @@ class RedisBroker(Broker):
         for p in _PRIORITIES:
             args += ready[p]
         args += delayed
-        keys = (*_publish_keys(queue), queue_keys(queue).schedule(name))
+        keys = (queue_keys(queue).schedule(name), *_publish_keys(queue))
         _, won = self._pipeline(
             [(("SADD", QUEUES, queue), None), self._call(self._scripts.claim_tick, keys, args)],
             f"claiming tick {tick!r} of schedule {name!r}",

@@ -5,8 +5,8 @@
   late caller with an older tick never publishes after a newer one.
 
   Input:
-    KEYS[1..13]  as publish.lua: the ready lists, delayed zset, wake list, seq of the queue
-    KEYS[14]     the schedule's record (STRING: its last tick), under the queue's hash tag
+    KEYS[1]      the schedule's record (STRING: its last tick), under the queue's hash tag
+    KEYS[2..]    publish.lua's KEYS for the queue
 
     ARGV[1]      the tick (Unix seconds)
     ARGV[2..]    as publish.lua's ARGV
@@ -21,14 +21,14 @@ local function publish(KEYS, ARGV)
 end
 
 local tick = tonumber(ARGV[1])
-local last = redis.call('GET', KEYS[14])
+local last = redis.call('GET', KEYS[1])
 if last and tonumber(last) >= tick then
   return 0
 end
-redis.call('SET', KEYS[14], ARGV[1])
+redis.call('SET', KEYS[1], ARGV[1])
 local keys = {}
-for i = 1, 13 do
-  keys[i] = KEYS[i]
+for i = 2, #KEYS do
+  keys[i - 1] = KEYS[i]
 end
 local args = {}
 for i = 2, #ARGV do
