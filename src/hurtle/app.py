@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from datetime import tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
@@ -18,6 +19,7 @@ from .task import Task
 
 if TYPE_CHECKING:
     from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
+    from .periodic import Schedule
     from .worker import Worker
 
 P = ParamSpec("P")
@@ -51,6 +53,8 @@ class Hurtle:
         self._broker: Broker | None = broker if isinstance(broker, Broker) else None
         self._broker_lock = threading.Lock()
         self.tasks: dict[str, Task[Any, Any]] = {}
+        #: Periodic tasks by schedule name (``periodic``); every worker's scheduler runs them.
+        self.schedules: dict[str, Schedule] = {}
         self._channel_hub: ChannelHub | None = None
         # Channels open their own connections, from this URL (a given broker's, without secrets).
         self._channel_broker_url = broker.url if isinstance(broker, Broker) else None
@@ -129,6 +133,82 @@ class Hurtle:
         if fn is not None:
             return register(fn)
         return register
+
+    @overload
+    def periodic(
+        self,
+        task: Task[P, R],
+        /,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | tzinfo | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        catch_up: bool = True,
+    ) -> Schedule: ...
+
+    @overload
+    def periodic(
+        self,
+        /,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | tzinfo | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        catch_up: bool = True,
+    ) -> Callable[[Task[P, R]], Task[P, R]]: ...
+
+    def periodic(
+        self,
+        task: Task[Any, Any] | None = None,
+        /,
+        *,
+        cron: str | None = None,
+        every: float | None = None,
+        tz: str | tzinfo | None = None,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        catch_up: bool = True,
+    ) -> Any:
+        """Run a registered task on a schedule: ``app.periodic(task, cron="*/5 * * * *",
+        tz="Europe/Paris")``, or ``every=`` seconds; as a decorator, above ``@app.task``.
+
+        ``name`` defaults to the task's; two schedules of one task need names of their own.
+        ``catch_up=False`` skips a tick missed while no worker ran. See ``hurtle.periodic``.
+        """
+        from .periodic import make_schedule
+
+        def register(t: Task[Any, Any]) -> Schedule:
+            if not isinstance(t, Task) or self.tasks.get(t.name) is not t:
+                raise ConfigurationError(
+                    f"app.periodic needs a task registered on this app, got {t!r}: register it "
+                    "with @app.task first (as decorators, @app.periodic goes above @app.task)"
+                )
+            schedule = make_schedule(
+                t, name=name, cron=cron, every=every, tz=tz, args=args, kwargs=kwargs,
+                catch_up=catch_up,
+            )
+            if schedule.name in self.schedules:
+                raise ConfigurationError(
+                    f"two schedules are named {schedule.name!r}; give one of them name=..."
+                )
+            self.schedules[schedule.name] = schedule
+            return schedule
+
+        if task is not None:
+            return register(task)
+
+        def decorate(t: Task[Any, Any]) -> Task[Any, Any]:
+            register(t)
+            return t
+
+        return decorate
 
     def queues(self) -> list[str]:
         """The queues this app's tasks name, and the default queue."""

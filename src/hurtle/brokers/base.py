@@ -226,6 +226,22 @@ class Broker(abc.ABC):
     def close(self) -> None:
         """Let go of connections and files."""
 
+    @abc.abstractmethod
+    def claim_tick(
+        self, queue: str, name: str, tick: float, messages: Sequence[Message]
+    ) -> bool:
+        """Claim ``tick`` of the schedule ``name`` and publish ``messages`` (all of ``queue``):
+        in one atomic step, if the schedule's last claimed tick is older than ``tick`` (or there
+        is none), record ``tick`` as its last and store the messages; else change nothing.
+        Returns True if this call claimed the tick.
+
+        The record is kept per ``(queue, name)``, beside the queue (one hash tag in Redis).
+        """
+
+    @abc.abstractmethod
+    def last_tick(self, queue: str, name: str) -> float | None:
+        """The last tick claimed for the schedule ``name`` of ``queue``, or ``None``."""
+
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.
 
@@ -302,6 +318,20 @@ def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
             "raise it, or retry or purge them sooner, to keep more",
             dropped, queue, broker.dead_letter_max,
         )
+
+
+def check_tick_claim(queue: str, tick: float, messages: Sequence[Message]) -> None:
+    """Refuse a tick claim whose messages are not all of ``queue``, or a tick that is no time."""
+    if isinstance(tick, bool) or not isinstance(tick, int | float) or not math.isfinite(tick):
+        raise ConfigurationError(f"a tick must be a finite Unix time, got {tick!r}")
+    if not messages:
+        raise ConfigurationError("a tick claim needs at least one message to publish")
+    for m in messages:
+        if m.queue != queue:
+            raise ConfigurationError(
+                f"a tick claim of queue {queue!r} holds a message of queue {m.queue!r}: the "
+                "schedule's record and its messages must share one queue"
+            )
 
 
 def _nothing() -> None:

@@ -24,6 +24,7 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:deaths             ZSET    sha1 of a recovered raw message, scored by its deaths
     hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
     hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
+    hurtle:{q}:sched:N            STRING  the last tick claimed by schedule N, whose task runs on q
 
 A fetch records what it took as one in-flight *batch* per priority (``B = SEQ * 10 + P``), so that
 recording and acknowledging a thousand messages costs a few commands rather than a thousand hash
@@ -84,6 +85,10 @@ class QueueKeys:
     def inflight(self, worker_id: str) -> str:
         """The index of the batches ``worker_id`` holds from this queue."""
         return f"{self.inflight_prefix}{worker_id}"
+
+    def schedule(self, name: str) -> str:
+        """The last tick of the schedule ``name``, whose messages go to this queue."""
+        return f"{PREFIX}:{{{self.name}}}:sched:{name}"
 
     def fetched(self, worker_id: str) -> str:
         """The record of the last fetch of ``worker_id`` from this queue that took something."""

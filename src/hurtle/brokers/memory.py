@@ -34,6 +34,7 @@ from .base import (
     Delivery,
     QueueStats,
     check_dead_letter_limits,
+    check_tick_claim,
     log_trimmed,
 )
 
@@ -86,6 +87,7 @@ class MemoryBroker(Broker):
         self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
         self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
+        self._ticks: dict[tuple[str, str], float] = {}  # (queue, schedule) -> last claimed tick
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -113,6 +115,26 @@ class MemoryBroker(Broker):
             for raw in payloads:
                 self._put(queue, bytes(raw), 0, 0.0)
             self._wake.notify_all()
+
+    def claim_tick(
+        self, queue: str, name: str, tick: float, messages: Sequence[Message]
+    ) -> bool:
+        check_tick_claim(queue, tick, messages)
+        check_messages(messages)
+        payloads = encode_many(list(messages))
+        with self._lock:
+            last = self._ticks.get((queue, name))
+            if last is not None and last >= tick:
+                return False
+            self._ticks[(queue, name)] = tick
+            for m, raw in zip(messages, payloads, strict=True):
+                self._put(m.queue, raw, m.priority, m.eta)
+            self._wake.notify_all()
+        return True
+
+    def last_tick(self, queue: str, name: str) -> float | None:
+        with self._lock:
+            return self._ticks.get((queue, name))
 
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> Consumer:
         return _MemoryConsumer(self, tuple(queues), worker_id or f"memory-{new_id()}")

@@ -80,6 +80,7 @@ from .base import (
     Delivery,
     QueueStats,
     check_dead_letter_limits,
+    check_tick_claim,
     log_trimmed,
 )
 from .keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
@@ -133,6 +134,7 @@ class _Scripts:
         self.dead_list = _Script("dead_list")
         self.dead_delete = _Script("dead_delete")
         self.dead_purge = _Script("dead_purge")
+        self.claim_tick = _Script("claim_tick")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
@@ -320,6 +322,38 @@ class RedisBroker(Broker):
             ],
             f"publishing {len(payloads)} raw payloads to {queue!r}",
         )
+
+    def claim_tick(
+        self, queue: str, name: str, tick: float, messages: Sequence[Message]
+    ) -> bool:
+        check_tick_claim(queue, tick, messages)
+        check_messages(messages)
+        payloads = encode_many(list(messages))
+        now = time.time()
+        ready: dict[int, list[bytes]] = {p: [] for p in _PRIORITIES}
+        delayed: list[Any] = []
+        for m, raw in zip(messages, payloads, strict=True):
+            if m.eta > now:
+                delayed.extend((m.eta, _PRIORITY_ARG[m.priority], raw))
+            else:
+                ready[m.priority].append(raw)
+        args: list[Any] = [repr(float(tick)), *(len(ready[p]) for p in _PRIORITIES)]
+        for p in _PRIORITIES:
+            args += ready[p]
+        args += delayed
+        keys = (queue_keys(queue).schedule(name), *_publish_keys(queue))
+        _, won = self._pipeline(
+            [(("SADD", QUEUES, queue), None), self._call(self._scripts.claim_tick, keys, args)],
+            f"claiming tick {tick!r} of schedule {name!r}",
+        )
+        return bool(won)
+
+    def last_tick(self, queue: str, name: str) -> float | None:
+        try:
+            raw = self._client.get(queue_keys(queue).schedule(name))
+        except redis.RedisError as err:
+            self._fail(err, f"reading the last tick of schedule {name!r}")
+        return None if raw is None else float(raw)
 
     # -- consuming --------------------------------------------------------------------------
 

@@ -37,6 +37,9 @@ deletes it once, like a plain insert-then-delete loop:
   transaction, those of its queue past ``dead_letter_ttl`` and then the oldest beyond
   ``dead_letter_max`` (expiry goes by the order they were recorded).
 * ``queues`` — every queue ever published to.
+* ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed
+  (``claim_tick``: the check, the record and the publish in one transaction). Made by the first
+  claim, so files of older versions need no upgrade.
 * ``deaths``, ``quarantine``, ``probes`` — poison messages (a task that kills its process), as in
   the Redis broker (``lua/heartbeat.lua``): recovery counts a death per recovered message (by
   sha1 of its bytes; at most ``MAX_DEATHS`` rows, those with the fewest deaths go first). A
@@ -114,6 +117,7 @@ from .base import (
     Delivery,
     QueueStats,
     check_dead_letter_limits,
+    check_tick_claim,
     log_trimmed,
 )
 
@@ -265,6 +269,17 @@ _CAP_DEAD = (
     "DELETE FROM dead WHERE queue = ?1 AND seq <= (SELECT seq FROM dead WHERE queue = ?1 "
     "ORDER BY seq DESC LIMIT 1 OFFSET ?2)"
 )
+_SCHEDULES = (
+    "CREATE TABLE IF NOT EXISTS schedules (queue TEXT NOT NULL, name TEXT NOT NULL, "
+    "last REAL NOT NULL, PRIMARY KEY (queue, name)) WITHOUT ROWID"
+)
+_HAS_SCHEDULES = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schedules'"
+# A row comes back only when this call recorded the tick: new, or newer than the last one.
+_CLAIM_TICK = (
+    "INSERT INTO schedules (queue, name, last) VALUES (?, ?, ?) ON CONFLICT (queue, name) "
+    "DO UPDATE SET last = excluded.last WHERE schedules.last < excluded.last RETURNING last"
+)
+_LAST_TICK = "SELECT last FROM schedules WHERE queue = ? AND name = ?"
 _eta_of = attrgetter("eta")
 _held_order = itemgetter(0, 1, 2)
 
@@ -556,6 +571,31 @@ class SQLiteBroker(Broker):
             new = self._store(conn, items, time.time())
         self._known.update(new)
         self._notify()
+
+    def claim_tick(
+        self, queue: str, name: str, tick: float, messages: Sequence[Message]
+    ) -> bool:
+        check_tick_claim(queue, tick, messages)
+        check_messages(messages)
+        payloads = encode_many(list(messages))
+        now = time.time()
+        items = [(m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, payloads,
+                                                                      strict=True)]
+        with self._write() as conn:
+            conn.execute(_SCHEDULES)
+            won = conn.execute(_CLAIM_TICK, (queue, name, float(tick))).fetchone() is not None
+            new = self._store(conn, items, now) if won else set()
+        self._known.update(new)
+        if won:
+            self._notify()
+        return won
+
+    def last_tick(self, queue: str, name: str) -> float | None:
+        with self._read() as conn:
+            if conn.execute(_HAS_SCHEDULES).fetchone() is None:
+                return None
+            row = conn.execute(_LAST_TICK, (queue, name)).fetchone()
+        return None if row is None else float(row[0])
 
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> Consumer:
         return _SQLiteConsumer(self, tuple(queues), worker_id or f"sqlite-{os.getpid()}-{new_id()}")

@@ -41,6 +41,8 @@ def add_parser(sub: Any) -> None:
                    help="exit 0 once the queues have nothing ready, delayed or in flight")
     p.add_argument("--shutdown-timeout", type=_seconds, default=None, metavar="S",
                    help="seconds running tasks get to finish on SIGTERM (default 30)")
+    p.add_argument("--no-scheduler", action="store_true",
+                   help="do not enqueue the app's periodic tasks (other workers still do)")
     p.add_argument("--supervised-by", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
@@ -100,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         queues=queues, pool=args.pool, concurrency=concurrency, min_concurrency=min_concurrency,
         burst=args.burst, shutdown_timeout=args.shutdown_timeout,
         recycle_abandoned=args.supervised_by is not None, parent_pid=args.supervised_by,
+        scheduler=not args.no_scheduler,
     )
     broker = app.broker  # connect now, so a bad URL fails before anything starts
     where = getattr(broker, "path", None)  # a file broker: say which file, wherever we run
@@ -122,6 +125,8 @@ def _supervise(args: argparse.Namespace) -> int:
         command += ["--concurrency", str(args.concurrency)]
     if args.burst:
         command.append("--burst")
+    if args.no_scheduler:
+        command.append("--no-scheduler")
     if args.shutdown_timeout is not None:
         command += ["--shutdown-timeout", str(args.shutdown_timeout)]
     supervisor = Supervisor(command, args.processes, burst=args.burst)

@@ -35,6 +35,7 @@ from ..brokers import Consumer, Delivery
 from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..message import Message
 from ..middleware import Middleware
+from ..scheduler import Scheduler
 from .acker import Acker
 from .executors import Executor, make_executor
 from .fetcher import Fetcher
@@ -59,6 +60,7 @@ class Worker:
     ``recycle_abandoned=True`` (set under a supervisor) stops the worker gracefully once a task
     overran its time limit in a thread that cannot be interrupted, so that a fresh process takes
     its place (``recycle`` is then True). ``parent_pid`` stops the worker if that process dies.
+    ``scheduler=False`` leaves the app's periodic tasks to other workers.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class Worker:
         worker_id: str | None = None,
         recycle_abandoned: bool = False,
         parent_pid: int | None = None,
+        scheduler: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
@@ -96,6 +99,8 @@ class Worker:
         self.middleware = list(middleware)
         self.recycle_abandoned = recycle_abandoned
         self.parent_pid = parent_pid
+        #: Enqueue the app's periodic tasks (``hurtle.scheduler``) while this worker runs.
+        self.scheduler: Scheduler | None = Scheduler(app) if scheduler and app.schedules else None
         self._stop = threading.Event()
         self._hard = threading.Event()
         self._signals = 0
@@ -193,6 +198,8 @@ class Worker:
                 target=self._keep_deadline, args=(threading.get_ident(),),
                 name="hurtle-shutdown-deadline", daemon=True,
             ).start()
+        if self.scheduler is not None:
+            self.scheduler.start()
         log.info("worker %s consuming %s with the %s pool (concurrency %d) on %s",
                  self.worker_id, ", ".join(self.queues), self.pool, executor.concurrency,
                  broker.url)
@@ -283,6 +290,8 @@ class Worker:
 
     def _shutdown(self, unfinished: list[Delivery]) -> None:
         assert self.consumer and self.acker and self.heartbeat and self.processor
+        if self.scheduler is not None:
+            self.scheduler.stop()
         if unfinished:
             log.info("handing back %d fetched but unfinished tasks", len(unfinished))
         self.acker.release(unfinished)

@@ -1,0 +1,197 @@
+"""``Schedule``: one periodic task — what to send, and when its ticks fall.
+
+A schedule names a registered task, its arguments, and either a cron expression (parsed by
+``cronsim``, in a time zone: ``zoneinfo`` names such as ``"Europe/Paris"``, UTC by default) or
+``every`` seconds. Ticks are instants (Unix seconds) that every host computes alike:
+
+* ``every=N``: the multiples of N seconds since the Unix epoch (``every=60`` ticks on each whole
+  minute, whatever time a worker started);
+* ``cron``: the times the expression matches in its zone, with Debian cron's rules across DST
+  changes (``cronsim``): a job at a fixed time that falls in the hour skipped in spring runs at
+  the end of the gap (``30 2 * * *`` at 03:00 in Paris), one in the hour repeated in autumn runs
+  once; expressions with ``*`` in the minute or hour field follow real time through both.
+
+This module only computes; ``hurtle.scheduler`` claims the ticks through the broker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, tzinfo
+from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+from .errors import ConfigurationError, EncodeError
+from .message import Message
+from .task import SendOptions
+
+if TYPE_CHECKING:
+    from .task import Task
+
+#: Headers every scheduled message carries: the schedule's name and the tick (Unix seconds).
+SCHEDULE_HEADER = "schedule"
+TICK_HEADER = "tick"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Schedule:
+    """One periodic task; made by ``Hurtle.periodic``, which checks every field."""
+
+    name: str
+    task: Task[Any, Any]
+    cron: str | None
+    every: float | None
+    tz: tzinfo
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    catch_up: bool
+
+    @property
+    def queue(self) -> str:
+        """The queue its messages go to (the task's), where the broker keeps its last tick."""
+        return self.task.queue
+
+    def describe(self) -> str:
+        """``cron '*/5 * * * *' Europe/Paris`` or ``every 10s``."""
+        if self.every is not None:
+            return f"every {self.every:g}s"
+        return f"cron {self.cron!r} {self.tz}"
+
+    def next_after(self, t: float) -> float:
+        """The first tick strictly after ``t`` (Unix seconds)."""
+        every = self.every
+        if every is not None:
+            k = math.floor(t / every) + 1
+            while k * every <= t:
+                k += 1
+            while (k - 1) * every > t:
+                k -= 1
+            return k * every
+        assert self.cron is not None
+        return next(CronSim(self.cron, datetime.fromtimestamp(t, self.tz))).timestamp()
+
+    def last_at(self, t: float) -> float | None:
+        """The last tick at or before ``t``, or ``None`` if there is none (in 50 years)."""
+        every = self.every
+        if every is not None:
+            k = math.floor(t / every)
+            while k * every > t:
+                k -= 1
+            while (k + 1) * every <= t:
+                k += 1
+            return k * every
+        assert self.cron is not None
+        # Cron ticks are whole seconds: looking back from within the second of ``t`` finds the
+        # ticks at or before it (cronsim steps back first from a time without a fraction).
+        start = datetime.fromtimestamp(math.floor(t) + 0.5, self.tz)
+        try:
+            return next(CronSim(self.cron, start, reverse=True)).timestamp()
+        except StopIteration:
+            return None
+
+    def message(self, tick: float) -> Message:
+        """The message of ``tick``: the task's call, with the schedule and tick in its headers."""
+        return self.task.message(
+            self.args, dict(self.kwargs),
+            SendOptions(headers={SCHEDULE_HEADER: self.name, TICK_HEADER: tick}),
+        )
+
+
+def make_schedule(
+    task: Task[Any, Any],
+    *,
+    name: str | None,
+    cron: str | None,
+    every: float | None,
+    tz: str | tzinfo | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    catch_up: bool,
+) -> Schedule:
+    """A checked ``Schedule``; raises ``ConfigurationError`` naming the bad value."""
+    label = name if name is not None else task.name
+    if not isinstance(label, str) or not label:
+        raise ConfigurationError(f"a schedule name must be a non-empty str, got {name!r}")
+    where = f"schedule {label!r}"
+    if (cron is None) == (every is None):
+        raise ConfigurationError(
+            f"{where}: give exactly one of cron='*/5 * * * *' or every=SECONDS "
+            f"(got cron={cron!r}, every={every!r})"
+        )
+    if every is not None:
+        if (
+            isinstance(every, bool)
+            or not isinstance(every, int | float)
+            or not math.isfinite(every)
+            or every <= 0
+        ):
+            raise ConfigurationError(
+                f"{where}: every must be a finite number of seconds > 0, got {every!r}"
+            )
+        if tz is not None:
+            raise ConfigurationError(
+                f"{where}: tz={tz!r} applies to cron schedules only; every={every!r} ticks on "
+                "multiples of it since the Unix epoch, in every zone"
+            )
+        every = float(every)
+    zone = _zone(where, tz)
+    if cron is not None:
+        _check_cron(where, cron, zone)
+    if not isinstance(catch_up, bool):
+        raise ConfigurationError(f"{where}: catch_up must be True or False, got {catch_up!r}")
+    if isinstance(args, str | bytes) or not isinstance(args, Sequence):
+        raise ConfigurationError(
+            f"{where}: args must be a tuple or list of positional arguments, got {args!r}"
+        )
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ConfigurationError(f"{where}: kwargs must be a dict, got {kwargs!r}")
+    schedule = Schedule(
+        name=label, task=task, cron=cron, every=every, tz=zone, args=tuple(args),
+        kwargs=dict(kwargs or {}), catch_up=catch_up,
+    )
+    # Arguments that do not fit the task, or cannot be encoded, fail now rather than each tick.
+    problem = task.unfit(schedule.args, schedule.kwargs)
+    if problem is not None:
+        raise ConfigurationError(f"{where}: {problem}")
+    try:
+        schedule.message(0.0).encode()
+    except EncodeError as err:
+        raise ConfigurationError(f"{where}: {err}") from None
+    return schedule
+
+
+def _zone(where: str, tz: str | tzinfo | None) -> tzinfo:
+    if tz is None:
+        return UTC
+    if isinstance(tz, tzinfo):
+        return tz
+    if not isinstance(tz, str):
+        raise ConfigurationError(f"{where}: tz must be a time zone name, got {tz!r}")
+    try:
+        return ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError) as err:
+        raise ConfigurationError(
+            f"{where}: unknown time zone {tz!r} ({err}); use an IANA name such as "
+            "'Europe/Paris' or 'UTC' (on systems without a zone database: pip install tzdata)"
+        ) from None
+
+
+def _check_cron(where: str, cron: object, zone: tzinfo) -> None:
+    if not isinstance(cron, str):
+        raise ConfigurationError(f"{where}: cron must be a str such as '*/5 * * * *', got "
+                                 f"{cron!r}")
+    try:
+        next(CronSim(cron, datetime.now(zone)))
+    except (CronSimError, ValueError) as err:
+        raise ConfigurationError(
+            f"{where}: bad cron expression {cron!r}: {err}; expected 5 fields (minute hour "
+            "day-of-month month day-of-week, e.g. '*/5 * * * *'), or 6 with seconds first"
+        ) from None
+    except StopIteration:
+        raise ConfigurationError(
+            f"{where}: cron expression {cron!r} never fires (no matching time in 50 years)"
+        ) from None

@@ -1,0 +1,146 @@
+"""Conformance of tick claims (``Broker.claim_tick``, ``last_tick``) on every broker.
+
+A claim records a schedule's tick and publishes its messages in one atomic step, only when the
+tick is newer than the last one claimed: of any number of callers, one wins, and an older tick
+never wins after a newer one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from hurtle.brokers import Broker, Consumer, Delivery
+from hurtle.errors import ConfigurationError
+from hurtle.ids import new_id
+from hurtle.message import Message
+
+MakeBroker = Callable[..., Broker]
+
+
+def tick_msg(tick: float, queue: str = "q", **fields: object) -> Message:
+    return Message(id=new_id(), task="tests.tick", queue=queue,  # type: ignore[arg-type]
+                   headers={"tick": tick}, **fields)
+
+
+def drain(consumer: Consumer) -> list[Delivery]:
+    out: list[Delivery] = []
+    while batch := consumer.fetch(100, 0):
+        out += batch
+    consumer.ack(out)
+    return out
+
+
+def ticks_of(deliveries: list[Delivery]) -> list[float]:
+    return [Message.decode(d.raw).headers["tick"] for d in deliveries]
+
+
+def test_first_claim_of_a_tick_wins_and_publishes(broker: Broker) -> None:
+    assert broker.last_tick("q", "s") is None
+    assert broker.claim_tick("q", "s", 100.0, [tick_msg(100.0)]) is True
+    assert broker.last_tick("q", "s") == 100.0
+    consumer = broker.consumer(["q"])
+    assert ticks_of(drain(consumer)) == [100.0]
+    consumer.close()
+
+
+def test_two_callers_claiming_one_tick_publish_it_once(make: MakeBroker) -> None:
+    a, b = make(), make()
+    assert a.claim_tick("q", "s", 100.0, [tick_msg(100.0)]) is True
+    assert b.claim_tick("q", "s", 100.0, [tick_msg(100.0)]) is False
+    assert a.claim_tick("q", "s", 100.0, [tick_msg(100.0)]) is False
+    consumer = a.consumer(["q"])
+    assert ticks_of(drain(consumer)) == [100.0]
+    consumer.close()
+
+
+def test_an_older_tick_never_wins_after_a_newer_one(make: MakeBroker) -> None:
+    a, b = make(), make()
+    assert a.claim_tick("q", "s", 200.0, [tick_msg(200.0)]) is True
+    assert b.claim_tick("q", "s", 100.0, [tick_msg(100.0)]) is False
+    assert b.claim_tick("q", "s", 199.999, [tick_msg(199.999)]) is False
+    assert a.last_tick("q", "s") == 200.0
+    assert b.claim_tick("q", "s", 200.5, [tick_msg(200.5)]) is True
+    assert a.last_tick("q", "s") == 200.5
+    consumer = a.consumer(["q"])
+    assert ticks_of(drain(consumer)) == [200.0, 200.5]
+    consumer.close()
+
+
+def test_many_threads_racing_for_each_tick_publish_each_once(make: MakeBroker) -> None:
+    """Eight clients claim the same 30 ticks at once: every tick is published exactly once."""
+    brokers = [make() for _ in range(8)]
+    ticks = [1000.0 + i for i in range(30)]
+    wins: list[float] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(len(brokers))
+
+    def claimer(b: Broker) -> None:
+        for t in ticks:
+            barrier.wait()
+            if b.claim_tick("q", "s", t, [tick_msg(t)]):
+                with lock:
+                    wins.append(t)
+
+    threads = [threading.Thread(target=claimer, args=(b,)) for b in brokers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(wins) == ticks
+    consumer = brokers[0].consumer(["q"])
+    assert sorted(ticks_of(drain(consumer))) == ticks
+    consumer.close()
+
+
+def test_schedules_are_claimed_independently_per_name_and_queue(broker: Broker) -> None:
+    assert broker.claim_tick("q", "a", 100.0, [tick_msg(100.0)]) is True
+    assert broker.claim_tick("q", "b", 100.0, [tick_msg(100.0)]) is True
+    assert broker.claim_tick("r", "a", 100.0, [tick_msg(100.0, queue="r")]) is True
+    assert broker.last_tick("q", "a") == broker.last_tick("r", "a") == 100.0
+    assert broker.last_tick("q", "c") is None
+
+
+def test_a_claim_publishes_delayed_and_prioritised_messages_as_publish_does(
+    broker: Broker,
+) -> None:
+    far = 4_000_000_000.0
+    messages = [tick_msg(1.0, priority=9), tick_msg(1.0, eta=far), tick_msg(1.0)]
+    assert broker.claim_tick("q", "s", 1.0, messages) is True
+    stats = broker.stats(["q"])["q"]
+    assert (stats.ready, stats.delayed) == (2, 1)
+    consumer = broker.consumer(["q"])
+    first = consumer.fetch(1, 0)
+    assert Message.decode(first[0].raw).priority == 9
+    consumer.ack(first)
+    drain(consumer)
+    consumer.close()
+    assert "q" in broker.queues()
+
+
+def test_a_lost_claim_publishes_nothing(make: MakeBroker) -> None:
+    a, b = make(), make()
+    a.claim_tick("q", "s", 100.0, [tick_msg(100.0)])
+    consumer = a.consumer(["q"])
+    drain(consumer)
+    assert b.claim_tick("q", "s", 100.0, [tick_msg(100.0), tick_msg(100.0)]) is False
+    assert a.stats(["q"])["q"].ready == 0
+    consumer.close()
+
+
+@pytest.mark.parametrize("tick", [float("nan"), float("inf"), "100", True])
+def test_a_claim_of_a_tick_that_is_no_time_is_refused(broker: Broker, tick: object) -> None:
+    with pytest.raises(ConfigurationError, match="tick"):
+        broker.claim_tick("q", "s", tick, [tick_msg(1.0)])  # type: ignore[arg-type]
+    assert broker.last_tick("q", "s") is None
+
+
+def test_a_claim_whose_messages_go_to_another_queue_is_refused(broker: Broker) -> None:
+    with pytest.raises(ConfigurationError, match="queue"):
+        broker.claim_tick("q", "s", 1.0, [tick_msg(1.0, queue="other")])
+    with pytest.raises(ConfigurationError, match="at least one message"):
+        broker.claim_tick("q", "s", 1.0, [])
+    assert broker.last_tick("q", "s") is None
+    assert broker.stats(["other"])["other"].ready == 0
