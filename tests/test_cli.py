@@ -241,7 +241,7 @@ def test_a_burst_worker_gives_up_on_an_unreachable_broker_with_exit_2(project: P
     pytest.importorskip("redis")
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     result = project.hurtle("worker", "tasks:app", "--burst", timeout=120,
-                            HURTLE_BROKER_URL=url, HURTLE_HEARTBEAT_TIMEOUT="1")
+                            HURTLE_BROKER_URL=url, HURTLE_UNREACHABLE_TIMEOUT="1")
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("hurtle: error: burst: the broker") and "unreachable" in last

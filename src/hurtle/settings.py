@@ -53,6 +53,9 @@ class Settings:
     fetch_timeout: float = 1.0
     #: Seconds that running tasks get to finish on a graceful stop.
     shutdown_timeout: float = 30.0
+    #: Seconds a ``--burst`` worker keeps trying a broker it cannot reach before it gives up
+    #: (exit 2, queues unfinished). A worker that is not in burst mode never gives up.
+    unreachable_timeout: float = 60.0
     #: Most dead letters kept per queue; a new one beyond it drops the oldest, with a warning in
     #: the log. ``0``: no limit.
     dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX
@@ -78,6 +81,7 @@ BOUNDS: dict[str, tuple[float, bool]] = {
     "fetch_batch_size": (1, True),
     "fetch_timeout": (0, False),
     "shutdown_timeout": (0, True),
+    "unreachable_timeout": (0, False),
     "max_recoveries": (1, True),
     "dead_letter_max": (0, True),
     "dead_letter_ttl": (0, True),

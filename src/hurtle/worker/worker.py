@@ -318,8 +318,9 @@ class Worker:
     _unreachable_since: float | None = None
 
     def _note(self, fetcher: Fetcher, batch: list[Delivery] | None) -> None:
-        """After each fetch: a burst worker gives up on a broker that stays unreachable for the
-        heartbeat timeout (BrokerError: exit 2); at DEBUG, one line per batch, not per task."""
+        """After each fetch: a burst worker gives up on a broker that stays unreachable for
+        ``unreachable_timeout`` (BrokerError: exit 2); at DEBUG, one line per batch, not per
+        task."""
         if not fetcher.failures:
             self._unreachable_since = None
             if batch and log.isEnabledFor(logging.DEBUG):
@@ -331,11 +332,11 @@ class Worker:
         now = time.monotonic()
         if self._unreachable_since is None:
             self._unreachable_since = now
-        elif now - self._unreachable_since > self.settings.heartbeat_timeout:
+        elif now - self._unreachable_since > self.settings.unreachable_timeout:
             raise BrokerError(
                 f"burst: the broker {self.app.broker.url} has been unreachable for "
-                f"{now - self._unreachable_since:.1f}s (longer than the heartbeat timeout of "
-                f"{self.settings.heartbeat_timeout:g}s): giving up with the queues unfinished"
+                f"{now - self._unreachable_since:.1f}s (longer than HURTLE_UNREACHABLE_TIMEOUT, "
+                f"{self.settings.unreachable_timeout:g}s): giving up with the queues unfinished"
             )
 
 
