@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from ..brokers import Consumer, Delivery
 from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..message import Message
-from ..middleware import Middleware
+from ..middleware import Middleware, overrides
 from .acker import Acker
 from .executors import Executor, make_executor
 from .fetcher import Fetcher
@@ -59,6 +59,7 @@ class Worker:
     ``recycle_abandoned=True`` (set under a supervisor) stops the worker gracefully once a task
     overran its time limit in a thread that cannot be interrupted, so that a fresh process takes
     its place (``recycle`` is then True). ``parent_pid`` stops the worker if that process dies.
+    The worker runs the app's middleware (``app.middleware``), then ``middleware``, if given.
     """
 
     def __init__(
@@ -93,7 +94,7 @@ class Worker:
             pool, concurrency, min_concurrency=min_concurrency,
             max_batch=self.settings.fetch_batch_size,
         )
-        self.middleware = list(middleware)
+        self.middleware = app.middleware + list(middleware)
         self.recycle_abandoned = recycle_abandoned
         self.parent_pid = parent_pid
         self._stop = threading.Event()
@@ -184,6 +185,7 @@ class Worker:
         acker.start()
         heartbeat.start()
         executor.start(processor)
+        self._hook("worker_start")
         if (
             self._handling_signals
             and executor.runs_in_submit
@@ -286,6 +288,7 @@ class Worker:
         if unfinished:
             log.info("handing back %d fetched but unfinished tasks", len(unfinished))
         self.acker.release(unfinished)
+        self._hook("worker_stop")
         self.acker.stop()
         self.heartbeat.stop()
         try:
@@ -295,6 +298,15 @@ class Worker:
         self.executor.close()
         self.processor.close()
         log.info("worker %s stopped after %d tasks", self.worker_id, self.processor.processed)
+
+    def _hook(self, name: str) -> None:
+        """Call ``worker_start`` or ``worker_stop`` on the middleware that define it."""
+        for m in self.middleware:
+            if overrides(m, name):
+                try:
+                    getattr(m, name)(self)
+                except Exception as err:
+                    log.error("middleware %r failed in %s: %s", m, name, err)
 
     def run_in_thread(self) -> threading.Thread:
         """Start ``run`` on a daemon thread (tests, the demo); returns once the worker started."""
