@@ -4,6 +4,7 @@ and recorded as failed with ``TimeLimitExceeded``, then retried or dead-lettered
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 
@@ -109,3 +110,52 @@ def test_overrunning_task_is_stopped_retried_then_dead_lettered_in_a_real_worker
     assert len(dead) == (2 if pool == "asyncio" else 1)
     assert all("TimeLimitExceeded" in d.reason and "time limit of 0.5s" in d.reason
                for d in dead)
+
+
+def test_solo_on_the_main_thread_interrupts_an_inline_overrun_with_no_timer_per_task(
+    app: Hurtle,
+) -> None:
+    assert threading.current_thread() is threading.main_thread()
+    ran: list[str] = []
+
+    @app.task(name="t.slow", time_limit=0.2, retries=0)
+    def slow() -> None:
+        ran.append("slow")
+        time.sleep(60)  # interrupted where it waits
+        ran.append("not reached")
+
+    @app.task(name="t.fast", time_limit=10, retries=0)
+    def fast(i: int) -> None:
+        ran.append(f"fast {i}")
+
+    fast.send_many([(i,) for i in range(3)])
+    slow.send()
+    before = signal.getsignal(signal.SIGALRM)
+    worker = app.worker(burst=True)
+    worker.run()
+    assert worker.processor is not None
+    assert worker.processor.pipeline("t.slow").inline  # type: ignore[union-attr]
+    assert ran == ["fast 0", "fast 1", "fast 2", "slow"]
+    (dead,) = app.broker.dead_letters("default")
+    assert "TimeLimitExceeded" in dead.reason and "time limit of 0.2s" in dead.reason
+    assert signal.getsignal(signal.SIGALRM) is before  # put back when the worker ends
+
+
+def test_solo_fails_an_inline_task_that_swallowed_its_time_limit_and_returned(
+    app: Hurtle,
+) -> None:
+    caught: list[str] = []
+
+    @app.task(name="t.stubborn", time_limit=0.1, retries=0)
+    def stubborn() -> str:
+        try:
+            time.sleep(60)
+        except Exception as err:
+            caught.append(type(err).__name__)
+        return "done anyway"
+
+    stubborn.send()
+    app.worker(burst=True).run()
+    assert caught == ["TimeLimitExceeded"]
+    (dead,) = app.broker.dead_letters("default")
+    assert "TimeLimitExceeded" in dead.reason

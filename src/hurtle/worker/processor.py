@@ -79,6 +79,12 @@ class BatchState(Protocol):
     #: The batch's deliveries not taken yet. ``process_many`` takes them from the left; another
     #: thread may take some from the right (to hand them back): each is taken exactly once.
     pending: deque[Delivery]
+    #: The time limit of the inline task running now, for an executor whose watchdog enforces
+    #: it (``Processor(inline_limits=True)``).
+    time_limit: float | None
+    #: Deliveries the executor interrupted at their time limit during this batch: one that
+    #: returned all the same (it swallowed the error) is failed, not acknowledged.
+    overran: list[Delivery]
 
 
 class Pipeline:
@@ -86,7 +92,8 @@ class Pipeline:
 
     Each hook field holds the bound hooks of the middleware that apply to the task and override
     that hook, in registration order. ``inline`` is True when the task needs none of them, has no
-    time limit and is not ``async def``.
+    time limit (unless the executor enforces limits on the inline path) and is not
+    ``async def``.
     """
 
     __slots__ = (
@@ -94,7 +101,8 @@ class Pipeline:
         "before_process", "inline", "middleware", "task",
     )
 
-    def __init__(self, task: Task[Any, Any], middleware: Sequence[Middleware]) -> None:
+    def __init__(self, task: Task[Any, Any], middleware: Sequence[Middleware],
+                 inline_limits: bool = False) -> None:
         used = [m for m in middleware
                 if any(overrides(m, h) for h in JOB_HOOKS) and m.applies_to(task)]
         self.task = task
@@ -106,7 +114,8 @@ class Pipeline:
                               if overrides(m, "after_process")]
         self.after_outcome = [m.after_outcome for m in used if overrides(m, "after_outcome")]
         self.batched = bool(self.before_batch or self.after_batch)
-        self.inline = not used and not task.is_async and task.time_limit is None
+        self.inline = not used and not task.is_async and (
+            task.time_limit is None or inline_limits)
 
 
 class Job:
@@ -180,8 +189,11 @@ class Processor:
         *,
         limit: Limit = late_limit,
         loops_take_turns: bool = False,
+        inline_limits: bool = False,
     ) -> None:
         self.app = app
+        #: True when the executor enforces time limits of inline tasks (``BatchState``).
+        self.inline_limits = inline_limits
         self.tasks = app.tasks
         self.acker = acker
         self.middleware = list(middleware)
@@ -215,7 +227,7 @@ class Processor:
             task = self.tasks.get(name)
             if task is None:
                 return None
-            pipeline = self._pipelines[name] = Pipeline(task, self.middleware)
+            pipeline = self._pipelines[name] = Pipeline(task, self.middleware, self.inline_limits)
             if pipeline.inline:
                 self._inline[name] = task
         return pipeline
@@ -281,10 +293,12 @@ class Processor:
                     continue
                 started += 1
                 if task is None:  # not inline (or unknown: dead-lettered)
+                    state.time_limit = None
                     if (job := self._job(delivery, message)) is not None:
                         self.run(job, state)
                     state.current = None
                     continue
+                state.time_limit = task.time_limit
                 try:
                     task.fn(*message.args, **message.kwargs)
                 except Exception as err:
@@ -298,8 +312,21 @@ class Processor:
             raise
         finally:  # also when a hard stop raises in a task: what finished is acknowledged
             self.processed += started
+            if state.overran:
+                self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
+
+    def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None:
+        """Fail the inline calls that returned after they were interrupted at their limit."""
+        late = {id(d) for d in overran}
+        overran.clear()
+        for delivery in [d for d in done if id(d) in late]:
+            done.remove(delivery)
+            job = self.begin(delivery)
+            self.processed -= 1  # counted already
+            if job is not None:
+                self._failed(job, job.time_limit_error())
 
     # -- batches with batch hooks ----------------------------------------------------------
 
@@ -369,11 +396,13 @@ class Processor:
                     break
                 started += 1
                 if type(item) is Job:
+                    state.time_limit = None
                     self.run(item, state)
                     state.current = None
                     continue
                 assert isinstance(item, Message)
                 task = inline[item.task]
+                state.time_limit = task.time_limit
                 try:
                     task.fn(*item.args, **item.kwargs)
                 except Exception as err:
@@ -387,6 +416,8 @@ class Processor:
             raise
         finally:
             self.processed += started
+            if state.overran:
+                self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
 

@@ -178,7 +178,7 @@ class Worker:
         executor = self.executor
         processor = self.processor = Processor(
             self.app, acker, self.middleware, limit=executor.limit,
-            loops_take_turns=executor.greenlets,
+            loops_take_turns=executor.greenlets, inline_limits=executor.watches_time_limits(),
         )
         heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
         heartbeat.beat()

@@ -8,9 +8,10 @@ common and nothing else: the buffer, how many runners live (between ``min_size``
 raises (which the processor never lets a task do) goes to ``on_error``, so that it still ends in
 an outcome instead of staying in flight until the worker stops; the runner goes on.
 
-It also owns time limits for threads, which cannot be interrupted: a watchdog thread fails a call
-that overruns (``on_expire``), abandons its thread — it is no longer counted, its outcome will be
-ignored, and as a daemon it never holds up the process's exit — and starts another in its place.
+It also owns time limits for threads, which cannot be interrupted: a watchdog thread, polling at
+a tenth of the shortest limit seen (a call only records its deadline), fails a call that overruns
+(``on_expire``), abandons its thread — it is no longer counted, its outcome will be ignored, and
+as a daemon it never holds up the process's exit — and starts another in its place.
 Greenlet pools override ``limit`` with their own timeouts and never start the watchdog.
 """
 
@@ -82,6 +83,7 @@ class RunnerPool(Generic[T]):
         self._abandoned = 0
         self._watchdog: threading.Thread | None = None
         self._watch = threading.Event()
+        self._tick = 1.0  # the watchdog's period: a tenth of the shortest limit seen
 
     # -- sizes -----------------------------------------------------------------------------
 
@@ -175,15 +177,16 @@ class RunnerPool(Generic[T]):
         limit = job.task.time_limit
         assert limit is not None
         slot: _Slot = self._local.slot
-        with self.cond:
+        with self.cond:  # no wake-up per call: the watchdog polls often enough for any limit
             slot.job = job
             slot.deadline = job.started + limit
+            if limit / 10 < self._tick:
+                self._tick = max(limit / 10, 0.005)
             if self._watchdog is None:
                 self._watchdog = threading.Thread(
                     target=self._watchdog_run, name=f"{self.name}-watchdog", daemon=True
                 )
                 self._watchdog.start()
-        self._watch.set()
         try:
             return call()
         finally:
@@ -218,7 +221,8 @@ class RunnerPool(Generic[T]):
                           job.message.id, job.task.time_limit)
                 if self.on_expire is not None:
                     self.on_expire(job)
-            self._watch.wait(1.0 if nearest is None else max(nearest - now, 0.001))
+            wait = self._tick if nearest is None else min(self._tick, nearest - now)
+            self._watch.wait(max(wait, 0.001))
 
     def _abandon(self, slot: _Slot) -> None:
         """Stop counting a running slot: its runner exits when its call returns (``cond`` held)."""
