@@ -44,6 +44,9 @@ def add_parser(sub: Any) -> None:
     from .io import add_parser as add_io_parser  # the worker runtime's own benchmark
 
     add_io_parser(kinds)
+    from .features import add_parser as add_features_parser  # what each feature costs
+
+    add_features_parser(kinds)
 
 
 def run_tasks(args: argparse.Namespace) -> int:
