@@ -370,3 +370,25 @@ def test_hurtle_worker_runs_the_apps_middleware(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert p.runs() == ["counted 25"]
     p.app.close()
+
+
+def test_the_readme_middleware_example_counts_and_logs_every_ten_thousand(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    block = next(b.split("\n", 1)[1] for b in readme.split("```python")[1:]
+                 if "class Count(Middleware)" in b).split("```")[0]
+    monkeypatch.setenv("HURTLE_BROKER_URL", "memory://")
+    namespace: dict[str, Any] = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    app: Hurtle = namespace["app"]
+
+    @app.task(name="t.noop")
+    def noop() -> None:
+        pass
+
+    noop.send_many([()] * 20_000)
+    with caplog.at_level("INFO", logger="count"):
+        app.worker(burst=True).run()
+    assert [r.getMessage() for r in caplog.records if r.name == "count"] == [
+        "t.noop: 10000 done", "t.noop: 20000 done"]
