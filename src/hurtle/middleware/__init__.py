@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from ..message import Message
 
 if TYPE_CHECKING:
@@ -27,32 +29,18 @@ if TYPE_CHECKING:
     from ..worker.worker import Worker
 
 
-class Outcome:
+class Outcome(msgspec.Struct):
     """How a job ended: ``kind`` is "ack", "retry", "dead" or "deferred".
 
     ``result`` is the return value on "ack"; ``error`` the exception on "retry" and "dead" (None
     for a deferral); ``message`` the next attempt on "retry"; ``reason`` the dead letter's reason.
     """
 
-    __slots__ = ("error", "kind", "message", "reason", "result")
-
-    def __init__(
-        self,
-        kind: str,
-        result: Any = None,
-        error: BaseException | None = None,
-        *,
-        message: Message | None = None,
-        reason: str = "",
-    ) -> None:
-        self.kind = kind
-        self.result = result
-        self.error = error
-        self.message = message
-        self.reason = reason
-
-    def __repr__(self) -> str:
-        return f"<Outcome {self.kind}>"
+    kind: str
+    result: Any = None
+    error: BaseException | None = None
+    message: Message | None = None
+    reason: str = ""
 
 
 class Middleware:

@@ -42,7 +42,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+import msgspec
 
 from .._text import describe, safe_repr, safe_str, trace
 from ..brokers import Delivery
@@ -91,14 +93,14 @@ class Pipeline:
     """The middleware hooks one task runs through, composed once per task.
 
     Each hook field holds the bound hooks of the middleware that apply to the task and override
-    that hook, in registration order. ``inline`` is True when the task needs none of them, has no
-    time limit (unless the executor enforces limits on the inline path) and is not
-    ``async def``.
+    that hook, in registration order. ``per_call`` is True when a call needs more than a plain
+    call (per-call hooks, ``async def``, a time limit the executor does not enforce inline);
+    ``inline`` when, besides, no middleware applies at all.
     """
 
     __slots__ = (
         "after_batch", "after_outcome", "after_process", "batched", "before_batch",
-        "before_process", "inline", "middleware", "task",
+        "before_process", "inline", "middleware", "per_call", "task",
     )
 
     def __init__(self, task: Task[Any, Any], middleware: Sequence[Middleware],
@@ -114,34 +116,37 @@ class Pipeline:
                               if overrides(m, "after_process")]
         self.after_outcome = [m.after_outcome for m in used if overrides(m, "after_outcome")]
         self.batched = bool(self.before_batch or self.after_batch)
-        self.inline = not used and not task.is_async and (
-            task.time_limit is None or inline_limits)
+        #: False when only batch hooks apply: the batch path then calls the task inline too.
+        self.per_call = bool(
+            self.before_process or self.after_process or self.after_outcome or task.is_async
+            or (task.time_limit is not None and not inline_limits)
+        )
+        self.inline = not used and not self.per_call
 
 
-class Job:
-    """One decoded delivery and the task it names, on its way through the processor."""
+class Job(msgspec.Struct, eq=False):
+    """One decoded delivery and the task it names, on its way through the processor.
 
-    __slots__ = (
-        "alone", "batch", "defer_delay", "defer_reason", "deferred", "delivery", "message",
-        "outcome", "pipeline", "started", "task",
-    )
+    A struct, not a plain class: made per message of a task that has a pipeline, it is built
+    about twice as fast; ``eq=False`` keeps identity equality and hashing.
+    """
 
-    def __init__(self, delivery: Delivery, message: Message, task: Task[Any, Any],
-                 pipeline: Pipeline | None = None) -> None:
-        self.delivery = delivery
-        self.message = message
-        self.task = task
-        self.pipeline = pipeline
-        self.started = 0.0
-        self.deferred = False
-        self.defer_delay = 0.0
-        self.defer_reason = ""
-        #: True while the job is part of a batch whose batch hooks the batch path runs.
-        self.batch = False
-        #: True for a job whose batch hooks run around it alone (met outside a batch).
-        self.alone = False
-        #: Set once the outcome is handed to the acker.
-        self.outcome: Outcome | None = None
+    delivery: Delivery
+    message: Message
+    task: Task[Any, Any]
+    pipeline: Pipeline | None = None
+    started: float = 0.0
+    deferred: bool = False
+    defer_delay: float = 0.0
+    defer_reason: str = ""
+    #: True while the job is part of a batch whose batch hooks the batch path runs.
+    batch: bool = False
+    #: True for a job whose batch hooks run around it alone (met outside a batch).
+    alone: bool = False
+    #: Set once the outcome is handed to the acker.
+    outcome: Outcome | None = None
+    #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
+    deferrals: ClassVar[int] = 0
 
     def defer(self, delay: float, reason: str = "") -> None:
         """Put the message back in its queue, due in ``delay`` seconds, without running it and
@@ -149,6 +154,7 @@ class Job:
         self.deferred = True
         self.defer_delay = max(float(delay), 0.0)
         self.defer_reason = reason
+        Job.deferrals += 1
 
     def call(self) -> Any:
         """Call the task function (a coroutine function returns its coroutine)."""
@@ -337,29 +343,34 @@ class Processor:
         runnable: list[Delivery] = []
         items: list[Message | Job] = []  # per runnable delivery: a Message (inline) or a Job
         groups: dict[Middleware, list[Job]] = {}
+        inline, pipelines = self._inline, self._pipelines
+        decode = decode_unchecked
         for delivery in deliveries:
             try:
-                message = _decode(delivery.raw)
-            except Exception as err:
-                self.processed += 1
-                self._undecodable(delivery, err)
+                message = decode(delivery.raw)
+            except Exception:
+                self.process(delivery)  # dead-letters it with the reason
                 continue
-            if message.task in self._inline:
-                item: Message | Job = message
+            if message.task in inline:
+                items.append(message)
             else:
-                job = self._job(delivery, message)
-                if job is None:
+                pipeline = pipelines.get(message.task) or self.pipeline(message.task)
+                if pipeline is None:  # unknown task
                     self.processed += 1
+                    self._unknown(delivery, message)
                     continue
-                item = job
-                if job.pipeline is not None and job.pipeline.batched:
-                    job.batch = True
-                    for m in job.pipeline.middleware:
-                        groups.setdefault(m, []).append(job)
+                job = Job(delivery, message, pipeline.task, pipeline, batch=pipeline.batched)
+                items.append(job)
+                if job.batch:
+                    for m in pipeline.middleware:
+                        if m in groups:
+                            groups[m].append(job)
+                        else:
+                            groups[m] = [job]
             runnable.append(delivery)
-            items.append(item)
+        deferrals = Job.deferrals
         self._before_batch(groups)
-        if groups:  # deferred jobs do not run
+        if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
             kept = [i for i, it in enumerate(items) if not (type(it) is Job and it.deferred)]
             for it in items:
                 if type(it) is Job and it.deferred:
@@ -395,20 +406,27 @@ class Processor:
                     state.unstarted.extend(_take_all(pending))
                     break
                 started += 1
+                job: Job | None = None
                 if type(item) is Job:
-                    state.time_limit = None
-                    self.run(item, state)
-                    state.current = None
-                    continue
-                assert isinstance(item, Message)
-                task = inline[item.task]
+                    job = item
+                    if job.pipeline is None or job.pipeline.per_call:
+                        state.time_limit = None
+                        self.run(job, state)
+                        state.current = None
+                        continue
+                    message, task = job.message, job.task  # only batch hooks: call it here
+                else:
+                    assert isinstance(item, Message)
+                    message, task = item, inline[item.task]
                 state.time_limit = task.time_limit
                 try:
-                    task.fn(*item.args, **item.kwargs)
+                    result = task.fn(*message.args, **message.kwargs)
                 except Exception as err:
                     state.current = None
-                    self._failed(Job(delivery, item, task), err)
+                    self._failed(job or Job(delivery, message, task), err)
                     continue
+                if job is not None:
+                    job.outcome = Outcome("ack", result)
                 state.current = None
                 done.append(delivery)
         except BaseException:
