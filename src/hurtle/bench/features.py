@@ -2,7 +2,9 @@
 
 Each row publishes N calls of ``bench.add(i, 6)`` registered with some task options, then consumes
 them with one worker process (``hurtle.bench.peers.features_app``), like ``hurtle bench tasks``
-does; it reports tasks/s and the ratio to the ``bare`` row of the same run. A row whose option
+does; it reports tasks/s and the ratio to the ``bare`` row of the same run. With ``--rounds R``
+the rows run R times in turn (so that a noisy moment hits every row alike) and each row shows
+its median. A row whose option
 this hurtle does not have (registering the task raises ``TypeError``) is skipped with the note
 "option not available", so rows appear by themselves once the feature exists.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -72,6 +75,8 @@ def add_parser(kinds: Any) -> None:
     p.add_argument("--redis-url", default=None,
                    help="use this Redis instead of starting one; its database is FLUSHED")
     p.add_argument("--only", default="", help="comma-separated rows (bare always runs)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="run every row this many times, in turn; report medians (default 3)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per phase of a row")
     p.set_defaults(handler=run)
 
@@ -85,38 +90,48 @@ def run(args: argparse.Namespace) -> int:
     chosen = [r for r in ROWS if not wanted or r[0] in wanted or r[0] == "bare"]
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
-    rows: list[Row] = []
+    rounds: list[list[Row]] = []
     try:
         info = machine.describe(url)
         with tempfile.TemporaryDirectory(prefix="hurtle-bench-features-") as tmp:
             runner = Runner(url, Path(tmp), timeout=args.timeout)
-            for name, options, worker in chosen:
-                why = unavailable(options)
-                if why is not None:
-                    rows.append(Row(name=name, system="hurtle", skipped=why))
-                    continue
-                print(f"-- {name}", file=sys.stderr, flush=True)
-                rows.append(runner.run(scenario(name, options, worker), args.count))
+            for n in range(max(args.rounds, 1)):
+                rows: list[Row] = []
+                for name, options, worker in chosen:
+                    why = unavailable(options)
+                    if why is not None:
+                        rows.append(Row(name=name, system="hurtle", skipped=why))
+                        continue
+                    print(f"-- {name} (round {n + 1})", file=sys.stderr, flush=True)
+                    rows.append(runner.run(scenario(name, options, worker), args.count))
+                rounds.append(rows)
     finally:
         if server is not None:
             server.stop()
     print(f"hurtle bench features: {args.count:,} x add(i, 6) per row on Redis "
           f"{info['redis']}; {info['cpu']}, {info['cores']} cores, Python {info['python']}, "
-          f"{info['date']}")
-    print(table(rows))
-    return 0 if all(r.skipped or r.consumed == r.count for r in rows) else 1
+          f"{info['date']}; median of {len(rounds)} round(s)")
+    print(table(rounds))
+    return 0 if all(r.skipped or r.consumed == r.count for rows in rounds for r in rows) else 1
 
 
-def table(rows: list[Row]) -> str:
-    bare = next((r.consume_rate for r in rows if r.name == "bare"), None)
+def table(rounds: list[list[Row]]) -> str:
+    """One line per row: the median consume rate over the rounds and its ratio to bare's."""
+
+    def median(name: str) -> float | None:
+        rates = [r.consume_rate for rows in rounds for r in rows
+                 if r.name == name and r.consume_rate]
+        return statistics.median(rates) if rates else None
+
+    bare = median("bare")
     lines = [f"{'row':<14} {'consume/s':>12} {'x bare':>7}  config / note"]
-    for r in rows:
+    for r in rounds[0]:
         if r.skipped:
             lines.append(f"{r.name:<14} {'-':>12} {'-':>7}  skipped: {r.skipped}")
             continue
-        rate = r.consume_rate
+        rate = median(r.name)
         ratio = f"{rate / bare:.2f}" if rate and bare else "-"
         shown = f"{rate:,.0f}" if rate else "-"
-        note = "; ".join([r.config, *r.notes])
-        lines.append(f"{r.name:<14} {shown:>12} {ratio:>7}  {note}")
+        notes = [n for rows in rounds for row in rows if row.name == r.name for n in row.notes]
+        lines.append(f"{r.name:<14} {shown:>12} {ratio:>7}  " + "; ".join([r.config, *notes]))
     return "\n".join(lines)
