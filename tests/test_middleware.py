@@ -392,3 +392,16 @@ def test_the_readme_middleware_example_counts_and_logs_every_ten_thousand(
         app.worker(burst=True).run()
     assert [r.getMessage() for r in caplog.records if r.name == "count"] == [
         "t.noop: 10000 done", "t.noop: 20000 done"]
+
+
+def test_middleware_added_after_the_worker_was_made_still_runs_in_it(app: Hurtle) -> None:
+    @app.task
+    def work() -> None:
+        pass
+
+    work.send()
+    worker = app.worker(burst=True)
+    late = Recorder()
+    app.add_middleware(late)
+    worker.run()
+    assert [kind for _, kind, _ in late.hooks("after_outcome")] == ["ack"]

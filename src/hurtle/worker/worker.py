@@ -94,7 +94,9 @@ class Worker:
             pool, concurrency, min_concurrency=min_concurrency,
             max_batch=self.settings.fetch_batch_size,
         )
-        self.middleware = app.middleware + list(middleware)
+        self._extra_middleware = list(middleware)
+        #: What this worker runs: the app's middleware as of ``run``, then ``middleware``.
+        self.middleware = app.middleware + self._extra_middleware
         self.recycle_abandoned = recycle_abandoned
         self.parent_pid = parent_pid
         self._stop = threading.Event()
@@ -176,6 +178,7 @@ class Worker:
             consumer, batch_size=s.ack_batch_size, interval=s.ack_interval_ms / 1000.0
         )
         executor = self.executor
+        self.middleware = self.app.middleware + self._extra_middleware
         processor = self.processor = Processor(
             self.app, acker, self.middleware, limit=executor.limit,
             loops_take_turns=executor.greenlets, inline_limits=executor.watches_time_limits(),
