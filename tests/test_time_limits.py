@@ -159,3 +159,38 @@ def test_solo_fails_an_inline_task_that_swallowed_its_time_limit_and_returned(
     assert caught == ["TimeLimitExceeded"]
     (dead,) = app.broker.dead_letters("default")
     assert "TimeLimitExceeded" in dead.reason
+
+
+def test_solo_stops_a_task_registered_after_the_worker_started_at_its_limit(
+    app: Hurtle,
+) -> None:
+    @app.task(name="t.first")
+    def first() -> None:
+        @app.task(name="t.late", time_limit=0.2, retries=0)
+        def late(i: int) -> None:
+            time.sleep(5)
+
+        late.send_many([(1,), (2,)])  # the second one runs inline, composed already
+
+    first.send()
+    app.worker(burst=True).run()
+    dead = app.broker.dead_letters("default")
+    assert len(dead) == 2
+    assert all("TimeLimitExceeded" in d.reason and "time limit of 0.2s" in d.reason
+               for d in dead)
+
+
+def test_solo_passes_an_alarm_it_did_not_send_to_the_handler_it_replaced(app: Hurtle) -> None:
+    got: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: got.append(signum))
+    try:
+        @app.task(name="t.alarm", time_limit=30)
+        def alarm() -> None:
+            signal.pthread_kill(threading.get_ident(), signal.SIGALRM)
+
+        alarm.send()
+        app.worker(burst=True).run()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert got == [signal.SIGALRM]
+    assert app.broker.dead_letters("default") == []

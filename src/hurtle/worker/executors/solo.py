@@ -15,12 +15,13 @@ back, never both.
 Time limits cost the task loop one attribute store per task: the same watchdog interrupts only a
 task that overran. When the worker runs on the main thread (``hurtle worker``), the loop records
 the running task's limit (``time_limit``), and the watchdog, which wakes often enough for the
-shortest limit of the app's tasks, signals the main thread (``SIGALRM``, handler installed once)
-when the same delivery has run past it; the handler raises ``TimeLimitExceeded`` in the task
-where it is, even in ``time.sleep`` or a socket wait. A task that swallows it and returns is
-failed all the same (``overran``). No timer is armed per task, so time-limited tasks run inline.
-On any other thread (a worker started with ``run_in_thread``) signals cannot reach it: the task
-runs to its end and is failed then if it overran.
+shortest limit of the app's tasks, signals the main thread (``SIGALRM``; the handler is
+installed once, and passes signals it did not send to the handler it replaced) when the same
+delivery has run past it; the handler raises ``TimeLimitExceeded`` in the task where it is, even
+in ``time.sleep`` or a socket wait. A task that swallows it and returns is failed all the same
+(``overran``). No timer is armed per task, so time-limited tasks run inline. On any other thread
+(a worker started with ``run_in_thread``) signals cannot reach it: the task runs to its end and
+is failed then if it overran.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class SoloExecutor(Executor):
         self._main: int | None = None  # the thread to signal at a time limit, when we can
         self._previous_alarm: Any = None
         self._stop_text: tuple[Delivery, str] | None = None  # what the alarm handler raises
+        self._signalled = False  # the next SIGALRM is the watchdog's
 
     def watches_time_limits(self) -> bool:
         return (
@@ -87,12 +89,13 @@ class SoloExecutor(Executor):
 
     def start(self, processor: Processor) -> None:
         self._processor = processor
-        limits = [t.time_limit for t in processor.tasks.values() if t.time_limit is not None]
-        if limits and self.watches_time_limits():
+        if self.watches_time_limits():  # for tasks registered later too: only this watchdog
+            # can stop a time-limited task, since they all run inline
             self._main = threading.get_ident()
             self._previous_alarm = signal.signal(signal.SIGALRM, self._on_alarm)
-            shortest = min(limits) / 10
-            self._tick = max(min(shortest, self._tick) if self._tick > 0 else shortest, 0.005)
+            limits = [t.time_limit for t in processor.tasks.values() if t.time_limit is not None]
+            tick = self.handback_after if self.handback_after > 0 else 0.25
+            self._tick = max(min([tick, *(limit / 10 for limit in limits)]), 0.005)
         if self._tick > 0:
             self._watchdog = threading.Thread(
                 target=self._watch, name="hurtle-solo-watchdog", daemon=True
@@ -186,9 +189,16 @@ class SoloExecutor(Executor):
             self._stop_text = (slow, f"{what} ran longer than its time limit of {limit:g}s "
                                      "and was stopped")
         if self._main is not None and self.current is slow:
+            self._signalled = True
             signal.pthread_kill(self._main, signal.SIGALRM)
 
     def _on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        if not self._signalled:  # not ours: whoever had SIGALRM before the worker gets it
+            previous = self._previous_alarm
+            if callable(previous):
+                previous(signum, frame)
+            return
+        self._signalled = False
         stop = self._stop_text
         if stop is not None and stop[0] is self.current and self.time_limit is not None:
             self.overran.append(stop[0])
