@@ -7,8 +7,8 @@ budget stays on the processor's inline path until it fails. It decides, in this 
   at once (no attempt could succeed);
 * ``Reject``: dead letter with the task's reason;
 * attempts left (``message.attempt < task.retries``): another attempt after an exponential
-  backoff with jitter (``backoff``), or after ``Retry(delay=...)``'s delay, capped by the app's
-  ``max_retry_delay``; the next attempt carries the error in its ``error`` header
+  backoff with jitter capped by the app's ``max_retry_delay`` (``backoff``), or after
+  ``Retry(delay=...)``'s own delay; the next attempt carries the error in its ``error`` header
   (``next_attempt``);
 * else a dead letter with the traceback.
 """
