@@ -128,3 +128,26 @@ def test_min_max_concurrency_is_refused_for_pools_that_do_not_scale() -> None:
         parse_concurrency("4,16", "asyncio")
     with pytest.raises(ConfigurationError, match="got '9,2'"):
         parse_concurrency("9,2", "threads")
+
+
+def test_threads_run_what_a_slow_task_holds_in_its_chunk_on_the_other_threads(
+    app: Hurtle,
+) -> None:
+    release = threading.Event()
+    fast_ran: list[int] = []
+    slow_released: list[bool] = []
+
+    @app.task
+    def slow() -> None:
+        slow_released.append(release.wait(30))  # released only once every fast task ran
+
+    @app.task
+    def fast(i: int) -> None:
+        fast_ran.append(i)
+        if len(fast_ran) == 40:
+            release.set()
+
+    app.broker.publish([slow.message((), {})] + [fast.message((i,), {}) for i in range(40)])
+    app.worker(pool="threads", concurrency=2, burst=True).run()
+    assert sorted(fast_ran) == list(range(40))
+    assert slow_released == [True]

@@ -15,6 +15,7 @@ from hurtle.brokers import Broker
 from hurtle.middleware import Middleware
 from hurtle.periodic import Schedule
 from hurtle.scheduler import Scheduler
+from hurtle.worker.processor import Job
 
 PARIS = ZoneInfo("Europe/Paris")
 
@@ -305,8 +306,8 @@ class _Ticks(Middleware):
     def __init__(self) -> None:
         self.ticks: list[float] = []
 
-    def before_process(self, message: Message) -> None:
-        self.ticks.append(message.headers["tick"])
+    def before_process(self, job: Job) -> None:
+        self.ticks.append(job.message.headers["tick"])
 
 
 def test_a_worker_runs_the_scheduler_and_its_task_sees_the_tick(app: Hurtle) -> None:

@@ -25,17 +25,13 @@ from hurtle.middleware import Middleware
 
 
 class TickLog(Middleware):
-    def before_process(self, message):
+    def before_process(self, job):
+        message = job.message
         with open(os.environ["RUNS_LOG"], "a") as f:
             f.write(f"tick {message.headers['tick']!r} {message.id} {os.getpid()}\\n")
 
 
-class App(Hurtle):
-    def worker(self, **options):
-        return super().worker(middleware=[TickLog()], **options)
-
-
-app = App()
+app = Hurtle(middleware=[TickLog()])
 
 
 @app.periodic(every=float(os.environ.get("EVERY", "1.0")))

@@ -4,6 +4,7 @@ and recorded as failed with ``TimeLimitExceeded``, then retried or dead-lettered
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 import time
 
@@ -109,3 +110,87 @@ def test_overrunning_task_is_stopped_retried_then_dead_lettered_in_a_real_worker
     assert len(dead) == (2 if pool == "asyncio" else 1)
     assert all("TimeLimitExceeded" in d.reason and "time limit of 0.5s" in d.reason
                for d in dead)
+
+
+def test_solo_on_the_main_thread_interrupts_an_inline_overrun_with_no_timer_per_task(
+    app: Hurtle,
+) -> None:
+    assert threading.current_thread() is threading.main_thread()
+    ran: list[str] = []
+
+    @app.task(name="t.slow", time_limit=0.2, retries=0)
+    def slow() -> None:
+        ran.append("slow")
+        time.sleep(60)  # interrupted where it waits
+        ran.append("not reached")
+
+    @app.task(name="t.fast", time_limit=10, retries=0)
+    def fast(i: int) -> None:
+        ran.append(f"fast {i}")
+
+    fast.send_many([(i,) for i in range(3)])
+    slow.send()
+    before = signal.getsignal(signal.SIGALRM)
+    worker = app.worker(burst=True)
+    worker.run()
+    assert worker.processor is not None
+    assert worker.processor.pipeline("t.slow").inline  # type: ignore[union-attr]
+    assert ran == ["fast 0", "fast 1", "fast 2", "slow"]
+    (dead,) = app.broker.dead_letters("default")
+    assert "TimeLimitExceeded" in dead.reason and "time limit of 0.2s" in dead.reason
+    assert signal.getsignal(signal.SIGALRM) is before  # put back when the worker ends
+
+
+def test_solo_fails_an_inline_task_that_swallowed_its_time_limit_and_returned(
+    app: Hurtle,
+) -> None:
+    caught: list[str] = []
+
+    @app.task(name="t.stubborn", time_limit=0.1, retries=0)
+    def stubborn() -> str:
+        try:
+            time.sleep(60)
+        except Exception as err:
+            caught.append(type(err).__name__)
+        return "done anyway"
+
+    stubborn.send()
+    app.worker(burst=True).run()
+    assert caught == ["TimeLimitExceeded"]
+    (dead,) = app.broker.dead_letters("default")
+    assert "TimeLimitExceeded" in dead.reason
+
+
+def test_solo_stops_a_task_registered_after_the_worker_started_at_its_limit(
+    app: Hurtle,
+) -> None:
+    @app.task(name="t.first")
+    def first() -> None:
+        @app.task(name="t.late", time_limit=0.2, retries=0)
+        def late(i: int) -> None:
+            time.sleep(5)
+
+        late.send_many([(1,), (2,)])  # the second one runs inline, composed already
+
+    first.send()
+    app.worker(burst=True).run()
+    dead = app.broker.dead_letters("default")
+    assert len(dead) == 2
+    assert all("TimeLimitExceeded" in d.reason and "time limit of 0.2s" in d.reason
+               for d in dead)
+
+
+def test_solo_passes_an_alarm_it_did_not_send_to_the_handler_it_replaced(app: Hurtle) -> None:
+    got: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: got.append(signum))
+    try:
+        @app.task(name="t.alarm", time_limit=30)
+        def alarm() -> None:
+            signal.pthread_kill(threading.get_ident(), signal.SIGALRM)
+
+        alarm.send()
+        app.worker(burst=True).run()
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert got == [signal.SIGALRM]
+    assert app.broker.dead_letters("default") == []

@@ -1,19 +1,25 @@
-"""``Hurtle``: the application object — a registry of tasks, a broker and settings.
+"""``Hurtle``: the application object — a registry of tasks, a broker, middleware and settings.
 
 There are no module globals: two apps in one process never see each other's tasks or broker.
+``app.middleware`` is the built-in middleware in use (``_builtin_middleware``), then the user's in
+the order added; workers made from the app (``hurtle worker`` too) run it, and ``send`` and
+``send_many`` pass each batch through the ``before_publish`` hooks of those that define one.
 """
 
 from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import tzinfo
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
+from .message import Message
+from .middleware import Middleware, overrides
+from .middleware.retries import Retries
 from .settings import Settings, load_settings
 from .task import Task
 
@@ -46,7 +52,13 @@ class Hurtle:
     ``hurtle.settings.Settings``). The broker is connected on first use.
     """
 
-    def __init__(self, broker: str | Broker | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        broker: str | Broker | None = None,
+        *,
+        middleware: Iterable[Middleware] = (),
+        **settings: Any,
+    ) -> None:
         if isinstance(broker, str):
             settings["broker_url"] = broker
         self.settings: Settings = load_settings(settings)
@@ -58,6 +70,49 @@ class Hurtle:
         self._channel_hub: ChannelHub | None = None
         # Channels open their own connections, from this URL (a given broker's, without secrets).
         self._channel_broker_url = broker.url if isinstance(broker, Broker) else None
+        self._retries = Retries(self.settings.max_retry_delay)
+        self._user_middleware: list[Middleware] = []
+        #: The middleware whose ``before_publish`` a publish calls (empty: publishing pays
+        #: nothing), kept up to date when middleware or tasks are added.
+        self._publish_hooks: tuple[Middleware, ...] = ()
+        for m in middleware:
+            self.add_middleware(m)
+
+    # -- middleware ------------------------------------------------------------------------
+
+    def add_middleware(self, middleware: Middleware) -> None:
+        """Add a middleware after those already registered (workers started later use it)."""
+        if not isinstance(middleware, Middleware):
+            raise ConfigurationError(
+                f"middleware must be a hurtle.middleware.Middleware instance, got "
+                f"{type(middleware).__name__}: subclass Middleware and pass an instance"
+            )
+        self._user_middleware.append(middleware)
+        self._middleware_changed()
+
+    @property
+    def middleware(self) -> list[Middleware]:
+        """The built-in middleware in use, then the user's, in order."""
+        return self._builtin_middleware() + self._user_middleware
+
+    def _builtin_middleware(self) -> list[Middleware]:
+        """The built-in middleware switched on by this app's tasks and settings. Retries decides
+        every failed call's outcome, so it is always in use (it costs nothing until a call
+        fails)."""
+        return [self._retries]
+
+    def _middleware_changed(self) -> None:
+        self._publish_hooks = tuple(m for m in self.middleware if overrides(m, "before_publish"))
+
+    def _publish(self, messages: list[Message]) -> str:
+        """Publish one call's message through the ``before_publish`` hooks if any; its id."""
+        sent = messages[0].id
+        for m in self._publish_hooks:
+            messages = m.before_publish(messages)
+        if messages:
+            self.broker.publish(messages)
+            return messages[0].id
+        return sent
 
     def __repr__(self) -> str:
         return f"<Hurtle broker={self.settings.broker_url!r} tasks={len(self.tasks)}>"
@@ -128,6 +183,7 @@ class Hurtle:
                 time_limit=time_limit,
             )
             self.tasks[task_name] = t
+            self._middleware_changed()  # built-ins may depend on task options
             return t
 
         if fn is not None:

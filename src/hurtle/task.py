@@ -267,8 +267,7 @@ class Task(Generic[P, R]):
     def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
         """Enqueue one call; returns its message id once the broker has it."""
         message = self.message(args, kwargs)
-        self.app.broker.publish([message])
-        return message.id
+        return self.app._publish([message])
 
     def send_many(self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
                   ) -> list[str]:
@@ -317,8 +316,7 @@ class BoundTask(Generic[P, R]):
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
         message = self.task.message(args, kwargs, self.opts)
-        self.task.app.broker.publish([message])
-        return message.id
+        return self.task.app._publish([message])
 
     def send_many(self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
                   ) -> list[str]:
@@ -378,5 +376,12 @@ def _send_many(
             task._unfit(args, kwargs)
         append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
     if messages:
+        hooks = task.app._publish_hooks
+        if hooks:
+            published: list[Message] = list(messages)  # hooks may change it: checked again
+            for m in hooks:
+                published = m.before_publish(published)
+            task.app.broker.publish(published)
+            return [m.id for m in published]
         task.app.broker.publish(messages)
     return [m.id for m in messages]

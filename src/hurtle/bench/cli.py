@@ -48,6 +48,10 @@ def add_parser(sub: Any) -> None:
 
     add_pubsub_parser(kinds)
 
+    from .features import add_parser as add_features_parser  # what each feature costs
+
+    add_features_parser(kinds)
+
 
 def run_tasks(args: argparse.Namespace) -> int:
     import redis  # noqa: F401 - every row needs it: fail before starting anything

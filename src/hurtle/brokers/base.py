@@ -134,6 +134,12 @@ class Consumer(abc.ABC):
     def retry(self, delivery: Delivery, message: Message) -> None:
         """Replace a held delivery by ``message`` (the next attempt), due at ``message.eta``."""
 
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        """Put a held delivery back unchanged (same attempt), due at ``eta``: a throttled
+        message, not a failure. This default goes through ``retry`` with the same attempt."""
+        message = Message.decode(delivery.raw)
+        self.retry(delivery, msgspec.structs.replace(message, eta=eta))
+
     @abc.abstractmethod
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Move a held delivery to its queue's dead letters, with ``reason`` and its raw bytes.

@@ -1,13 +1,37 @@
-"""Retry policy: exponential backoff with jitter, and the message of the next attempt."""
+"""Retries, the first built-in middleware: what a failed call leads to.
+
+``Retries.decide`` is consulted only when a call fails (never on success), so a task with a retry
+budget stays on the processor's inline path until it fails. It decides, in this order:
+
+* a ``TypeError`` because the message's arguments do not fit the task's signature: dead letter
+  at once (no attempt could succeed);
+* ``Reject``: dead letter with the task's reason;
+* attempts left (``message.attempt < task.retries``): another attempt after an exponential
+  backoff with jitter capped by the app's ``max_retry_delay`` (``backoff``), or after
+  ``Retry(delay=...)``'s own delay; the next attempt carries the error in its ``error`` header
+  (``next_attempt``);
+* else a dead letter with the traceback.
+"""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from .._text import describe, safe_str, signature, trace
+from ..errors import Reject, Retry
 from ..message import Message
+from . import Middleware, Outcome
+
+if TYPE_CHECKING:
+    from ..task import Task
+    from ..worker.processor import Job
+
+log = logging.getLogger("hurtle.worker.processor")
 
 
 def backoff(attempt: int, base: float, cap: float) -> float:
@@ -23,3 +47,46 @@ def next_attempt(message: Message, delay: float, error: str) -> Message:
     return msgspec.structs.replace(
         message, attempt=message.attempt + 1, eta=time.time() + delay, headers=headers
     )
+
+
+class Retries(Middleware):
+    """The retry policy (always registered by the app): decides the outcome of a failed call."""
+
+    def __init__(self, max_retry_delay: float) -> None:
+        self.max_retry_delay = max_retry_delay
+
+    def applies_to(self, task: Task[Any, Any]) -> bool:
+        return task.retries > 0
+
+    def decide(self, job: Job, err: Exception) -> Outcome:
+        """The outcome of ``job``'s failed call (logged here; the processor records it)."""
+        message, task = job.message, job.task
+        if isinstance(err, TypeError) and (unfit := task.unfit(message.args, message.kwargs)):
+            reason = (
+                f"task {task.name} cannot be called with the arguments of this message "
+                f"({unfit}); retrying cannot help: send it with arguments that match "
+                f"{task.name}{signature(task.fn)}, then purge this dead letter"
+            )
+            log.error("task %s[%s]: %s", task.name, message.id, reason)
+            return Outcome("dead", error=err, reason=reason)
+        if isinstance(err, Reject):
+            why = safe_str(err.reason)
+            log.warning("task %s[%s] rejected: %s", task.name, message.id, why)
+            return Outcome("dead", error=err, reason=f"rejected by task {task.name}: {why}")
+        summary = describe(err)
+        if message.attempt < task.retries:
+            if isinstance(err, Retry) and err.delay is not None:
+                delay = err.delay
+            else:
+                delay = backoff(message.attempt, task.retry_delay, self.max_retry_delay)
+            log.warning(
+                "task %s[%s] attempt %d of %d failed (%s); retrying in %.2fs",
+                task.name, message.id, message.attempt + 1, task.retries + 1, summary, delay,
+            )
+            return Outcome("retry", error=err, message=next_attempt(message, delay, summary))
+        reason = (
+            f"task {task.name} failed on attempt {message.attempt + 1} of {task.retries + 1}; "
+            f"no retries left:\n{trace(err)}"
+        )
+        log.error("task %s[%s] failed for good: %s", task.name, message.id, summary)
+        return Outcome("dead", error=err, reason=reason)

@@ -61,13 +61,13 @@ def unreachable(err: BaseException) -> bool:
 
 
 class _Op:
-    """A retry, a dead letter or a hand-back waiting to be settled."""
+    """A retry, a dead letter, a deferral or a hand-back waiting to be settled."""
 
     __slots__ = ("arg", "deliveries", "kind", "refusals")
 
-    def __init__(self, kind: str, deliveries: list[Delivery], arg: Message | str | None = None
-                 ) -> None:
-        self.kind = kind  # "retry", "dead" or "release"
+    def __init__(self, kind: str, deliveries: list[Delivery],
+                 arg: Message | str | float | None = None) -> None:
+        self.kind = kind  # "retry", "dead", "defer" or "release"
         self.deliveries = deliveries
         self.arg = arg
         self.refusals = 0
@@ -79,6 +79,9 @@ class _Op:
         elif self.kind == "dead":
             assert isinstance(self.arg, str)
             consumer.dead_letter(self.deliveries[0], self.arg)
+        elif self.kind == "defer":
+            assert isinstance(self.arg, float)
+            consumer.defer(self.deliveries[0], self.arg)
         else:
             consumer.release(self.deliveries)
 
@@ -137,6 +140,10 @@ class Acker:
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         self._op(_Op("dead", [delivery], reason))
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        """Put a delivery back in its queue unchanged (same attempt), due at ``eta``."""
+        self._op(_Op("defer", [delivery], float(eta)))
 
     def release(self, deliveries: list[Delivery]) -> None:
         if deliveries:
@@ -239,7 +246,8 @@ class Acker:
             "the broker refused to settle %d deliveries of %r (%s: %s): giving up on them; they "
             "stay held by this worker and go back to their queue when it stops, so their tasks "
             "run again", len(op.deliveries), delivery.queue,
-            "a dead letter" if op.kind in ("dead", "retry") else "a hand-back", err,
+            "a dead letter" if op.kind in ("dead", "retry") else
+            "a deferral" if op.kind == "defer" else "a hand-back", err,
         )
         return True
 
@@ -303,13 +311,13 @@ class Acker:
             acks, ops = len(self._acks), list(self._ops)
         if acks or ops:
             kinds = {k: sum(len(o.deliveries) for o in ops if o.kind == k)
-                     for k in ("retry", "dead", "release")}
+                     for k in ("retry", "dead", "defer", "release")}
             self.dropped += acks + sum(kinds.values())
             log.error(
                 "could not settle %d outcomes within the shutdown's %gs (%d acknowledgements, "
-                "%d retries, %d dead letters, %d hand-backs): those messages stay held by this "
-                "worker in the broker and go back to their queues when its session closes or "
-                "its heartbeat lapses, so their tasks run again",
+                "%d retries, %d dead letters, %d deferrals, %d hand-backs): those messages stay "
+                "held by this worker in the broker and go back to their queues when its session "
+                "closes or its heartbeat lapses, so their tasks run again",
                 acks + sum(kinds.values()), timeout, acks, kinds["retry"], kinds["dead"],
-                kinds["release"],
+                kinds["defer"], kinds["release"],
             )

@@ -1,9 +1,11 @@
-"""``Processor``: runs one delivery — decode, find the task, call it — and decides its outcome.
+"""``Processor``: runs deliveries — decode, find the task, call it — and decides their outcomes.
 
-Outcomes go to the acker: done (ack), another attempt (retry with backoff), or a dead letter with
-the reason (undecodable bytes, unknown task, retries exhausted, time limit, ``Reject``, arguments
-the task cannot be called with). Nothing here talks to the broker directly, and nothing a task
-raises escapes, except ``BaseException``s used to stop the worker.
+Outcomes go to the acker: done (ack), another attempt (retry with backoff), a deferral (put back
+unchanged, due later, when a middleware throttles it), or a dead letter with the reason
+(undecodable bytes, unknown task, retries exhausted, time limit, ``Reject``, arguments the task
+cannot be called with). Nothing here talks to the broker directly, and nothing a task raises
+escapes, except ``BaseException``s used to stop the worker. What a failed call leads to is the
+built-in ``Retries`` middleware's decision, asked only when a call fails.
 
 Every delivery ends in an outcome. Whatever goes wrong while handling one (an exception whose
 ``str`` raises, bytes that make the decoder fail in an unexpected way, an error while recording
@@ -13,37 +15,43 @@ from user code (exceptions, arguments) are formatted with ``describe``/``safe_re
 raise. A call that raises ``TypeError`` because its arguments do not fit the task's signature is
 never retried: no attempt could succeed (checked only when a ``TypeError`` is raised).
 
-A delivery goes through three steps, which executors may drive separately:
+Pipelines. Once per task (for the app's tasks when the processor is made, for others when first
+seen), the processor composes its ``Pipeline``: the middleware that apply to it and override a
+worker-side hook. A task with none, no time limit and no ``async def`` is *inline*: called
+directly in ``process_many``'s loop and acknowledged with its batch, whatever other tasks use.
+When some middleware has batch hooks, a batch is decoded first, ``before_batch`` sees its jobs
+(and may defer some), they run, then ``after_batch``.
+
+A delivery of a non-inline task goes through three steps, which executors may drive separately:
 
 * ``begin`` decodes and looks up the task (a ``Job``), or dead-letters what cannot run;
 * the call: ``run`` (synchronous, an ``async def`` task on this thread's own loop) or
-  ``run_async`` (awaited on the asyncio executor's loop);
-* ``finish``: middleware ``after_process`` hooks, then the outcome.
+  ``run_async`` (awaited on the asyncio executor's loop), after the ``before_process`` hooks;
+* ``finish``: ``after_process`` hooks, the outcome, then ``after_outcome`` hooks.
 
-``process`` is the short path that solo, threads and greenlet pools use for tasks without
-middleware or a time limit. Time limits are the executor's business (``Limit``): only it knows
-how a running call can be stopped.
+Time limits are the executor's business (``Limit``): only it knows how a running call can be
+stopped.
 """
-
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+import msgspec
+
+from .._text import describe, safe_repr, safe_str, trace
 from ..brokers import Delivery
-from ..errors import DecodeError, Reject, Retry, TimeLimitExceeded
+from ..errors import DecodeError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
-from ..middleware import Middleware
-from ..middleware.retries import backoff, next_attempt
+from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
+from ..middleware.retries import Retries
 from .acker import Acker
 
 if TYPE_CHECKING:
@@ -52,6 +60,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _decode = Message.decode
+
+__all__ = [
+    "BatchState", "Job", "Limit", "Pipeline", "Processor", "describe", "late_limit",
+    "safe_repr", "safe_str",
+]
 
 
 class BatchState(Protocol):
@@ -68,18 +81,80 @@ class BatchState(Protocol):
     #: The batch's deliveries not taken yet. ``process_many`` takes them from the left; another
     #: thread may take some from the right (to hand them back): each is taken exactly once.
     pending: deque[Delivery]
+    #: The time limit of the inline task running now, for an executor whose watchdog enforces
+    #: it (``Processor(inline_limits=True)``).
+    time_limit: float | None
+    #: Deliveries the executor interrupted at their time limit during this batch: one that
+    #: returned all the same (it swallowed the error) is failed, not acknowledged.
+    overran: list[Delivery]
 
 
-class Job:
-    """One decoded delivery and the task it names, on its way through the processor."""
+class Pipeline:
+    """The middleware hooks one task runs through, composed once per task.
 
-    __slots__ = ("delivery", "message", "started", "task")
+    Each hook field holds the bound hooks of the middleware that apply to the task and override
+    that hook, in registration order. ``per_call`` is True when a call needs more than a plain
+    call (per-call hooks, ``async def``, a time limit the executor does not enforce inline);
+    ``inline`` when, besides, no middleware applies at all.
+    """
 
-    def __init__(self, delivery: Delivery, message: Message, task: Task[Any, Any]) -> None:
-        self.delivery = delivery
-        self.message = message
+    __slots__ = (
+        "after_batch", "after_outcome", "after_process", "batched", "before_batch",
+        "before_process", "inline", "middleware", "per_call", "task",
+    )
+
+    def __init__(self, task: Task[Any, Any], middleware: Sequence[Middleware],
+                 inline_limits: bool = False) -> None:
+        used = [m for m in middleware
+                if any(overrides(m, h) for h in JOB_HOOKS) and m.applies_to(task)]
         self.task = task
-        self.started = 0.0
+        self.middleware = used
+        self.before_batch = [m for m in used if overrides(m, "before_batch")]
+        self.after_batch = [m for m in used if overrides(m, "after_batch")]
+        self.before_process = [m.before_process for m in used if overrides(m, "before_process")]
+        self.after_process = [m.after_process for m in reversed(used)
+                              if overrides(m, "after_process")]
+        self.after_outcome = [m.after_outcome for m in used if overrides(m, "after_outcome")]
+        self.batched = bool(self.before_batch or self.after_batch)
+        #: False when only batch hooks apply: the batch path then calls the task inline too.
+        self.per_call = bool(
+            self.before_process or self.after_process or self.after_outcome or task.is_async
+            or (task.time_limit is not None and not inline_limits)
+        )
+        self.inline = not used and not self.per_call
+
+
+class Job(msgspec.Struct, eq=False):
+    """One decoded delivery and the task it names, on its way through the processor.
+
+    A struct, not a plain class: made per message of a task that has a pipeline, it is built
+    about twice as fast; ``eq=False`` keeps identity equality and hashing.
+    """
+
+    delivery: Delivery
+    message: Message
+    task: Task[Any, Any]
+    pipeline: Pipeline | None = None
+    started: float = 0.0
+    deferred: bool = False
+    defer_delay: float = 0.0
+    defer_reason: str = ""
+    #: True while the job is part of a batch whose batch hooks the batch path runs.
+    batch: bool = False
+    #: True for a job whose batch hooks run around it alone (met outside a batch).
+    alone: bool = False
+    #: Set once the outcome is handed to the acker.
+    outcome: Outcome | None = None
+    #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
+    deferrals: ClassVar[int] = 0
+
+    def defer(self, delay: float, reason: str = "") -> None:
+        """Put the message back in its queue, due in ``delay`` seconds, without running it and
+        without spending an attempt (from ``before_batch``)."""
+        self.deferred = True
+        self.defer_delay = max(float(delay), 0.0)
+        self.defer_reason = reason
+        Job.deferrals += 1
 
     def call(self) -> Any:
         """Call the task function (a coroutine function returns its coroutine)."""
@@ -120,13 +195,17 @@ class Processor:
         *,
         limit: Limit = late_limit,
         loops_take_turns: bool = False,
+        inline_limits: bool = False,
     ) -> None:
         self.app = app
+        #: True when the executor enforces time limits of inline tasks (``BatchState``).
+        self.inline_limits = inline_limits
         self.tasks = app.tasks
         self.acker = acker
         self.middleware = list(middleware)
+        self.retries = next((m for m in self.middleware if isinstance(m, Retries)), None) or \
+            Retries(app.settings.max_retry_delay)
         self.limit = limit
-        self.max_retry_delay = app.settings.max_retry_delay
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
         # Greenlets share one OS thread, and asyncio allows one running loop per OS thread: in
@@ -134,26 +213,46 @@ class Processor:
         self._turns: AbstractContextManager[Any] = (
             threading.Lock() if loops_take_turns else contextlib.nullcontext()
         )
+        #: Pipelines by task name, composed once per task; ``_inline`` holds the inline tasks.
+        self._pipelines: dict[str, Pipeline] = {}
+        self._inline: dict[str, Task[Any, Any]] = {}
+        #: True when some middleware has batch hooks: batches are then decoded before they run.
+        self._batch_hooks = any(
+            overrides(m, "before_batch") or overrides(m, "after_batch") for m in self.middleware
+        )
+        for name in list(self.tasks):
+            self.pipeline(name)
         #: Deliveries taken in hand (whatever the outcome), for progress reports.
         self.processed = 0
         self.failed = 0
 
+    def pipeline(self, name: str) -> Pipeline | None:
+        """The pipeline of the task called ``name`` (composed on first sight), None if unknown."""
+        pipeline = self._pipelines.get(name)
+        if pipeline is None:
+            task = self.tasks.get(name)
+            if task is None:
+                return None
+            pipeline = self._pipelines[name] = Pipeline(task, self.middleware, self.inline_limits)
+            if pipeline.inline:
+                self._inline[name] = task
+        return pipeline
+
     # -- the short path --------------------------------------------------------------------
 
     def process(self, delivery: Delivery) -> None:
-        """Run one delivery to its outcome (hot path: keep it short; no ``Job`` unless needed)."""
+        """Run one delivery to its outcome (keep it short; no ``Job`` for an inline task)."""
         self.processed += 1
         try:
             message = _decode(delivery.raw)
         except Exception as err:  # DecodeError, or whatever the decoder let escape
             self._undecodable(delivery, err)
             return
-        task = self.tasks.get(message.task)
+        task = self._inline.get(message.task)
         if task is None:
-            self._unknown(delivery, message)
-            return
-        if self.middleware or task.is_async or task.time_limit is not None:
-            self.run(Job(delivery, message, task))
+            job = self._job(delivery, message)
+            if job is not None:
+                self.run(job)
             return
         try:
             task.fn(*message.args, **message.kwargs)
@@ -163,14 +262,18 @@ class Processor:
         self.acker.ack(delivery)
 
     def process_many(self, deliveries: list[Delivery], state: BatchState) -> None:
-        """Run a batch one delivery after another on this thread (the solo pool's hot path).
+        """Run a batch one delivery after another on this thread (solo, and each thread's share
+        of a batch in the threads pool).
 
-        Plain tasks are called inline and acknowledged together once the batch is done; anything
-        else (bad bytes, unknown tasks, ``async def``, time limits, middleware) takes ``process``.
+        Inline tasks are called here and acknowledged together once the batch is done; anything
+        else (bad bytes, unknown tasks, tasks with a pipeline) takes ``run``. When middleware has
+        batch hooks, the batch takes ``_process_batch`` instead.
         """
-        tasks = self.tasks
+        if self._batch_hooks:
+            self._process_batch(deliveries, state)
+            return
+        inline = self._inline
         decode = decode_unchecked
-        plain = not self.middleware
         done: list[Delivery] = []
         started = 0
         pending = state.pending = deque(deliveries)
@@ -189,15 +292,19 @@ class Processor:
                     break
                 try:
                     message = decode(delivery.raw)
-                    task = tasks[message.task]
+                    task = inline.get(message.task)
                 except Exception:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
                     continue
                 started += 1
-                if not plain or task.is_async or task.time_limit is not None:
-                    self.run(Job(delivery, message, task), state)
+                if task is None:  # not inline (or unknown: dead-lettered)
+                    state.time_limit = None
+                    if (job := self._job(delivery, message)) is not None:
+                        self.run(job, state)
+                    state.current = None
                     continue
+                state.time_limit = task.time_limit
                 try:
                     task.fn(*message.args, **message.kwargs)
                 except Exception as err:
@@ -211,10 +318,160 @@ class Processor:
             raise
         finally:  # also when a hard stop raises in a task: what finished is acknowledged
             self.processed += started
+            if state.overran:
+                self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
 
+    def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None:
+        """Fail the inline calls that returned after they were interrupted at their limit."""
+        late = {id(d) for d in overran}
+        overran.clear()
+        for delivery in [d for d in done if id(d) in late]:
+            done.remove(delivery)
+            job = self.begin(delivery)
+            self.processed -= 1  # counted already
+            if job is not None:
+                self._failed(job, job.time_limit_error())
+
+    # -- batches with batch hooks ----------------------------------------------------------
+
+    def _process_batch(self, deliveries: list[Delivery], state: BatchState) -> None:
+        """``process_many`` when middleware has batch hooks: decode the whole batch, show each
+        middleware its jobs (``before_batch``), defer what it deferred, run the rest as
+        ``process_many`` does, then ``after_batch``."""
+        runnable: list[Delivery] = []
+        items: list[Message | Job] = []  # per runnable delivery: a Message (inline) or a Job
+        groups: dict[Middleware, list[Job]] = {}
+        inline, pipelines = self._inline, self._pipelines
+        decode = decode_unchecked
+        for delivery in deliveries:
+            try:
+                message = decode(delivery.raw)
+            except Exception:
+                self.process(delivery)  # dead-letters it with the reason
+                continue
+            if message.task in inline:
+                items.append(message)
+            else:
+                pipeline = pipelines.get(message.task) or self.pipeline(message.task)
+                if pipeline is None:  # unknown task
+                    self.processed += 1
+                    self._unknown(delivery, message)
+                    continue
+                job = Job(delivery, message, pipeline.task, pipeline, batch=pipeline.batched)
+                items.append(job)
+                if job.batch:
+                    for m in pipeline.middleware:
+                        if m in groups:
+                            groups[m].append(job)
+                        else:
+                            groups[m] = [job]
+            runnable.append(delivery)
+        deferrals = Job.deferrals
+        self._before_batch(groups)
+        if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
+            kept = [i for i, it in enumerate(items) if not (type(it) is Job and it.deferred)]
+            for it in items:
+                if type(it) is Job and it.deferred:
+                    self.processed += 1
+                    self._defer(it)
+            runnable = [runnable[i] for i in kept]
+            items = [items[i] for i in kept]
+        try:
+            self._run_items(runnable, items, state)
+        finally:
+            self._after_batch(groups)
+
+    def _run_items(self, runnable: list[Delivery], items: list[Message | Job],
+                   state: BatchState) -> None:
+        inline = self._inline
+        done: list[Delivery] = []
+        started = 0
+        pending = state.pending = deque(runnable)
+        take = pending.popleft
+        index = -1  # ``pending`` is taken from the left in order: its index into ``items``
+        try:
+            while True:
+                try:
+                    delivery = take()
+                except IndexError:
+                    break
+                index += 1
+                item = items[index]
+                state.current = delivery
+                if state.stopping:
+                    state.current = None
+                    state.unstarted.append(delivery)
+                    state.unstarted.extend(_take_all(pending))
+                    break
+                started += 1
+                job: Job | None = None
+                if type(item) is Job:
+                    job = item
+                    if job.pipeline is None or job.pipeline.per_call:
+                        state.time_limit = None
+                        self.run(job, state)
+                        state.current = None
+                        continue
+                    message, task = job.message, job.task  # only batch hooks: call it here
+                else:
+                    assert isinstance(item, Message)
+                    message, task = item, inline[item.task]
+                state.time_limit = task.time_limit
+                try:
+                    result = task.fn(*message.args, **message.kwargs)
+                except Exception as err:
+                    state.current = None
+                    self._failed(job or Job(delivery, message, task), err)
+                    continue
+                if job is not None:
+                    job.outcome = Outcome("ack", result)
+                state.current = None
+                done.append(delivery)
+        except BaseException:
+            state.unstarted.extend(_take_all(pending))
+            raise
+        finally:
+            self.processed += started
+            if state.overran:
+                self._overran(done, state.overran)
+            if done:
+                self.acker.ack_many(done)
+
+    def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None:
+        for m, jobs in groups.items():
+            if not overrides(m, "before_batch"):
+                continue
+            try:
+                m.before_batch(jobs)
+            except Exception as err:
+                log.error("middleware %s failed in before_batch: %s", safe_repr(m),
+                          describe(err))
+
+    def _after_batch(self, groups: dict[Middleware, list[Job]]) -> None:
+        for m, jobs in groups.items():
+            if not overrides(m, "after_batch"):
+                continue
+            settled = [j for j in jobs if j.outcome is not None]
+            if not settled:
+                continue
+            try:
+                m.after_batch(settled)
+            except Exception as err:
+                log.error("middleware %s failed in after_batch: %s", safe_repr(m),
+                          describe(err))
+
     # -- the steps -------------------------------------------------------------------------
+
+    def _job(self, delivery: Delivery, message: Message) -> Job | None:
+        """A job for a decoded message, with its task's pipeline; dead-letters an unknown task
+        (and returns None)."""
+        pipeline = self.pipeline(message.task)
+        if pipeline is None:
+            self._unknown(delivery, message)
+            return None
+        return Job(delivery, message, pipeline.task, pipeline)
 
     def begin(self, delivery: Delivery) -> Job | None:
         """Decode and find the task; dead-letter (and return None) what cannot run."""
@@ -224,17 +481,16 @@ class Processor:
         except Exception as err:  # DecodeError, or whatever the decoder let escape
             self._undecodable(delivery, err)
             return None
-        task = self.tasks.get(message.task)
-        if task is None:
-            self._unknown(delivery, message)
-            return None
-        return Job(delivery, message, task)
+        return self._job(delivery, message)
 
     def run(self, job: Job, state: BatchState | None = None) -> None:
         """Call the task on this thread (within its time limit), then settle the outcome.
 
-        With ``state`` (the solo pool), ``state.current`` is cleared once the call returned.
+        With ``state`` (the solo pool), ``state.current`` is cleared once the call returned. A
+        job outside a batch whose pipeline has batch hooks is a batch of one.
         """
+        if self._alone(job):
+            return
         result: Any = None
         error: Exception | None = None
         try:
@@ -253,6 +509,8 @@ class Processor:
 
     async def run_async(self, job: Job) -> None:
         """Await an ``async def`` task on the running loop (cancelled at its time limit)."""
+        if self._alone(job):
+            return
         result: Any = None
         error: Exception | None = None
         try:
@@ -262,24 +520,63 @@ class Processor:
             error = err
         self.finish(job, result, error)
 
+    def _alone(self, job: Job) -> bool:
+        """Run ``before_batch`` for a batched job met on its own; True when it was deferred."""
+        pipeline = job.pipeline
+        if pipeline is None or not pipeline.batched or job.batch:
+            return False
+        job.alone = True  # its batch is itself: ``finish`` runs ``after_batch``
+        self._before_batch({m: [job] for m in pipeline.before_batch})
+        if job.deferred:
+            self._defer(job)
+            self._after_batch({m: [job] for m in pipeline.after_batch})
+            return True
+        return False
+
     def _start(self, job: Job) -> None:
         """The ``before_process`` hooks (they may raise ``Retry``/``Reject``), then the clock."""
-        for m in self.middleware:
-            m.before_process(job.message)
+        if job.pipeline is not None:
+            for hook in job.pipeline.before_process:
+                hook(job)
         job.started = time.monotonic()
 
     def finish(self, job: Job, result: Any, error: Exception | None) -> None:
         """Run the ``after_process`` hooks and record the outcome with the acker."""
-        for m in reversed(self.middleware):
-            try:
-                m.after_process(job.message, result, error)
-            except Exception as err:
-                log.error("middleware %s failed in after_process: %s", safe_repr(m),
-                          describe(err))
+        pipeline = job.pipeline
+        if pipeline is not None:
+            for hook in pipeline.after_process:
+                try:
+                    hook(job, result, error)
+                except Exception as err:
+                    log.error("middleware %s failed in after_process: %s",
+                              safe_repr(getattr(hook, "__self__", hook)), describe(err))
         if error is None:
             self.acker.ack(job.delivery)
+            job.outcome = Outcome("ack", result)
+            self._after_outcome(job)
         else:
             self._failed(job, error)
+        if job.alone and pipeline is not None and pipeline.after_batch:
+            self._after_batch({m: [job] for m in pipeline.after_batch})
+
+    def _defer(self, job: Job) -> None:
+        """Put a deferred job back in its queue, unchanged, due after its delay."""
+        log.debug("task %s[%s] deferred for %.3gs: %s", job.task.name, job.message.id,
+                  job.defer_delay, job.defer_reason)
+        self.acker.defer(job.delivery, time.time() + job.defer_delay)
+        job.outcome = Outcome("deferred")
+        self._after_outcome(job)
+
+    def _after_outcome(self, job: Job) -> None:
+        pipeline, outcome = job.pipeline, job.outcome
+        if pipeline is None or outcome is None:
+            return
+        for hook in pipeline.after_outcome:
+            try:
+                hook(job, outcome)
+            except Exception as err:
+                log.error("middleware %s failed in after_outcome: %s",
+                          safe_repr(getattr(hook, "__self__", hook)), describe(err))
 
     def crashed(self, delivery: Delivery, err: BaseException) -> None:
         """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
@@ -289,7 +586,7 @@ class Processor:
     def _crashed(self, delivery: Delivery, err: BaseException) -> None:
         reason = (
             f"the worker could not handle this message ({describe(err)}); it is kept here "
-            f"instead of being retried, since it would fail the same way:\n{_trace(err)}"
+            f"instead of being retried, since it would fail the same way:\n{trace(err)}"
         )
         log.error("dead-lettering a message of %r that could not be handled: %s",
                   delivery.queue, describe(err))
@@ -326,88 +623,26 @@ class Processor:
             return loop.run_until_complete(_within_limit(job))
 
     def _failed(self, job: Job, err: Exception) -> None:
+        """A call failed: the retry policy decides (retry or dead letter), the acker records."""
         self.failed += 1
         try:
-            self._decide(job, err)
+            outcome = self.retries.decide(job, err)
+            if outcome.kind == "retry":
+                assert outcome.message is not None
+                self.acker.retry(job.delivery, outcome.message)
+            else:
+                self.acker.dead_letter(job.delivery, outcome.reason)
         except Exception as inner:  # formatting or deciding failed: still an outcome
             self._crashed(job.delivery, inner)
-
-    def _decide(self, job: Job, err: Exception) -> None:
-        delivery, message, task = job.delivery, job.message, job.task
-        if isinstance(err, TypeError) and (unfit := task.unfit(message.args, message.kwargs)):
-            reason = (
-                f"task {task.name} cannot be called with the arguments of this message "
-                f"({unfit}); retrying cannot help: send it with arguments that match "
-                f"{task.name}{_signature(task.fn)}, then purge this dead letter"
-            )
-            log.error("task %s[%s]: %s", task.name, message.id, reason)
-            self.acker.dead_letter(delivery, reason)
-            return
-        if isinstance(err, Reject):
-            reason = safe_str(err.reason)
-            log.warning("task %s[%s] rejected: %s", task.name, message.id, reason)
-            self.acker.dead_letter(delivery, f"rejected by task {task.name}: {reason}")
-            return
-        summary = describe(err)
-        if message.attempt < task.retries:
-            if isinstance(err, Retry) and err.delay is not None:
-                delay = err.delay
-            else:
-                delay = backoff(message.attempt, task.retry_delay, self.max_retry_delay)
-            log.warning(
-                "task %s[%s] attempt %d of %d failed (%s); retrying in %.2fs",
-                task.name, message.id, message.attempt + 1, task.retries + 1, summary, delay,
-            )
-            self.acker.retry(delivery, next_attempt(message, delay, summary))
-            return
-        reason = (
-            f"task {task.name} failed on attempt {message.attempt + 1} of {task.retries + 1}; "
-            f"no retries left:\n{_trace(err)}"
-        )
-        log.error("task %s[%s] failed for good: %s", task.name, message.id, summary)
-        self.acker.dead_letter(delivery, reason)
+            outcome = Outcome("dead", error=inner, reason="crashed")
+        job.outcome = outcome
+        self._after_outcome(job)
 
     def close(self) -> None:
         for loop in self._loops:
             if not loop.is_running():
                 loop.close()
         self._loops.clear()
-
-
-def safe_str(value: object) -> str:
-    """``str(value)``, or a placeholder when that raises (user objects may do anything)."""
-    try:
-        text = str(value)
-    except Exception:
-        return f"<unprintable {type(value).__name__}>"
-    return text if isinstance(text, str) else f"<unprintable {type(value).__name__}>"
-
-
-def safe_repr(value: object) -> str:
-    """``repr(value)``, or a placeholder when that raises."""
-    try:
-        return repr(value)
-    except Exception:
-        return f"<unprintable {type(value).__name__}>"
-
-
-def describe(err: BaseException) -> str:
-    """``TypeName: message`` for an exception, even one whose ``__str__`` raises."""
-    return f"{type(err).__name__}: {safe_str(err)}"
-
-
-def _trace(err: BaseException) -> str:
-    try:
-        return "".join(traceback.format_exception(err))
-    except Exception:
-        return describe(err)
-
-
-def _signature(fn: Callable[..., Any]) -> str:
-    try:
-        return str(inspect.signature(fn))
-    except (TypeError, ValueError):
-        return "(...)"
 
 
 def _take_all(pending: deque[Delivery]) -> Iterator[Delivery]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from ..brokers import Consumer, Delivery
 from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..message import Message
-from ..middleware import Middleware
+from ..middleware import Middleware, overrides
 from ..scheduler import Scheduler
 from .acker import Acker
 from .executors import Executor, make_executor
@@ -61,6 +61,7 @@ class Worker:
     overran its time limit in a thread that cannot be interrupted, so that a fresh process takes
     its place (``recycle`` is then True). ``parent_pid`` stops the worker if that process dies.
     ``scheduler=False`` leaves the app's periodic tasks to other workers.
+    The worker runs the app's middleware (``app.middleware``), then ``middleware``, if given.
     """
 
     def __init__(
@@ -96,7 +97,9 @@ class Worker:
             pool, concurrency, min_concurrency=min_concurrency,
             max_batch=self.settings.fetch_batch_size,
         )
-        self.middleware = list(middleware)
+        self._extra_middleware = list(middleware)
+        #: What this worker runs: the app's middleware as of ``run``, then ``middleware``.
+        self.middleware = app.middleware + self._extra_middleware
         self.recycle_abandoned = recycle_abandoned
         self.parent_pid = parent_pid
         #: Enqueue the app's periodic tasks (``hurtle.scheduler``) while this worker runs.
@@ -180,15 +183,17 @@ class Worker:
             consumer, batch_size=s.ack_batch_size, interval=s.ack_interval_ms / 1000.0
         )
         executor = self.executor
+        self.middleware = self.app.middleware + self._extra_middleware
         processor = self.processor = Processor(
             self.app, acker, self.middleware, limit=executor.limit,
-            loops_take_turns=executor.greenlets,
+            loops_take_turns=executor.greenlets, inline_limits=executor.watches_time_limits(),
         )
         heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
         heartbeat.beat()
         acker.start()
         heartbeat.start()
         executor.start(processor)
+        self._hook("worker_start")
         if (
             self._handling_signals
             and executor.runs_in_submit
@@ -295,6 +300,7 @@ class Worker:
         if unfinished:
             log.info("handing back %d fetched but unfinished tasks", len(unfinished))
         self.acker.release(unfinished)
+        self._hook("worker_stop")
         self.acker.stop()
         self.heartbeat.stop()
         try:
@@ -304,6 +310,15 @@ class Worker:
         self.executor.close()
         self.processor.close()
         log.info("worker %s stopped after %d tasks", self.worker_id, self.processor.processed)
+
+    def _hook(self, name: str) -> None:
+        """Call ``worker_start`` or ``worker_stop`` on the middleware that define it."""
+        for m in self.middleware:
+            if overrides(m, name):
+                try:
+                    getattr(m, name)(self)
+                except Exception as err:
+                    log.error("middleware %r failed in %s: %s", m, name, err)
 
     def run_in_thread(self) -> threading.Thread:
         """Start ``run`` on a daemon thread (tests, the demo); returns once the worker started."""

@@ -19,7 +19,7 @@ def make_executor(
     if pool == "threads":
         from .threads import ThreadsExecutor
 
-        return ThreadsExecutor(concurrency, min_concurrency=min_concurrency)
+        return ThreadsExecutor(concurrency, min_concurrency=min_concurrency, max_batch=max_batch)
     if pool == "asyncio":
         from .aio import AsyncioExecutor
 

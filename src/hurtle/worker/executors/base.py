@@ -73,6 +73,11 @@ class Executor(abc.ABC):
         """
         return late_limit(job, call)
 
+    def watches_time_limits(self) -> bool:
+        """True when this executor, started on the calling thread, enforces time limits of tasks
+        run inline by ``Processor.process_many`` (its ``BatchState.time_limit``) by itself."""
+        return False
+
     def abandoned(self) -> int:
         """Calls given up at their time limit that are still running somewhere in this process."""
         return 0

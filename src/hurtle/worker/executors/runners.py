@@ -8,10 +8,19 @@ common and nothing else: the buffer, how many runners live (between ``min_size``
 raises (which the processor never lets a task do) goes to ``on_error``, so that it still ends in
 an outcome instead of staying in flight until the worker stops; the runner goes on.
 
-It also owns time limits for threads, which cannot be interrupted: a watchdog thread fails a call
-that overruns (``on_expire``), abandons its thread — it is no longer counted, its outcome will be
-ignored, and as a daemon it never holds up the process's exit — and starts another in its place.
+It also owns time limits for threads, which cannot be interrupted: a watchdog thread, polling at
+a tenth of the shortest limit seen (a call only records its deadline), fails a call that overruns
+(``on_expire``), abandons its thread — it is no longer counted, its outcome will be ignored, and
+as a daemon it never holds up the process's exit — and starts another in its place.
 Greenlet pools override ``limit`` with their own timeouts and never start the watchdog.
+
+Chunks (``work_many``, the threads pool): a runner takes its share of the buffer at once (an even
+split between the runners, at most ``max_chunk``) and runs it through ``work_many(items, slot)``
+— ``Processor.process_many``, with the slot as its ``BatchState`` — so short tasks cost no
+hand-off between threads each. What a chunk has not started stays takeable: a runner that finds
+the buffer empty takes half (rounded up) of the longest unstarted rest of another runner's chunk
+(so a slow task holds up nothing that an idle runner could run), and ``stop``/``abort`` take
+them back.
 """
 
 from __future__ import annotations
@@ -21,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from time import perf_counter
 from typing import Any, Generic, TypeVar
 
 from ..processor import Job
@@ -41,13 +51,42 @@ class _Abandoned(BaseException):
 
 
 class _Slot:
-    __slots__ = ("abandoned", "deadline", "item", "job")
+    """What one runner holds; in chunk mode also the ``BatchState`` of its chunk."""
+
+    __slots__ = (
+        "abandoned", "current", "deadline", "item", "job", "overran", "pending", "stopping",
+        "time_limit", "unstarted",
+    )
 
     def __init__(self) -> None:
         self.item: Any = None
         self.job: Job | None = None
         self.deadline: float | None = None
         self.abandoned = False
+        self.stopping = False
+        self.current: Any = None
+        self.pending: deque[Any] = deque()
+        self.unstarted: list[Any] = []
+        self.time_limit: float | None = None
+        self.overran: list[Any] = []
+
+    def held(self) -> int:
+        """Items of the chunk not finished yet (at least 1 while the chunk runs)."""
+        return max(len(self.pending) + (self.current is not None), 1)
+
+
+def _take_right(pending: deque[T], n: int) -> list[T]:
+    """Take up to ``n`` items from the right of a deque that another thread takes from the
+    left: each is taken exactly once. Returned in their original order."""
+    out: list[T] = []
+    take = pending.pop
+    for _ in range(n):
+        try:
+            out.append(take())
+        except IndexError:
+            break
+    out.reverse()
+    return out
 
 
 class RunnerPool(Generic[T]):
@@ -62,8 +101,15 @@ class RunnerPool(Generic[T]):
         idle_timeout: float = 2.0,
         on_expire: Callable[[Job], None] | None = None,
         on_error: Callable[[T, BaseException], None] | None = None,
+        work_many: Callable[[list[T], _Slot], None] | None = None,
+        max_chunk: int = 256,
     ) -> None:
         self.work = work
+        self.work_many = work_many
+        self.max_chunk = max_chunk
+        #: Seconds per item, averaged over chunks (chunk mode): the threads pool sizes its
+        #: fetches by it.
+        self.per_item = 1.0  # until measured: fetch one more per runner, as other pools
         self.max_size = max_size
         self.min_size = max_size if min_size is None else min_size
         self.spawn = spawn
@@ -82,6 +128,7 @@ class RunnerPool(Generic[T]):
         self._abandoned = 0
         self._watchdog: threading.Thread | None = None
         self._watch = threading.Event()
+        self._tick = 1.0  # the watchdog's period: a tenth of the shortest limit seen
 
     # -- sizes -----------------------------------------------------------------------------
 
@@ -92,6 +139,8 @@ class RunnerPool(Generic[T]):
 
     def outstanding(self) -> int:
         """Items buffered or running (call with ``cond`` held)."""
+        if self.work_many is not None:
+            return len(self._buffer) + sum(slot.held() for slot in self._running)
         return len(self._buffer) + len(self._running)
 
     @property
@@ -125,6 +174,9 @@ class RunnerPool(Generic[T]):
             self.cond.notify(len(buffer))
 
     def _runner(self) -> None:
+        if self.work_many is not None:
+            self._chunk_runner(self.work_many)
+            return
         slot = _Slot()
         self._local.slot = slot
         cond = self.cond
@@ -168,6 +220,85 @@ class RunnerPool(Generic[T]):
                 slot.item = None
                 cond.notify_all()
 
+    def _chunk_runner(self, work_many: Callable[[list[T], _Slot], None]) -> None:
+        slot = _Slot()
+        self._local.slot = slot
+        cond = self.cond
+        buffer = self._buffer
+        running = self._running
+        while True:
+            with cond:
+                self._idle += 1
+                chunk = self._take_chunk()
+                while not chunk and not self._stopping:
+                    if self._live > self.min_size:
+                        if not cond.wait(self.idle_timeout):
+                            chunk = self._take_chunk()
+                            if not chunk:
+                                break  # idle too long above the minimum: retire
+                    else:
+                        cond.wait()
+                    chunk = self._take_chunk()
+                self._idle -= 1
+                if self._stopping or not chunk:
+                    buffer.extendleft(reversed(chunk))
+                    self._live -= 1
+                    return
+                slot.item = chunk[0]
+                running[slot] = chunk[0]
+            started = perf_counter()
+            try:
+                work_many(chunk, slot)
+            except _Abandoned:
+                with cond:
+                    self._abandoned -= 1
+                return
+            except BaseException as err:
+                log.exception("%s: unexpected error, the runner goes on", self.name)
+                self._chunk_failed(slot, err)
+            self.per_item = 0.5 * self.per_item + 0.5 * (perf_counter() - started) / len(chunk)
+            with cond:
+                slot.current = None
+                if slot.unstarted:  # left by a stop: ``abort`` hands them back
+                    buffer.extend(slot.unstarted)
+                    slot.unstarted.clear()
+                if slot.abandoned:  # given up by abort(): the pool no longer counts it
+                    self._abandoned -= 1
+                    return
+                running.pop(slot, None)
+                slot.item = None
+                cond.notify_all()
+
+    def _take_chunk(self) -> list[T]:
+        """This runner's share of the buffer, or half of another chunk's unstarted rest (with
+        ``cond`` held)."""
+        buffer = self._buffer
+        if buffer:
+            n = min(-(-len(buffer) // max(self._live, 1)), self.max_chunk)
+            take = buffer.popleft
+            return [take() for _ in range(min(n, len(buffer)))]
+        if self._stopping:
+            return []
+        busiest = max(self._running, key=lambda s: len(s.pending), default=None)
+        if busiest is None or not busiest.pending:
+            return []
+        return _take_right(busiest.pending, (len(busiest.pending) + 1) // 2)
+
+    def _chunk_failed(self, slot: _Slot, err: BaseException) -> None:
+        """``work_many`` raised (which the processor never lets a task do): the running item
+        gets its outcome from ``on_error``, the unstarted go back to the buffer."""
+        current, slot.current = slot.current, None
+        rest = slot.unstarted + _take_right(slot.pending, len(slot.pending))
+        slot.unstarted.clear()
+        with self.cond:
+            self._buffer.extendleft(reversed(rest))
+            self.cond.notify_all()
+        if current is not None and self.on_error is not None:
+            try:
+                self.on_error(current, err)
+            except BaseException:
+                log.exception("%s: could not record the outcome of a failed item", self.name)
+
     # -- time limits for threads -----------------------------------------------------------
 
     def limit(self, job: Job, call: Callable[[], Any]) -> Any:
@@ -175,15 +306,16 @@ class RunnerPool(Generic[T]):
         limit = job.task.time_limit
         assert limit is not None
         slot: _Slot = self._local.slot
-        with self.cond:
+        with self.cond:  # no wake-up per call: the watchdog polls often enough for any limit
             slot.job = job
             slot.deadline = job.started + limit
+            if limit / 10 < self._tick:
+                self._tick = max(limit / 10, 0.005)
             if self._watchdog is None:
                 self._watchdog = threading.Thread(
                     target=self._watchdog_run, name=f"{self.name}-watchdog", daemon=True
                 )
                 self._watchdog.start()
-        self._watch.set()
         try:
             return call()
         finally:
@@ -207,6 +339,9 @@ class RunnerPool(Generic[T]):
                     if deadline <= now and slot.job is not None:
                         expired.append(slot.job)
                         self._abandon(slot)
+                        if self.work_many is not None:  # its chunk's rest: for other runners
+                            rest = _take_right(slot.pending, len(slot.pending))
+                            self._buffer.extendleft(reversed(rest))
                     elif nearest is None or deadline < nearest:
                         nearest = deadline
                 if expired:
@@ -218,7 +353,8 @@ class RunnerPool(Generic[T]):
                           job.message.id, job.task.time_limit)
                 if self.on_expire is not None:
                     self.on_expire(job)
-            self._watch.wait(1.0 if nearest is None else max(nearest - now, 0.001))
+            wait = self._tick if nearest is None else min(self._tick, nearest - now)
+            self._watch.wait(max(wait, 0.001))
 
     def _abandon(self, slot: _Slot) -> None:
         """Stop counting a running slot: its runner exits when its call returns (``cond`` held)."""
@@ -235,6 +371,10 @@ class RunnerPool(Generic[T]):
             self._stopping = True
             unstarted = list(self._buffer)
             self._buffer.clear()
+            if self.work_many is not None:  # the chunks' unstarted rests too
+                for slot in self._running:
+                    slot.stopping = True
+                    unstarted += _take_right(slot.pending, len(slot.pending))
             self.cond.notify_all()
         return unstarted
 
@@ -251,7 +391,16 @@ class RunnerPool(Generic[T]):
         """
         with self.cond:
             self._stopping = True
-            out = list(self._running.values()) + list(self._buffer)
+            if self.work_many is not None:
+                out = []
+                for slot in self._running:
+                    slot.stopping = True
+                    current = slot.current
+                    out += ([current] if current is not None else []) + _take_right(
+                        slot.pending, len(slot.pending))
+                out += self._buffer
+            else:
+                out = list(self._running.values()) + list(self._buffer)
             self._buffer.clear()
             for slot in list(self._running):
                 self._abandon(slot)

@@ -12,10 +12,16 @@ hot path pays nothing for it: the task loop already records which delivery runs,
 deliveries from a deque that the watchdog takes from the other end, so each is run or handed
 back, never both.
 
-Time limits: when the worker runs on the main thread (``hurtle worker``), a ``SIGALRM`` timer
-raises ``TimeLimitExceeded`` in the task where it is, even in ``time.sleep`` or a socket wait. On
-any other thread (a worker started with ``run_in_thread``) signals cannot reach it: the task runs
-to its end and is failed then if it overran.
+Time limits cost the task loop one attribute store per task: the same watchdog interrupts only a
+task that overran. When the worker runs on the main thread (``hurtle worker``), the loop records
+the running task's limit (``time_limit``), and the watchdog, which wakes often enough for the
+shortest limit of the app's tasks, signals the main thread (``SIGALRM``; the handler is
+installed once, and passes signals it did not send to the handler it replaced) when the same
+delivery has run past it; the handler raises ``TimeLimitExceeded`` in the task where it is, even
+in ``time.sleep`` or a socket wait. A task that swallows it and returns is failed all the same
+(``overran``). No timer is armed per task, so time-limited tasks run inline. On any other thread
+(a worker started with ``run_in_thread``) signals cannot reach it: the task runs to its end and
+is failed then if it overran.
 """
 
 from __future__ import annotations
@@ -25,11 +31,13 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable
-from time import perf_counter
+from time import monotonic, perf_counter
 from types import FrameType
 from typing import Any
 
 from ...brokers import Delivery
+from ...errors import TimeLimitExceeded
+from ...message import Message
 from ..processor import Job, Processor, late_limit
 from .base import Executor
 
@@ -56,6 +64,10 @@ class SoloExecutor(Executor):
         self.current: Delivery | None = None
         self.unstarted: list[Delivery] = []
         self.pending: deque[Delivery] = deque()
+        #: The time limit of the task running now (set by the task loop), for the watchdog.
+        self.time_limit: float | None = None
+        #: Deliveries interrupted at their time limit in the current batch.
+        self.overran: list[Delivery] = []
         #: Deliveries handed back because a task ran long (for logs and tests).
         self.handed_back = 0
         self._batch_lock = threading.Lock()  # the watchdog hands back only during a batch
@@ -63,10 +75,28 @@ class SoloExecutor(Executor):
         self._handed_in_batch = 0
         self._closed = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._tick = handback_after
+        self._main: int | None = None  # the thread to signal at a time limit, when we can
+        self._previous_alarm: Any = None
+        self._stop_text: tuple[Delivery, str] | None = None  # what the alarm handler raises
+        self._signalled = False  # the next SIGALRM is the watchdog's
+
+    def watches_time_limits(self) -> bool:
+        return (
+            hasattr(signal, "pthread_kill")
+            and threading.current_thread() is threading.main_thread()
+        )
 
     def start(self, processor: Processor) -> None:
         self._processor = processor
-        if self.handback_after > 0:
+        if self.watches_time_limits():  # for tasks registered later too: only this watchdog
+            # can stop a time-limited task, since they all run inline
+            self._main = threading.get_ident()
+            self._previous_alarm = signal.signal(signal.SIGALRM, self._on_alarm)
+            limits = [t.time_limit for t in processor.tasks.values() if t.time_limit is not None]
+            tick = self.handback_after if self.handback_after > 0 else 0.25
+            self._tick = max(min([tick, *(limit / 10 for limit in limits)]), 0.005)
+        if self._tick > 0:
             self._watchdog = threading.Thread(
                 target=self._watch, name="hurtle-solo-watchdog", daemon=True
             )
@@ -88,6 +118,8 @@ class SoloExecutor(Executor):
         try:
             processor.process_many(deliveries, self)
         finally:
+            self.time_limit = None
+            self.overran.clear()
             with self._batch_lock:  # waits for a hand-back under way: it may use the consumer
                 self._in_batch = False
         done = len(deliveries) - (len(self.unstarted) - before) - self._handed_in_batch
@@ -122,20 +154,55 @@ class SoloExecutor(Executor):
 
     def close(self) -> None:
         self._closed.set()
+        if self._main is not None:
+            self._main = None
+            signal.signal(signal.SIGALRM, self._previous_alarm)
 
-    # -- handing back what a slow task holds ---------------------------------------------------
+    # -- the watchdog: time limits, and handing back what a slow task holds --------------------
 
     def _watch(self) -> None:
         seen: Delivery | None = None
-        while not self._closed.wait(self.handback_after):
+        since = 0.0  # when the watchdog first saw ``seen`` run: never after it started
+        while not self._closed.wait(self._tick):
             current = self.current
+            now = monotonic()
             if current is None or current is not seen:
-                seen = current
+                seen, since = current, now
                 continue
+            limit = self.time_limit
             try:
-                self._hand_back(current)
+                if limit is not None and now - since >= limit and self._main is not None:
+                    self._interrupt(current, limit)
+                if self.handback_after > 0 and now - since >= self.handback_after:
+                    self._hand_back(current)
             except Exception:  # never let the watchdog die: the worker goes on without it
-                log.exception("could not hand back the messages held behind a slow task")
+                log.exception("the solo pool's watchdog could not act on a slow task")
+
+    def _interrupt(self, slow: Delivery, limit: float) -> None:
+        """Make the main thread raise ``TimeLimitExceeded`` in ``slow``'s task."""
+        if self._stop_text is None or self._stop_text[0] is not slow:
+            try:
+                m = Message.decode(slow.raw)
+                what = f"task {m.task}[{m.id}]"
+            except Exception:
+                what = "a task"
+            self._stop_text = (slow, f"{what} ran longer than its time limit of {limit:g}s "
+                                     "and was stopped")
+        if self._main is not None and self.current is slow:
+            self._signalled = True
+            signal.pthread_kill(self._main, signal.SIGALRM)
+
+    def _on_alarm(self, signum: int, frame: FrameType | None) -> None:
+        if not self._signalled:  # not ours: whoever had SIGALRM before the worker gets it
+            previous = self._previous_alarm
+            if callable(previous):
+                previous(signum, frame)
+            return
+        self._signalled = False
+        stop = self._stop_text
+        if stop is not None and stop[0] is self.current and self.time_limit is not None:
+            self.overran.append(stop[0])
+            raise TimeLimitExceeded(stop[1])
 
     def _hand_back(self, slow: Delivery) -> None:
         """Give the rest of the batch and the prefetched batch to other workers."""
@@ -166,21 +233,12 @@ class SoloExecutor(Executor):
                   "broker for idle workers", self.handback_after, len(rest))
 
     def limit(self, job: Job, call: Callable[[], Any]) -> Any:
-        seconds = job.task.time_limit
-        if (
-            seconds is None
-            or not hasattr(signal, "setitimer")
-            or threading.current_thread() is not threading.main_thread()
-        ):
+        """A time-limited call outside the inline path: the watchdog interrupts it (on the main
+        thread), and it is failed if it overran all the same."""
+        if self._main is None or threading.get_ident() != self._main:
             return late_limit(job, call)
-
-        def on_alarm(signum: int, frame: FrameType | None) -> None:
-            raise job.time_limit_error()
-
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, seconds)
+        self.time_limit = job.task.time_limit
         try:
             return late_limit(job, call)  # late too: in case the task swallowed the alarm
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+            self.time_limit = None

@@ -1,0 +1,137 @@
+"""``hurtle bench features``: what each feature costs the consume path, on Redis.
+
+Each row publishes N calls of ``bench.add(i, 6)`` registered with some task options, then consumes
+them with one worker process (``hurtle.bench.peers.features_app``), like ``hurtle bench tasks``
+does; it reports tasks/s and the ratio to the ``bare`` row of the same run. With ``--rounds R``
+the rows run R times in turn (so that a noisy moment hits every row alike) and each row shows
+its median. A row whose option
+this hurtle does not have (registering the task raises ``TypeError``) is skipped with the note
+"option not available", so rows appear by themselves once the feature exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..app import Hurtle
+from .scenario import Row, Scenario
+
+_PY = "{python}"
+#: A rate that never binds at bench speed, and a uniqueness window longer than any run.
+_RATE = "10000000/s"
+_UNIQUE = 3600
+#: (row name, task options, worker options).
+ROWS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+    ("bare", {}, ()),
+    ("store_result", {"store_result": True}, ()),
+    ("rate_limit", {"rate_limit": _RATE}, ()),
+    ("unique_for", {"unique_for": _UNIQUE}, ()),
+    ("time_limit", {"time_limit": 10}, ()),
+    ("all", {"store_result": True, "rate_limit": _RATE, "unique_for": _UNIQUE,
+             "time_limit": 10}, ()),
+    ("threads-8", {}, ("--pool", "threads", "--concurrency", "8")),
+]
+
+
+def unavailable(options: dict[str, Any]) -> str | None:
+    """Why a task cannot be registered with ``options`` here, or None if it can."""
+    try:
+        Hurtle("memory://").task(name="probe", **options)(lambda x, y: x + y)
+    except TypeError as err:
+        return f"option not available ({err})"
+    return None
+
+
+def scenario(name: str, options: dict[str, Any], worker: tuple[str, ...]) -> Scenario:
+    env = {"HURTLE_BENCH_OPTIONS": json.dumps(options)}
+    if worker:
+        env["HURTLE_BENCH_PROBE_LOCK"] = "1"  # tasks count from several threads
+    return Scenario(
+        name=name, system="hurtle", guarantee="acknowledged",
+        config=(", ".join(f"{k}={v!r}" for k, v in options.items()) or "no option")
+        + (f"; {' '.join(worker)}" if worker else "; solo"),
+        publisher=(_PY, "-m", "hurtle.bench.publish",
+                   "hurtle.bench.peers.features_app:publish", "{count}"),
+        worker=(_PY, "-m", "hurtle", "--log-level", "WARNING", "worker",
+                "hurtle.bench.peers.features_app:app", *worker),
+        env=env, modules=("redis",), version_of="hurtle",
+    )
+
+
+def add_parser(kinds: Any) -> None:
+    p: argparse.ArgumentParser = kinds.add_parser(
+        "features", help="consume tasks/s with each feature on, as a ratio to none (Redis)",
+        description="Publish then consume N tasks per row on Redis: "
+                    + ", ".join(name for name, _, _ in ROWS)
+                    + ". Each row's ratio is to the bare row of the same run.",
+    )
+    p.add_argument("--count", "-n", type=int, default=100_000, help="tasks per row")
+    p.add_argument("--redis-url", default=None,
+                   help="use this Redis instead of starting one; its database is FLUSHED")
+    p.add_argument("--only", default="", help="comma-separated rows (bare always runs)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="run every row this many times, in turn; report medians (default 3)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per phase of a row")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from . import machine
+    from .redis_server import RedisServer
+    from .runner import Runner
+
+    wanted = {n.strip() for n in args.only.split(",") if n.strip()}
+    chosen = [r for r in ROWS if not wanted or r[0] in wanted or r[0] == "bare"]
+    server = None if args.redis_url else RedisServer()
+    url = args.redis_url or (server.url if server else "")
+    rounds: list[list[Row]] = []
+    try:
+        info = machine.describe(url)
+        with tempfile.TemporaryDirectory(prefix="hurtle-bench-features-") as tmp:
+            runner = Runner(url, Path(tmp), timeout=args.timeout)
+            for n in range(max(args.rounds, 1)):
+                rows: list[Row] = []
+                for name, options, worker in chosen:
+                    why = unavailable(options)
+                    if why is not None:
+                        rows.append(Row(name=name, system="hurtle", skipped=why))
+                        continue
+                    print(f"-- {name} (round {n + 1})", file=sys.stderr, flush=True)
+                    rows.append(runner.run(scenario(name, options, worker), args.count))
+                rounds.append(rows)
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"hurtle bench features: {args.count:,} x add(i, 6) per row on Redis "
+          f"{info['redis']}; {info['cpu']}, {info['cores']} cores, Python {info['python']}, "
+          f"{info['date']}; median of {len(rounds)} round(s)")
+    print(table(rounds))
+    return 0 if all(r.skipped or r.consumed == r.count for rows in rounds for r in rows) else 1
+
+
+def table(rounds: list[list[Row]]) -> str:
+    """One line per row: the median consume rate over the rounds and its ratio to bare's."""
+
+    def median(name: str) -> float | None:
+        rates = [r.consume_rate for rows in rounds for r in rows
+                 if r.name == name and r.consume_rate]
+        return statistics.median(rates) if rates else None
+
+    bare = median("bare")
+    lines = [f"{'row':<14} {'consume/s':>12} {'x bare':>7}  config / note"]
+    for r in rounds[0]:
+        if r.skipped:
+            lines.append(f"{r.name:<14} {'-':>12} {'-':>7}  skipped: {r.skipped}")
+            continue
+        rate = median(r.name)
+        ratio = f"{rate / bare:.2f}" if rate and bare else "-"
+        shown = f"{rate:,.0f}" if rate else "-"
+        notes = [n for rows in rounds for row in rows if row.name == r.name for n in row.notes]
+        lines.append(f"{r.name:<14} {shown:>12} {ratio:>7}  " + "; ".join([r.config, *notes]))
+    return "\n".join(lines)

@@ -1,0 +1,35 @@
+"""The app of ``hurtle bench features``: ``bench.add`` registered with the task options in
+``$HURTLE_BENCH_OPTIONS`` (JSON), published with ``send_many`` in batches of ``BATCH``. Calls
+have distinct arguments (``add(i, 6)``), so that ``unique_for`` keeps every one of them."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+from ...app import Hurtle
+from ..probe import hit
+
+BATCH = 1000
+
+app = Hurtle(heartbeat_timeout=10)
+
+
+def add(x: int, y: int) -> int:
+    hit()
+    return x + y
+
+
+task = app.task(name="bench.add", **json.loads(os.environ.get("HURTLE_BENCH_OPTIONS", "{}")))(add)
+
+
+def publish(count: int, progress: Callable[[int], None]) -> int:
+    sent = 0
+    while sent < count:
+        n = min(BATCH, count - sent)
+        task.send_many([(i, 6) for i in range(sent, sent + n)])
+        sent += n
+        progress(sent)
+    app.close()
+    return sent
