@@ -24,6 +24,8 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+import msgspec
+
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
@@ -36,6 +38,7 @@ from .base import (
     check_dead_letter_limits,
     log_trimmed,
 )
+from .reports import TaskCounts, WorkerReport, merge
 
 _LEVELS = MAX_PRIORITY + 1
 
@@ -86,6 +89,8 @@ class MemoryBroker(Broker):
         self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
         self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
+        self._reports: dict[str, WorkerReport] = {}  # worker id -> last report, with deadline
+        self._totals: list[TaskCounts] = []
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -252,6 +257,17 @@ class MemoryBroker(Broker):
             q.dead.clear()
             return n
 
+    def workers(self) -> list[WorkerReport]:
+        now = time.time()
+        with self._lock:
+            for worker_id in [w for w, r in self._reports.items() if r.deadline < now]:
+                del self._reports[worker_id]
+            return [self._reports[w] for w in sorted(self._reports)]
+
+    def totals(self) -> list[TaskCounts]:
+        with self._lock:
+            return list(self._totals)
+
     def close(self) -> None:
         with self._lock:
             self._wake.notify_all()
@@ -349,11 +365,21 @@ class _MemoryConsumer(Consumer):
 
     def heartbeat(self) -> bool:
         b = self.broker
+        report = self.reporter.report() if self.reporter is not None else None
         with b._lock:
-            b._deadline[self.worker_id] = time.time() + self.heartbeat_timeout
+            deadline = b._deadline[self.worker_id] = time.time() + self.heartbeat_timeout
+            if report is not None:
+                b._reports[self.worker_id] = msgspec.structs.replace(
+                    report, delta=(), deadline=deadline
+                )
+                if report.delta:
+                    b._totals = merge([*b._totals, *report.delta])
             self._held()
             b._recover_locked()
-            return any(q.quarantine for q in b._queues.values())
+            pending = any(q.quarantine for q in b._queues.values())
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)
+        return pending
 
     def close(self) -> None:
         b = self.broker

@@ -40,11 +40,15 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..brokers import Delivery
+from ..brokers.reports import UNDECODABLE, Tally
 from ..errors import DecodeError, Reject, Retry, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import Middleware
 from ..middleware.retries import backoff, next_attempt
 from .acker import Acker
+
+# Counter indexes of a ``Tally`` (``brokers/reports.py``).
+PROCESSED, FAILED, RETRIED, DEAD_LETTERED = range(4)
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -137,6 +141,8 @@ class Processor:
         #: Deliveries taken in hand (whatever the outcome), for progress reports.
         self.processed = 0
         self.failed = 0
+        #: The same per queue and task, with retries and dead letters: sent with heartbeats.
+        self.tally = Tally()
 
     # -- the short path --------------------------------------------------------------------
 
@@ -152,6 +158,7 @@ class Processor:
         if task is None:
             self._unknown(delivery, message)
             return
+        self.tally.add(delivery.queue, task.name, PROCESSED)
         if self.middleware or task.is_async or task.time_limit is not None:
             self.run(Job(delivery, message, task))
             return
@@ -173,6 +180,7 @@ class Processor:
         plain = not self.middleware
         done: list[Delivery] = []
         started = 0
+        counts: dict[tuple[str, str], int] = {}
         pending = state.pending = deque(deliveries)
         take = pending.popleft
         try:
@@ -195,6 +203,8 @@ class Processor:
                     self.process(delivery)  # dead-letters it with the reason
                     continue
                 started += 1
+                key = (delivery.queue, message.task)
+                counts[key] = counts.get(key, 0) + 1
                 if not plain or task.is_async or task.time_limit is not None:
                     self.run(Job(delivery, message, task), state)
                     continue
@@ -211,6 +221,7 @@ class Processor:
             raise
         finally:  # also when a hard stop raises in a task: what finished is acknowledged
             self.processed += started
+            self.tally.add_many(counts)
             if done:
                 self.acker.ack_many(done)
 
@@ -228,6 +239,7 @@ class Processor:
         if task is None:
             self._unknown(delivery, message)
             return None
+        self.tally.add(delivery.queue, task.name, PROCESSED)
         return Job(delivery, message, task)
 
     def run(self, job: Job, state: BatchState | None = None) -> None:
@@ -284,6 +296,7 @@ class Processor:
     def crashed(self, delivery: Delivery, err: BaseException) -> None:
         """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
         self.failed += 1
+        self._count_lost(delivery, FAILED)
         self._crashed(delivery, err)
 
     def _crashed(self, delivery: Delivery, err: BaseException) -> None:
@@ -293,6 +306,7 @@ class Processor:
         )
         log.error("dead-lettering a message of %r that could not be handled: %s",
                   delivery.queue, describe(err))
+        self._count_lost(delivery, DEAD_LETTERED)
         self.acker.dead_letter(delivery, reason)
 
     def expire(self, job: Job) -> None:
@@ -303,12 +317,16 @@ class Processor:
 
     def _undecodable(self, delivery: Delivery, err: Exception) -> None:
         self.failed += 1
+        for kind in (PROCESSED, FAILED, DEAD_LETTERED):
+            self.tally.add(delivery.queue, UNDECODABLE, kind)
         text = str(err) if isinstance(err, DecodeError) else describe(err)
         log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, text)
         self.acker.dead_letter(delivery, f"undecodable message: {text}")
 
     def _unknown(self, delivery: Delivery, message: Message) -> None:
         self.failed += 1
+        for kind in (PROCESSED, FAILED, DEAD_LETTERED):
+            self.tally.add(delivery.queue, message.task, kind)
         reason = (
             f"unknown task {message.task!r}: this worker's app registers no task of that "
             "name; deploy the code that defines it, then retry the dead letter"
@@ -327,6 +345,7 @@ class Processor:
 
     def _failed(self, job: Job, err: Exception) -> None:
         self.failed += 1
+        self.tally.add(job.delivery.queue, job.task.name, FAILED)
         try:
             self._decide(job, err)
         except Exception as inner:  # formatting or deciding failed: still an outcome
@@ -341,11 +360,13 @@ class Processor:
                 f"{task.name}{_signature(task.fn)}, then purge this dead letter"
             )
             log.error("task %s[%s]: %s", task.name, message.id, reason)
+            self.tally.add(delivery.queue, task.name, DEAD_LETTERED)
             self.acker.dead_letter(delivery, reason)
             return
         if isinstance(err, Reject):
             reason = safe_str(err.reason)
             log.warning("task %s[%s] rejected: %s", task.name, message.id, reason)
+            self.tally.add(delivery.queue, task.name, DEAD_LETTERED)
             self.acker.dead_letter(delivery, f"rejected by task {task.name}: {reason}")
             return
         summary = describe(err)
@@ -358,6 +379,7 @@ class Processor:
                 "task %s[%s] attempt %d of %d failed (%s); retrying in %.2fs",
                 task.name, message.id, message.attempt + 1, task.retries + 1, summary, delay,
             )
+            self.tally.add(delivery.queue, task.name, RETRIED)
             self.acker.retry(delivery, next_attempt(message, delay, summary))
             return
         reason = (
@@ -365,7 +387,16 @@ class Processor:
             f"no retries left:\n{_trace(err)}"
         )
         log.error("task %s[%s] failed for good: %s", task.name, message.id, summary)
+        self.tally.add(delivery.queue, task.name, DEAD_LETTERED)
         self.acker.dead_letter(delivery, reason)
+
+    def _count_lost(self, delivery: Delivery, kind: int) -> None:
+        """Count an outcome of a delivery whose task is not at hand (a rare, slow path)."""
+        try:
+            task = _decode(delivery.raw).task
+        except Exception:
+            task = UNDECODABLE
+        self.tally.add(delivery.queue, task, kind)
 
     def close(self) -> None:
         for loop in self._loops:
