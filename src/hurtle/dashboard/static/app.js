@@ -40,7 +40,7 @@ function el(tag, attrs = {}, ...children) {
 
 function table(node, columns, rows) {
   node.replaceChildren(
-    el("tr", {}, ...columns.map((c) => el("th", {}, c.title))),
+    el("tr", {}, ...columns.map((c) => el("th", c.numeric ? { class: "n" } : {}, c.title))),
     ...rows.map((r) => el("tr", {}, ...columns.map((c) => {
       const v = c.value(r);
       return el("td", c.numeric ? { class: "n" } : {}, v);
@@ -102,11 +102,12 @@ function drawChart() {
     ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(w - 8, y); ctx.stroke();
     ctx.fillText(fmt(Math.round((scale * i) / 4)), 6, y + 4);
   }
+  const x = (i) => left + ((w - left - 8) * i) / (MAX_POINTS - 1);
   if (pts.length) {
-    ctx.fillText(when(pts[0].t), left, h - 4);
+    const first = x(MAX_POINTS - pts.length);
+    if (first < w - 160) ctx.fillText(when(pts[0].t), first, h - 4);
     ctx.fillText(when(pts[pts.length - 1].t), w - 70, h - 4);
   }
-  const x = (i) => left + ((w - left - 8) * i) / (MAX_POINTS - 1);
   const y = (v) => top + (h - top - bottom) * (1 - v / scale);
   for (const [key, color] of [["processed", "#2c7be5"], ["failed", "#d6443a"]]) {
     ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
@@ -195,8 +196,11 @@ async function loadDead() {
     { title: "Attempts", value: (d) => d.attempts ?? "–", numeric: true },
     { title: "Reason", value: (d) => {
       const cell = el("div", {}, d.reason);
-      if (d.traceback) cell.append(el("details", {}, el("summary", {}, "traceback"),
-        el("pre", {}, d.traceback)));
+      if (d.traceback) {
+        const last = d.traceback.trim().split("\n").pop();  // the exception itself
+        cell.append(el("div", { class: "error-line" }, last),
+          el("details", {}, el("summary", {}, "traceback"), el("pre", {}, d.traceback)));
+      }
       return cell;
     } },
     { title: "", value: (d) => el("span", {},
