@@ -226,3 +226,48 @@ def test_a_cross_site_change_is_refused(app: Hurtle, client: TestClient) -> None
                     headers={"origin": "https://evil.example"})
     assert r.status_code == 403
     assert app.broker.stats(["math"])["math"].ready == 0
+
+
+def test_answers_match_the_openapi_document(app: Hurtle, client: TestClient) -> None:
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    doc = client.get("/api/openapi.json").json()
+
+    def check(path: str, method: str, status: int, body: Any) -> None:
+        schema = doc["paths"][path][method]["responses"][str(status)]["content"][
+            "application/json"]["schema"]
+        jsonschema.validate(body, {**schema, "components": doc["components"]})
+
+    def check_request(path: str, body: Any) -> None:
+        schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"][
+            "schema"]
+        jsonschema.validate(body, {**schema, "components": doc["components"]})
+
+    enqueue = [{"task": "add", "args": [1, 2]}, {"task": "boom", "kwargs": {}}]
+    check_request("/api/queues/{queue}/messages", enqueue)
+    r = client.post("/api/queues/math/messages", json=enqueue)
+    check("/api/queues/{queue}/messages", "post", r.status_code, r.json())
+    bad = client.post("/api/queues/math/messages", json={"nope": 1})
+    check("/api/queues/{queue}/messages", "post", bad.status_code, bad.json())
+    run_worker(app, lambda: app.broker.stats(["math"])["math"].dead == 1)
+
+    worker = app.worker(queues=["math"])
+    thread = worker.run_in_thread()
+    try:
+        wait_for(lambda: client.get("/api/workers").json())
+        for path in ("/api/overview", "/api/throughput", "/api/queues", "/api/tasks",
+                     "/api/workers"):
+            r = client.get(path)
+            check(path, "get", r.status_code, r.json())
+    finally:
+        worker.stop()
+        thread.join(30)
+    dead = client.get("/api/queues/math/dead")
+    assert dead.json()
+    check("/api/queues/{queue}/dead", "get", 200, dead.json())
+    for verb in ("retry", "delete"):
+        path = f"/api/queues/{{queue}}/dead/{verb}"
+        check_request(path, {"all": True})
+        r = client.post(f"/api/queues/math/dead/{verb}", json={"all": True})
+        check(path, "post", r.status_code, r.json())
+    r = client.delete("/api/queues/math/dead")
+    check("/api/queues/{queue}/dead", "delete", r.status_code, r.json())

@@ -12,6 +12,7 @@ unless set).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -120,11 +121,16 @@ class Throughput:
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, int, int]] = {}  # worker -> (at, processed, failed)
         self._rates: dict[str, tuple[float, float]] = {}
+        self._spans: dict[str, float] = {}  # worker -> seconds between its last two reports
+        self._seen: dict[str, float] = {}  # worker -> when this process saw its last report
         self._workers: list[WorkerReport] = []
         self._sampled = 0.0
 
-    def rates(self, reports: Iterable[WorkerReport]) -> tuple[float, float]:
+    def rates(
+        self, reports: Iterable[WorkerReport], now: float | None = None
+    ) -> tuple[float, float]:
         """Fold in the latest reports; the cluster's (processed, failed) per second."""
+        now = time.time() if now is None else now
         seen = set()
         for r in reports:
             seen.add(r.id)
@@ -132,19 +138,26 @@ class Throughput:
             last = self._last.get(r.id)
             if last is None:
                 self._last[r.id] = (r.at, processed, failed)
+                self._seen[r.id] = now
                 self._rates.setdefault(r.id, (0.0, 0.0))
             elif r.at > last[0]:
-                span = r.at - last[0]
+                span = self._spans[r.id] = r.at - last[0]
                 self._rates[r.id] = (
                     max(processed - last[1], 0) / span, max(failed - last[2], 0) / span
                 )
                 self._last[r.id] = (r.at, processed, failed)
+                self._seen[r.id] = now
         for gone in set(self._last) - seen:
             del self._last[gone]
             self._rates.pop(gone, None)
-        return (
-            sum(p for p, _ in self._rates.values()), sum(f for _, f in self._rates.values())
-        )
+            self._spans.pop(gone, None)
+            self._seen.pop(gone, None)
+        # a worker that missed two reports (stuck, or dead and not yet expired) counts for 0;
+        # judged by this process's clock, since workers' clocks may be set differently
+        live = [rate for worker_id, rate in self._rates.items()
+                if now - self._seen[worker_id]
+                <= 2 * self._spans.get(worker_id, math.inf) + self.every]
+        return sum(p for p, _ in live), sum(f for _, f in live)
 
     def sample(self) -> tuple[dict[str, float], list[WorkerReport]]:
         """The newest point ``{"t", "processed", "failed"}`` and the live workers' reports."""
@@ -153,7 +166,7 @@ class Throughput:
             if self.history and now - self._sampled < self.every:
                 return self.history[-1], self._workers
             self._workers = self.broker.workers()
-            processed, failed = self.rates(self._workers)
+            processed, failed = self.rates(self._workers, now)
             point = {"t": round(now, 3), "processed": round(processed, 3),
                      "failed": round(failed, 3)}
             self.history.append(point)
