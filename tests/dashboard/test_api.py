@@ -271,3 +271,17 @@ def test_answers_match_the_openapi_document(app: Hurtle, client: TestClient) -> 
         check(path, "post", r.status_code, r.json())
     r = client.delete("/api/queues/math/dead")
     check("/api/queues/{queue}/dead", "delete", r.status_code, r.json())
+
+
+def test_retries_are_counted_per_task(app: Hurtle, client: TestClient) -> None:
+    @app.task(name="flaky", queue="math", retries=1, retry_delay=0)
+    def flaky() -> None:
+        raise ValueError("again")
+
+    flaky.send()
+    run_worker(app, lambda: app.broker.stats(["math"])["math"].dead == 1
+               and any(w.total("processed") == 2 for w in app.broker.workers()))
+    assert client.get("/api/tasks").json() == [
+        {"queue": "math", "task": "flaky", "processed": 2, "failed": 2, "retried": 1,
+         "dead_lettered": 1},
+    ]
