@@ -285,3 +285,21 @@ def test_retries_are_counted_per_task(app: Hurtle, client: TestClient) -> None:
         {"queue": "math", "task": "flaky", "processed": 2, "failed": 2, "retried": 1,
          "dead_lettered": 1},
     ]
+
+
+def test_an_enqueue_the_broker_fails_answers_503_and_names_the_failure(
+    app: Hurtle, client: TestClient
+) -> None:
+    app.broker.close()
+    r = client.post("/api/queues/math/messages", json={"task": "add", "args": [1, 2]})
+    assert r.status_code == 503
+    assert "nothing was enqueued" in r.json()["error"] and "closed" in r.json()["error"]
+
+
+def test_an_oversized_enqueue_body_is_refused(app: Hurtle, client: TestClient) -> None:
+    from hurtle.dashboard.web import MAX_BODY
+
+    r = client.post("/api/queues/math/messages", content=b"[" + b" " * MAX_BODY + b"]",
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert app.broker.stats(["math"])["math"].ready == 0

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import anyio.to_thread
+import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import (
@@ -34,7 +35,7 @@ from starlette.staticfiles import StaticFiles
 
 from ..app import Hurtle
 from ..brokers import Broker
-from ..errors import EncodeError
+from ..errors import BrokerError, EncodeError
 from ..ids import new_id
 from ..message import Message
 from . import queries
@@ -44,8 +45,9 @@ from .security import CSRF_COOKIE, SESSION_COOKIE, TOKEN_ENV, Guard, new_csrf, s
 
 #: Most dead letters one page of the API returns.
 MAX_PAGE = 500
-#: Most messages one enqueue request may carry.
+#: Most messages one enqueue request may carry, and the most bytes its body may have.
 MAX_ENQUEUE = 10_000
+MAX_BODY = 16 * 1024 * 1024
 
 
 class BadRequest(Exception):
@@ -94,7 +96,8 @@ def create_app(
         Route("/api/queues/{queue}/dead/delete", dash.delete_dead, methods=["POST"]),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),
     ])
-    app.add_middleware(Guard, token=token)
+    app.add_middleware(_EnqueueLane, dashboard=dash)
+    app.add_middleware(Guard, token=token)  # added last: runs first
     app.state.dashboard = dash
     return app
 
@@ -108,10 +111,62 @@ def _error(status: int, text: str) -> JSONResponse:
 
 
 async def _body(request: Request) -> Any:
+    return _decode_json(await request.body())
+
+
+def _decode_json(raw: bytes) -> Any:
     try:
-        return json.loads(await request.body())
-    except (ValueError, UnicodeDecodeError) as err:
+        return msgspec.json.decode(raw)
+    except msgspec.DecodeError as err:
         raise BadRequest(f"the request body is not JSON: {err}") from None
+
+
+_encode_json = msgspec.json.Encoder().encode
+
+
+class _EnqueueLane:
+    """``POST /api/queues/{queue}/messages`` straight to the batcher, past Starlette's routing
+    and request objects: the endpoint other programs hammer. Everything else goes on."""
+
+    def __init__(self, app: Any, dashboard: _Dashboard) -> None:
+        self.app = app
+        self.dashboard = dashboard
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            root: str = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root):]
+            if path.startswith("/api/queues/") and path.endswith("/messages"):
+                queue = path[len("/api/queues/"):-len("/messages")]
+                if queue and "/" not in queue:
+                    await self._enqueue(queue, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+    async def _enqueue(self, queue: str, receive: Any, send: Any) -> None:
+        chunks = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY:
+                status, body = 413, _encode_json(
+                    {"error": f"the request body exceeds {MAX_BODY} bytes"})
+                break
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        else:
+            status, body = await self.dashboard.enqueue_body(queue, b"".join(chunks))
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
 
 
 def _ids_or_all(doc: Any) -> list[str] | None:
@@ -259,17 +314,22 @@ class _Dashboard:
     # -- changing ---------------------------------------------------------------------------
 
     async def enqueue(self, request: Request) -> Response:
-        queue = request.path_params["queue"]
+        status, body = await self.enqueue_body(request.path_params["queue"], await request.body())
+        return Response(body, status_code=status, media_type="application/json")
+
+    async def enqueue_body(self, queue: str, raw: bytes) -> tuple[int, bytes]:
+        """Enqueue what a request body holds: (status, JSON answer)."""
         try:
-            doc = await _body(request)
+            doc = _decode_json(raw)
             messages = _messages(queue, doc)
             await self.batcher.publish(messages)
-        except BadRequest as err:
-            return _error(400, str(err))
-        except EncodeError as err:
-            return _error(400, str(err))
+        except (BadRequest, EncodeError) as err:
+            return 400, _encode_json({"error": str(err)})
+        except BrokerError as err:  # nothing acknowledged: the client may send again
+            return 503, _encode_json({"error": f"the broker failed; nothing was enqueued: {err}"})
         ids = [m.id for m in messages]
-        return _json({"ids": ids} if isinstance(doc, list) else {"id": ids[0], "ids": ids}, 201)
+        return 201, _encode_json({"ids": ids} if isinstance(doc, list) else
+                                 {"id": ids[0], "ids": ids})
 
     async def purge_dead(self, request: Request) -> Response:
         n = await self._run(self.broker.purge_dead, request.path_params["queue"])
