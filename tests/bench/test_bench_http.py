@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers import run_hurtle
 from hurtle.bench.http import parse_wrk
 
 WRK = """Running 5s test @ http://127.0.0.1:40000/api/queues/bench/messages
@@ -32,3 +39,19 @@ def test_wrk_figures_are_read_with_their_units() -> None:
         "socket_errors": {"connect": 0, "read": 3, "write": 0, "timeout": 12},
     }
     assert parse_wrk(WRK.replace("571.60ms", "1.50s"))["p99_ms"] == 1500.0
+
+
+def test_a_short_run_enqueues_what_it_counts(tmp_path: Path) -> None:
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed (apt-get install wrk)")
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    pytest.importorskip("uvicorn", reason="the dashboard extra is not installed")
+    out = run_hurtle("bench", "http", "--duration", "1", "--connections", "20",
+                     "--json", str(tmp_path / "http.json"), timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {r["name"]: r for r in json.loads((tmp_path / "http.json").read_text())["rows"]}
+    enqueue = rows["hurtle-enqueue"]
+    assert enqueue["requests"] > 0 and enqueue["non_2xx"] == 0
+    assert enqueue["enqueued"] >= enqueue["requests"]
+    assert rows["redis-incr"]["requests"] > 0
