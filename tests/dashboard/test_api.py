@@ -303,3 +303,23 @@ def test_an_oversized_enqueue_body_is_refused(app: Hurtle, client: TestClient) -
                     headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert app.broker.stats(["math"])["math"].ready == 0
+
+
+def test_it_mounts_under_a_prefix_in_another_app(app: Hurtle) -> None:
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    outer = Starlette(routes=[Mount("/ops/queues", app=create_app(app, token=TOKEN))])
+    with TestClient(outer) as c:
+        page = c.get("/ops/queues/", follow_redirects=False)
+        assert (page.status_code, page.headers["location"]) == (303, "/ops/queues/login")
+        login = c.post("/ops/queues/login", data={"token": TOKEN}, follow_redirects=False)
+        assert login.headers["location"] == "/ops/queues/"
+        page = c.get("/ops/queues/")
+        assert page.status_code == 200 and 'src="/ops/queues/static/app.js"' in page.text
+        assert c.get("/ops/queues/static/app.js").status_code == 200
+        r = c.post("/ops/queues/api/queues/math/messages", json={"task": "add"},
+                   headers={"x-csrf-token": c.cookies["hurtle_csrf"]})
+        assert r.status_code == 201, r.text
+        queues = {q["name"]: q for q in c.get("/ops/queues/api/queues").json()}
+        assert queues["math"]["ready"] == 1
