@@ -180,7 +180,12 @@ class Processor:
         plain = not self.middleware
         done: list[Delivery] = []
         started = 0
+        # Counted per run of one task on one queue (a batch is mostly one run): two compares
+        # per task rather than a dict update.
         counts: dict[tuple[str, str], int] = {}
+        run_task: Task[Any, Any] | None = None
+        run_queue = ""
+        run_start = 0
         pending = state.pending = deque(deliveries)
         take = pending.popleft
         try:
@@ -202,9 +207,12 @@ class Processor:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
                     continue
+                if task is not run_task or delivery.queue != run_queue:
+                    if run_task is not None:
+                        key = (run_queue, run_task.name)
+                        counts[key] = counts.get(key, 0) + started - run_start
+                    run_task, run_queue, run_start = task, delivery.queue, started
                 started += 1
-                key = (delivery.queue, message.task)
-                counts[key] = counts.get(key, 0) + 1
                 if not plain or task.is_async or task.time_limit is not None:
                     self.run(Job(delivery, message, task), state)
                     continue
@@ -221,7 +229,10 @@ class Processor:
             raise
         finally:  # also when a hard stop raises in a task: what finished is acknowledged
             self.processed += started
-            self.tally.add_many(counts)
+            if run_task is not None:
+                key = (run_queue, run_task.name)
+                counts[key] = counts.get(key, 0) + started - run_start
+                self.tally.add_many(counts)
             if done:
                 self.acker.ack_many(done)
 
