@@ -143,7 +143,7 @@ def test_the_throughput_chart_moves_while_a_worker_runs_tasks(
     page.screenshot(path=str(tmp_path / "overview.png"))
     if target := os.environ.get("HURTLE_DASHBOARD_SCREENSHOT"):  # a fuller chart
         wait_for(lambda: len([p for p in points(page) if p["processed"] > 0]) >= 8)
-        page.screenshot(path=target)
+        page.screenshot(path=target, clip={"x": 0, "y": 0, "width": 1280, "height": 570})
 
     page.click("nav a[data-page=workers]")
     row = wait_for(lambda: page.query_selector("#worker-table tr:nth-child(2)"), what="a row")
