@@ -84,3 +84,29 @@ def test_a_heartbeat_without_a_reporter_stores_no_report(broker: Broker) -> None
     broker.consumer(["q"], "plain").heartbeat()
     assert broker.workers() == []
     assert broker.totals() == []
+
+
+def test_a_beat_forgets_the_reports_of_workers_past_their_deadline(make: MakeBroker) -> None:
+    """Without anyone reading ``workers()``, dead workers' reports do not pile up."""
+    short = make(heartbeat_timeout=0.2)
+    consumer, _ = _reporting(short, "dies")
+    consumer.heartbeat()
+    time.sleep(0.3)  # past its deadline: nothing to await but the clock
+    alive, _ = _reporting(make(), "lives")
+    alive.heartbeat()
+    assert _stored_reports(short) == ["lives"]
+
+
+def _stored_reports(broker: Broker) -> list[str]:
+    """Ids of the reports the store still holds, whatever their deadline."""
+    url = broker.url
+    if url.startswith("memory"):
+        return sorted(broker._reports)  # type: ignore[attr-defined]
+    if url.startswith("sqlite"):
+        with broker._read() as conn:  # type: ignore[attr-defined]
+            return [r[0] for r in conn.execute("SELECT worker_id FROM worker_reports")]
+    client = broker._client  # type: ignore[attr-defined]
+    keys = sorted(k.decode() for k in client.keys("hurtle:workers:report:*"))
+    members = sorted(m.decode() for m in client.zrange("hurtle:workers:deadlines", 0, -1))
+    assert [k.rsplit(":", 1)[1] for k in keys] == members
+    return members

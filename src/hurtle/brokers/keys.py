@@ -8,7 +8,7 @@ set of known queue names, which scripts never touch, and the three keys of worke
 Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch id)::
 
     hurtle:queues                 SET     every queue name ever published to
-    hurtle:workers:reports        HASH    W -> W's last report (msgpack)
+    hurtle:workers:report:W       STRING  W's last report (msgpack), expiring at its deadline
     hurtle:workers:deadlines      ZSET    W, scored by the deadline of its last report
     hurtle:totals                 HASH    queue \x1f task \x1f counter -> cluster total
     hurtle:{q}:ready:P            LIST    raw messages of priority P; head = next to run
@@ -45,7 +45,7 @@ PREFIX = "hurtle"
 #: The set of every queue name hurtle has seen.
 QUEUES = f"{PREFIX}:queues"
 #: Workers' last reports, their deadlines, and the cluster's counters (``reports.py``).
-WORKER_REPORTS = f"{PREFIX}:workers:reports"
+WORKER_REPORT = f"{PREFIX}:workers:report:"  # + the worker id
 WORKER_DEADLINES = f"{PREFIX}:workers:deadlines"
 TOTALS = f"{PREFIX}:totals"
 

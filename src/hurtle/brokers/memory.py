@@ -367,8 +367,11 @@ class _MemoryConsumer(Consumer):
         b = self.broker
         report = self.reporter.report() if self.reporter is not None else None
         with b._lock:
-            deadline = b._deadline[self.worker_id] = time.time() + self.heartbeat_timeout
+            now = time.time()
+            deadline = b._deadline[self.worker_id] = now + self.heartbeat_timeout
             if report is not None:
+                for gone in [w for w, r in b._reports.items() if r.deadline < now]:
+                    del b._reports[gone]
                 b._reports[self.worker_id] = msgspec.structs.replace(
                     report, delta=(), deadline=deadline
                 )

@@ -88,7 +88,7 @@ from .keys import (
     QUEUES,
     TOTALS,
     WORKER_DEADLINES,
-    WORKER_REPORTS,
+    WORKER_REPORT,
     QueueKeys,
     queue_keys,
 )
@@ -368,25 +368,21 @@ class RedisBroker(Broker):
 
     def workers(self) -> list[WorkerReport]:
         now = time.time()
-        stale, live, raw = self._pipeline(
-            [
-                (("ZRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
-                (("ZRANGEBYSCORE", WORKER_DEADLINES, repr(now), "+inf", "WITHSCORES"), None),
-                (("HGETALL", WORKER_REPORTS), None),
-            ],
+        live = self._pipeline(
+            [(("ZRANGEBYSCORE", WORKER_DEADLINES, repr(now), "+inf", "WITHSCORES"), None)],
+            "reading workers' deadlines",
+        )[0]
+        # redis-py pairs the scores up itself (RESP2 and RESP3 alike)
+        deadlines = {member.decode(): float(score) for member, score in live}
+        if not deadlines:
+            return []
+        ids = sorted(deadlines)
+        records = self._pipeline(
+            [(("GET", WORKER_REPORT + worker_id), None) for worker_id in ids],
             "reading workers' reports",
         )
-        if stale:
-            self._pipeline(
-                [(("HDEL", WORKER_REPORTS, *stale), None),
-                 (("ZREM", WORKER_DEADLINES, *stale), None)],
-                "forgetting the reports of dead workers",
-            )
-        # redis-py pairs the scores up itself (RESP2 and RESP3 alike)
-        deadlines = {member: float(score) for member, score in live}
         out = []
-        for worker_id in sorted(deadlines):
-            record = raw.get(worker_id)
+        for worker_id, record in zip(ids, records, strict=True):
             report = record and decode_report(record, deadlines[worker_id])
             if report:
                 out.append(report)
@@ -413,9 +409,13 @@ class RedisBroker(Broker):
             return 0, False
         commands: list[_Command] = []
         if report is not None:
+            now = time.time()
             commands += [
-                (("HSET", WORKER_REPORTS, worker_id, encode_report(report)), None),
-                (("ZADD", WORKER_DEADLINES, repr(time.time() + timeout), worker_id), None),
+                (("SET", WORKER_REPORT + worker_id, encode_report(report),
+                  "PX", max(int(timeout * 1000), 1)), None),
+                (("ZADD", WORKER_DEADLINES, repr(now + timeout), worker_id), None),
+                # dead workers' entries; their reports expire by themselves
+                (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
             ]
             for c in report.delta:
                 for kind in KINDS:

@@ -1020,6 +1020,7 @@ class _SQLiteConsumer(Consumer):
             conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             if report is not None:
                 _report_tables(conn)
+                conn.execute("DELETE FROM worker_reports WHERE deadline < ?", (now,))
                 conn.execute(
                     _UPSERT_REPORT,
                     (self.worker_id, now + self.heartbeat_timeout, encode_report(report)),
