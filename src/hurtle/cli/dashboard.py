@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import Any
 
 from ._app import load_app
@@ -35,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
     from ..dashboard import create_app
 
     app = load_app(args.app)
+    where = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"hurtle dashboard for {app.broker.url} on http://{where}:{args.port}/"
+          + (" (access token required)" if token else ""), file=sys.stderr, flush=True)
     uvicorn.run(create_app(app, token=token), host=args.host, port=args.port,
                 log_level="warning", access_log=False)
     return 0
