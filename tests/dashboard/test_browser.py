@@ -97,12 +97,22 @@ def server(project: Project) -> Iterator[str]:
 
 
 @pytest.fixture
-def page() -> Iterator[Page]:
+def dialogs() -> list[str]:
+    """The messages of the confirmation dialogs the page opened (each accepted)."""
+    return []
+
+
+@pytest.fixture
+def page(dialogs: list[str]) -> Iterator[Page]:
+    def accept(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
-            page.on("dialog", lambda dialog: dialog.accept())
+            page.on("dialog", accept)
             yield page
         finally:
             browser.close()
@@ -173,3 +183,18 @@ def test_retrying_a_dead_letter_from_the_page_puts_it_back_and_it_runs(
     wait_for(lambda: page.query_selector("#dead-table button.retry-one") is None,
              what="the page to drop the retried dead letter")
     assert project.app.broker.stats(["default"])["default"].dead == 0
+
+
+def test_purging_a_queues_dead_letters_from_the_page_asks_first(
+    project: Project, server: str, page: Page, worker: subprocess.Popen[str],
+    dialogs: list[str],
+) -> None:
+    project.send_many("fragile", [(1,), (2,)])
+    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 2,
+             what="two dead letters")
+    page.goto(server + "/#/queues")
+    wait_for(lambda: "2" in page.inner_text("#queue-table"), what="the queue's dead count")
+    page.click("#queue-table button[data-queue=default]")
+    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 0,
+             what="the purge")
+    assert len(dialogs) == 1 and "Delete all 2 dead letters of queue default" in dialogs[0]
