@@ -1,6 +1,6 @@
 """The OpenAPI document of the dashboard's JSON API, written by hand (``/api/openapi.json``).
 
-``tests/dashboard/test_api.py`` checks every route of the app is here and every answer matches
+``tests/dashboard/test_dashboard_api.py`` checks every route of the app is here and every answer matches
 its schema.
 """
 
