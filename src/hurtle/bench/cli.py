@@ -47,6 +47,9 @@ def add_parser(sub: Any) -> None:
     from .pubsub import add_parser as add_pubsub_parser  # channels against raw pub/sub clients
 
     add_pubsub_parser(kinds)
+    from .http import add_parser as add_http_parser  # the dashboard's enqueue endpoint
+
+    add_http_parser(kinds)
 
     from .features import add_parser as add_features_parser  # what each feature costs
 

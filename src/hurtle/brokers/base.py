@@ -35,6 +35,7 @@ import msgspec
 
 from ..errors import ConfigurationError
 from ..message import Message
+from .reports import Reporter, TaskCounts, WorkerReport
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,9 @@ class Consumer(abc.ABC):
     queues: tuple[str, ...]
     #: True when ``ack_and_fetch`` does both in one step of the store, cheaper than two.
     combines_ack_and_fetch = False
+    #: Set by the worker: each heartbeat stores a report from it in the same step as the beat
+    #: (``reports.py``), and confirms it once stored.
+    reporter: Reporter | None = None
 
     @abc.abstractmethod
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
@@ -247,6 +251,16 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def last_tick(self, queue: str, name: str) -> float | None:
         """The last tick claimed for the schedule ``name`` of ``queue``, or ``None``."""
+
+    @abc.abstractmethod
+    def workers(self) -> list[WorkerReport]:
+        """The last report of every worker whose deadline has not passed, by id, each with
+        its ``deadline``; reports of workers past theirs are forgotten."""
+
+    @abc.abstractmethod
+    def totals(self) -> list[TaskCounts]:
+        """The cluster's counters per (queue, task), sorted: every increase workers reported,
+        dead workers' included (``reports.py``)."""
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.

@@ -2,11 +2,15 @@
 
 All keys of one queue share the hash tag ``{queue}`` so that they live in one Redis Cluster slot
 and every Lua script touches a single slot. The only key outside a queue is the ``hurtle:queues``
-set of known queue names, which scripts never touch.
+set of known queue names, which scripts never touch, and the three keys of workers' reports
+(``reports.py``), written by plain commands in the heartbeat's round trip.
 
 Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch id)::
 
     hurtle:queues                 SET     every queue name ever published to
+    hurtle:workers:report:W       STRING  W's last report (msgpack), expiring at its deadline
+    hurtle:workers:deadlines      ZSET    W, scored by the deadline of its last report
+    hurtle:totals                 HASH    queue \x1f task \x1f counter -> cluster total
     hurtle:{q}:ready:P            LIST    raw messages of priority P; head = next to run
     hurtle:{q}:delayed            ZSET    "P:SEQ:" .. raw, scored by eta (Unix seconds)
     hurtle:{q}:inflight:W         HASH    batch id B -> how many of batch B worker W still holds
@@ -41,6 +45,10 @@ from ..message import MAX_PRIORITY
 PREFIX = "hurtle"
 #: The set of every queue name hurtle has seen.
 QUEUES = f"{PREFIX}:queues"
+#: Workers' last reports, their deadlines, and the cluster's counters (``reports.py``).
+WORKER_REPORT = f"{PREFIX}:workers:report:"  # + the worker id
+WORKER_DEADLINES = f"{PREFIX}:workers:deadlines"
+TOTALS = f"{PREFIX}:totals"
 
 
 class QueueKeys:

@@ -24,6 +24,8 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 
+import msgspec
+
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
@@ -37,6 +39,7 @@ from .base import (
     check_tick_claim,
     log_trimmed,
 )
+from .reports import TaskCounts, WorkerReport, merge
 
 _LEVELS = MAX_PRIORITY + 1
 
@@ -88,6 +91,8 @@ class MemoryBroker(Broker):
         self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
         self._ticks: dict[tuple[str, str], float] = {}  # (queue, schedule) -> last claimed tick
+        self._reports: dict[str, WorkerReport] = {}  # worker id -> last report, with deadline
+        self._totals: list[TaskCounts] = []
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -274,6 +279,17 @@ class MemoryBroker(Broker):
             q.dead.clear()
             return n
 
+    def workers(self) -> list[WorkerReport]:
+        now = time.time()
+        with self._lock:
+            for worker_id in [w for w, r in self._reports.items() if r.deadline < now]:
+                del self._reports[worker_id]
+            return [self._reports[w] for w in sorted(self._reports)]
+
+    def totals(self) -> list[TaskCounts]:
+        with self._lock:
+            return list(self._totals)
+
     def close(self) -> None:
         with self._lock:
             self._wake.notify_all()
@@ -371,11 +387,24 @@ class _MemoryConsumer(Consumer):
 
     def heartbeat(self) -> bool:
         b = self.broker
+        report = self.reporter.report() if self.reporter is not None else None
         with b._lock:
-            b._deadline[self.worker_id] = time.time() + self.heartbeat_timeout
+            now = time.time()
+            deadline = b._deadline[self.worker_id] = now + self.heartbeat_timeout
+            if report is not None:
+                for gone in [w for w, r in b._reports.items() if r.deadline < now]:
+                    del b._reports[gone]
+                b._reports[self.worker_id] = msgspec.structs.replace(
+                    report, delta=(), deadline=deadline
+                )
+                if report.delta:
+                    b._totals = merge([*b._totals, *report.delta])
             self._held()
             b._recover_locked()
-            return any(q.quarantine for q in b._queues.values())
+            pending = any(q.quarantine for q in b._queues.values())
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)
+        return pending
 
     def close(self) -> None:
         b = self.broker

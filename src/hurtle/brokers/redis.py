@@ -83,7 +83,17 @@ from .base import (
     check_tick_claim,
     log_trimmed,
 )
-from .keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
+from .keys import (
+    BATCH_BITS,
+    BATCH_MASK,
+    QUEUES,
+    TOTALS,
+    WORKER_DEADLINES,
+    WORKER_REPORT,
+    QueueKeys,
+    queue_keys,
+)
+from .reports import KINDS, TaskCounts, WorkerReport, decode_report, encode_report
 
 __all__ = ["RedisBroker", "RedisConsumer"]
 
@@ -390,15 +400,63 @@ class RedisBroker(Broker):
     def recover(self) -> int:
         return self._heartbeat(self.queues(), "", 0.0)[0]
 
+    def workers(self) -> list[WorkerReport]:
+        now = time.time()
+        live = self._pipeline(
+            [(("ZRANGEBYSCORE", WORKER_DEADLINES, repr(now), "+inf", "WITHSCORES"), None)],
+            "reading workers' deadlines",
+        )[0]
+        # redis-py pairs the scores up itself (RESP2 and RESP3 alike)
+        deadlines = {member.decode(): float(score) for member, score in live}
+        if not deadlines:
+            return []
+        ids = sorted(deadlines)
+        records = self._pipeline(
+            [(("GET", WORKER_REPORT + worker_id), None) for worker_id in ids],
+            "reading workers' reports",
+        )
+        out = []
+        for worker_id, record in zip(ids, records, strict=True):
+            report = record and decode_report(record, deadlines[worker_id])
+            if report:
+                out.append(report)
+        return out
+
+    def totals(self) -> list[TaskCounts]:
+        raw = self._pipeline([(("HGETALL", TOTALS), None)], "reading the cluster's counters")[0]
+        rows: dict[tuple[str, str], list[int]] = {}
+        for field, value in raw.items():
+            queue, task, kind = field.decode().split("\x1f")
+            if kind in KINDS:
+                rows.setdefault((queue, task), [0, 0, 0, 0])[KINDS.index(kind)] = int(value)
+        return [TaskCounts(q, t, *row) for (q, t), row in sorted(rows.items())]
+
     def _heartbeat(
-        self, queues: Sequence[str], worker_id: str, timeout: float
+        self, queues: Sequence[str], worker_id: str, timeout: float,
+        report: WorkerReport | None = None,
     ) -> tuple[int, bool]:
         """Push ``worker_id``'s deadline to now + ``timeout`` (unless it is ``""``) and recover
-        ``queues`` from the workers whose deadline passed. Returns how many deliveries were
-        recovered, and whether messages wait in quarantine."""
+        ``queues`` from the workers whose deadline passed; store ``report``, if any, in the same
+        round trip. Returns how many deliveries were recovered, and whether messages wait in
+        quarantine."""
         if not queues:
             return 0, False
-        commands = []
+        commands: list[_Command] = []
+        if report is not None:
+            now = time.time()
+            commands += [
+                (("SET", WORKER_REPORT + worker_id, encode_report(report),
+                  "PX", max(int(timeout * 1000), 1)), None),
+                (("ZADD", WORKER_DEADLINES, repr(now + timeout), worker_id), None),
+                # dead workers' entries; their reports expire by themselves
+                (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
+            ]
+            for c in report.delta:
+                for kind in KINDS:
+                    if n := getattr(c, kind):
+                        field = f"{c.queue}\x1f{c.task}\x1f{kind}"
+                        commands.append((("HINCRBY", TOTALS, field, n), None))
+        n_report = len(commands)
         for name in queues:
             k = queue_keys(name)
             args = (worker_id, repr(float(timeout)), k.inflight_prefix, self.max_recoveries)
@@ -407,7 +465,7 @@ class RedisBroker(Broker):
                 k.dead_raw, k.dead_reason, k.seq,
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
-        results = self._pipeline(commands, "recording a heartbeat and recovering")
+        results = self._pipeline(commands, "recording a heartbeat and recovering")[n_report:]
         return sum(r[0] for r in results), any(r[1] for r in results)
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
@@ -460,6 +518,18 @@ class RedisBroker(Broker):
 
 
 _PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
+
+
+def _beat_reporting(consumer: RedisConsumer, broker: RedisBroker) -> bool:
+    """``consumer``'s heartbeat through ``broker``'s connections, with its report if any."""
+    reporter = consumer.reporter
+    report = reporter.report() if reporter is not None else None
+    pending = broker._heartbeat(
+        list(consumer._targets), consumer.worker_id, consumer.heartbeat_timeout, report
+    )[1]
+    if report is not None and reporter is not None:
+        reporter.confirm(report)
+    return pending
 
 
 def _unstorable(message: Message) -> str | None:
@@ -771,19 +841,16 @@ class RedisConsumer(Consumer):
         self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
 
     def heartbeat(self) -> bool:
-        return self.broker._heartbeat(
-            list(self._targets), self.worker_id, self.heartbeat_timeout
-        )[1]
+        return _beat_reporting(self, self.broker)
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = RedisBroker(
             self.broker._url, heartbeat_timeout=self.heartbeat_timeout,
             max_recoveries=self.broker.max_recoveries,
         )
-        queues, worker_id, timeout = list(self._targets), self.worker_id, self.heartbeat_timeout
 
         def beat() -> bool:
-            return own._heartbeat(queues, worker_id, timeout)[1]
+            return _beat_reporting(self, own)
 
         return beat, own.close
 

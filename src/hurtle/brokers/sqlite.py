@@ -120,6 +120,7 @@ from .base import (
     check_tick_claim,
     log_trimmed,
 )
+from .reports import TaskCounts, WorkerReport, decode_report, encode_report
 
 __all__ = ["SQLiteBroker"]
 
@@ -280,6 +281,25 @@ _CLAIM_TICK = (
     "DO UPDATE SET last = excluded.last WHERE schedules.last < excluded.last RETURNING last"
 )
 _LAST_TICK = "SELECT last FROM schedules WHERE queue = ? AND name = ?"
+# Workers' reports (``reports.py``): made when first needed, outside the versioned schema, so
+# that files of older versions work unchanged.
+_REPORT_TABLES = (
+    "CREATE TABLE IF NOT EXISTS worker_reports (worker_id TEXT PRIMARY KEY, "
+    "deadline REAL NOT NULL, record BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS worker_totals (queue TEXT NOT NULL, task TEXT NOT NULL, "
+    "processed INTEGER NOT NULL, failed INTEGER NOT NULL, retried INTEGER NOT NULL, "
+    "dead_lettered INTEGER NOT NULL, PRIMARY KEY (queue, task)) WITHOUT ROWID",
+)
+_UPSERT_REPORT = (
+    "INSERT INTO worker_reports (worker_id, deadline, record) VALUES (?, ?, ?) "
+    "ON CONFLICT (worker_id) DO UPDATE SET deadline = excluded.deadline, "
+    "record = excluded.record"
+)
+_ADD_TOTALS = (
+    "INSERT INTO worker_totals VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, task) DO UPDATE "
+    "SET processed = processed + excluded.processed, failed = failed + excluded.failed, "
+    "retried = retried + excluded.retried, dead_lettered = dead_lettered + excluded.dead_lettered"
+)
 _eta_of = attrgetter("eta")
 _held_order = itemgetter(0, 1, 2)
 
@@ -354,6 +374,11 @@ def _synchronous_of(url: str) -> str:
                 f"offers: use one of {', '.join(SYNCHRONOUS_LEVELS)}"
             )
     return level
+
+
+def _report_tables(conn: sqlite3.Connection) -> None:
+    for statement in _REPORT_TABLES:
+        conn.execute(statement)
 
 
 def _placeholders(n: int) -> str:
@@ -814,6 +839,21 @@ class SQLiteBroker(Broker):
             deleted: int = conn.execute("DELETE FROM dead WHERE queue = ?", (queue,)).rowcount
         return deleted
 
+    def workers(self) -> list[WorkerReport]:
+        with self._write() as conn:
+            _report_tables(conn)
+            conn.execute("DELETE FROM worker_reports WHERE deadline < ?", (time.time(),))
+            rows = conn.execute(
+                "SELECT deadline, record FROM worker_reports ORDER BY worker_id"
+            ).fetchall()
+        return [r for d, raw in rows if (r := decode_report(raw, d)) is not None]
+
+    def totals(self) -> list[TaskCounts]:
+        with self._write() as conn:
+            _report_tables(conn)
+            rows = conn.execute("SELECT * FROM worker_totals ORDER BY queue, task").fetchall()
+        return [TaskCounts(*row) for row in rows]
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
@@ -1014,11 +1054,26 @@ class _SQLiteConsumer(Consumer):
 
     def heartbeat(self) -> bool:
         b = self.broker
+        report = self.reporter.report() if self.reporter is not None else None
         with b._write() as conn:
             now = time.time()
             conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
+            if report is not None:
+                _report_tables(conn)
+                conn.execute("DELETE FROM worker_reports WHERE deadline < ?", (now,))
+                conn.execute(
+                    _UPSERT_REPORT,
+                    (self.worker_id, now + self.heartbeat_timeout, encode_report(report)),
+                )
+                conn.executemany(
+                    _ADD_TOTALS,
+                    [(c.queue, c.task, c.processed, c.failed, c.retried, c.dead_lettered)
+                     for c in report.delta],
+                )
             conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved, released, pending = b._recover_in(conn, now)
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)
         if moved or released:
             b._notify()
         return pending
@@ -1030,6 +1085,7 @@ class _SQLiteConsumer(Consumer):
         )
         try:
             beater = _SQLiteConsumer(own, self.queues, self.worker_id)
+            beater.reporter = self.reporter
         except BaseException:
             own.close()
             raise

@@ -15,12 +15,13 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import HurtleError
-from . import dead, demo, schedule, status, worker
+from . import dashboard, dead, demo, schedule, status, worker
 
 EXIT_USAGE = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: Optional packages: a command that needs one that is missing says which extra installs it.
-OPTIONAL = {"redis": "redis", "hiredis": "redis", "gevent": "gevent", "eventlet": "eventlet"}
+OPTIONAL = {"redis": "redis", "hiredis": "redis", "gevent": "gevent", "eventlet": "eventlet",
+            "starlette": "dashboard", "uvicorn": "dashboard", "prometheus_client": "dashboard"}
 
 
 def _log_level(text: str) -> str:
@@ -55,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hurtle {__version__}")
     _add_log_level(parser, "INFO")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (worker, status, dead, schedule, demo):
+    for module in (worker, status, dead, schedule, demo, dashboard):
         module.add_parser(sub)
     try:  # the benchmark suite is optional: it lives in hurtle.bench
         from ..bench import cli as bench_cli

@@ -7,6 +7,7 @@ import json
 import time
 from typing import Any
 
+from ..dashboard.queries import queue_stats
 from ._app import load_app
 
 
@@ -20,8 +21,8 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     broker = app.broker
-    names = sorted(set(app.queues()) | set(broker.queues()))
-    stats = broker.stats(names)
+    stats = queue_stats(broker, app.queues())
+    names = list(stats)
     if args.json:
         doc = {
             "broker": broker.url,

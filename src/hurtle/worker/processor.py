@@ -48,11 +48,15 @@ import msgspec
 
 from .._text import describe, safe_repr, safe_str, trace
 from ..brokers import Delivery
+from ..brokers.reports import UNDECODABLE, Tally
 from ..errors import DecodeError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
 from ..middleware.retries import Retries
 from .acker import Acker
+
+# Counter indexes of a ``Tally`` (``brokers/reports.py``).
+PROCESSED, FAILED, RETRIED, DEAD_LETTERED = range(4)
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -225,6 +229,8 @@ class Processor:
         #: Deliveries taken in hand (whatever the outcome), for progress reports.
         self.processed = 0
         self.failed = 0
+        #: The same per queue and task, with retries and dead letters: sent with heartbeats.
+        self.tally = Tally()
 
     def pipeline(self, name: str) -> Pipeline | None:
         """The pipeline of the task called ``name`` (composed on first sight), None if unknown."""
@@ -254,6 +260,7 @@ class Processor:
             if job is not None:
                 self.run(job)
             return
+        self.tally.add(delivery.queue, task.name, PROCESSED)
         try:
             task.fn(*message.args, **message.kwargs)
         except Exception as err:
@@ -276,6 +283,12 @@ class Processor:
         decode = decode_unchecked
         done: list[Delivery] = []
         started = 0
+        # Counted per run of one task on one queue (a batch is mostly one run): two compares
+        # per task rather than a dict update.
+        counts: dict[tuple[str, str], int] = {}
+        run_task: Task[Any, Any] | None = None
+        run_queue = ""
+        run_start = 0
         pending = state.pending = deque(deliveries)
         take = pending.popleft
         try:
@@ -297,6 +310,11 @@ class Processor:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
                     continue
+                if task is not run_task or delivery.queue != run_queue:
+                    if run_task is not None:
+                        key = (run_queue, run_task.name)
+                        counts[key] = counts.get(key, 0) + started - run_start
+                    run_task, run_queue, run_start = task, delivery.queue, started
                 started += 1
                 if task is None:  # not inline (or unknown: dead-lettered)
                     state.time_limit = None
@@ -318,6 +336,10 @@ class Processor:
             raise
         finally:  # also when a hard stop raises in a task: what finished is acknowledged
             self.processed += started
+            if run_task is not None:
+                key = (run_queue, run_task.name)
+                counts[key] = counts.get(key, 0) + started - run_start
+                self.tally.add_many(counts)
             if state.overran:
                 self._overran(done, state.overran)
             if done:
@@ -408,6 +430,7 @@ class Processor:
                 started += 1
                 job: Job | None = None
                 if type(item) is Job:
+                    self.tally.add(delivery.queue, item.task.name, PROCESSED)
                     job = item
                     if job.pipeline is None or job.pipeline.per_call:
                         state.time_limit = None
@@ -418,6 +441,7 @@ class Processor:
                 else:
                     assert isinstance(item, Message)
                     message, task = item, inline[item.task]
+                    self.tally.add(delivery.queue, task.name, PROCESSED)
                 state.time_limit = task.time_limit
                 try:
                     result = task.fn(*message.args, **message.kwargs)
@@ -471,6 +495,7 @@ class Processor:
         if pipeline is None:
             self._unknown(delivery, message)
             return None
+        self.tally.add(delivery.queue, message.task, PROCESSED)
         return Job(delivery, message, pipeline.task, pipeline)
 
     def begin(self, delivery: Delivery) -> Job | None:
@@ -581,6 +606,7 @@ class Processor:
     def crashed(self, delivery: Delivery, err: BaseException) -> None:
         """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
         self.failed += 1
+        self._count_lost(delivery, FAILED)
         self._crashed(delivery, err)
 
     def _crashed(self, delivery: Delivery, err: BaseException) -> None:
@@ -590,6 +616,7 @@ class Processor:
         )
         log.error("dead-lettering a message of %r that could not be handled: %s",
                   delivery.queue, describe(err))
+        self._count_lost(delivery, DEAD_LETTERED)
         self.acker.dead_letter(delivery, reason)
 
     def expire(self, job: Job) -> None:
@@ -600,12 +627,16 @@ class Processor:
 
     def _undecodable(self, delivery: Delivery, err: Exception) -> None:
         self.failed += 1
+        for kind in (PROCESSED, FAILED, DEAD_LETTERED):
+            self.tally.add(delivery.queue, UNDECODABLE, kind)
         text = str(err) if isinstance(err, DecodeError) else describe(err)
         log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, text)
         self.acker.dead_letter(delivery, f"undecodable message: {text}")
 
     def _unknown(self, delivery: Delivery, message: Message) -> None:
         self.failed += 1
+        for kind in (PROCESSED, FAILED, DEAD_LETTERED):
+            self.tally.add(delivery.queue, message.task, kind)
         reason = (
             f"unknown task {message.task!r}: this worker's app registers no task of that "
             "name; deploy the code that defines it, then retry the dead letter"
@@ -625,18 +656,29 @@ class Processor:
     def _failed(self, job: Job, err: Exception) -> None:
         """A call failed: the retry policy decides (retry or dead letter), the acker records."""
         self.failed += 1
+        self.tally.add(job.delivery.queue, job.task.name, FAILED)
         try:
             outcome = self.retries.decide(job, err)
             if outcome.kind == "retry":
                 assert outcome.message is not None
+                self.tally.add(job.delivery.queue, job.task.name, RETRIED)
                 self.acker.retry(job.delivery, outcome.message)
             else:
+                self.tally.add(job.delivery.queue, job.task.name, DEAD_LETTERED)
                 self.acker.dead_letter(job.delivery, outcome.reason)
         except Exception as inner:  # formatting or deciding failed: still an outcome
             self._crashed(job.delivery, inner)
             outcome = Outcome("dead", error=inner, reason="crashed")
         job.outcome = outcome
         self._after_outcome(job)
+
+    def _count_lost(self, delivery: Delivery, kind: int) -> None:
+        """Count an outcome of a delivery whose task is not at hand (a rare, slow path)."""
+        try:
+            task = _decode(delivery.raw).task
+        except Exception:
+            task = UNDECODABLE
+        self.tally.add(delivery.queue, task, kind)
 
     def close(self) -> None:
         for loop in self._loops:

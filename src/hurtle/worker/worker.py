@@ -32,6 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..brokers import Consumer, Delivery
+from ..brokers.reports import Reporter
 from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..message import Message
 from ..middleware import Middleware, overrides
@@ -187,6 +188,10 @@ class Worker:
         processor = self.processor = Processor(
             self.app, acker, self.middleware, limit=executor.limit,
             loops_take_turns=executor.greenlets, inline_limits=executor.watches_time_limits(),
+        )
+        consumer.reporter = Reporter(
+            processor.tally, worker_id=self.worker_id, pool=self.pool,
+            concurrency=executor.concurrency, queues=self.queues,
         )
         heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
         heartbeat.beat()

@@ -1,0 +1,44 @@
+"""``hurtle dashboard APP``: serve the dashboard, its JSON API and ``/metrics`` with uvicorn.
+
+Listens on 127.0.0.1 unless ``--host`` says otherwise; any other address needs an access token
+in ``HURTLE_DASHBOARD_TOKEN`` (``hurtle/dashboard/security.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ._app import load_app
+
+
+def add_parser(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "dashboard", help="serve the web dashboard, JSON API and /metrics"
+    )
+    p.add_argument("app", help="the app, as module:attribute")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1; any other needs "
+                        "HURTLE_DASHBOARD_TOKEN)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..dashboard.security import TOKEN_ENV, check_listen
+
+    token = os.environ.get(TOKEN_ENV) or None
+    check_listen(args.host, token)
+    import uvicorn
+
+    from ..dashboard import create_app
+
+    app = load_app(args.app)
+    where = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"hurtle dashboard for {app.broker.url} on http://{where}:{args.port}/"
+          + (" (access token required)" if token else ""), file=sys.stderr, flush=True)
+    uvicorn.run(create_app(app, token=token), host=args.host, port=args.port,
+                log_level="warning", access_log=False)
+    return 0

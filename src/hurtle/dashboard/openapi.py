@@ -1,0 +1,165 @@
+"""The OpenAPI document of the dashboard's JSON API, written by hand (``/api/openapi.json``).
+
+``tests/dashboard/test_dashboard_api.py`` checks every route of the app is here and every
+answer matches its schema.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _ok(schema: dict[str, Any], status: str = "200", text: str = "OK") -> dict[str, Any]:
+    return {status: {"description": text, "content": {"application/json": {"schema": schema}}}}
+
+
+_ERROR = {"description": "Refused", "content": {"application/json": {"schema": _ref("Error")}}}
+_QUEUE = {"name": "queue", "in": "path", "required": True, "schema": {"type": "string"}}
+_INT = {"type": "integer"}
+_NUM = {"type": "number"}
+_STR = {"type": "string"}
+_COUNTS = {kind: _INT for kind in ("processed", "failed", "retried", "dead_lettered")}
+
+
+def _obj(props: dict[str, Any], nullable: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": sorted(props),
+        "properties": {
+            k: ({"anyOf": [v, {"type": "null"}]} if k in nullable else v)
+            for k, v in props.items()
+        },
+    }
+
+
+_SELECTION = {
+    "oneOf": [
+        _obj({"ids": {"type": "array", "items": _STR}}),
+        _obj({"all": {"type": "boolean", "enum": [True]}}),
+    ]
+}
+_MESSAGE_IN = {
+    "type": "object",
+    "required": ["task"],
+    "additionalProperties": False,
+    "properties": {
+        "task": {"type": "string", "minLength": 1},
+        "args": {"type": "array"},
+        "kwargs": {"type": "object"},
+        "priority": {"type": "integer", "minimum": 0, "maximum": 9},
+        "eta": {"type": "number", "minimum": 0},
+    },
+}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "hurtle dashboard API", "version": "1"},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Error": _obj({"error": _STR}),
+            "Queue": _obj({"name": _STR, "ready": _INT, "delayed": _INT, "in_flight": _INT,
+                           "dead": _INT}),
+            "Point": _obj({"t": _NUM, "processed": _NUM, "failed": _NUM}),
+            "Counts": _obj(_COUNTS),
+            "TaskCounts": _obj({"queue": _STR, "task": _STR, **_COUNTS}),
+            "Worker": _obj({
+                "id": _STR, "host": _STR, "pid": _INT, "pool": _STR, "concurrency": _INT,
+                "queues": {"type": "array", "items": _STR}, "started_at": _NUM,
+                "last_heartbeat": _NUM, "deadline": _NUM, **_COUNTS,
+            }),
+            "DeadLetter": _obj(
+                {"id": _STR, "queue": _STR, "reason": _STR, "traceback": _STR,
+                 "failed_at": _NUM, "message_id": _STR, "task": _STR, "attempts": _INT,
+                 "args": {"type": "array"}, "kwargs": {"type": "object"}, "size": _INT},
+                nullable=("message_id", "task", "attempts", "args", "kwargs"),
+            ),
+            "Overview": _obj({
+                "broker": _STR, "time": _NUM, "totals": _ref("Counts"),
+                "throughput": _ref("Point"), "workers_alive": _INT,
+                "queues": {"type": "array", "items": _ref("Queue")},
+            }),
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/api/overview": {"get": {
+            "summary": "Totals, throughput, queue depths, workers alive",
+            "responses": _ok(_ref("Overview")),
+        }},
+        "/api/throughput": {"get": {
+            "summary": "Recent throughput points (tasks per second)",
+            "responses": _ok(_obj({"every": _NUM,
+                                   "points": {"type": "array", "items": _ref("Point")}})),
+        }},
+        "/api/throughput/stream": {"get": {
+            "summary": "Throughput points as server-sent events (event: throughput)",
+            "responses": {"200": {"description": "An event stream",
+                                  "content": {"text/event-stream": {"schema": _STR}}}},
+        }},
+        "/api/queues": {"get": {
+            "summary": "Messages per queue and state",
+            "responses": _ok({"type": "array", "items": _ref("Queue")}),
+        }},
+        "/api/tasks": {"get": {
+            "summary": "The cluster's counters per queue and task",
+            "responses": _ok({"type": "array", "items": _ref("TaskCounts")}),
+        }},
+        "/api/workers": {"get": {
+            "summary": "Live workers, as of their last heartbeat",
+            "responses": _ok({"type": "array", "items": _ref("Worker")}),
+        }},
+        "/api/queues/{queue}/messages": {"post": {
+            "summary": "Enqueue one message or a list of them; answers with their ids",
+            "parameters": [_QUEUE],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "oneOf": [_MESSAGE_IN,
+                          {"type": "array", "items": _MESSAGE_IN, "minItems": 1}],
+            }}}},
+            "responses": {
+                **_ok({"type": "object", "required": ["ids"], "properties": {
+                    "id": _STR, "ids": {"type": "array", "items": _STR}}},
+                    "201", "Enqueued"),
+                "400": _ERROR,
+            },
+        }},
+        "/api/queues/{queue}/dead": {
+            "get": {
+                "summary": "Dead letters of a queue, oldest first",
+                "parameters": [
+                    _QUEUE,
+                    {"name": "limit", "in": "query",
+                     "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
+                    {"name": "offset", "in": "query",
+                     "schema": {"type": "integer", "minimum": 0}},
+                ],
+                "responses": {
+                    **_ok({"type": "array", "items": _ref("DeadLetter")}), "400": _ERROR,
+                },
+            },
+            "delete": {
+                "summary": "Purge every dead letter of a queue",
+                "parameters": [_QUEUE],
+                "responses": _ok(_obj({"purged": _INT})),
+            },
+        },
+        "/api/queues/{queue}/dead/retry": {"post": {
+            "summary": "Put dead letters back in their queue (a selection, or all)",
+            "parameters": [_QUEUE],
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": _SELECTION}}},
+            "responses": {**_ok(_obj({"retried": _INT})), "400": _ERROR},
+        }},
+        "/api/queues/{queue}/dead/delete": {"post": {
+            "summary": "Delete dead letters (a selection, or all)",
+            "parameters": [_QUEUE],
+            "requestBody": {"required": True,
+                            "content": {"application/json": {"schema": _SELECTION}}},
+            "responses": {**_ok(_obj({"deleted": _INT})), "400": _ERROR},
+        }},
+    },
+}

@@ -1,0 +1,200 @@
+"""The dashboard as a person uses it: the real server (``hurtle dashboard`` under uvicorn, in a
+subprocess), a real worker subprocess, a SQLite broker, and headless Chromium driven by
+playwright. Screenshots go to the test's tmp dir; ``HURTLE_DASHBOARD_SCREENSHOT=path`` also
+saves the overview there (that is how ``docs/dashboard.png`` is made).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import Project, free_port
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+if not os.path.exists(CHROMIUM):
+    pytest.skip("chromium is not installed (apt-get install chromium)", allow_module_level=True)
+pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra)")
+pytest.importorskip("starlette", reason="the dashboard extra is not installed")
+
+from playwright.sync_api import Page, sync_playwright  # noqa: E402
+
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync"]
+
+TASKS = '''
+import os
+import time
+
+from hurtle import Hurtle
+
+app = Hurtle()
+
+
+@app.task(name="work", retries=0)
+def work(n):
+    time.sleep(0.002)
+
+
+@app.task(name="fragile", retries=0)
+def fragile(n):
+    if not os.path.exists(os.environ["FIXED_FLAG"]):
+        raise RuntimeError("the fix is not deployed yet")
+    with open(os.environ["RUNS_LOG"], "a") as f:
+        f.write(f"fragile {n}\\n")
+'''
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what or predicate}"
+        time.sleep(0.05)
+    return value
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    p = Project(tmp_path, TASKS, ["work", "fragile"])
+    p.env["FIXED_FLAG"] = str(tmp_path / "fixed")
+    p.env["HURTLE_HEARTBEAT_INTERVAL"] = "0.2"  # workers report often: a lively chart
+    return p
+
+
+@pytest.fixture
+def server(project: Project) -> Iterator[str]:
+    port = free_port()
+    proc = project.popen("dashboard", "tasks:app", "--port", str(port))
+    try:
+        wait_for(lambda: _listening(port) or proc.poll() is not None, 30, "the dashboard")
+        assert proc.poll() is None, project.output(proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def dialogs() -> list[str]:
+    """The messages of the confirmation dialogs the page opened (each accepted)."""
+    return []
+
+
+@pytest.fixture
+def page(dialogs: list[str]) -> Iterator[Page]:
+    def accept(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.on("dialog", accept)
+            yield page
+        finally:
+            browser.close()
+
+
+@pytest.fixture
+def worker(project: Project) -> Iterator[subprocess.Popen[str]]:
+    proc = project.popen("worker", "tasks:app")
+    yield proc
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def points(page: Page) -> list[dict[str, float]]:
+    return list(page.evaluate("window.hurtleChart.points"))
+
+
+def test_the_throughput_chart_moves_while_a_worker_runs_tasks(
+    project: Project, server: str, page: Page, worker: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    project.send_many("work", [(i,) for i in range(6000)])
+    page.goto(server + "/")
+    wait_for(lambda: page.evaluate("window.hurtleChart.received") > 0, what="a first point")
+
+    busy = wait_for(lambda: [p for p in points(page) if p["processed"] > 0], what="throughput")
+    seen = page.evaluate("window.hurtleChart.received")
+    wait_for(lambda: page.evaluate("window.hurtleChart.received") >= seen + 2,
+             what="the chart to get new points")
+    assert busy[-1]["processed"] > 0
+    assert page.inner_text("#workers-alive") == "1"
+    wait_for(lambda: page.inner_text("#total-processed").replace(",", "").isdigit()
+             and page.inner_text("#total-processed") != "0", what="totals")
+
+    page.screenshot(path=str(tmp_path / "overview.png"))
+    if target := os.environ.get("HURTLE_DASHBOARD_SCREENSHOT"):  # a fuller chart
+        wait_for(lambda: len([p for p in points(page) if p["processed"] > 0]) >= 8)
+        page.screenshot(path=target, clip={"x": 0, "y": 0, "width": 1280, "height": 570})
+
+    page.click("nav a[data-page=workers]")
+    row = wait_for(lambda: page.query_selector("#worker-table tr:nth-child(2)"), what="a row")
+    assert "solo" in row.inner_text()
+    page.screenshot(path=str(tmp_path / "workers.png"))
+
+
+def test_retrying_a_dead_letter_from_the_page_puts_it_back_and_it_runs(
+    project: Project, server: str, page: Page, worker: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    project.send("fragile", 7)
+    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 1,
+             what="a dead letter")
+
+    page.goto(server + "/#/dead")
+    button = wait_for(lambda: page.query_selector("#dead-table button.retry-one"),
+                      what="the dead letter on the page")
+    text = page.inner_text("#dead-table")
+    assert "fragile" in text and "RuntimeError: the fix is not deployed yet" in text
+    page.click("#dead-table summary")
+    assert "Traceback (most recent call last)" in page.inner_text("#dead-table pre")
+    page.screenshot(path=str(tmp_path / "dead.png"))
+
+    (tmp_path / "fixed").touch()  # the fix is deployed
+    button.click()
+    wait_for(lambda: "fragile 7" in project.runs(), what="the retried task to run")
+    wait_for(lambda: page.query_selector("#dead-table button.retry-one") is None,
+             what="the page to drop the retried dead letter")
+    assert project.app.broker.stats(["default"])["default"].dead == 0
+
+
+def test_purging_a_queues_dead_letters_from_the_page_asks_first(
+    project: Project, server: str, page: Page, worker: subprocess.Popen[str],
+    dialogs: list[str],
+) -> None:
+    project.send_many("fragile", [(1,), (2,)])
+    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 2,
+             what="two dead letters")
+    page.goto(server + "/#/queues")
+    wait_for(lambda: "2" in page.inner_text("#queue-table"), what="the queue's dead count")
+    page.click("#queue-table button[data-queue=default]")
+    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 0,
+             what="the purge")
+    assert len(dialogs) == 1 and "Delete all 2 dead letters of queue default" in dialogs[0]
