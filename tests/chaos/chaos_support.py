@@ -1,0 +1,256 @@
+"""What the chaos tests share: the task module, seeded trials, the tally of runs, the fleet.
+
+Every task of a trial has a number; the task appends ``start <n> <pid>`` and ``done <n> <pid>``
+to the project's log, so the tally counts each task by its number: lost = sent (or published
+and returned) but never done, duplicates = done more than once.
+
+Settings (environment):
+
+* ``HURTLE_CHAOS_TRIALS`` — trials per scenario and broker (default 2, the quick setting CI runs;
+  ``100`` is the full run that docs/reliability.md records).
+* ``HURTLE_CHAOS_SEED`` — the base seed (default: drawn at random). Each trial prints its seed;
+  a failure shows it, and ``HURTLE_CHAOS_SEED=<base>`` replays the same random choices.
+* ``HURTLE_CHAOS_REPORT`` — a file to which each trial's figures are appended as JSON lines.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+from helpers import Project
+
+TRIALS = int(os.environ.get("HURTLE_CHAOS_TRIALS") or 2)
+SEED = int(os.environ.get("HURTLE_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
+REPORT = os.environ.get("HURTLE_CHAOS_REPORT")
+
+#: Most messages one fetch may take (``HURTLE_FETCH_BATCH_SIZE``), kept small so that the
+#: bound on duplicates below says something.
+BATCH = 20
+#: Concurrency of the threads pool in these tests.
+THREADS = 4
+#: What one worker can hold at the broker when it dies, so what may run twice after it:
+#:
+#: * solo: the batch it runs, the next batch already prefetched, and the outcomes of the
+#:   previous batch that its acker (which flushes every 5 ms) may not have recorded yet:
+#:   ``3 * BATCH``;
+#: * threads: ``THREADS`` running plus as many buffered (README: "a worker fetches at most its
+#:   concurrency plus as many again"), plus outcomes not yet recorded, counted as one fetch
+#:   batch: ``2 * THREADS + BATCH``.
+HOLD = {"solo": 3 * BATCH, "threads": 2 * THREADS + BATCH}
+
+#: Seconds of silence after which a worker's deliveries go to others: small, so that the
+#: recovery a trial waits for comes quickly.
+ENV = {
+    "HURTLE_HEARTBEAT_TIMEOUT": "1",
+    "HURTLE_FETCH_BATCH_SIZE": str(BATCH),
+    "HURTLE_SHUTDOWN_TIMEOUT": "10",
+}
+#: Every wait of a trial ends by this deadline (seconds), whatever happens.
+DEADLINE = 30.0
+
+TASKS = textwrap.dedent(
+    """
+    import os
+    import time
+
+    from hurtle import Hurtle
+
+    app = Hurtle()  # HURTLE_BROKER_URL comes from the environment
+    LOG = os.environ["RUNS_LOG"]
+
+
+    def record(line):
+        with open(LOG, "a") as f:
+            f.write(f"{line} {os.getpid()}\\n")
+
+
+    @app.task(name="chaos.work", retries=0)
+    def work(n, seconds):
+        record(f"start {n}")
+        if seconds:
+            time.sleep(seconds)
+        record(f"done {n}")
+
+
+    @app.task(name="chaos.poison", retries=1, retry_delay=0.01)
+    def poison(n):
+        record(f"start {n}")
+        os._exit(1)
+    """
+)
+TASK_NAMES = ("chaos.work", "chaos.poison")
+
+
+def trial_rng(scenario: str, trial: int) -> random.Random:
+    """The random choices of one trial; prints the seed, which pytest shows on failure."""
+    seed = f"{SEED}:{scenario}:{trial}"
+    print(f"chaos seed {seed!r}: replay with HURTLE_CHAOS_SEED={SEED}")
+    return random.Random(seed)
+
+
+def done_count(project: Project) -> int:
+    return sum(1 for line in project.runs() if line.startswith("done "))
+
+
+@dataclass
+class Tally:
+    """What ran, counted by task number, against what had to run."""
+
+    broker: str
+    scenario: str
+    expected: int
+    lost: list[str] = field(default_factory=list)
+    duplicates: int = 0
+    max_duplicates: int = 0
+    unexpected: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls,
+        project: Project,
+        broker: str,
+        scenario: str,
+        expected: set[str],
+        allowed: set[str] | None = None,
+    ) -> Tally:
+        """``expected`` must each run; ``allowed`` (default: ``expected``) may run."""
+        done = collections.Counter(
+            parts[1]
+            for line in project.runs()
+            if len(parts := line.split()) == 3 and parts[0] == "done"
+        )
+        allowed = expected if allowed is None else allowed
+        tally = cls(
+            broker=broker,
+            scenario=scenario,
+            expected=len(expected),
+            lost=sorted(expected - set(done), key=_number),
+            duplicates=sum(n - 1 for n in done.values()),
+            max_duplicates=max((n - 1 for n in done.values()), default=0),
+            unexpected=sorted(set(done) - allowed, key=_number),
+        )
+        tally.save()
+        return tally
+
+    def save(self) -> None:
+        RESULTS.append(self)
+        if REPORT:
+            with open(REPORT, "a") as f:
+                f.write(
+                    json.dumps(
+                        {**asdict(self), "lost": len(self.lost), "unexpected": len(self.unexpected)}
+                    )
+                    + "\n"
+                )
+
+    def __str__(self) -> str:
+        return (
+            f"{self.broker}/{self.scenario}: {self.expected} expected, "
+            f"{len(self.lost)} lost {self.lost[:10]}, {self.duplicates} duplicates "
+            f"(at most {self.max_duplicates + 1} runs of one task), "
+            f"{len(self.unexpected)} unexpected {self.unexpected[:10]}"
+        )
+
+
+#: Every tally of this session, for the summary printed at its end (conftest.py).
+RESULTS: list[Tally] = []
+
+
+def _number(text: str) -> int:
+    return int(text) if text.isdigit() else -1
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = DEADLINE) -> None:
+    """Poll ``predicate`` until it holds; an ``AssertionError`` naming ``what`` after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class Fleet:
+    """Worker processes of one trial; whatever is still running at the end is killed,
+    children included (a supervisor's children run in their own process groups)."""
+
+    def __init__(self, project: Project) -> None:
+        self.project = project
+        self.procs: list[subprocess.Popen[str]] = []
+        self.orphans: list[psutil.Process] = []
+
+    def start(self, *args: str, **env: str) -> subprocess.Popen[str]:
+        proc = self.project.popen(*args, **{**ENV, **env})
+        self.procs.append(proc)
+        return proc
+
+    def children(self, proc: subprocess.Popen[str]) -> list[psutil.Process]:
+        """The live worker processes of a supervisor (remembered, to be killed at the end)."""
+        try:
+            found = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        self.orphans += found
+        return [c for c in found if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+
+    def wait(self, proc: subprocess.Popen[str], timeout: float = DEADLINE) -> int | None:
+        """Its exit status, or ``None`` when it did not exit in time (it is killed then)."""
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.children(proc)
+            proc.kill()
+            proc.wait()
+            return None
+
+    def close(self) -> None:
+        for proc in self.procs:
+            self.children(proc)
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for child in self.orphans:
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+
+
+def burst(project: Project, timeout: float = DEADLINE) -> tuple[int | None, str]:
+    """Run a ``--burst`` worker until the queue is drained: (exit status or None, its log)."""
+    try:
+        out = project.hurtle("worker", "tasks:app", "--burst", timeout=timeout, **ENV)
+    except subprocess.TimeoutExpired as err:
+        stderr = err.stderr.decode() if isinstance(err.stderr, bytes) else (err.stderr or "")
+        return None, stderr
+    return out.returncode, out.stderr
+
+
+def kill_at_random_moment(
+    project: Project,
+    proc: subprocess.Popen[str],
+    rng: random.Random,
+    total: int,
+    pid: int | None = None,
+) -> None:
+    """SIGKILL ``pid`` (default: ``proc``) at a random moment of its work on ``total`` tasks:
+    sometimes during its start, usually once a random number of tasks are done, plus a random
+    fraction of a batch."""
+    if rng.random() < 0.15:
+        time.sleep(rng.uniform(0.0, 0.6))
+    else:
+        at = rng.randrange(1, total)
+        wait_until(lambda: done_count(project) >= at or proc.poll() is not None, f"{at} tasks done")
+        time.sleep(rng.uniform(0.0, 0.03))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid if pid is None else pid, signal.SIGKILL)
