@@ -45,10 +45,10 @@ THREADS = 4
 #: * solo: the batch it runs, the next batch already prefetched, and the outcomes of the
 #:   previous batch that its acker (which flushes every 5 ms) may not have recorded yet:
 #:   ``3 * BATCH``;
-#: * threads: ``THREADS`` running plus as many buffered (README: "a worker fetches at most its
-#:   concurrency plus as many again"), plus outcomes not yet recorded, counted as one fetch
-#:   batch: ``2 * THREADS + BATCH``.
-HOLD = {"solo": 3 * BATCH, "threads": 2 * THREADS + BATCH}
+#: * threads: ``THREADS`` running, a window of at most one fetch batch buffered beyond them
+#:   (README: the threads pool fetches about 50 ms of work ahead, capped at the fetch batch
+#:   size), plus outcomes not yet recorded, counted as one fetch batch: ``THREADS + 2 * BATCH``.
+HOLD = {"solo": 3 * BATCH, "threads": THREADS + 2 * BATCH}
 
 #: Seconds of silence after which a worker's deliveries go to others: small, so that the
 #: recovery a trial waits for comes quickly.
