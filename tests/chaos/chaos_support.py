@@ -47,8 +47,10 @@ THREADS = 4
 #:   ``3 * BATCH``;
 #: * threads: ``THREADS`` running, a window of at most one fetch batch buffered beyond them
 #:   (README: the threads pool fetches about 50 ms of work ahead, capped at the fetch batch
-#:   size), plus outcomes not yet recorded, counted as one fetch batch: ``THREADS + 2 * BATCH``.
-HOLD = {"solo": 3 * BATCH, "threads": THREADS + 2 * BATCH}
+#:   size), plus outcomes not yet recorded: up to two fetch batches, since the threads
+#:   acknowledge their shares while the acker's previous write may still wait on a busy SQLite
+#:   file: ``THREADS + 3 * BATCH``.
+HOLD = {"solo": 3 * BATCH, "threads": THREADS + 3 * BATCH}
 
 #: Seconds of silence after which a worker's deliveries go to others: small, so that the
 #: recovery a trial waits for comes quickly.
