@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
+from .handles import Handle
 from .settings import Settings, load_settings
 from .task import Task
 
 if TYPE_CHECKING:
+    from .middleware import Middleware
     from .worker import Worker
 
 P = ParamSpec("P")
@@ -85,6 +87,8 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
+        store_result: bool | None = None,
+        result_ttl: float | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -98,8 +102,14 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
+        store_result: bool | None = None,
+        result_ttl: float | None = None,
     ) -> Any:
-        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``."""
+        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
+
+        ``store_result=True`` keeps each outcome ``result_ttl`` seconds for ``Handle.result``
+        (defaults: the app's ``store_results`` and ``result_ttl`` settings).
+        """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or _default_name(func)
@@ -118,6 +128,10 @@ class Hurtle:
                 ),
                 priority=priority,
                 time_limit=time_limit,
+                store_result=(
+                    self.settings.store_results if store_result is None else store_result
+                ),
+                result_ttl=self.settings.result_ttl if result_ttl is None else result_ttl,
             )
             self.tasks[task_name] = t
             return t
@@ -131,6 +145,19 @@ class Hurtle:
         names = {t.queue for t in self.tasks.values()}
         names.add(self.settings.default_queue)
         return sorted(names)
+
+    def handle(self, id: str, task: Task[Any, Any] | None = None) -> Handle[Any]:
+        """The handle of a message sent earlier, from its id (and its task, if known: then
+        ``result`` on a task that keeps no results fails at once)."""
+        return Handle(id, self, task)
+
+    def _builtin_middleware(self) -> list[Middleware]:
+        """The built-in middleware this app's tasks use, fresh for one worker."""
+        from .middleware.results import Results
+
+        if self.settings.store_results or any(t.store_result for t in self.tasks.values()):
+            return [Results(self)]
+        return []
 
     def worker(self, **options: Any) -> Worker:
         """A worker for this app; see ``hurtle.worker.Worker`` for the options."""

@@ -51,6 +51,18 @@ class Delivery(msgspec.Struct, gc=False):
     receipt: Any
 
 
+class StoredResult(msgspec.Struct, frozen=True, gc=False):
+    """A task's outcome record to keep under its message ``id`` for ``ttl`` seconds.
+
+    ``payload`` is opaque to brokers (``hurtle.middleware.results`` encodes it); a later record
+    under the same id replaces the earlier one.
+    """
+
+    id: str
+    payload: bytes
+    ttl: float
+
+
 class QueueStats(msgspec.Struct, frozen=True):
     """How many messages of one queue are in each state."""
 
@@ -127,8 +139,13 @@ class Consumer(abc.ABC):
         return []
 
     @abc.abstractmethod
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
-        """Record these deliveries as done: they leave the broker for good."""
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        """Record these deliveries as done: they leave the broker for good.
+
+        ``results`` (records of these or other messages) are stored in the same step, before
+        the acknowledgements take effect, each for its ``ttl``: a message never counts as done
+        while its record is missing. Waiters of ``Broker.watch_results`` are woken.
+        """
 
     @abc.abstractmethod
     def retry(self, delivery: Delivery, message: Message) -> None:
@@ -225,6 +242,23 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Let go of connections and files."""
+
+    @abc.abstractmethod
+    def get_result(self, id: str) -> bytes | None:
+        """The payload last stored under message ``id`` (``Consumer.ack``), or None when there
+        is none or it expired."""
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Call ``wake`` (from any thread, without arguments) whenever a result may have been
+        stored for one of ``ids``; returns a function that stops watching.
+
+        Returns None when this broker cannot notify: the waiter then re-reads with short sleeps.
+        A wake may be spurious; a waiter reads the record after it starts watching, so that a
+        result stored just before is not missed.
+        """
+        return None
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.

@@ -22,7 +22,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
@@ -33,6 +33,7 @@ from .base import (
     DeadLetter,
     Delivery,
     QueueStats,
+    StoredResult,
     check_dead_letter_limits,
     log_trimmed,
 )
@@ -86,6 +87,52 @@ class MemoryBroker(Broker):
         self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
         self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
+        # results: id -> (payload, expires at); expired ones go on the next write past their time
+        self._results: dict[str, tuple[bytes, float]] = {}
+        self._expiries: list[tuple[float, str]] = []  # heap of (expires at, id)
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+
+    def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
+        """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
+        now = time.time()
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            _, id_ = heapq.heappop(expiries)
+            kept = self._results.get(id_)
+            if kept is not None and kept[1] <= now:
+                del self._results[id_]
+        wakes: list[Callable[[], None]] = []
+        for r in results:
+            expires = now + r.ttl
+            self._results[r.id] = (bytes(r.payload), expires)
+            heapq.heappush(expiries, (expires, r.id))
+            wakes += self._watchers.get(r.id, ())
+        return wakes
+
+    def get_result(self, id: str) -> bytes | None:
+        with self._lock:
+            kept = self._results.get(id)
+        if kept is None or kept[1] <= time.time():
+            return None
+        return kept[0]
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        with self._lock:
+            for id_ in ids:
+                self._watchers.setdefault(id_, []).append(wake)
+
+        def stop() -> None:
+            with self._lock:
+                for id_ in ids:
+                    watchers = self._watchers.get(id_)
+                    if watchers is not None:
+                        watchers.remove(wake)
+                        if not watchers:
+                            del self._watchers[id_]
+
+        return stop
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -310,11 +357,16 @@ class _MemoryConsumer(Consumer):
     def _take(self, delivery: Delivery) -> tuple[str, bytes, int] | None:
         return self._held().pop(delivery.receipt, None)
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        wakes: list[Callable[[], None]] = []
         with self.broker._lock:
+            if results:
+                wakes = self.broker._store_results_locked(results)
             held = self._held()
             for d in deliveries:
                 held.pop(d.receipt, None)
+        for wake in wakes:
+            wake()
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()

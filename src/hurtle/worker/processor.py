@@ -18,7 +18,12 @@ A delivery goes through three steps, which executors may drive separately:
 * ``begin`` decodes and looks up the task (a ``Job``), or dead-letters what cannot run;
 * the call: ``run`` (synchronous, an ``async def`` task on this thread's own loop) or
   ``run_async`` (awaited on the asyncio executor's loop);
-* ``finish``: middleware ``after_process`` hooks, then the outcome.
+* ``finish``: middleware ``after_process`` hooks, then the outcome (a hook that raises fails
+  the call with its error: a result that cannot be stored fails the task), then the
+  ``after_outcome`` hooks.
+
+Middleware applies per task: each is asked once per task (``applies_to``) and the answer kept;
+a task that none applies to runs inline, whatever other tasks use.
 
 ``process`` is the short path that solo, threads and greenlet pools use for tasks without
 middleware or a time limit. Time limits are the executor's business (``Limit``): only it knows
@@ -39,7 +44,7 @@ from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..brokers import Delivery
+from ..brokers import Delivery, StoredResult
 from ..errors import DecodeError, Reject, Retry, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import Middleware
@@ -73,13 +78,15 @@ class BatchState(Protocol):
 class Job:
     """One decoded delivery and the task it names, on its way through the processor."""
 
-    __slots__ = ("delivery", "message", "started", "task")
+    __slots__ = ("delivery", "message", "started", "stored", "task")
 
     def __init__(self, delivery: Delivery, message: Message, task: Task[Any, Any]) -> None:
         self.delivery = delivery
         self.message = message
         self.task = task
         self.started = 0.0
+        #: The result to store with the acknowledgement (set by the results middleware).
+        self.stored: StoredResult | None = None
 
     def call(self) -> Any:
         """Call the task function (a coroutine function returns its coroutine)."""
@@ -96,6 +103,18 @@ class Job:
     def overran(self) -> bool:
         limit = self.task.time_limit
         return limit is not None and time.monotonic() - self.started > limit
+
+
+class Outcome:
+    """How a job ended, for ``Middleware.after_outcome``."""
+
+    __slots__ = ("error", "kind", "result")
+
+    def __init__(self, kind: str, result: Any = None, error: BaseException | None = None
+                 ) -> None:
+        self.kind = kind  # "ack", "retry", "dead" or "deferred"
+        self.result = result
+        self.error = error
 
 
 #: How an executor runs a time-limited call: ``limit(job, call)`` returns what ``call`` returns,
@@ -125,6 +144,7 @@ class Processor:
         self.tasks = app.tasks
         self.acker = acker
         self.middleware = list(middleware)
+        self._chains: dict[str, list[Middleware]] = {}  # task name -> middleware applying to it
         self.limit = limit
         self.max_retry_delay = app.settings.max_retry_delay
         self._local = threading.local()
@@ -152,7 +172,7 @@ class Processor:
         if task is None:
             self._unknown(delivery, message)
             return
-        if self.middleware or task.is_async or task.time_limit is not None:
+        if (self.middleware and self._chain(task)) or task.is_async or task.time_limit is not None:
             self.run(Job(delivery, message, task))
             return
         try:
@@ -195,7 +215,9 @@ class Processor:
                     self.process(delivery)  # dead-letters it with the reason
                     continue
                 started += 1
-                if not plain or task.is_async or task.time_limit is not None:
+                if (not plain and self._chain(task)) or task.is_async or (
+                    task.time_limit is not None
+                ):
                     self.run(Job(delivery, message, task), state)
                     continue
                 try:
@@ -262,24 +284,55 @@ class Processor:
             error = err
         self.finish(job, result, error)
 
+    def _chain(self, task: Task[Any, Any]) -> list[Middleware]:
+        """The middleware that applies to ``task``, decided once per task."""
+        chain = self._chains.get(task.name)
+        if chain is None:
+            chain = self._chains[task.name] = [
+                m for m in self.middleware if m.applies_to(task)
+            ]
+        return chain
+
     def _start(self, job: Job) -> None:
         """The ``before_process`` hooks (they may raise ``Retry``/``Reject``), then the clock."""
-        for m in self.middleware:
-            m.before_process(job.message)
+        if self.middleware:
+            for m in self._chain(job.task):
+                m.before_process(job)
         job.started = time.monotonic()
 
     def finish(self, job: Job, result: Any, error: Exception | None) -> None:
         """Run the ``after_process`` hooks and record the outcome with the acker."""
-        for m in reversed(self.middleware):
+        chain = self._chain(job.task) if self.middleware else ()
+        for m in reversed(chain):
             try:
-                m.after_process(job.message, result, error)
+                m.after_process(job, result, error)
             except Exception as err:
+                if error is None:  # e.g. a result that cannot be stored: the call failed
+                    error = err
+                    continue
                 log.error("middleware %s failed in after_process: %s", safe_repr(m),
                           describe(err))
         if error is None:
-            self.acker.ack(job.delivery)
+            stored = job.stored
+            if stored is None:
+                self.acker.ack(job.delivery)
+            else:
+                self.acker.ack_with_result(job.delivery, stored.id, stored.payload, stored.ttl)
+            if chain:
+                self._outcome(job, Outcome("ack", result))
         else:
             self._failed(job, error)
+
+    def _outcome(self, job: Job, outcome: Outcome) -> None:
+        """The ``after_outcome`` hooks of the middleware that applies to the job's task."""
+        if not self.middleware:
+            return
+        for m in self._chain(job.task):
+            try:
+                m.after_outcome(job, outcome)
+            except Exception as err:
+                log.error("middleware %s failed in after_outcome: %s", safe_repr(m),
+                          describe(err))
 
     def crashed(self, delivery: Delivery, err: BaseException) -> None:
         """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
@@ -342,11 +395,13 @@ class Processor:
             )
             log.error("task %s[%s]: %s", task.name, message.id, reason)
             self.acker.dead_letter(delivery, reason)
+            self._outcome(job, Outcome("dead", error=err))
             return
         if isinstance(err, Reject):
             reason = safe_str(err.reason)
             log.warning("task %s[%s] rejected: %s", task.name, message.id, reason)
             self.acker.dead_letter(delivery, f"rejected by task {task.name}: {reason}")
+            self._outcome(job, Outcome("dead", error=err))
             return
         summary = describe(err)
         if message.attempt < task.retries:
@@ -359,6 +414,7 @@ class Processor:
                 task.name, message.id, message.attempt + 1, task.retries + 1, summary, delay,
             )
             self.acker.retry(delivery, next_attempt(message, delay, summary))
+            self._outcome(job, Outcome("retry", error=err))
             return
         reason = (
             f"task {task.name} failed on attempt {message.attempt + 1} of {task.retries + 1}; "
@@ -366,6 +422,7 @@ class Processor:
         )
         log.error("task %s[%s] failed for good: %s", task.name, message.id, summary)
         self.acker.dead_letter(delivery, reason)
+        self._outcome(job, Outcome("dead", error=err))
 
     def close(self) -> None:
         for loop in self._loops:

@@ -93,7 +93,7 @@ class Worker:
             pool, concurrency, min_concurrency=min_concurrency,
             max_batch=self.settings.fetch_batch_size,
         )
-        self.middleware = list(middleware)
+        self.middleware = app._builtin_middleware() + list(middleware)
         self.recycle_abandoned = recycle_abandoned
         self.parent_pid = parent_pid
         self._stop = threading.Event()
@@ -179,6 +179,8 @@ class Worker:
             self.app, acker, self.middleware, limit=executor.limit,
             loops_take_turns=executor.greenlets,
         )
+        for m in self.middleware:
+            m.worker_start(self)
         heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
         heartbeat.beat()
         acker.start()
