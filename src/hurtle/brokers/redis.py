@@ -528,7 +528,7 @@ class _ResultListener:
                     elif message["type"] == "subscribe":
                         self._wake(None)
                     backoff = 0.1
-            except (redis.RedisError, OSError) as err:
+            except Exception as err:  # redis-py's errors, or its state after a disconnect
                 if self._closed:
                     return
                 log.warning("lost the result announcements of Redis at %s (%s); "
@@ -541,10 +541,8 @@ class _ResultListener:
                     pubsub.close()
 
     def close(self) -> None:
+        """Stop; the thread ends at its next read, which the pool's disconnect cuts short."""
         self._closed = True
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(2.0)
 
 
 _PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
