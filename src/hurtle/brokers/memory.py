@@ -87,27 +87,26 @@ class MemoryBroker(Broker):
         self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
         self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
-        # results: id -> (payload, expires at); expired ones go on the next write past their time
+        # results: id -> (payload, expires at); reads skip expired ones, and a write at most
+        # once a second drops them all (a scan: cheaper than keeping them in order per write)
         self._results: dict[str, tuple[bytes, float]] = {}
-        self._expiries: list[tuple[float, str]] = []  # heap of (expires at, id)
+        self._next_prune = 0.0
         self._watchers: dict[str, list[Callable[[], None]]] = {}
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
         now = time.time()
-        expiries = self._expiries
-        while expiries and expiries[0][0] <= now:
-            _, id_ = heapq.heappop(expiries)
-            kept = self._results.get(id_)
-            if kept is not None and kept[1] <= now:
-                del self._results[id_]
-        wakes: list[Callable[[], None]] = []
+        kept = self._results
+        if now >= self._next_prune:
+            self._next_prune = now + 1.0
+            for id_ in [i for i, (_, expires) in kept.items() if expires <= now]:
+                del kept[id_]
         for r in results:
-            expires = now + r.ttl
-            self._results[r.id] = (bytes(r.payload), expires)
-            heapq.heappush(expiries, (expires, r.id))
-            wakes += self._watchers.get(r.id, ())
-        return wakes
+            kept[r.id] = (r.payload, now + r.ttl)
+        watchers = self._watchers
+        if not watchers:
+            return []
+        return [w for r in results for w in watchers.get(r.id, ())]
 
     def get_result(self, id: str) -> bytes | None:
         with self._lock:

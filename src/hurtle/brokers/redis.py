@@ -16,8 +16,9 @@ How it works, in short:
   carries a token, kept until its reply is read: a fetch sent again after a lost reply first
   hands back what the lost one took, so nothing stays held by a worker that never saw it.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
-* results: ``Consumer.ack(deliveries, results)`` puts one ``SET … PX`` per result, the ack
-  scripts and one ``PUBLISH`` of the batch's ids on ``hurtle:results`` in the same pipeline.
+* results: ``Consumer.ack(deliveries, results)`` runs ``results.lua`` (a ``SET … PX`` per
+  result, then one ``PUBLISH`` of the batch's ids on ``hurtle:results``) before the ack scripts,
+  in the same pipeline.
   Waiters do not poll: one listener thread per broker object, on one connection, subscribes to
   that channel and wakes the waiters of the ids it hears; reads of records go through a small
   pool of their own (``RESULT_CONNECTIONS``), so a thousand waiters use a handful of connections.
@@ -153,6 +154,7 @@ class _Scripts:
         self.dead_list = _Script("dead_list")
         self.dead_delete = _Script("dead_delete")
         self.dead_purge = _Script("dead_purge")
+        self.results = _Script("results")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
@@ -598,6 +600,13 @@ def _ack_args(receipts: list[int]) -> list[Any]:
     return args
 
 
+def _results_args(results: Sequence[StoredResult]) -> list[Any]:
+    args: list[Any] = [RESULTS_CHANNEL, " ".join([r.id for r in results])]
+    for r in results:
+        args += (max(int(r.ttl * 1000), 1), r.payload)
+    return args
+
+
 class _Target:
     """One queue of a consumer, with its script keys built once."""
 
@@ -770,19 +779,17 @@ class RedisConsumer(Consumer):
             for d in deliveries:
                 groups.setdefault(d.queue, []).append(d.receipt)
         script = self.broker._scripts.ack
-        # the records first: a message never counts as done while its record is missing
-        commands: list[_Command] = [
-            (("SET", result_key(r.id), r.payload, "PX", max(int(r.ttl * 1000), 1)), None)
-            for r in results
-        ]
+        commands: list[_Command] = []
+        if results:  # the records first: a message never counts as done while one is missing
+            commands.append(self.broker._call(
+                self.broker._scripts.results,
+                [result_key(r.id) for r in results],
+                _results_args(results),
+            ))
         commands += [
             self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
             for q, receipts in groups.items()
         ]
-        if results:
-            commands.append(
-                (("PUBLISH", RESULTS_CHANNEL, " ".join([r.id for r in results])), None)
-            )
         self.broker._pipeline(commands, f"acknowledging {len(deliveries)} deliveries")
 
     def retry(self, delivery: Delivery, message: Message) -> None:

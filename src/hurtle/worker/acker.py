@@ -103,7 +103,7 @@ class Acker:
         # whoever flushes: the hot path pays one append and one length check per task
         self._acks: deque[Delivery] = deque()
         # likewise: acknowledgements that carry a result, and records to store on their own
-        self._with_results: deque[tuple[Delivery, StoredResult]] = deque()
+        self._with_results: deque[tuple[Delivery, str, bytes, float]] = deque()
         self._records: list[StoredResult] = []
         self._ops: list[_Op] = []
         self._wake = threading.Event()
@@ -138,8 +138,8 @@ class Acker:
         """Acknowledge ``delivery`` and store ``payload`` as the result of ``message_id`` for
         ``ttl`` seconds, in the same broker call as the batch's other acknowledgements."""
         pending = self._with_results
-        pending.append((delivery, StoredResult(message_id, payload, ttl)))
-        if len(pending) + len(self._acks) >= self.batch_size:
+        pending.append((delivery, message_id, payload, ttl))  # made a StoredResult when flushed
+        if len(pending) == self.batch_size:
             self._wake.set()
 
     def store_result(self, message_id: str, payload: bytes, ttl: float) -> None:
@@ -202,7 +202,10 @@ class Acker:
         acks = [popleft() for _ in range(len(pending))]
         pending_results = self._with_results
         take = pending_results.popleft
-        with_results = [take() for _ in range(len(pending_results))]
+        with_results = [
+            (item[0], StoredResult(item[1], item[2], item[3]))
+            for item in [take() for _ in range(len(pending_results))]
+        ]
         kept: list[_Op] = []  # to try again, in order
         error: Exception | None = None  # why the broker could not be reached
         settled = 0
@@ -252,7 +255,9 @@ class Acker:
             with self._lock:  # put back in front, in order
                 self._ops[:0] = kept
             pending.extendleft(reversed(acks))
-            pending_results.extendleft(reversed(with_results))
+            pending_results.extendleft(
+                (d, r.id, r.payload, r.ttl) for d, r in reversed(with_results)
+            )
         self.settled += settled
         if error is not None:
             log.warning("could not settle %d outcomes, will retry: %s",

@@ -117,6 +117,25 @@ class Outcome:
         self.error = error
 
 
+class _Hooks:
+    """The hooks of the middleware that applies to one task, only those it overrides."""
+
+    __slots__ = ("after", "any", "before", "outcome")
+
+    def __init__(self, chain: list[Middleware]) -> None:
+        def overridden(name: str) -> list[Any]:
+            base = getattr(Middleware, name)
+            return [getattr(m, name) for m in chain if getattr(type(m), name) is not base]
+
+        self.any = bool(chain)
+        self.before = overridden("before_process")
+        self.after = overridden("after_process")[::-1]
+        self.outcome = overridden("after_outcome")
+
+
+_NO_HOOKS = _Hooks([])
+
+
 #: How an executor runs a time-limited call: ``limit(job, call)`` returns what ``call`` returns,
 #: or raises ``TimeLimitExceeded`` (or stops the call some other way and says so).
 Limit = Callable[[Job, Callable[[], Any]], Any]
@@ -144,7 +163,7 @@ class Processor:
         self.tasks = app.tasks
         self.acker = acker
         self.middleware = list(middleware)
-        self._chains: dict[str, list[Middleware]] = {}  # task name -> middleware applying to it
+        self._chains: dict[str, _Hooks] = {}  # task name -> hooks of the middleware applying
         self.limit = limit
         self.max_retry_delay = app.settings.max_retry_delay
         self._local = threading.local()
@@ -172,7 +191,9 @@ class Processor:
         if task is None:
             self._unknown(delivery, message)
             return
-        if (self.middleware and self._chain(task)) or task.is_async or task.time_limit is not None:
+        if (self.middleware and self._chain(task).any) or task.is_async or (
+            task.time_limit is not None
+        ):
             self.run(Job(delivery, message, task))
             return
         try:
@@ -215,7 +236,7 @@ class Processor:
                     self.process(delivery)  # dead-letters it with the reason
                     continue
                 started += 1
-                if (not plain and self._chain(task)) or task.is_async or (
+                if (not plain and self._chain(task).any) or task.is_async or (
                     task.time_limit is not None
                 ):
                     self.run(Job(delivery, message, task), state)
@@ -284,33 +305,33 @@ class Processor:
             error = err
         self.finish(job, result, error)
 
-    def _chain(self, task: Task[Any, Any]) -> list[Middleware]:
-        """The middleware that applies to ``task``, decided once per task."""
-        chain = self._chains.get(task.name)
-        if chain is None:
-            chain = self._chains[task.name] = [
-                m for m in self.middleware if m.applies_to(task)
-            ]
-        return chain
+    def _chain(self, task: Task[Any, Any]) -> _Hooks:
+        """The hooks of the middleware that applies to ``task``, composed once per task."""
+        hooks = self._chains.get(task.name)
+        if hooks is None:
+            hooks = self._chains[task.name] = _Hooks(
+                [m for m in self.middleware if m.applies_to(task)]
+            )
+        return hooks
 
     def _start(self, job: Job) -> None:
         """The ``before_process`` hooks (they may raise ``Retry``/``Reject``), then the clock."""
         if self.middleware:
-            for m in self._chain(job.task):
-                m.before_process(job)
+            for hook in self._chain(job.task).before:
+                hook(job)
         job.started = time.monotonic()
 
     def finish(self, job: Job, result: Any, error: Exception | None) -> None:
         """Run the ``after_process`` hooks and record the outcome with the acker."""
-        chain = self._chain(job.task) if self.middleware else ()
-        for m in reversed(chain):
+        hooks = self._chain(job.task) if self.middleware else _NO_HOOKS
+        for hook in hooks.after:
             try:
-                m.after_process(job, result, error)
+                hook(job, result, error)
             except Exception as err:
                 if error is None:  # e.g. a result that cannot be stored: the call failed
                     error = err
                     continue
-                log.error("middleware %s failed in after_process: %s", safe_repr(m),
+                log.error("middleware %s failed in after_process: %s", safe_repr(hook),
                           describe(err))
         if error is None:
             stored = job.stored
@@ -318,7 +339,7 @@ class Processor:
                 self.acker.ack(job.delivery)
             else:
                 self.acker.ack_with_result(job.delivery, stored.id, stored.payload, stored.ttl)
-            if chain:
+            if hooks.outcome:
                 self._outcome(job, Outcome("ack", result))
         else:
             self._failed(job, error)
@@ -327,11 +348,11 @@ class Processor:
         """The ``after_outcome`` hooks of the middleware that applies to the job's task."""
         if not self.middleware:
             return
-        for m in self._chain(job.task):
+        for hook in self._chain(job.task).outcome:
             try:
-                m.after_outcome(job, outcome)
+                hook(job, outcome)
             except Exception as err:
-                log.error("middleware %s failed in after_outcome: %s", safe_repr(m),
+                log.error("middleware %s failed in after_outcome: %s", safe_repr(hook),
                           describe(err))
 
     def crashed(self, delivery: Delivery, err: BaseException) -> None:
