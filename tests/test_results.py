@@ -8,7 +8,7 @@ import sqlite3
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,12 @@ import pytest
 
 from helpers import Project
 from hurtle import Hurtle, TaskFailed
-from hurtle.brokers import StoredResult, make_broker
+from hurtle.brokers import Consumer, Delivery, StoredResult, make_broker
+from hurtle.brokers.memory import MemoryBroker
 from hurtle.brokers.redis import RESULT_CONNECTIONS, RedisBroker
+from hurtle.errors import BrokerError
+from hurtle.message import Message
+from hurtle.worker.acker import Acker
 
 TASKS = textwrap.dedent(
     """
@@ -141,3 +145,115 @@ def test_sqlite_prunes_expired_results_when_it_writes_new_ones(tmp_path: Path) -
         assert broker.get_result("kept") == b"y"
     finally:
         broker.close()
+
+
+class _Recording(Consumer):
+    """A memory consumer that records the ``ack`` calls it gets, and can be made unreachable."""
+
+    def __init__(self, inner: Consumer) -> None:
+        self.inner = inner
+        self.calls: list[tuple[int, list[str]]] = []  # (deliveries, result ids) per ack call
+        self.log: list[str] = []  # every settling call, in order
+        self.down = False
+        self.worker_id, self.queues = inner.worker_id, inner.queues
+        self.heartbeat_timeout = inner.heartbeat_timeout
+
+    def _reach(self) -> None:
+        if self.down:
+            raise BrokerError("unreachable") from ConnectionError("refused")
+
+    def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
+        return self.inner.fetch(max_count, timeout)
+
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        self._reach()
+        self.calls.append((len(deliveries), [r.id for r in results]))
+        self.log.append("ack")
+        self.inner.ack(deliveries, results)
+
+    def retry(self, delivery: Delivery, message: Message) -> None:
+        self._reach()
+        self.log.append("retry")
+        self.inner.retry(delivery, message)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self._reach()
+        self.log.append("dead")
+        self.inner.dead_letter(delivery, reason)
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        self.inner.release(deliveries)
+
+    def heartbeat(self) -> bool:
+        return self.inner.heartbeat()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_the_acker_stores_results_in_the_same_call_as_the_acknowledgements() -> None:
+    broker = MemoryBroker()
+    broker.publish([Message(id=f"m{i}", task="t", queue="q", args=()) for i in range(4)])
+    consumer = _Recording(broker.consumer(["q"]))
+    got = consumer.fetch(10, 1)
+    acker = Acker(consumer)
+    acker.ack(got[0])
+    for i, d in enumerate(got[1:], 1):
+        acker.ack_with_result(d, f"m{i}", b"value", 60.0)
+    assert acker.flush()
+    assert consumer.calls == [(4, ["m1", "m2", "m3"])]
+    assert broker.get_result("m2") == b"value"
+    assert broker.stats(["q"])["q"].in_flight == 0
+
+
+def test_results_wait_with_their_acks_while_the_broker_is_unreachable() -> None:
+    broker = MemoryBroker()
+    broker.publish([Message(id="m1", task="t", queue="q", args=())])
+    consumer = _Recording(broker.consumer(["q"]))
+    [d] = consumer.fetch(10, 1)
+    acker = Acker(consumer)
+    acker.ack_with_result(d, "m1", b"value", 60.0)
+    acker.store_result("m0", b"failure", 60.0)
+    consumer.down = True
+    assert not acker.flush()
+    assert acker.pending == 2
+    consumer.down = False
+    assert acker.flush()
+    assert (broker.get_result("m1"), broker.get_result("m0")) == (b"value", b"failure")
+    assert acker.pending == 0
+
+
+def test_a_failure_record_is_written_before_the_retry_it_goes_with() -> None:
+    broker = MemoryBroker()
+    broker.publish([Message(id="m1", task="t", queue="q", args=())])
+    consumer = _Recording(broker.consumer(["q"]))
+    [d] = consumer.fetch(10, 1)
+    acker = Acker(consumer)
+    acker.retry(d, Message(id="m1", task="t", queue="q", args=(), attempt=1))
+    acker.store_result("m1", b"failed", 60.0)
+    assert acker.flush()
+    # else a quick next attempt could store its success first, and this record replace it
+    assert consumer.log == ["ack", "retry"]
+    assert consumer.calls == [(0, ["m1"])]
+
+
+@pytest.mark.parametrize("pool", ["threads", "asyncio"])
+def test_results_are_stored_by_the_other_pools_too(pool: str) -> None:
+    app = Hurtle("memory://")
+
+    @app.task(store_result=True)
+    def inc(x: int) -> int:
+        return x + 1
+
+    @app.task(store_result=True)
+    async def ainc(x: int) -> int:
+        return x + 1
+
+    handles = inc.send_many([(i,) for i in range(20)]) + ainc.send_many([(i,) for i in range(5)])
+    worker = app.worker(pool=pool, concurrency=4)
+    thread = worker.run_in_thread()
+    try:
+        assert [h.result(timeout=30) for h in handles] == [*range(1, 21), *range(1, 6)]
+    finally:
+        worker.stop()
+        thread.join(30)
