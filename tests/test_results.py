@@ -257,3 +257,18 @@ def test_results_are_stored_by_the_other_pools_too(pool: str) -> None:
     finally:
         worker.stop()
         thread.join(30)
+
+
+def test_store_results_and_result_ttl_come_from_the_environment_too() -> None:
+    from hurtle.errors import ConfigurationError
+    from hurtle.settings import load_settings
+
+    s = load_settings(environ={"HURTLE_STORE_RESULTS": "true", "HURTLE_RESULT_TTL": "60"})
+    assert (s.store_results, s.result_ttl) == (True, 60.0)
+    with pytest.raises(ConfigurationError, match="store_results must be True or False"):
+        Hurtle("memory://", store_results=1)
+    with pytest.raises(ConfigurationError, match="result_ttl must be > 0"):
+        Hurtle("memory://", result_ttl=0)
+    app = Hurtle("memory://")
+    with pytest.raises(ConfigurationError, match="result_ttl"):
+        app.task(store_result=True, result_ttl=-1)(lambda: None)

@@ -13,6 +13,10 @@ Poison messages are handled as in the Redis broker (``lua/heartbeat.lua`` explai
 are counted per message, a message recovered a second time waits in quarantine and is let out
 one at a time, and a message let out that way whose worker dies holding no other such message
 becomes a dead letter past ``max_recoveries`` deaths.
+
+Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads skip expired
+ones, and a write drops them all at most once a second. Watchers are called once the lock is
+released.
 """
 
 from __future__ import annotations

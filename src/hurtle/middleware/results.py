@@ -75,7 +75,7 @@ def encode_value(value: Any, job: Job) -> bytes:
 
 def encode_failure(state: str, error: BaseException) -> bytes:
     """A ``failed`` or ``dead`` record of ``error``."""
-    from ..worker.processor import _trace, safe_str  # the processor imports this package
+    from ..worker.processor import _trace, safe_str  # workers only: producers skip hurtle.worker
 
     return _encode(Record(
         state, error_type=type(error).__name__, error_message=safe_str(error),
