@@ -272,3 +272,45 @@ def test_store_results_and_result_ttl_come_from_the_environment_too() -> None:
     app = Hurtle("memory://")
     with pytest.raises(ConfigurationError, match="result_ttl"):
         app.task(store_result=True, result_ttl=-1)(lambda: None)
+
+
+def test_a_failure_record_reaches_the_acker_before_the_retry_or_dead_letter() -> None:
+    from hurtle.worker.processor import Processor
+
+    class LoggingAcker(Acker):
+        def __init__(self, consumer: Consumer) -> None:
+            super().__init__(consumer)
+            self.calls: list[str] = []
+
+        def store_result(self, message_id: str, payload: bytes, ttl: float) -> None:
+            self.calls.append("record")
+            super().store_result(message_id, payload, ttl)
+
+        def retry(self, delivery: Delivery, message: Message) -> None:
+            self.calls.append("retry")
+            super().retry(delivery, message)
+
+        def dead_letter(self, delivery: Delivery, reason: str) -> None:
+            self.calls.append("dead")
+            super().dead_letter(delivery, reason)
+
+    app = Hurtle("memory://")
+
+    @app.task(store_result=True, retries=1)
+    def flaky() -> None:
+        raise RuntimeError("no")
+
+    h = flaky.send()
+    consumer = app.broker.consumer(["default"])
+    acker = LoggingAcker(consumer)
+    worker = app.worker()
+    processor = Processor(app, acker, worker.middleware)
+    for m in worker.middleware:
+        m.worker_start(type("W", (), {"acker": acker})())  # type: ignore[arg-type]
+    [delivery] = consumer.fetch(10, 1)
+    processor.process(delivery)  # attempt 1 of 2: a retry
+    [again] = consumer.fetch(10, 0) or [None]  # the retry is delayed: nothing yet
+    assert again is None
+    assert acker.calls == ["record", "retry"]
+    assert acker.flush()
+    assert h.state() == "failed"

@@ -19,8 +19,11 @@ A delivery goes through three steps, which executors may drive separately:
 * the call: ``run`` (synchronous, an ``async def`` task on this thread's own loop) or
   ``run_async`` (awaited on the asyncio executor's loop);
 * ``finish``: middleware ``after_process`` hooks, then the outcome (a hook that raises fails
-  the call with its error: a result that cannot be stored fails the task), then the
-  ``after_outcome`` hooks.
+  the call with its error: a result that cannot be stored fails the task), and the
+  ``after_outcome`` hooks: after the acknowledgement, but just *before* a retry or dead letter
+  is handed to the acker, so that what they hand the acker (a failure record) is flushed no
+  later than the outcome — else a quick next attempt elsewhere could store its success first
+  and the stale failure replace it.
 
 Middleware applies per task: each is asked once per task (``applies_to``) and the answer kept;
 a task that none applies to runs inline, whatever other tasks use.
@@ -415,14 +418,14 @@ class Processor:
                 f"{task.name}{_signature(task.fn)}, then purge this dead letter"
             )
             log.error("task %s[%s]: %s", task.name, message.id, reason)
-            self.acker.dead_letter(delivery, reason)
             self._outcome(job, Outcome("dead", error=err))
+            self.acker.dead_letter(delivery, reason)
             return
         if isinstance(err, Reject):
             reason = safe_str(err.reason)
             log.warning("task %s[%s] rejected: %s", task.name, message.id, reason)
-            self.acker.dead_letter(delivery, f"rejected by task {task.name}: {reason}")
             self._outcome(job, Outcome("dead", error=err))
+            self.acker.dead_letter(delivery, f"rejected by task {task.name}: {reason}")
             return
         summary = describe(err)
         if message.attempt < task.retries:
@@ -434,16 +437,16 @@ class Processor:
                 "task %s[%s] attempt %d of %d failed (%s); retrying in %.2fs",
                 task.name, message.id, message.attempt + 1, task.retries + 1, summary, delay,
             )
-            self.acker.retry(delivery, next_attempt(message, delay, summary))
             self._outcome(job, Outcome("retry", error=err))
+            self.acker.retry(delivery, next_attempt(message, delay, summary))
             return
         reason = (
             f"task {task.name} failed on attempt {message.attempt + 1} of {task.retries + 1}; "
             f"no retries left:\n{_trace(err)}"
         )
         log.error("task %s[%s] failed for good: %s", task.name, message.id, summary)
-        self.acker.dead_letter(delivery, reason)
         self._outcome(job, Outcome("dead", error=err))
+        self.acker.dead_letter(delivery, reason)
 
     def close(self) -> None:
         for loop in self._loops:
