@@ -600,11 +600,22 @@ def _ack_args(receipts: list[int]) -> list[Any]:
     return args
 
 
-def _results_args(results: Sequence[StoredResult]) -> list[Any]:
-    args: list[Any] = [RESULTS_CHANNEL, " ".join([r.id for r in results])]
+def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
+    """One ``results.lua`` call per distinct ttl (most batches have one)."""
+    by_ttl: dict[float, list[StoredResult]] = {}
     for r in results:
-        args += (max(int(r.ttl * 1000), 1), r.payload)
-    return args
+        by_ttl.setdefault(r.ttl, []).append(r)
+    script = broker._scripts.results
+    commands = []
+    for ttl, group in by_ttl.items():
+        ids = [r.id for r in group]
+        commands.append(broker._call(
+            script,
+            [result_key(i) for i in ids],
+            [RESULTS_CHANNEL, " ".join(ids), max(int(ttl * 1000), 1),
+             *[r.payload for r in group]],
+        ))
+    return commands
 
 
 class _Target:
@@ -779,13 +790,8 @@ class RedisConsumer(Consumer):
             for d in deliveries:
                 groups.setdefault(d.queue, []).append(d.receipt)
         script = self.broker._scripts.ack
-        commands: list[_Command] = []
-        if results:  # the records first: a message never counts as done while one is missing
-            commands.append(self.broker._call(
-                self.broker._scripts.results,
-                [result_key(r.id) for r in results],
-                _results_args(results),
-            ))
+        # the records first: a message never counts as done while one is missing
+        commands: list[_Command] = _results_commands(self.broker, results) if results else []
         commands += [
             self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
             for q, receipts in groups.items()

@@ -10,14 +10,16 @@
 
     ARGV[1]      the channel that announces results (keys.RESULTS_CHANNEL)
     ARGV[2]      the ids of the results, space-separated (the announcement)
-    ARGV         then pairs, one per key in order: ttl in milliseconds, payload
+    ARGV[3]      their time to live, in milliseconds (one call per distinct ttl)
+    ARGV[4..]    the payloads, one per key, in order
 
   Output:
     how many results were stored
 ]]
 
+local ttl = ARGV[3]
 for i = 1, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[2 * i + 2], 'PX', ARGV[2 * i + 1])
+  redis.call('SET', KEYS[i], ARGV[i + 3], 'PX', ttl)
 end
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return #KEYS
