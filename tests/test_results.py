@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from helpers import Project
-from hurtle import Hurtle, TaskFailed
+from hurtle import Hurtle, ResultTimeout, TaskFailed
 from hurtle.brokers import Consumer, Delivery, StoredResult, make_broker
 from hurtle.brokers.memory import MemoryBroker
 from hurtle.brokers.redis import RESULT_CONNECTIONS, RedisBroker
@@ -314,3 +314,32 @@ def test_a_failure_record_reaches_the_acker_before_the_retry_or_dead_letter() ->
     assert acker.calls == ["record", "retry"]
     assert acker.flush()
     assert h.state() == "failed"
+
+
+def _gets(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        stats = client.info("commandstats").get("cmdstat_get", {})
+        return int(stats.get("calls", 0))
+    finally:
+        client.close()
+
+
+def test_waiting_on_redis_does_not_poll(redis_url: str) -> None:
+    app = Hurtle(redis_url)
+    try:
+        @app.task(store_result=True)
+        def never() -> None:
+            pass
+
+        h = never.send()
+        before = _gets(redis_url)
+        with pytest.raises(ResultTimeout):
+            h.result(timeout=1.0)
+        # a read once listening, again once the subscription took, at the deadline, and for
+        # the timeout's message: four, where a loop of 2-50 ms sleeps would make dozens
+        assert _gets(redis_url) - before <= 4
+    finally:
+        app.close()

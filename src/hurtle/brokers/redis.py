@@ -474,7 +474,8 @@ class _ResultListener:
     waking the waiters of the ids each announcement names.
 
     Each (re)subscription wakes every waiter, so that one that started watching before the
-    subscription took effect re-reads its record: nothing announced in between is missed.
+    subscription took effect re-reads its record: nothing announced in between is missed. A
+    forked child starts a listener of its own (the parent's thread did not come along).
     """
 
     def __init__(self, client: Any, url: str) -> None:
@@ -484,8 +485,14 @@ class _ResultListener:
         self._watchers: dict[str, list[Callable[[], None]]] = {}
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._pid = os.getpid()
 
     def watch(self, ids: Sequence[str], wake: Callable[[], None]) -> Callable[[], None]:
+        if self._pid != os.getpid():  # forked: the thread and any lock holder stayed behind
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._watchers = {}
+            self._thread = None
         with self._lock:
             for id_ in ids:
                 self._watchers.setdefault(id_, []).append(wake)
