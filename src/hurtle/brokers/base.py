@@ -19,6 +19,11 @@ Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): e
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
 then the oldest beyond the cap. Drops by the cap are logged as warnings, expiries as info.
 
+Results: ``Consumer.ack(deliveries, results)`` stores task results (``StoredResult``: an id,
+opaque bytes, a ttl) in the same step as the acknowledgements; ``Broker.get_result`` reads one;
+``Broker.watch_results`` wakes waiters where the store can notify (``tests/brokers/
+test_results_contract.py``).
+
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
 
