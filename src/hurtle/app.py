@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
+from .handles import Handle
 from .message import Message
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
@@ -98,8 +99,14 @@ class Hurtle:
     def _builtin_middleware(self) -> list[Middleware]:
         """The built-in middleware switched on by this app's tasks and settings. Retries decides
         every failed call's outcome, so it is always in use (it costs nothing until a call
-        fails)."""
-        return [self._retries]
+        fails). Results is made afresh on each call (it keeps its worker's acker) and only when
+        some task keeps results, so that other tasks stay on the inline path."""
+        builtin: list[Middleware] = [self._retries]
+        if self.settings.store_results or any(t.store_result for t in self.tasks.values()):
+            from .middleware.results import Results
+
+            builtin.append(Results(self))
+        return builtin
 
     def _middleware_changed(self) -> None:
         self._publish_hooks = tuple(m for m in self.middleware if overrides(m, "before_publish"))
@@ -113,6 +120,11 @@ class Hurtle:
             self.broker.publish(messages)
             return messages[0].id
         return sent
+
+    def handle(self, id: str, task: Task[Any, Any] | None = None) -> Handle[Any]:
+        """The handle of a message sent earlier, from its id (and its task, if known: then
+        ``result`` on a task that keeps no results fails at once)."""
+        return Handle(id, self, task)
 
     def __repr__(self) -> str:
         return f"<Hurtle broker={self.settings.broker_url!r} tasks={len(self.tasks)}>"
@@ -148,6 +160,8 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
+        store_result: bool | None = None,
+        result_ttl: float | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -161,8 +175,14 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
+        store_result: bool | None = None,
+        result_ttl: float | None = None,
     ) -> Any:
-        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``."""
+        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
+
+        ``store_result=True`` keeps each outcome ``result_ttl`` seconds for ``Handle.result``
+        (defaults: the app's ``store_results`` and ``result_ttl`` settings).
+        """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or _default_name(func)
@@ -181,6 +201,10 @@ class Hurtle:
                 ),
                 priority=priority,
                 time_limit=time_limit,
+                store_result=(
+                    self.settings.store_results if store_result is None else store_result
+                ),
+                result_ttl=self.settings.result_ttl if result_ttl is None else result_ttl,
             )
             self.tasks[task_name] = t
             self._middleware_changed()  # built-ins may depend on task options

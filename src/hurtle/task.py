@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
 from .errors import ArgumentError, ConfigurationError
+from .handles import Handle
 from .ids import new_id
 from .message import CheckedBatch, Message, priority_problem, seconds_problem
 
@@ -186,7 +187,16 @@ class Task(Generic[P, R]):
         retry_delay: float,
         priority: int = 0,
         time_limit: float | None = None,
+        store_result: bool = False,
+        result_ttl: float = 86400.0,
     ) -> None:
+        if not isinstance(store_result, bool):
+            raise ConfigurationError(
+                f"task {name!r}: store_result must be True or False, got {store_result!r}"
+            )
+        _check_seconds(name, result_ttl, "result_ttl")
+        if result_ttl == 0:
+            raise ConfigurationError(f"task {name!r}: result_ttl must be > 0 seconds")
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ConfigurationError(f"task {name!r}: retries must be an int >= 0, got {retries!r}")
         _check_seconds(name, retry_delay, "retry_delay")
@@ -202,6 +212,9 @@ class Task(Generic[P, R]):
         self.retry_delay = retry_delay
         self.priority = _check_priority(name, priority)
         self.time_limit = time_limit
+        #: Whether outcomes are stored for ``Handle.result``, and for how many seconds.
+        self.store_result = store_result
+        self.result_ttl = float(result_ttl)
         self.arity = _arity_of(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
@@ -264,14 +277,15 @@ class Task(Generic[P, R]):
             dict(options.headers) if options.headers else {},
         )
 
-    def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """Enqueue one call; returns its message id once the broker has it."""
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
+        """Enqueue one call; returns its handle (``.id``, ``.result()``) once the broker has it.
+        """
         message = self.message(args, kwargs)
-        return self.app._publish([message])
+        return Handle(self.app._publish([message]), self.app, self)
 
     def send_many(self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
-                  ) -> list[str]:
-        """Enqueue many calls in one batch; returns their ids in order.
+                  ) -> list[Handle[R]]:
+        """Enqueue many calls in one batch; returns their handles in order.
 
         Each item is a tuple (or list) of positional arguments, a dict of keyword arguments, or an
         ``Args(*args, **kwargs)`` (``self.args(...)`` builds one that mypy checks against the
@@ -314,12 +328,13 @@ class BoundTask(Generic[P, R]):
         self.task = task
         self.opts = options
 
-    def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        message = self.task.message(args, kwargs, self.opts)
-        return self.task.app._publish([message])
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
+        task = self.task
+        message = task.message(args, kwargs, self.opts)
+        return Handle(task.app._publish([message]), task.app, task)
 
     def send_many(self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
-                  ) -> list[str]:
+                  ) -> list[Handle[R]]:
         return _send_many(self.task, calls, self.opts)
 
     def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
@@ -332,10 +347,10 @@ def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
 
 
 def _send_many(
-    task: Task[Any, Any],
+    task: Task[Any, R],
     calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args],
     options: SendOptions | None,
-) -> list[str]:
+) -> list[Handle[R]]:
     now = time.time()
     queue, priority, eta, headers = task._resolve(options, now)
     name = task.name
@@ -375,13 +390,14 @@ def _send_many(
         elif not lo <= len(args) <= hi:
             task._unfit(args, kwargs)
         append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
+    app = task.app
     if messages:
-        hooks = task.app._publish_hooks
+        hooks = app._publish_hooks
         if hooks:
             published: list[Message] = list(messages)  # hooks may change it: checked again
             for m in hooks:
                 published = m.before_publish(published)
-            task.app.broker.publish(published)
-            return [m.id for m in published]
-        task.app.broker.publish(messages)
-    return [m.id for m in messages]
+            app.broker.publish(published)
+            return [Handle(m.id, app, task) for m in published]
+        app.broker.publish(messages)
+    return [Handle(m.id, app, task) for m in messages]

@@ -19,6 +19,11 @@ Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): e
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
 then the oldest beyond the cap. Drops by the cap are logged as warnings, expiries as info.
 
+Results: ``Consumer.ack(deliveries, results)`` stores task results (``StoredResult``: an id,
+opaque bytes, a ttl) in the same step as the acknowledgements; ``Broker.get_result`` reads one;
+``Broker.watch_results`` wakes waiters where the store can notify (``tests/brokers/
+test_results_contract.py``).
+
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
 
@@ -49,6 +54,18 @@ class Delivery(msgspec.Struct, gc=False):
     queue: str
     raw: bytes
     receipt: Any
+
+
+class StoredResult(msgspec.Struct, frozen=True, gc=False):
+    """A task's outcome record to keep under its message ``id`` for ``ttl`` seconds.
+
+    ``payload`` is opaque to brokers (``hurtle.middleware.results`` encodes it); a later record
+    under the same id replaces the earlier one.
+    """
+
+    id: str
+    payload: bytes
+    ttl: float
 
 
 class QueueStats(msgspec.Struct, frozen=True):
@@ -127,8 +144,13 @@ class Consumer(abc.ABC):
         return []
 
     @abc.abstractmethod
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
-        """Record these deliveries as done: they leave the broker for good."""
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        """Record these deliveries as done: they leave the broker for good.
+
+        ``results`` (records of these or other messages) are stored in the same step, before
+        the acknowledgements take effect, each for its ``ttl``: a message never counts as done
+        while its record is missing. Waiters of ``Broker.watch_results`` are woken.
+        """
 
     @abc.abstractmethod
     def retry(self, delivery: Delivery, message: Message) -> None:
@@ -247,6 +269,23 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def last_tick(self, queue: str, name: str) -> float | None:
         """The last tick claimed for the schedule ``name`` of ``queue``, or ``None``."""
+
+    @abc.abstractmethod
+    def get_result(self, id: str) -> bytes | None:
+        """The payload last stored under message ``id`` (``Consumer.ack``), or None when there
+        is none or it expired."""
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Call ``wake`` (from any thread, without arguments) whenever a result may have been
+        stored for one of ``ids``; returns a function that stops watching.
+
+        Returns None when this broker cannot notify: the waiter then re-reads with short sleeps.
+        A wake may be spurious; a waiter reads the record after it starts watching, so that a
+        result stored just before is not missed.
+        """
+        return None
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.

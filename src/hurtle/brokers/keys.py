@@ -4,6 +4,10 @@ All keys of one queue share the hash tag ``{queue}`` so that they live in one Re
 and every Lua script touches a single slot. The only key outside a queue is the ``hurtle:queues``
 set of known queue names, which scripts never touch.
 
+Results live outside any queue: ``hurtle:result:{ID}`` (a STRING per message id, with its
+expiry; its own hash tag, since who reads it knows only the id) and the pub/sub channel
+``hurtle:results``, on which each batch of stored results announces its ids (space-separated).
+
 Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch id)::
 
     hurtle:queues                 SET     every queue name ever published to
@@ -41,6 +45,13 @@ from ..message import MAX_PRIORITY
 PREFIX = "hurtle"
 #: The set of every queue name hurtle has seen.
 QUEUES = f"{PREFIX}:queues"
+#: The channel that announces stored results (their ids, space-separated).
+RESULTS_CHANNEL = f"{PREFIX}:results"
+
+
+def result_key(id: str) -> str:
+    """The key of the result of message ``id``."""
+    return f"{PREFIX}:result:{{{id}}}"
 
 
 class QueueKeys:

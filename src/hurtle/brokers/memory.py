@@ -13,6 +13,10 @@ Poison messages are handled as in the Redis broker (``lua/heartbeat.lua`` explai
 are counted per message, a message recovered a second time waits in quarantine and is let out
 one at a time, and a message let out that way whose worker dies holding no other such message
 becomes a dead letter past ``max_recoveries`` deaths.
+
+Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads skip expired
+ones, and a write drops them all at most once a second. Watchers are called once the lock is
+released.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
@@ -33,6 +37,7 @@ from .base import (
     DeadLetter,
     Delivery,
     QueueStats,
+    StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
     log_trimmed,
@@ -88,6 +93,51 @@ class MemoryBroker(Broker):
         self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
         self._ticks: dict[tuple[str, str], float] = {}  # (queue, schedule) -> last claimed tick
+        # results: id -> (payload, expires at); reads skip expired ones, and a write at most
+        # once a second drops them all (a scan: cheaper than keeping them in order per write)
+        self._results: dict[str, tuple[bytes, float]] = {}
+        self._next_prune = 0.0
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+
+    def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
+        """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
+        now = time.time()
+        kept = self._results
+        if now >= self._next_prune:
+            self._next_prune = now + 1.0
+            for id_ in [i for i, (_, expires) in kept.items() if expires <= now]:
+                del kept[id_]
+        for r in results:
+            kept[r.id] = (r.payload, now + r.ttl)
+        watchers = self._watchers
+        if not watchers:
+            return []
+        return [w for r in results for w in watchers.get(r.id, ())]
+
+    def get_result(self, id: str) -> bytes | None:
+        with self._lock:
+            kept = self._results.get(id)
+        if kept is None or kept[1] <= time.time():
+            return None
+        return kept[0]
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        with self._lock:
+            for id_ in ids:
+                self._watchers.setdefault(id_, []).append(wake)
+
+        def stop() -> None:
+            with self._lock:
+                for id_ in ids:
+                    watchers = self._watchers.get(id_)
+                    if watchers is not None:
+                        watchers.remove(wake)
+                        if not watchers:
+                            del self._watchers[id_]
+
+        return stop
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -332,11 +382,16 @@ class _MemoryConsumer(Consumer):
     def _take(self, delivery: Delivery) -> tuple[str, bytes, int] | None:
         return self._held().pop(delivery.receipt, None)
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        wakes: list[Callable[[], None]] = []
         with self.broker._lock:
+            if results:
+                wakes = self.broker._store_results_locked(results)
             held = self._held()
             for d in deliveries:
                 held.pop(d.receipt, None)
+        for wake in wakes:
+            wake()
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()

@@ -16,6 +16,12 @@ How it works, in short:
   carries a token, kept until its reply is read: a fetch sent again after a lost reply first
   hands back what the lost one took, so nothing stays held by a worker that never saw it.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
+* results: ``Consumer.ack(deliveries, results)`` runs ``results.lua`` (a ``SET … PX`` per
+  result, then one ``PUBLISH`` of the batch's ids on ``hurtle:results``) before the ack scripts,
+  in the same pipeline.
+  Waiters do not poll: one listener thread per broker object, on one connection, subscribes to
+  that channel and wakes the waiters of the ids it hears; reads of records go through a small
+  pool of their own (``RESULT_CONNECTIONS``), so a thousand waiters use a handful of connections.
 * crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
   the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front
   of the queue, what workers whose deadline passed held. It counts their deaths per message: a
@@ -48,11 +54,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import os
 import re
 import socket
 import struct
+import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
@@ -79,13 +87,24 @@ from .base import (
     DeadLetter,
     Delivery,
     QueueStats,
+    StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
     log_trimmed,
 )
-from .keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
+from .keys import (
+    BATCH_BITS,
+    BATCH_MASK,
+    QUEUES,
+    RESULTS_CHANNEL,
+    QueueKeys,
+    queue_keys,
+    result_key,
+)
 
 __all__ = ["RedisBroker", "RedisConsumer"]
+
+log = logging.getLogger(__name__)
 
 #: Longest single ``BLPOP``; a longer ``fetch`` timeout blocks in several steps of this.
 MAX_BLOCK = 5.0
@@ -94,6 +113,8 @@ BLOCKING_SOCKET_TIMEOUT = MAX_BLOCK + 10.0
 #: Defaults for the other connections; ``?socket_timeout=…`` in the URL overrides them.
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
+#: Connections one broker object uses for results: the listener's, and the rest for reads.
+RESULT_CONNECTIONS = 4
 #: Due delayed messages promoted per fetch, at least (more when the batch is larger).
 PROMOTE_LIMIT = 1000
 
@@ -135,6 +156,7 @@ class _Scripts:
         self.dead_delete = _Script("dead_delete")
         self.dead_purge = _Script("dead_purge")
         self.claim_tick = _Script("claim_tick")
+        self.results = _Script("results")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
@@ -211,6 +233,13 @@ class RedisBroker(Broker):
         blocking_pool.connection_kwargs["decode_responses"] = False
         blocking_pool.connection_kwargs["socket_timeout"] = BLOCKING_SOCKET_TIMEOUT
         self._blocking = redis.Redis(connection_pool=blocking_pool)
+        # results: waiters share a few connections (a read waits for a free one)
+        results_pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=RESULT_CONNECTIONS, timeout=None, **options
+        )
+        results_pool.connection_kwargs["decode_responses"] = False
+        self._results = redis.Redis(connection_pool=results_pool)
+        self._listener = _ResultListener(self._results, self.url)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -453,10 +482,110 @@ class RedisBroker(Broker):
             )
         )
 
+    def get_result(self, id: str) -> bytes | None:
+        try:
+            payload: Any = self._results.get(result_key(id))
+        except redis.RedisError as err:
+            self._fail(err, f"reading the result of {id}")
+        return None if payload is None else bytes(payload)
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        return self._listener.watch(ids, wake)
+
     def close(self) -> None:
+        self._listener.close()
         self._client.close()
         self._blocking.connection_pool.disconnect()
         self._blocking.close()
+        self._results.connection_pool.disconnect()
+        self._results.close()
+
+
+class _ResultListener:
+    """One thread on one connection, subscribed to ``RESULTS_CHANNEL`` while anyone waits,
+    waking the waiters of the ids each announcement names.
+
+    Each (re)subscription wakes every waiter, so that one that started watching before the
+    subscription took effect re-reads its record: nothing announced in between is missed. A
+    forked child starts a listener of its own (the parent's thread did not come along).
+    """
+
+    def __init__(self, client: Any, url: str) -> None:
+        self._client = client
+        self._url = url
+        self._lock = threading.Lock()
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._pid = os.getpid()
+
+    def watch(self, ids: Sequence[str], wake: Callable[[], None]) -> Callable[[], None]:
+        if self._pid != os.getpid():  # forked: the thread and any lock holder stayed behind
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._watchers = {}
+            self._thread = None
+        with self._lock:
+            for id_ in ids:
+                self._watchers.setdefault(id_, []).append(wake)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name="hurtle-results", daemon=True
+                )
+                self._thread.start()
+
+        def stop() -> None:
+            with self._lock:
+                for id_ in ids:
+                    watchers = self._watchers.get(id_)
+                    if watchers is not None:
+                        watchers.remove(wake)
+                        if not watchers:
+                            del self._watchers[id_]
+
+        return stop
+
+    def _wake(self, ids: Iterable[str] | None) -> None:
+        with self._lock:
+            if ids is None:
+                wakes = [w for ws in self._watchers.values() for w in ws]
+            else:
+                wakes = [w for id_ in ids for w in self._watchers.get(id_, ())]
+        for wake in wakes:
+            wake()
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            pubsub = self._client.pubsub()
+            try:
+                pubsub.subscribe(RESULTS_CHANNEL)
+                while not self._closed:
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
+                        self._wake(message["data"].decode("ascii", "replace").split())
+                    elif message["type"] == "subscribe":
+                        self._wake(None)
+                    backoff = 0.1
+            except Exception as err:  # redis-py's errors, or its state after a disconnect
+                if self._closed:
+                    return
+                log.warning("lost the result announcements of Redis at %s (%s); "
+                            "subscribing again in %.1fs", self._url, err, backoff)
+                self._wake(None)  # waiters re-read meanwhile
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+
+    def close(self) -> None:
+        """Stop; the thread ends at its next read, which the pool's disconnect cuts short."""
+        self._closed = True
 
 
 _PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
@@ -510,6 +639,24 @@ def _ack_args(receipts: list[int]) -> list[Any]:
         args += (batch, end - start, struct.pack(f"<{end - start}I", *indexes))
         start = end
     return args
+
+
+def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
+    """One ``results.lua`` call per distinct ttl (most batches have one)."""
+    by_ttl: dict[float, list[StoredResult]] = {}
+    for r in results:
+        by_ttl.setdefault(r.ttl, []).append(r)
+    script = broker._scripts.results
+    commands = []
+    for ttl, group in by_ttl.items():
+        ids = [r.id for r in group]
+        commands.append(broker._call(
+            script,
+            [result_key(i) for i in ids],
+            [RESULTS_CHANNEL, " ".join(ids), max(int(ttl * 1000), 1),
+             *[r.payload for r in group]],
+        ))
+    return commands
 
 
 class _Target:
@@ -673,18 +820,20 @@ class RedisConsumer(Consumer):
             out += map(Delivery, repeat(name, n), raws, range(base, base + n))
         return out
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
-        if not deliveries:
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        if not deliveries and not results:
             return
         queues = set(map(_QUEUE_OF, deliveries))
-        if len(queues) == 1:
-            groups = {queues.pop(): list(map(_RECEIPT_OF, deliveries))}
+        if len(queues) <= 1:
+            groups = {queues.pop(): list(map(_RECEIPT_OF, deliveries))} if queues else {}
         else:
             groups = {}
             for d in deliveries:
                 groups.setdefault(d.queue, []).append(d.receipt)
         script = self.broker._scripts.ack
-        commands = [
+        # the records first: a message never counts as done while one is missing
+        commands: list[_Command] = _results_commands(self.broker, results) if results else []
+        commands += [
             self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
             for q, receipts in groups.items()
         ]

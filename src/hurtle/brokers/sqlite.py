@@ -40,6 +40,10 @@ deletes it once, like a plain insert-then-delete loop:
 * ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed
   (``claim_tick``: the check, the record and the publish in one transaction). Made by the first
   claim, so files of older versions need no upgrade.
+* ``results`` — task results by message id with their expiry (``Consumer.ack(..., results)``),
+  written in the acknowledgement's transaction; each such write first deletes up to 100 expired
+  rows (an index seek on ``expires`` that finds nothing, most of the time). Made with ``IF NOT
+  EXISTS`` when a file is opened: an additive table that older versions ignore.
 * ``deaths``, ``quarantine``, ``probes`` — poison messages (a task that kills its process), as in
   the Redis broker (``lua/heartbeat.lua``): recovery counts a death per recovered message (by
   sha1 of its bytes; at most ``MAX_DEATHS`` rows, those with the fewest deaths go first). A
@@ -116,6 +120,7 @@ from .base import (
     DeadLetter,
     Delivery,
     QueueStats,
+    StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
     log_trimmed,
@@ -219,6 +224,17 @@ _UPGRADES = {
 }
 #: Most recovered messages whose deaths the file remembers (those with the fewest go first).
 MAX_DEATHS = 10_000
+
+_RESULTS_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, expires REAL NOT NULL, "
+    "body BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS results_expires ON results (expires)",
+)
+_PUT_RESULT = "INSERT OR REPLACE INTO results (id, expires, body) VALUES (?, ?, ?)"
+_EXPIRE_RESULTS = (
+    "DELETE FROM results WHERE id IN (SELECT id FROM results WHERE expires <= ? LIMIT 100)"
+)
+_GET_RESULT = "SELECT body FROM results WHERE id = ? AND expires > ?"
 
 _IDS = "SELECT value FROM json_each(?)"
 _NEXT_IDS = "UPDATE seq SET next = next + ? RETURNING next"
@@ -444,6 +460,8 @@ class SQLiteBroker(Broker):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            for statement in _RESULTS_SCHEMA:
+                conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -814,6 +832,11 @@ class SQLiteBroker(Broker):
             deleted: int = conn.execute("DELETE FROM dead WHERE queue = ?", (queue,)).rowcount
         return deleted
 
+    def get_result(self, id: str) -> bytes | None:
+        with self._read() as conn:
+            row = conn.execute(_GET_RESULT, (id, time.time())).fetchone()
+        return None if row is None else bytes(row[0])
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
@@ -971,11 +994,17 @@ class _SQLiteConsumer(Consumer):
         conn.execute(_DROP_REACHED, (self.worker_id, delivery.queue, priority, id_))
         return True
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
-        if not deliveries:
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        if not deliveries and not results:
             return
         groups = _group(deliveries)
         with self.broker._write() as conn:
+            if results:
+                now = time.time()
+                conn.execute(_EXPIRE_RESULTS, (now,))
+                conn.executemany(
+                    _PUT_RESULT, [(r.id, now + r.ttl, r.payload) for r in results]
+                )
             self._ack_in(conn, groups)
 
     def retry(self, delivery: Delivery, message: Message) -> None:

@@ -12,6 +12,14 @@ is logged as an error with the counts. Such messages are not lost: they are stil
 worker's session in the broker, which hands them back when the session closes (or, if it cannot
 be closed, once this worker's heartbeat lapses), so their tasks run again.
 
+Results ride with acknowledgements: ``ack_with_result`` queues a delivery together with its
+record (``StoredResult``), and the flush hands both to one ``Consumer.ack`` call, so a batch of
+results costs the round trip the acknowledgements pay anyway. Records without a delivery to
+acknowledge (``store_result``: a failed attempt, a dead letter) are written first in the flush,
+before the retries and dead letters gathered with them: a record never lands after the outcome
+of the attempt that follows it. ``take_acks`` takes only plain acknowledgements; those with
+results stay with the acker's own flush.
+
 An outcome the broker refuses for its own content (anything else: an ``EncodeError``, a script
 error for that one delivery, ...) must not block the others. A refusal that is not a
 ``BrokerError`` is final at once; a ``BrokerError`` that is not about reaching the broker is given
@@ -31,7 +39,7 @@ import threading
 import time
 from collections import deque
 
-from ..brokers import Consumer, Delivery
+from ..brokers import Consumer, Delivery, StoredResult
 from ..errors import BrokerError
 from ..message import Message
 
@@ -97,6 +105,9 @@ class Acker:
         # appended to by executor threads without a lock (deque.append is atomic), drained by
         # whoever flushes: the hot path pays one append and one length check per task
         self._acks: deque[Delivery] = deque()
+        # likewise: acknowledgements that carry a result, and records to store on their own
+        self._with_results: deque[tuple[Delivery, str, bytes, float]] = deque()
+        self._records: list[StoredResult] = []
         self._ops: list[_Op] = []
         self._wake = threading.Event()
         self._stopping = False
@@ -123,6 +134,22 @@ class Acker:
         acks.extend(deliveries)
         if len(acks) >= self.batch_size:
             self._wake.set()
+
+    def ack_with_result(
+        self, delivery: Delivery, message_id: str, payload: bytes, ttl: float
+    ) -> None:
+        """Acknowledge ``delivery`` and store ``payload`` as the result of ``message_id`` for
+        ``ttl`` seconds, in the same broker call as the batch's other acknowledgements."""
+        pending = self._with_results
+        pending.append((delivery, message_id, payload, ttl))  # made a StoredResult when flushed
+        if len(pending) == self.batch_size:
+            self._wake.set()
+
+    def store_result(self, message_id: str, payload: bytes, ttl: float) -> None:
+        """Store a record with nothing to acknowledge (a failed attempt), in the next flush."""
+        with self._lock:
+            self._records.append(StoredResult(message_id, payload, ttl))
+        self._wake.set()
 
     def take_acks(self) -> list[Delivery]:
         """Take the acknowledgements gathered so far, for the caller to record itself."""
@@ -157,7 +184,9 @@ class Acker:
     @property
     def pending(self) -> int:
         with self._lock:
-            return len(self._acks) + len(self._ops)
+            return (
+                len(self._acks) + len(self._with_results) + len(self._records) + len(self._ops)
+            )
 
     @property
     def stopping(self) -> bool:
@@ -174,12 +203,31 @@ class Acker:
     def _flush(self) -> bool:
         with self._lock:
             ops, self._ops = self._ops, []
+            records, self._records = self._records, []
         pending = self._acks
         popleft = pending.popleft
         acks = [popleft() for _ in range(len(pending))]
+        pending_results = self._with_results
+        take = pending_results.popleft
+        with_results = [
+            (item[0], StoredResult(item[1], item[2], item[3]))
+            for item in [take() for _ in range(len(pending_results))]
+        ]
         kept: list[_Op] = []  # to try again, in order
         error: Exception | None = None  # why the broker could not be reached
         settled = 0
+        if records:
+            try:
+                self.consumer.ack((), records)
+            except Exception as err:
+                if unreachable(err):
+                    error = err
+                    kept, ops = ops, []
+                    with self._lock:
+                        self._records[:0] = records
+                else:  # a record is not an outcome: the messages' fates are settled anyway
+                    log.error("the broker refused to store %d results (%s); their handles "
+                              "will not see these failures", len(records), err)
         for i, op in enumerate(ops):
             try:
                 op.apply(self.consumer)
@@ -192,26 +240,36 @@ class Acker:
                     kept.append(op)
                 continue
             settled += 1
-        if acks and error is None:
+        if (acks or with_results) and error is None:
             try:
-                self.consumer.ack(acks)
+                if with_results:
+                    self.consumer.ack(
+                        acks + [d for d, _ in with_results], [r for _, r in with_results]
+                    )
+                else:
+                    self.consumer.ack(acks)
             except Exception as err:
                 if unreachable(err):
                     error = err
                 else:
                     acks = self._ack_one_by_one(acks, err)
+                    with_results = self._ack_one_by_one_with_results(with_results)
             else:
-                settled += len(acks)
+                settled += len(acks) + len(with_results)
                 acks = []
-        if kept or acks:
+                with_results = []
+        if kept or acks or with_results:
             with self._lock:  # put back in front, in order
                 self._ops[:0] = kept
             pending.extendleft(reversed(acks))
+            pending_results.extendleft(
+                (d, r.id, r.payload, r.ttl) for d, r in reversed(with_results)
+            )
         self.settled += settled
         if error is not None:
             log.warning("could not settle %d outcomes, will retry: %s",
-                        len(kept) + len(acks), error)
-        return not kept and not acks
+                        len(kept) + len(acks) + len(with_results), error)
+        return not kept and not acks and not with_results
 
     def _refused(self, op: _Op, err: Exception) -> bool:
         """Handle an outcome the broker refused; True when it is off the acker's hands."""
@@ -271,6 +329,26 @@ class Acker:
                 self.settled += 1
         return again
 
+    def _ack_one_by_one_with_results(
+        self, items: list[tuple[Delivery, StoredResult]]
+    ) -> list[tuple[Delivery, StoredResult]]:
+        """Like ``_ack_one_by_one``, for acknowledgements that carry a result."""
+        again: list[tuple[Delivery, StoredResult]] = []
+        for i, (delivery, record) in enumerate(items):
+            try:
+                self.consumer.ack([delivery], [record])
+            except Exception as one_err:
+                if unreachable(one_err):
+                    again += items[i:]
+                    break
+                self.dropped += 1
+                log.error("the broker refused to acknowledge a delivery of %r with its result "
+                          "(%s): giving up on it; it goes back to its queue when this worker "
+                          "stops, so its task runs again", delivery.queue, one_err)
+            else:
+                self.settled += 1
+        return again
+
     def _run(self) -> None:
         backoff = self.interval
         was_stopping = False
@@ -308,7 +386,7 @@ class Acker:
                 time.sleep(min(backoff, left))
                 backoff = min(max(backoff * 2, 0.05), 2.0)
         with self._lock:
-            acks, ops = len(self._acks), list(self._ops)
+            acks, ops = len(self._acks) + len(self._with_results), list(self._ops)
         if acks or ops:
             kinds = {k: sum(len(o.deliveries) for o in ops if o.kind == k)
                      for k in ("retry", "dead", "defer", "release")}

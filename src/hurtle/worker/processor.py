@@ -27,7 +27,18 @@ A delivery of a non-inline task goes through three steps, which executors may dr
 * ``begin`` decodes and looks up the task (a ``Job``), or dead-letters what cannot run;
 * the call: ``run`` (synchronous, an ``async def`` task on this thread's own loop) or
   ``run_async`` (awaited on the asyncio executor's loop), after the ``before_process`` hooks;
-* ``finish``: ``after_process`` hooks, the outcome, then ``after_outcome`` hooks.
+* ``finish``: ``after_process`` hooks (one that raises a ``HurtleError`` after a call that
+  returned fails the call with it — a result that cannot be stored fails the task; any other
+  exception from a hook is logged and changes nothing), the outcome, and the
+  ``after_outcome`` hooks: after an acknowledgement is handed to the acker, but just *before* a
+  retry or dead letter is, so that what they hand the acker (a failure record) is flushed no
+  later than the outcome — else a quick next attempt elsewhere could store its success first
+  and the stale failure replace it.
+
+A result rides its acknowledgement: a job whose ``stored`` was set (by the results middleware's
+``after_process``) is acknowledged with ``Acker.ack_with_result``, in the same broker call as the
+other acknowledgements of its flush. Only tasks that keep results have that middleware in their
+pipeline: the others stay inline.
 
 Time limits are the executor's business (``Limit``): only it knows how a running call can be
 stopped.
@@ -47,8 +58,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import msgspec
 
 from .._text import describe, safe_repr, safe_str, trace
-from ..brokers import Delivery
-from ..errors import DecodeError, TimeLimitExceeded
+from ..brokers import Delivery, StoredResult
+from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
 from ..middleware.retries import Retries
@@ -145,6 +156,8 @@ class Job(msgspec.Struct, eq=False):
     alone: bool = False
     #: Set once the outcome is handed to the acker.
     outcome: Outcome | None = None
+    #: The result to store with the acknowledgement (set by the results middleware).
+    stored: StoredResult | None = None
     #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
     deferrals: ClassVar[int] = 0
 
@@ -548,10 +561,17 @@ class Processor:
                 try:
                     hook(job, result, error)
                 except Exception as err:
+                    if error is None and isinstance(err, HurtleError):
+                        error = err  # a refusal (a result that cannot be stored): it failed
+                        continue
                     log.error("middleware %s failed in after_process: %s",
                               safe_repr(getattr(hook, "__self__", hook)), describe(err))
         if error is None:
-            self.acker.ack(job.delivery)
+            stored = job.stored
+            if stored is None:
+                self.acker.ack(job.delivery)
+            else:
+                self.acker.ack_with_result(job.delivery, stored.id, stored.payload, stored.ttl)
             job.outcome = Outcome("ack", result)
             self._after_outcome(job)
         else:
@@ -627,16 +647,22 @@ class Processor:
         self.failed += 1
         try:
             outcome = self.retries.decide(job, err)
+        except Exception as inner:  # formatting or deciding failed: still an outcome
+            job.outcome = Outcome("dead", error=inner, reason="crashed")
+            self._after_outcome(job)
+            self._crashed(job.delivery, inner)
+            return
+        # the hooks run before the hand-off: what they give the acker goes out no later
+        job.outcome = outcome
+        self._after_outcome(job)
+        try:
             if outcome.kind == "retry":
                 assert outcome.message is not None
                 self.acker.retry(job.delivery, outcome.message)
             else:
                 self.acker.dead_letter(job.delivery, outcome.reason)
-        except Exception as inner:  # formatting or deciding failed: still an outcome
+        except Exception as inner:  # recording failed: still an outcome
             self._crashed(job.delivery, inner)
-            outcome = Outcome("dead", error=inner, reason="crashed")
-        job.outcome = outcome
-        self._after_outcome(job)
 
     def close(self) -> None:
         for loop in self._loops:
