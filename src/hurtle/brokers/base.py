@@ -19,6 +19,20 @@ Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): e
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
 then the oldest beyond the cap. Drops by the cap are logged as warnings, expiries as info.
 
+Limits and unique locks live in the broker too, so that every worker sharing it sees them:
+
+* rate limits: ``Broker.take_tokens`` takes tokens of several keys in one call (GCRA in the
+  store's clock: ``limit`` starts per ``period``, a burst of at most ``limit``);
+* concurrency limits: ``Consumer.acquire_slots`` / ``release_slots``; a slot is held by the
+  consumer that took it, and the slots of a consumer whose heartbeat deadline passed are free;
+* unique locks: ``Broker.publish_unique`` takes a lock per message (its key in
+  ``headers["unique"]``, held for ``unique_for`` seconds, storing the message id) in the same
+  step as the publish, and enqueues only the messages that got theirs;
+  ``Consumer.release_unique`` ends locks whose message is settled (a lock taken again by
+  another message since is left alone);
+* ``Consumer.defer`` puts a held delivery back unchanged (same attempt), due later: a throttled
+  message is not a failure.
+
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
 
@@ -134,6 +148,32 @@ class Consumer(abc.ABC):
     def retry(self, delivery: Delivery, message: Message) -> None:
         """Replace a held delivery by ``message`` (the next attempt), due at ``message.eta``."""
 
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        """Put a held delivery back unchanged (same attempt), due at ``eta`` (Unix seconds).
+
+        Settles it like ``retry``: a delivery no longer held is left alone.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support deferral")
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """``defer`` each ``(delivery, eta)``; brokers that can do it in one step override this."""
+        for delivery, eta in items:
+            self.defer(delivery, eta)
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        """For each ``(key, limit, wanted)``: take up to ``wanted`` slots of ``key`` for this
+        consumer, so that at most ``limit`` are held across all consumers; returns how many
+        each got. Slots held by consumers whose heartbeat deadline passed count as free."""
+        raise NotImplementedError(f"{type(self).__name__} does not support concurrency limits")
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        """Give back ``count`` slots of each ``(key, count)`` held by this consumer."""
+        raise NotImplementedError(f"{type(self).__name__} does not support concurrency limits")
+
+    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+        """End the unique locks ``(queue, key, message id)`` still held for that message."""
+        raise NotImplementedError(f"{type(self).__name__} does not support unique locks")
+
     @abc.abstractmethod
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         """Move a held delivery to its queue's dead letters, with ``reason`` and its raw bytes.
@@ -189,6 +229,24 @@ class Broker(abc.ABC):
 
         Encoding happens before anything is written, so an ``EncodeError`` enqueues nothing.
         """
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        """Publish the messages that can take their unique lock, in the same step.
+
+        Each message names its lock in ``headers["unique"]`` (a str; locks are per queue). A
+        lock held (by a message published earlier, or earlier in this batch) keeps its message
+        out; a lock taken is held ``unique_for`` seconds, or until ``release_unique``. Returns,
+        per message, the id of the message that holds its lock: its own when it was enqueued.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support unique locks")
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        """For each ``(key, limit, period, wanted)``: take up to ``wanted`` of the ``limit``
+        tokens per ``period`` seconds of ``key``; returns per request ``(granted, wait)``,
+        ``wait`` the seconds until the next token is due when fewer were granted (else 0)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support rate limits")
 
     @abc.abstractmethod
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
@@ -302,6 +360,31 @@ def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
             "raise it, or retry or purge them sooner, to keep more",
             dropped, queue, broker.dead_letter_max,
         )
+
+
+def gcra(tat: float, now: float, limit: int, period: float, wanted: int
+         ) -> tuple[int, float, float]:
+    """Generic cell rate: ``(granted, wait, new tat)`` for ``wanted`` tokens of a key whose
+    theoretical arrival time is ``tat``; at most ``limit`` tokens per ``period``, a burst of at
+    most ``limit``. The memory and SQLite brokers use it; ``lua/rate.lua`` is the same."""
+    interval = period / limit
+    tat = max(tat, now)
+    room = int((now + period - tat) / interval + 1e-9)
+    granted = max(0, min(wanted, room))
+    tat += granted * interval
+    wait = 0.0 if granted == wanted else max(tat + interval - period - now, 0.0)
+    return granted, wait, tat
+
+
+def unique_key_of(message: Message) -> str:
+    """The unique lock key a message names, checked."""
+    key = message.headers.get("unique")
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError(
+            f"message {message.id} of task {message.task!r} has no unique key: "
+            "publish_unique needs headers['unique'] (a non-empty str) on every message"
+        )
+    return key
 
 
 def _nothing() -> None:

@@ -24,6 +24,13 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:deaths             ZSET    sha1 of a recovered raw message, scored by its deaths
     hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
     hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
+    hurtle:{q}:unique:K           STRING  id of the message holding unique lock K (expires)
+
+Limits shared by every worker, each key under a hash tag of its own (``L`` = a limit's key)::
+
+    hurtle:{rate:L}               STRING  GCRA theoretical arrival time (server seconds; expires)
+    hurtle:{slots:L}:held         HASH    W -> concurrency slots of L that worker W holds
+    hurtle:{slots:L}:alive        ZSET    W, scored by W's deadline: slots of a W past it are free
 
 A fetch records what it took as one in-flight *batch* per priority (``B = SEQ * 10 + P``), so that
 recording and acknowledging a thousand messages costs a few commands rather than a thousand hash
@@ -88,6 +95,22 @@ class QueueKeys:
     def fetched(self, worker_id: str) -> str:
         """The record of the last fetch of ``worker_id`` from this queue that took something."""
         return f"{PREFIX}:{{{self.name}}}:fetched:{worker_id}"
+
+
+def unique_key(queue: str, key: str) -> str:
+    """The unique lock ``key`` of queue ``queue`` (same hash tag as the queue's keys)."""
+    return f"{PREFIX}:{{{queue}}}:unique:{key}"
+
+
+def rate_key(key: str) -> str:
+    """Where the rate limit ``key`` keeps its state."""
+    return f"{PREFIX}:{{rate:{key}}}"
+
+
+def slot_keys(key: str) -> tuple[str, str]:
+    """The concurrency limit ``key``'s holders hash and their deadlines zset (one hash tag)."""
+    base = f"{PREFIX}:{{slots:{key}}}"
+    return f"{base}:held", f"{base}:alive"
 
 
 @lru_cache(maxsize=4096)

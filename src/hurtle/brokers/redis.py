@@ -16,6 +16,9 @@ How it works, in short:
   carries a token, kept until its reply is read: a fetch sent again after a lost reply first
   hands back what the lost one took, so nothing stays held by a worker that never saw it.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
+* limits: ``rate.lua`` (GCRA tokens) and ``slots.lua`` (concurrency slots held per worker),
+  one call per key, pipelined; unique locks: ``publish_unique.lua`` takes them and publishes in
+  one script per queue, ``unique_release.lua`` ends them. Deferral reuses ``retry.lua``.
 * crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
   the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front
   of the queue, what workers whose deadline passed held. It counts their deaths per message: a
@@ -81,8 +84,18 @@ from .base import (
     QueueStats,
     check_dead_letter_limits,
     log_trimmed,
+    unique_key_of,
 )
-from .keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
+from .keys import (
+    BATCH_BITS,
+    BATCH_MASK,
+    QUEUES,
+    QueueKeys,
+    queue_keys,
+    rate_key,
+    slot_keys,
+    unique_key,
+)
 
 __all__ = ["RedisBroker", "RedisConsumer"]
 
@@ -133,6 +146,10 @@ class _Scripts:
         self.dead_list = _Script("dead_list")
         self.dead_delete = _Script("dead_delete")
         self.dead_purge = _Script("dead_purge")
+        self.rate = _Script("rate")
+        self.slots = _Script("slots")
+        self.publish_unique = _Script("publish_unique")
+        self.unique_release = _Script("unique_release")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
@@ -308,6 +325,58 @@ class RedisBroker(Broker):
             args += delayed
             commands.append(self._call(self._scripts.publish, _publish_keys(name), args))
         self._pipeline(commands, f"publishing {len(batch)} messages")
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return []
+        locks = [unique_key_of(m) for m in batch]
+        payloads = encode_many(batch)
+        # queue -> (positions in the batch, lock keys, script arguments)
+        groups: dict[str, tuple[list[int], list[str], list[Any]]] = {}
+        for i, (m, lock, raw) in enumerate(zip(batch, locks, payloads, strict=True)):
+            group = groups.get(m.queue)
+            if group is None:
+                group = groups[m.queue] = ([], [], [max(math.ceil(unique_for * 1000), 1)])
+            if m.priority not in _PRIORITY_ARG:
+                raise EncodeError(
+                    f"priority {m.priority!r} of task {m.task!r} is out of range: use an int "
+                    f"from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                )
+            group[0].append(i)
+            group[1].append(unique_key(m.queue, lock))
+            group[2].extend((m.id, _PRIORITY_ARG[m.priority], repr(float(m.eta)), raw))
+        commands: list[_Command] = [(("SADD", QUEUES, *groups), None)]
+        for name, (_, lock_keys, args) in groups.items():
+            commands.append(self._call(
+                self._scripts.publish_unique, (*_publish_keys(name), *lock_keys), args
+            ))
+        results = self._pipeline(commands, f"publishing {len(batch)} unique messages")
+        out = [m.id for m in batch]
+        for (positions, _, _), skipped in zip(groups.values(), results[1:], strict=True):
+            for at in range(0, len(skipped), 2):
+                holder = skipped[at + 1]
+                out[positions[skipped[at] - 1]] = (
+                    holder.decode() if isinstance(holder, bytes) else str(holder)
+                )
+        return out
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        if not requests:
+            return []
+        script = self._scripts.rate
+        commands = [
+            self._call(script, (rate_key(key),), (limit, repr(float(period)), wanted))
+            for key, limit, period, wanted in requests
+        ]
+        return [
+            (int(granted), float(wait))
+            for granted, wait in self._pipeline(commands, f"taking tokens of {len(requests)} "
+                                                "rate limits")
+        ]
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         if not payloads:
@@ -513,6 +582,8 @@ class RedisConsumer(Consumer):
         self._fetch = broker._scripts.fetch
         # a fetch script sent by ``prefetch`` whose reply is still to be read: (connection, want)
         self._pending: tuple[Any, int] | None = None
+        #: concurrency key -> slots this consumer holds (their deadlines move with each beat)
+        self._slots: dict[str, int] = {}
 
     def _target(self, queue: str) -> _Target:
         target = self._targets.get(queue)
@@ -720,6 +791,82 @@ class RedisConsumer(Consumer):
         )
         log_trimmed(b, delivery.queue, expired, dropped)
 
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """Each delivery goes back as it is (``retry.lua`` with its own bytes), one round trip."""
+        if not items:
+            return
+        b = self.broker
+        commands = []
+        for delivery, eta in items:
+            k = self._target(delivery.queue)
+            batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
+            commands.append(b._call(
+                b._scripts.retry,
+                (*k.keys.ready, k.keys.delayed, k.inflight, k.keys.wake, k.keys.seq),
+                (batch, index, batch % 10, repr(float(eta)), delivery.raw),
+            ))
+        b._pipeline(commands, f"deferring {len(items)} deliveries")
+
+    def _slot_commands(self, broker: RedisBroker, changes: Iterable[tuple[str, int, int]]
+                       ) -> list[_Command]:
+        script = broker._scripts.slots
+        return [
+            broker._call(script, slot_keys(key), (self.worker_id, self._timeout_arg, limit, n))
+            for key, limit, n in changes
+        ]
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        if not requests:
+            return []
+        got = self.broker._pipeline(
+            self._slot_commands(self.broker, requests),
+            f"taking slots of {len(requests)} concurrency limits",
+        )
+        for (key, _, _), n in zip(requests, got, strict=True):
+            if n:
+                self._slots[key] = self._slots.get(key, 0) + int(n)
+        return [int(n) for n in got]
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        if not releases:
+            return
+        self.broker._pipeline(
+            self._slot_commands(self.broker, ((key, 0, -n) for key, n in releases)),
+            f"giving back slots of {len(releases)} concurrency limits",
+        )
+        for key, n in releases:
+            left = self._slots.get(key, 0) - n
+            if left > 0:
+                self._slots[key] = left
+            else:
+                self._slots.pop(key, None)
+
+    def _touch_slots(self, broker: RedisBroker) -> None:
+        """Move the deadline of the slots this consumer holds (with each heartbeat)."""
+        held = list(self._slots)
+        if held:
+            broker._pipeline(
+                self._slot_commands(broker, ((key, 0, 0) for key in held)),
+                "refreshing concurrency slots",
+            )
+
+    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+        if not locks:
+            return
+        by_queue: dict[str, tuple[list[str], list[str]]] = {}
+        for queue, key, message_id in locks:
+            keys, ids = by_queue.setdefault(queue, ([], []))
+            keys.append(unique_key(queue, key))
+            ids.append(message_id)
+        script = self.broker._scripts.unique_release
+        self.broker._pipeline(
+            [self.broker._call(script, keys, ids) for keys, ids in by_queue.values()],
+            f"releasing {len(locks)} unique locks",
+        )
+
     def release(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
@@ -737,6 +884,7 @@ class RedisConsumer(Consumer):
         self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
 
     def heartbeat(self) -> bool:
+        self._touch_slots(self.broker)
         return self.broker._heartbeat(
             list(self._targets), self.worker_id, self.heartbeat_timeout
         )[1]
@@ -749,6 +897,7 @@ class RedisConsumer(Consumer):
         queues, worker_id, timeout = list(self._targets), self.worker_id, self.heartbeat_timeout
 
         def beat() -> bool:
+            self._touch_slots(own)
             return own._heartbeat(queues, worker_id, timeout)[1]
 
         return beat, own.close
@@ -767,4 +916,8 @@ class RedisConsumer(Consumer):
                 )
             )
             commands.append((("DEL", target.fetched), None))
+        commands += self._slot_commands(
+            self.broker, ((key, 0, -n) for key, n in self._slots.items())
+        )
         self.broker._pipeline(commands, "closing a consumer")
+        self._slots.clear()
