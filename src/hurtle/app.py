@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
+from .limits import KeyFunction
 from .settings import Settings, load_settings
 from .task import Task
 
 if TYPE_CHECKING:
+    from .middleware import Middleware
     from .worker import Worker
 
 P = ParamSpec("P")
@@ -85,6 +87,12 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyFunction | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeyFunction | None = None,
+        unique_for: float | None = None,
+        unique_key: KeyFunction | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -98,8 +106,19 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyFunction | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeyFunction | None = None,
+        unique_for: float | None = None,
+        unique_key: KeyFunction | None = None,
     ) -> Any:
-        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``."""
+        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
+
+        Limits and uniqueness (``hurtle.limits``): ``rate_limit="50/s"`` (``/m``, ``/h``),
+        ``rate_limit_key=``, ``concurrency_limit=N``, ``concurrency_key=``, ``unique_for=``
+        seconds, ``unique_key=``; each key option is a callable of the task's arguments.
+        """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or _default_name(func)
@@ -118,6 +137,12 @@ class Hurtle:
                 ),
                 priority=priority,
                 time_limit=time_limit,
+                rate_limit=rate_limit,
+                rate_limit_key=rate_limit_key,
+                concurrency_limit=concurrency_limit,
+                concurrency_key=concurrency_key,
+                unique_for=unique_for,
+                unique_key=unique_key,
             )
             self.tasks[task_name] = t
             return t
@@ -125,6 +150,17 @@ class Hurtle:
         if fn is not None:
             return register(fn)
         return register
+
+    def _builtin_middleware(self) -> list[Middleware]:
+        """The built-in middleware the registered tasks' options switch on."""
+        from .middleware.limits import LimitsMiddleware
+        from .middleware.unique import UniqueMiddleware
+
+        out: list[Middleware] = []
+        for m in (LimitsMiddleware(), UniqueMiddleware()):
+            if any(m.applies_to(t) for t in self.tasks.values()):
+                out.append(m)
+        return out
 
     def queues(self) -> list[str]:
         """The queues this app's tasks name, and the default queue."""

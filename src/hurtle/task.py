@@ -24,8 +24,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
+import msgspec
+
 from .errors import ArgumentError, ConfigurationError
 from .ids import new_id
+from .limits import KeyFunction, Limits
 from .message import CheckedBatch, Message, priority_problem, seconds_problem
 
 if TYPE_CHECKING:
@@ -186,6 +189,12 @@ class Task(Generic[P, R]):
         retry_delay: float,
         priority: int = 0,
         time_limit: float | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyFunction | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeyFunction | None = None,
+        unique_for: float | None = None,
+        unique_key: KeyFunction | None = None,
     ) -> None:
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ConfigurationError(f"task {name!r}: retries must be an int >= 0, got {retries!r}")
@@ -202,6 +211,15 @@ class Task(Generic[P, R]):
         self.retry_delay = retry_delay
         self.priority = _check_priority(name, priority)
         self.time_limit = time_limit
+        limits = Limits(
+            name, rate_limit=rate_limit, rate_limit_key=rate_limit_key,
+            concurrency_limit=concurrency_limit, concurrency_key=concurrency_key,
+            unique_for=unique_for, unique_key=unique_key,
+        )
+        #: Rate, concurrency and uniqueness options, or None when the task uses none.
+        self.limits: Limits | None = (
+            limits if limits.rate or limits.concurrency or limits.unique_for else None
+        )
         self.arity = _arity_of(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
@@ -265,8 +283,14 @@ class Task(Generic[P, R]):
         )
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """Enqueue one call; returns its message id once the broker has it."""
+        """Enqueue one call; returns its message id once the broker has it.
+
+        With ``unique_for``, a call like one still waiting or running enqueues nothing and
+        returns the id of that one.
+        """
         message = self.message(args, kwargs)
+        if self.limits is not None and self.limits.unique_for is not None:
+            return _publish_unique(self, [message])[0]
         self.app.broker.publish([message])
         return message.id
 
@@ -317,6 +341,9 @@ class BoundTask(Generic[P, R]):
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
         message = self.task.message(args, kwargs, self.opts)
+        limits = self.task.limits
+        if limits is not None and limits.unique_for is not None:
+            return _publish_unique(self.task, [message])[0]
         self.task.app.broker.publish([message])
         return message.id
 
@@ -378,5 +405,20 @@ def _send_many(
             task._unfit(args, kwargs)
         append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
     if messages:
+        if task.limits is not None and task.limits.unique_for is not None:
+            return _publish_unique(task, messages)
         task.app.broker.publish(messages)
     return [m.id for m in messages]
+
+
+def _publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
+    """Publish calls of a ``unique_for`` task, each naming its lock in ``headers["unique"]``;
+    returns per call the id of the message that holds its lock (its own when enqueued)."""
+    limits = task.limits
+    assert limits is not None and limits.unique_for is not None
+    key_of = limits.unique_key_of
+    replace = msgspec.structs.replace
+    locked = CheckedBatch(
+        replace(m, headers={**m.headers, "unique": key_of(m.args, m.kwargs)}) for m in messages
+    )
+    return task.app.broker.publish_unique(locked, limits.unique_for)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..brokers import Delivery
 from ..errors import DecodeError, Reject, Retry, TimeLimitExceeded
 from ..message import Message, decode_unchecked
-from ..middleware import Middleware
+from ..middleware import Middleware, Outcome
 from ..middleware.retries import backoff, next_attempt
 from .acker import Acker
 
@@ -73,13 +73,21 @@ class BatchState(Protocol):
 class Job:
     """One decoded delivery and the task it names, on its way through the processor."""
 
-    __slots__ = ("delivery", "message", "started", "task")
+    __slots__ = ("defer_reason", "deferred", "delivery", "message", "started", "task")
 
     def __init__(self, delivery: Delivery, message: Message, task: Task[Any, Any]) -> None:
         self.delivery = delivery
         self.message = message
         self.task = task
         self.started = 0.0
+        #: Seconds from now after which a deferred job goes back to its queue, else None.
+        self.deferred: float | None = None
+        self.defer_reason = ""
+
+    def defer(self, delay: float, reason: str) -> None:
+        """Put this job back in its queue after ``delay`` seconds, unrun, same attempt."""
+        self.deferred = max(delay, 0.0)
+        self.defer_reason = reason
 
     def call(self) -> Any:
         """Call the task function (a coroutine function returns its coroutine)."""
@@ -125,6 +133,8 @@ class Processor:
         self.tasks = app.tasks
         self.acker = acker
         self.middleware = list(middleware)
+        self._hooks: dict[str, list[Middleware]] = {}  # task name -> middleware applying to it
+        self._batch: list[tuple[Middleware, list[Job]]] = []  # solo: the batch's hooked jobs
         self.limit = limit
         self.max_retry_delay = app.settings.max_retry_delay
         self._local = threading.local()
@@ -152,7 +162,7 @@ class Processor:
         if task is None:
             self._unknown(delivery, message)
             return
-        if self.middleware or task.is_async or task.time_limit is not None:
+        if (self.middleware and self.hooks(task)) or task.is_async or task.time_limit is not None:
             self.run(Job(delivery, message, task))
             return
         try:
@@ -195,7 +205,7 @@ class Processor:
                     self.process(delivery)  # dead-letters it with the reason
                     continue
                 started += 1
-                if not plain or task.is_async or task.time_limit is not None:
+                if (not plain and self.hooks(task)) or task.is_async or task.time_limit is not None:
                     self.run(Job(delivery, message, task), state)
                     continue
                 try:
@@ -213,6 +223,60 @@ class Processor:
             self.processed += started
             if done:
                 self.acker.ack_many(done)
+            if self._batch:
+                self._after_batch()
+
+    # -- middleware --------------------------------------------------------------------------
+
+    def hooks(self, task: Task[Any, Any]) -> list[Middleware]:
+        """The middleware that apply to ``task``, decided once per task."""
+        hooks = self._hooks.get(task.name)
+        if hooks is None:
+            hooks = self._hooks[task.name] = [m for m in self.middleware if m.applies_to(task)]
+        return hooks
+
+    def before_batch(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """Run the ``before_batch`` hooks over a fetched batch; defer the jobs they mark and
+        return the deliveries left to run (those that cannot be decoded stay, for ``process``
+        to dead-letter)."""
+        per_hook: dict[int, tuple[Middleware, list[Job]]] = {}
+        for delivery in deliveries:
+            try:
+                message = _decode(delivery.raw)
+                task = self.tasks[message.task]
+            except Exception:
+                continue
+            hooks = self.hooks(task)
+            if hooks:
+                job = Job(delivery, message, task)
+                for m in hooks:
+                    per_hook.setdefault(id(m), (m, []))[1].append(job)
+        if not per_hook:
+            return deliveries
+        deferred: set[int] = set()
+        for m, jobs in per_hook.values():
+            m.before_batch(jobs)
+            now = time.time()
+            for job in jobs:
+                if job.deferred is not None and id(job.delivery) not in deferred:
+                    deferred.add(id(job.delivery))
+                    self.acker.defer(job.delivery, now + job.deferred)
+                    for other in self.hooks(job.task):
+                        other.after_outcome(job, Outcome("deferred"))
+        self._batch = [(m, [j for j in jobs if id(j.delivery) not in deferred])
+                       for m, jobs in per_hook.values()]
+        if not deferred:
+            return deliveries
+        return [d for d in deliveries if id(d) not in deferred]
+
+    def _after_batch(self) -> None:
+        """The ``after_batch`` hooks of the batch ``process_many`` ran (solo)."""
+        batch, self._batch = self._batch, []
+        for m, jobs in batch:
+            try:
+                m.after_batch(jobs)
+            except Exception as err:
+                log.error("middleware %s failed in after_batch: %s", safe_repr(m), describe(err))
 
     # -- the steps -------------------------------------------------------------------------
 
@@ -264,22 +328,32 @@ class Processor:
 
     def _start(self, job: Job) -> None:
         """The ``before_process`` hooks (they may raise ``Retry``/``Reject``), then the clock."""
-        for m in self.middleware:
-            m.before_process(job.message)
+        for m in self.hooks(job.task):
+            m.before_process(job)
         job.started = time.monotonic()
 
     def finish(self, job: Job, result: Any, error: Exception | None) -> None:
         """Run the ``after_process`` hooks and record the outcome with the acker."""
-        for m in reversed(self.middleware):
+        hooks = self.hooks(job.task)
+        for m in reversed(hooks):
             try:
-                m.after_process(job.message, result, error)
+                m.after_process(job, result, error)
             except Exception as err:
                 log.error("middleware %s failed in after_process: %s", safe_repr(m),
                           describe(err))
         if error is None:
             self.acker.ack(job.delivery)
+            kind = "ack"
         else:
-            self._failed(job, error)
+            kind = self._failed(job, error)
+        if hooks:
+            outcome = Outcome(kind, result, error)
+            for m in reversed(hooks):
+                try:
+                    m.after_outcome(job, outcome)
+                except Exception as err:
+                    log.error("middleware %s failed in after_outcome: %s", safe_repr(m),
+                              describe(err))
 
     def crashed(self, delivery: Delivery, err: BaseException) -> None:
         """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
@@ -325,14 +399,16 @@ class Processor:
         with self._turns:
             return loop.run_until_complete(_within_limit(job))
 
-    def _failed(self, job: Job, err: Exception) -> None:
+    def _failed(self, job: Job, err: Exception) -> str:
+        """Retry or dead-letter a failed job; returns which ("retry" or "dead")."""
         self.failed += 1
         try:
-            self._decide(job, err)
+            return self._decide(job, err)
         except Exception as inner:  # formatting or deciding failed: still an outcome
             self._crashed(job.delivery, inner)
+            return "dead"
 
-    def _decide(self, job: Job, err: Exception) -> None:
+    def _decide(self, job: Job, err: Exception) -> str:
         delivery, message, task = job.delivery, job.message, job.task
         if isinstance(err, TypeError) and (unfit := task.unfit(message.args, message.kwargs)):
             reason = (
@@ -342,12 +418,12 @@ class Processor:
             )
             log.error("task %s[%s]: %s", task.name, message.id, reason)
             self.acker.dead_letter(delivery, reason)
-            return
+            return "dead"
         if isinstance(err, Reject):
             reason = safe_str(err.reason)
             log.warning("task %s[%s] rejected: %s", task.name, message.id, reason)
             self.acker.dead_letter(delivery, f"rejected by task {task.name}: {reason}")
-            return
+            return "dead"
         summary = describe(err)
         if message.attempt < task.retries:
             if isinstance(err, Retry) and err.delay is not None:
@@ -359,13 +435,14 @@ class Processor:
                 task.name, message.id, message.attempt + 1, task.retries + 1, summary, delay,
             )
             self.acker.retry(delivery, next_attempt(message, delay, summary))
-            return
+            return "retry"
         reason = (
             f"task {task.name} failed on attempt {message.attempt + 1} of {task.retries + 1}; "
             f"no retries left:\n{_trace(err)}"
         )
         log.error("task %s[%s] failed for good: %s", task.name, message.id, summary)
         self.acker.dead_letter(delivery, reason)
+        return "dead"
 
     def close(self) -> None:
         for loop in self._loops:

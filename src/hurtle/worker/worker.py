@@ -175,8 +175,9 @@ class Worker:
             consumer, batch_size=s.ack_batch_size, interval=s.ack_interval_ms / 1000.0
         )
         executor = self.executor
+        middleware = [*self.app._builtin_middleware(), *self.middleware]
         processor = self.processor = Processor(
-            self.app, acker, self.middleware, limit=executor.limit,
+            self.app, acker, middleware, limit=executor.limit,
             loops_take_turns=executor.greenlets,
         )
         heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
@@ -184,6 +185,8 @@ class Worker:
         acker.start()
         heartbeat.start()
         executor.start(processor)
+        for m in middleware:
+            m.worker_start(self)
         if (
             self._handling_signals
             and executor.runs_in_submit
@@ -236,6 +239,10 @@ class Worker:
                 if self._must_leave(executor):  # it may have come true during the fetch
                     self.acker.release(batch)
                     return
+                if self.processor is not None and self.processor.middleware:
+                    batch = self.processor.before_batch(batch)
+                    if not batch:
+                        continue
                 executor.submit(batch)
             elif batch is not None and self.burst and self._drained():
                 log.info("burst: queues %s are empty, stopping", ", ".join(self.queues))
@@ -286,6 +293,11 @@ class Worker:
         if unfinished:
             log.info("handing back %d fetched but unfinished tasks", len(unfinished))
         self.acker.release(unfinished)
+        for m in self.processor.middleware:
+            try:
+                m.worker_stop(self)
+            except Exception as err:
+                log.error("middleware %r failed in worker_stop: %s", m, err)
         self.acker.stop()
         self.heartbeat.stop()
         try:
