@@ -94,7 +94,7 @@ def test_a_rate_limit_key_that_raises_dead_letters_its_message(app: Hurtle) -> N
 def test_each_rate_limit_key_has_its_own_tokens(app: Hurtle) -> None:
     starts: dict[str, list[float]] = {"a": [], "b": []}
 
-    @app.task(rate_limit="2/m", rate_limit_key=lambda who: who)
+    @app.task(rate_limit="20/h", rate_limit_key=lambda who: who)  # a burst of 2
     def f(who: str) -> None:
         starts[who].append(time.monotonic())
 

@@ -76,30 +76,39 @@ def test_defer_of_a_settled_delivery_does_nothing(broker: Broker) -> None:
 # -- rate tokens -----------------------------------------------------------------------------
 
 
-def test_take_tokens_grants_at_most_the_limit_then_says_when_the_next_is_due(
-    make: MakeBroker,
-) -> None:
+def test_take_tokens_grants_a_burst_then_says_when_the_next_is_due(make: MakeBroker) -> None:
     a, b = make(), make()
-    [(got, wait)] = a.take_tokens([("k", 10, 1.0, 6)])
-    assert (got, wait) == (6, 0.0)
-    [(more, wait)] = b.take_tokens([("k", 10, 1.0, 10)])  # another client shares the limit
-    assert more <= 4 and more >= 4 - 1  # at most the rest of the burst (a token may have come)
+    # 100 per 10 s: one every 0.1 s, at most 10 (a tenth) at once
+    [(got, wait)] = a.take_tokens([("k", 100, 10.0, 15)])
+    assert got == 10
+    assert 0 < wait <= 0.1 + 1e-6
+    [(more, wait)] = b.take_tokens([("k", 100, 10.0, 10)])  # another client shares the limit
+    assert more <= 1  # one more at most, if 0.1 s passed
     assert 0 < wait <= 0.1 + 1e-6
 
 
 def test_take_tokens_keys_are_independent_and_taken_in_one_call(broker: Broker) -> None:
     got = broker.take_tokens([("a", 2, 60.0, 5), ("b", 3, 60.0, 1), ("c", 1, 60.0, 0)])
-    assert [g for g, _ in got] == [2, 1, 0]
-    assert 0 < got[0][1] <= 30.0 + 1e-6  # 60 s / 2: the next token in about 30 s
-    assert got[1][1] == 0.0
+    assert [g for g, _ in got] == [2, 1, 0]  # a burst is 2 at least
+    assert 29.0 < got[0][1] <= 30.0 + 1e-6  # 60 s / 2: the next token in 30 s
+    assert got[1][1] == 0.0 and got[2][1] == 0.0
 
 
 def test_tokens_come_back_with_time(broker: Broker) -> None:
     [(got, wait)] = broker.take_tokens([("k", 5, 0.5, 10)])
-    assert got == 5
+    assert got == 2
     time.sleep(wait + 0.05)
     [(again, _)] = broker.take_tokens([("k", 5, 0.5, 1)])
     assert again == 1
+
+
+def test_a_rate_limit_never_grants_more_than_its_tokens_over_time(broker: Broker) -> None:
+    granted = 0
+    started = time.monotonic()
+    while time.monotonic() - started < 0.5:
+        granted += broker.take_tokens([("k", 200, 1.0, 50)])[0][0]
+    elapsed = time.monotonic() - started
+    assert granted <= 200 * elapsed + 20 + 1  # the rate, plus one burst (a tenth)
 
 
 # -- concurrency slots -----------------------------------------------------------------------

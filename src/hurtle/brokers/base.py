@@ -22,7 +22,8 @@ then the oldest beyond the cap. Drops by the cap are logged as warnings, expirie
 Limits and unique locks live in the broker too, so that every worker sharing it sees them:
 
 * rate limits: ``Broker.take_tokens`` takes tokens of several keys in one call (GCRA in the
-  store's clock: ``limit`` starts per ``period``, a burst of at most ``limit``);
+  store's clock: ``limit`` tokens per ``period``, evenly spread, a burst of at most a tenth of
+  ``limit`` (at least 2) to make up for workers that come late);
 * concurrency limits: ``Consumer.acquire_slots`` / ``release_slots``; a slot is held by the
   consumer that took it, and the slots of a consumer whose heartbeat deadline passed are free;
 * unique locks: ``Broker.publish_unique`` takes a lock per message (its key in
@@ -365,15 +366,23 @@ def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
 def gcra(tat: float, now: float, limit: int, period: float, wanted: int
          ) -> tuple[int, float, float]:
     """Generic cell rate: ``(granted, wait, new tat)`` for ``wanted`` tokens of a key whose
-    theoretical arrival time is ``tat``; at most ``limit`` tokens per ``period``, a burst of at
-    most ``limit``. The memory and SQLite brokers use it; ``lua/rate.lua`` is the same."""
+    theoretical arrival time is ``tat``. Tokens come evenly, one every ``period / limit``
+    seconds, and at most ``burst(limit)`` are taken at once, so any period holds at most about
+    ``limit`` starts. The memory and SQLite brokers use it; ``lua/rate.lua`` is the same."""
     interval = period / limit
+    tolerance = (burst(limit) - 1) * interval
     tat = max(tat, now)
-    room = int((now + period - tat) / interval + 1e-9)
+    room = math.floor((now + tolerance - tat) / interval + 1e-4) + 1
     granted = max(0, min(wanted, room))
     tat += granted * interval
-    wait = 0.0 if granted == wanted else max(tat + interval - period - now, 0.0)
+    wait = 0.0 if granted == wanted else max(tat - tolerance - now, 0.0)
     return granted, wait, tat
+
+
+def burst(limit: int) -> int:
+    """Most tokens of a rate limit taken at once: a tenth of the limit, at least 2 (so that a
+    worker that comes a little late for its token does not lose it)."""
+    return max(2, limit // 10)
 
 
 def unique_key_of(message: Message) -> str:
