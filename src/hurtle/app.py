@@ -153,11 +153,11 @@ class Hurtle:
 
     def _builtin_middleware(self) -> list[Middleware]:
         """The built-in middleware the registered tasks' options switch on."""
-        from .middleware.limits import LimitsMiddleware
+        from .middleware.limits import LimitsMiddleware, RateLimitMiddleware
         from .middleware.unique import UniqueMiddleware
 
         out: list[Middleware] = []
-        for m in (LimitsMiddleware(), UniqueMiddleware()):
+        for m in (RateLimitMiddleware(), LimitsMiddleware(), UniqueMiddleware()):
             if any(m.applies_to(t) for t in self.tasks.values()):
                 out.append(m)
         return out

@@ -14,6 +14,10 @@ outcome. Slots given back ride the acker's next flush. A worker that dies holdin
 them when its heartbeat deadline passes; one that stops gives them back when its session closes.
 
 A key function that raises fails its job (dead letter, with the reason), without a retry.
+
+Two classes, so that a task with only a plain rate limit keeps the processor's inline path:
+``RateLimitMiddleware`` has batch hooks only; ``LimitsMiddleware`` adds the per-job hooks that
+concurrency limits and key functions need.
 """
 
 from __future__ import annotations
@@ -51,8 +55,8 @@ class _Slot:
         self.left = left
 
 
-class LimitsMiddleware(Middleware):
-    """``rate_limit`` and ``concurrency_limit`` of tasks (see ``hurtle.limits``)."""
+class RateLimitMiddleware(Middleware):
+    """``rate_limit`` without a key function or a concurrency limit: batch hooks only."""
 
     def __init__(self) -> None:
         self._broker: Broker | None = None
@@ -67,7 +71,8 @@ class LimitsMiddleware(Middleware):
 
     def applies_to(self, task: Task[Any, Any]) -> bool:
         limits = task.limits
-        return limits is not None and (limits.rate is not None or limits.concurrency is not None)
+        return (limits is not None and limits.rate is not None and limits.concurrency is None
+                and limits.rate_key is None)
 
     def worker_start(self, worker: Worker) -> None:
         self._broker = worker.app.broker
@@ -75,18 +80,21 @@ class LimitsMiddleware(Middleware):
         self._consumer = worker.consumer
         self._shared = worker.executor.runs_in_submit and worker.executor.concurrency == 1
 
-    def worker_stop(self, worker: Worker) -> None:
-        with self._lock:
-            held, self._held = self._held, {}
-        self._give_back({id(slot): slot for _, slot in held.values()}.values())
-
     # -- before the batch --------------------------------------------------------------------
 
     def before_batch(self, jobs: list[Job]) -> None:
-        self._take_slots([j for j in jobs if _limits(j).concurrency is not None])
-        self._take_tokens([j for j in jobs if j.deferred is None and _limits(j).rate])
+        self._take_tokens(jobs)  # every task here has a rate limit, and nothing else
 
-    def _key(self, job: Job, make: Any) -> str | None:
+    def _take_all(self, jobs: list[Job]) -> None:
+        limited = [j for j in jobs if _limits(j).concurrency is not None]
+        self._take_slots(limited)
+        if limited:
+            jobs = [j for j in jobs if j.deferred is None]
+        self._take_tokens([j for j in jobs if _limits(j).rate is not None])
+
+    def _key(self, job: Job, make: Any, fn: Any) -> str | None:
+        if fn is None:  # no key function: one key for the task
+            return job.task.name
         m = job.message
         try:
             return str(make(m.args, m.kwargs))
@@ -103,7 +111,7 @@ class LimitsMiddleware(Middleware):
         by_key: dict[str, tuple[int, list[Job]]] = {}
         for job in jobs:
             limits = _limits(job)
-            key = self._key(job, limits.concurrency_key_of)
+            key = self._key(job, limits.concurrency_key_of, limits.concurrency_key)
             if key is not None:
                 assert limits.concurrency is not None
                 by_key.setdefault(key, (limits.concurrency, []))[1].append(job)
@@ -133,12 +141,19 @@ class LimitsMiddleware(Middleware):
         if not jobs:
             return
         by_key: dict[str, tuple[tuple[int, float], list[Job]]] = {}
+        by_task: dict[str, list[Job]] = {}
         for job in jobs:
-            limits = _limits(job)
-            key = self._key(job, limits.rate_key_of)
-            if key is not None:
-                assert limits.rate is not None
-                by_key.setdefault(key, (limits.rate, []))[1].append(job)
+            by_task.setdefault(job.task.name, []).append(job)
+        for name, js in by_task.items():
+            limits = _limits(js[0])
+            assert limits.rate is not None
+            if limits.rate_key is None:  # one key for the task: no call per job
+                by_key.setdefault(name, (limits.rate, []))[1].extend(js)
+                continue
+            for job in js:
+                key = self._key(job, limits.rate_key_of, limits.rate_key)
+                if key is not None:
+                    by_key.setdefault(key, (limits.rate, []))[1].append(job)
         if not by_key:
             return
         assert self._broker is not None, "worker_start first"
@@ -151,7 +166,24 @@ class LimitsMiddleware(Middleware):
             for i, job in enumerate(js[got:]):  # spread out, in the order they came
                 job.defer(wait + i * interval, f"rate limit of {key!r}")
 
-    # -- running and after -------------------------------------------------------------------
+
+class LimitsMiddleware(RateLimitMiddleware):
+    """``concurrency_limit``, and rate limits with a key function (see ``hurtle.limits``)."""
+
+    def applies_to(self, task: Task[Any, Any]) -> bool:
+        limits = task.limits
+        return limits is not None and (
+            limits.concurrency is not None or (limits.rate is not None and limits.rate_key
+                                               is not None)
+        )
+
+    def before_batch(self, jobs: list[Job]) -> None:
+        self._take_all(jobs)
+
+    def worker_stop(self, worker: Worker) -> None:
+        with self._lock:
+            held, self._held = self._held, {}
+        self._give_back({id(slot): slot for _, slot in held.values()}.values())
 
     def before_process(self, job: Job) -> None:
         reason = self._bad.pop(id(job.delivery), None)

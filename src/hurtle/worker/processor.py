@@ -134,6 +134,8 @@ class Processor:
         self.acker = acker
         self.middleware = list(middleware)
         self._hooks: dict[str, list[Middleware]] = {}  # task name -> middleware applying to it
+        self._per_job: dict[str, bool] = {}  # task name -> whether a hook runs around each job
+        self._inline: set[str] = set()  # names of tasks whose middleware has no per-job hook
         self._batch: list[tuple[Middleware, list[Job]]] = []  # solo: the batch's hooked jobs
         self.limit = limit
         self.max_retry_delay = app.settings.max_retry_delay
@@ -162,7 +164,7 @@ class Processor:
         if task is None:
             self._unknown(delivery, message)
             return
-        if (self.middleware and self.hooks(task)) or task.is_async or task.time_limit is not None:
+        if (self.middleware and self.per_job(task)) or task.is_async or task.time_limit is not None:
             self.run(Job(delivery, message, task))
             return
         try:
@@ -181,6 +183,7 @@ class Processor:
         tasks = self.tasks
         decode = decode_unchecked
         plain = not self.middleware
+        inline = self._inline
         done: list[Delivery] = []
         started = 0
         pending = state.pending = deque(deliveries)
@@ -205,7 +208,10 @@ class Processor:
                     self.process(delivery)  # dead-letters it with the reason
                     continue
                 started += 1
-                if (not plain and self.hooks(task)) or task.is_async or task.time_limit is not None:
+                if (
+                    (not plain and message.task not in inline and self.per_job(task))
+                    or task.is_async or task.time_limit is not None
+                ):
                     self.run(Job(delivery, message, task), state)
                     continue
                 try:
@@ -235,22 +241,46 @@ class Processor:
             hooks = self._hooks[task.name] = [m for m in self.middleware if m.applies_to(task)]
         return hooks
 
+    def per_job(self, task: Task[Any, Any]) -> bool:
+        """Whether a middleware applying to ``task`` has hooks around each job (else the task
+        runs inline, as if there were no middleware)."""
+        per_job = self._per_job.get(task.name)
+        if per_job is None:
+            per_job = self._per_job[task.name] = any(
+                getattr(type(m), hook) is not getattr(Middleware, hook)
+                for m in self.hooks(task)
+                for hook in ("before_process", "after_process", "after_outcome")
+            )
+            if not per_job:
+                self._inline.add(task.name)
+        return per_job
+
     def before_batch(self, deliveries: list[Delivery]) -> list[Delivery]:
         """Run the ``before_batch`` hooks over a fetched batch; defer the jobs they mark and
         return the deliveries left to run (those that cannot be decoded stay, for ``process``
         to dead-letter)."""
-        per_hook: dict[int, tuple[Middleware, list[Job]]] = {}
+        by_task: dict[str, list[Job] | None] = {}  # None: no middleware applies to the task
+        tasks = self.tasks
         for delivery in deliveries:
             try:
-                message = _decode(delivery.raw)
-                task = self.tasks[message.task]
+                message = decode_unchecked(delivery.raw)
+                task = tasks[message.task]
             except Exception:
                 continue
-            hooks = self.hooks(task)
-            if hooks:
-                job = Job(delivery, message, task)
-                for m in hooks:
-                    per_hook.setdefault(id(m), (m, []))[1].append(job)
+            if message.task not in by_task:
+                by_task[message.task] = [] if self.hooks(task) else None
+            jobs = by_task[message.task]
+            if jobs is not None:
+                jobs.append(Job(delivery, message, task))
+        per_hook: dict[int, tuple[Middleware, list[Job]]] = {}
+        for jobs in by_task.values():
+            if jobs:
+                for m in self.hooks(jobs[0].task):
+                    entry = per_hook.get(id(m))
+                    if entry is None:
+                        per_hook[id(m)] = (m, list(jobs))
+                    else:
+                        entry[1].extend(jobs)
         if not per_hook:
             return deliveries
         deferred: set[int] = set()
@@ -263,8 +293,11 @@ class Processor:
                     self.acker.defer(job.delivery, now + job.deferred)
                     for other in self.hooks(job.task):
                         other.after_outcome(job, Outcome("deferred"))
-        self._batch = [(m, [j for j in jobs if id(j.delivery) not in deferred])
-                       for m, jobs in per_hook.values()]
+        self._batch = [
+            (m, [j for j in jobs if id(j.delivery) not in deferred] if deferred else jobs)
+            for m, jobs in per_hook.values()
+            if type(m).after_batch is not Middleware.after_batch
+        ]
         if not deferred:
             return deliveries
         return [d for d in deliveries if id(d) not in deferred]
