@@ -180,3 +180,18 @@ def test_the_lock_ends_when_the_message_is_acknowledged_or_dead(app: Hurtle) -> 
     assert second != first
     app.worker(burst=True).run()  # retries=… default: fails for good, dead letter
     assert f.send(1) not in (first, second)
+
+
+def test_a_retry_keeps_the_lock_until_the_last_outcome(app: Hurtle) -> None:
+    seen: list[str] = []
+
+    @app.task(unique_for=60, retries=1, retry_delay=0.01)
+    def f(x: int) -> None:
+        seen.append(f.send(x))  # a duplicate sent while it runs, on each attempt
+        if len(seen) == 1:
+            raise ValueError("first attempt fails")
+
+    first = f.send(1)
+    app.worker(burst=True).run()
+    assert seen == [first, first]
+    assert f.send(1) != first

@@ -101,7 +101,7 @@ class Limits:
         if self.unique_key is not None:
             return f"{self.name}:{self.unique_key(*args, **kwargs)}"
         items = sorted(kwargs.items()) if kwargs else ()
-        digest = hashlib.sha1(_encode((args, items)), usedforsecurity=False).hexdigest()
+        digest = hashlib.blake2b(_encode((args, items)), digest_size=16).hexdigest()
         return f"{self.name}:{digest}"
 
 

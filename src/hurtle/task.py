@@ -382,6 +382,8 @@ def _send_many(
     # Positional calls are checked by their count; a call with keywords is checked when its
     # shape (positional count, keyword names) differs from the previous call's.
     shape_n, shape_names = -1, frozenset[str]()
+    limits = task.limits
+    unique = limits.unique_key_of if limits is not None and limits.unique_for else None
     for call in calls:
         if type(call) is tuple:
             args, kwargs = call, empty
@@ -403,10 +405,15 @@ def _send_many(
                 shape_n, shape_names = len(args), frozenset(kwargs)
         elif not lo <= len(args) <= hi:
             task._unfit(args, kwargs)
-        append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
+        if unique is None:
+            append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
+        else:  # each names its lock
+            append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now,
+                           {**headers, "unique": unique(args, kwargs)}))
     if messages:
-        if task.limits is not None and task.limits.unique_for is not None:
-            return _publish_unique(task, messages)
+        if unique is not None:
+            assert task.limits is not None and task.limits.unique_for is not None
+            return task.app.broker.publish_unique(messages, task.limits.unique_for)
         task.app.broker.publish(messages)
     return [m.id for m in messages]
 

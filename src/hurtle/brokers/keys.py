@@ -24,7 +24,8 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:deaths             ZSET    sha1 of a recovered raw message, scored by its deaths
     hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
     hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
-    hurtle:{q}:unique:K           STRING  id of the message holding unique lock K (expires)
+    hurtle:{q}:unique             HASH    unique lock -> id of the message holding it
+    hurtle:{q}:unique:ends        ZSET    unique lock, scored by when it ends (server seconds)
 
 Limits shared by every worker, each key under a hash tag of its own (``L`` = a limit's key)::
 
@@ -65,6 +66,8 @@ class QueueKeys:
         "quarantine",
         "ready",
         "seq",
+        "unique",
+        "unique_ends",
         "wake",
         "workers",
     )
@@ -85,6 +88,8 @@ class QueueKeys:
         self.deaths = f"{base}deaths"
         self.probes = f"{base}probes"
         self.probe = f"{base}probe"
+        self.unique = f"{base}unique"
+        self.unique_ends = f"{base}unique:ends"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
 
@@ -95,11 +100,6 @@ class QueueKeys:
     def fetched(self, worker_id: str) -> str:
         """The record of the last fetch of ``worker_id`` from this queue that took something."""
         return f"{PREFIX}:{{{self.name}}}:fetched:{worker_id}"
-
-
-def unique_key(queue: str, key: str) -> str:
-    """The unique lock ``key`` of queue ``queue`` (same hash tag as the queue's keys)."""
-    return f"{PREFIX}:{{{queue}}}:unique:{key}"
 
 
 def rate_key(key: str) -> str:

@@ -94,7 +94,6 @@ from .keys import (
     queue_keys,
     rate_key,
     slot_keys,
-    unique_key,
 )
 
 __all__ = ["RedisBroker", "RedisConsumer"]
@@ -333,28 +332,35 @@ class RedisBroker(Broker):
             return []
         locks = [unique_key_of(m) for m in batch]
         payloads = encode_many(batch)
-        # queue -> (positions in the batch, lock keys, script arguments)
-        groups: dict[str, tuple[list[int], list[str], list[Any]]] = {}
+        # (queue, priority, eta) -> (positions in the batch, script arguments); a send_many
+        # is one group
+        groups: dict[tuple[str, int, float], tuple[list[int], list[Any]]] = {}
+        ttl = repr(float(unique_for))
         for i, (m, lock, raw) in enumerate(zip(batch, locks, payloads, strict=True)):
-            group = groups.get(m.queue)
+            group = groups.get((m.queue, m.priority, m.eta))
             if group is None:
-                group = groups[m.queue] = ([], [], [max(math.ceil(unique_for * 1000), 1)])
-            if m.priority not in _PRIORITY_ARG:
-                raise EncodeError(
-                    f"priority {m.priority!r} of task {m.task!r} is out of range: use an int "
-                    f"from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                priority = _PRIORITY_ARG.get(m.priority)
+                if priority is None:
+                    raise EncodeError(
+                        f"priority {m.priority!r} of task {m.task!r} is out of range: use an "
+                        f"int from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                    )
+                group = groups[(m.queue, m.priority, m.eta)] = (
+                    [], [ttl, priority, repr(float(m.eta))]
                 )
             group[0].append(i)
-            group[1].append(unique_key(m.queue, lock))
-            group[2].extend((m.id, _PRIORITY_ARG[m.priority], repr(float(m.eta)), raw))
-        commands: list[_Command] = [(("SADD", QUEUES, *groups), None)]
-        for name, (_, lock_keys, args) in groups.items():
+            group[1].extend((lock, m.id, raw))
+        queues = {queue for queue, _, _ in groups}
+        commands: list[_Command] = [(("SADD", QUEUES, *queues), None)]
+        for (name, _, _), (_, args) in groups.items():
+            k = queue_keys(name)
             commands.append(self._call(
-                self._scripts.publish_unique, (*_publish_keys(name), *lock_keys), args
+                self._scripts.publish_unique, (*_publish_keys(name), k.unique, k.unique_ends),
+                args,
             ))
         results = self._pipeline(commands, f"publishing {len(batch)} unique messages")
         out = [m.id for m in batch]
-        for (positions, _, _), skipped in zip(groups.values(), results[1:], strict=True):
+        for (positions, _), skipped in zip(groups.values(), results[1:], strict=True):
             for at in range(0, len(skipped), 2):
                 holder = skipped[at + 1]
                 out[positions[skipped[at] - 1]] = (
@@ -856,16 +862,15 @@ class RedisConsumer(Consumer):
     def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
         if not locks:
             return
-        by_queue: dict[str, tuple[list[str], list[str]]] = {}
+        by_queue: dict[str, list[str]] = {}
         for queue, key, message_id in locks:
-            keys, ids = by_queue.setdefault(queue, ([], []))
-            keys.append(unique_key(queue, key))
-            ids.append(message_id)
+            by_queue.setdefault(queue, []).extend((key, message_id))
         script = self.broker._scripts.unique_release
-        self.broker._pipeline(
-            [self.broker._call(script, keys, ids) for keys, ids in by_queue.values()],
-            f"releasing {len(locks)} unique locks",
-        )
+        commands = []
+        for queue, args in by_queue.items():
+            k = queue_keys(queue)
+            commands.append(self.broker._call(script, (k.unique, k.unique_ends), args))
+        self.broker._pipeline(commands, f"releasing {len(locks)} unique locks")
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:

@@ -1,74 +1,114 @@
 --[[
-  Publish the messages of one queue that can take their unique lock: a lock is a key holding
-  the id of the message that took it, for ARGV[1] ms or until released (``unique_release``).
-  A message whose lock is held (by an earlier message, or one earlier in this batch) is not
-  stored; the id holding its lock is returned for it instead.
+  Publish the messages of one queue that can take their unique lock. A lock is a field of the
+  queue's unique hash (lock -> id of the message holding it) with its expiry in a zset; it is
+  held until then or until released (``unique_release``). A message whose lock is held (by an
+  earlier message, or one earlier in this batch) is not stored; the id holding its lock is
+  returned for it instead. Reads and writes of the locks are one bulk command each (per CHUNK),
+  not one command per message. Up to SWEEP expired locks are dropped per call.
 
   Input:
     KEYS[1..10]  ready lists, priority 0..9
     KEYS[11]     delayed zset
     KEYS[12]     wake list
     KEYS[13]     seq counter
-    KEYS[14..]   the lock of each message, in order
+    KEYS[14]     unique hash (lock -> message id)
+    KEYS[15]     unique expiry zset (lock scored by when it ends, server seconds)
 
-    ARGV[1]      how long a lock is held, in milliseconds
-    ARGV[2..]    per message: id, priority (0..9), eta (Unix seconds; 0 = now), payload
+    ARGV[1]      how long a lock is held, in seconds
+    ARGV[2]      priority of these messages (0..9)
+    ARGV[3]      their eta (Unix seconds; 0 = now)
+    ARGV[4..]    per message: lock, id, payload
 
   Output:
     flat { index (1-based), id holding its lock } for each message that was not stored
 ]]
 -- @include _lib
 
+local SWEEP = 1000
 local now = server_now()
-local ttl = ARGV[1]
-local ready = {}
-local delayed = {}
-local skipped = {}
-local n = #KEYS - 13
+local ends = now + tonumber(ARGV[1])
+
+local expired = redis.call('ZRANGEBYSCORE', KEYS[15], '-inf', string.format('%.6f', now),
+  'LIMIT', 0, SWEEP)
+if #expired > 0 then
+  redis.call('HDEL', KEYS[14], unpack(expired))
+  redis.call('ZREM', KEYS[15], unpack(expired))
+end
+
+local priority = tonumber(ARGV[2])
+local eta = tonumber(ARGV[3])
+local n = (#ARGV - 3) / 3
+local locks = {}
 for i = 1, n do
-  local at = 2 + (i - 1) * 4
-  local lock = KEYS[13 + i]
-  if redis.call('SET', lock, ARGV[at], 'NX', 'PX', ttl) then
-    local priority = tonumber(ARGV[at + 1])
-    local eta = tonumber(ARGV[at + 2])
-    if eta > now then
-      delayed[#delayed + 1] = { eta, ARGV[at + 1], ARGV[at + 3] }
-    else
-      local list = ready[priority + 1]
-      if not list then
-        list = {}
-        ready[priority + 1] = list
-      end
-      list[#list + 1] = ARGV[at + 3]
-    end
+  locks[i] = ARGV[1 + i * 3]
+end
+-- holders and expiries of every lock, CHUNK at a time
+local holders = {}
+local expiries = {}
+local i = 1
+while i <= n do
+  local j = math.min(i + CHUNK - 1, n)
+  local h = redis.call('HMGET', KEYS[14], unpack(locks, i, j))
+  local e = redis.call('ZMSCORE', KEYS[15], unpack(locks, i, j))
+  for k = 1, j - i + 1 do
+    holders[i + k - 1] = h[k]
+    expiries[i + k - 1] = e[k]
+  end
+  i = j + 1
+end
+
+-- (counters rather than #t: the length of a Lua table is a search, not a field)
+local taken = {}  -- lock -> id, for locks taken in this batch
+local fields, scores, stored, skipped = {}, {}, {}, {}
+local nf, ns, nskip = 0, 0, 0
+for m = 1, n do
+  local lock = locks[m]
+  local holder = taken[lock]
+  if not holder and holders[m] and expiries[m] and tonumber(expiries[m]) > now then
+    holder = holders[m]
+  end
+  if holder then
+    skipped[nskip + 1] = m
+    skipped[nskip + 2] = holder
+    nskip = nskip + 2
   else
-    skipped[#skipped + 1] = i
-    skipped[#skipped + 1] = redis.call('GET', lock)
+    local id = ARGV[2 + m * 3]
+    taken[lock] = id
+    fields[nf + 1] = lock
+    fields[nf + 2] = id
+    scores[nf + 1] = ends
+    scores[nf + 2] = lock
+    nf = nf + 2
+    ns = ns + 1
+    stored[ns] = ARGV[3 + m * 3]
   end
 end
-local stored = 0
-for p = 0, 9 do
-  local list = ready[p + 1]
-  if list then
-    call_chunked('RPUSH', KEYS[p + 1], list)
-    stored = stored + #list
-  end
-end
-if #delayed > 0 then
-  local seq = redis.call('INCRBY', KEYS[13], #delayed) - #delayed
-  for _, d in ipairs(delayed) do
+call_chunked('HSET', KEYS[14], fields)
+call_chunked('ZADD', KEYS[15], scores)
+
+local ready = 0
+if #stored > 0 and eta > now then
+  -- members carry priority and a sequence number, as publish.lua writes them
+  local seq = redis.call('INCRBY', KEYS[13], #stored) - #stored
+  local members = {}
+  for _, payload in ipairs(stored) do
     seq = seq + 1
-    redis.call('ZADD', KEYS[11], d[1], d[2] .. string.format(':%012x:', seq) .. d[3])
+    members[#members + 1] = eta
+    members[#members + 1] = ARGV[2] .. string.format(':%012x:', seq) .. payload
   end
+  call_chunked('ZADD', KEYS[11], members)
+elseif #stored > 0 then
+  call_chunked('RPUSH', KEYS[priority + 1], stored)
+  ready = #stored
 end
-local tokens = math.min(stored, MAX_TOKENS)
-if tokens == 0 and #delayed > 0 then
+local tokens = math.min(ready, MAX_TOKENS)
+if tokens == 0 and #stored > 0 then
   tokens = 1
 end
 if tokens > 0 then
   local t = {}
-  for i = 1, tokens do
-    t[i] = '1'
+  for k = 1, tokens do
+    t[k] = '1'
   end
   redis.call('RPUSH', KEYS[12], unpack(t))
   redis.call('LTRIM', KEYS[12], -MAX_TOKENS, -1)

@@ -3,18 +3,33 @@
   outcome is settled (a lock that expired and was taken by another message is left alone).
 
   Input:
-    KEYS[1..n]  the locks
-    ARGV[1..n]  the id each must hold to be released
+    KEYS[1]     unique hash (lock -> message id)
+    KEYS[2]     unique expiry zset
+
+    ARGV        pairs: lock, the id it must hold to be released
 
   Output:
     how many were released
 ]]
+-- @include _lib
 
-local released = 0
-for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[i] then
-    redis.call('DEL', KEYS[i])
-    released = released + 1
-  end
+local n = #ARGV / 2
+local locks = {}
+for i = 1, n do
+  locks[i] = ARGV[2 * i - 1]
 end
-return released
+local gone = {}
+local i = 1
+while i <= n do
+  local j = math.min(i + CHUNK - 1, n)
+  local holders = redis.call('HMGET', KEYS[1], unpack(locks, i, j))
+  for k = 1, j - i + 1 do
+    if holders[k] == ARGV[2 * (i + k - 1)] then
+      gone[#gone + 1] = locks[i + k - 1]
+    end
+  end
+  i = j + 1
+end
+call_chunked('HDEL', KEYS[1], gone)
+call_chunked('ZREM', KEYS[2], gone)
+return #gone
