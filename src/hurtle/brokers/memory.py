@@ -46,6 +46,8 @@ _LEVELS = MAX_PRIORITY + 1
 MAX_DEATHS = 10_000
 #: Most quarantined messages let out that a queue remembers (the oldest go first).
 MAX_PROBES = 1000
+#: Unique locks kept before the expired ones are dropped.
+MAX_UNIQUE = 10_000
 
 
 class _Queue:
@@ -120,6 +122,8 @@ class MemoryBroker(Broker):
         out: list[str] = []
         with self._lock:
             now = time.time()
+            if len(self._unique) > MAX_UNIQUE:  # forget expired locks, now and then
+                self._unique = {k: v for k, v in self._unique.items() if v[1] > now}
             for m, key, raw in zip(messages, keys, payloads, strict=True):
                 held = self._unique.get((m.queue, key))
                 if held is not None and held[1] > now:

@@ -179,6 +179,7 @@ CREATE TABLE uniques (
     expires REAL NOT NULL,
     PRIMARY KEY (queue, key)
 ) WITHOUT ROWID;
+CREATE INDEX uniques_expires ON uniques (expires);
 """
 
 _SCHEMA = """
@@ -581,6 +582,10 @@ class SQLiteBroker(Broker):
         items: list[tuple[str, int, float, bytes]] = []
         with self._write() as conn:
             now = time.time()
+            conn.execute(  # a bounded sweep of expired locks
+                "DELETE FROM uniques WHERE (queue, key) IN (SELECT queue, key FROM uniques "
+                "WHERE expires <= ? LIMIT 1000)", (now,),
+            )
             for m, key, raw in zip(messages, keys, payloads, strict=True):
                 row = conn.execute(
                     "SELECT id FROM uniques WHERE queue = ? AND key = ? AND expires > ?",
