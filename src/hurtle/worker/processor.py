@@ -136,6 +136,8 @@ class Processor:
         self._hooks: dict[str, list[Middleware]] = {}  # task name -> middleware applying to it
         self._per_job: dict[str, bool] = {}  # task name -> whether a hook runs around each job
         self._inline: set[str] = set()  # names of tasks whose middleware has no per-job hook
+        # id of a delivery -> (it, its message) decoded by before_batch for process_many
+        self._decoded: dict[int, tuple[Delivery, Message]] = {}
         self._batch: list[tuple[Middleware, list[Job]]] = []  # solo: the batch's hooked jobs
         self.limit = limit
         self.max_retry_delay = app.settings.max_retry_delay
@@ -184,6 +186,7 @@ class Processor:
         decode = decode_unchecked
         plain = not self.middleware
         inline = self._inline
+        decoded, self._decoded = self._decoded, {}  # by before_batch, not to decode twice
         done: list[Delivery] = []
         started = 0
         pending = state.pending = deque(deliveries)
@@ -201,7 +204,11 @@ class Processor:
                     state.unstarted.extend(_take_all(pending))
                     break
                 try:
-                    message = decode(delivery.raw)
+                    entry = decoded.pop(id(delivery), None) if decoded else None
+                    if entry is not None and entry[0] is delivery:
+                        message = entry[1]
+                    else:
+                        message = decode(delivery.raw)
                     task = tasks[message.task]
                 except Exception:
                     state.current = None
@@ -261,12 +268,14 @@ class Processor:
         to dead-letter)."""
         by_task: dict[str, list[Job] | None] = {}  # None: no middleware applies to the task
         tasks = self.tasks
+        decoded = self._decoded = {}
         for delivery in deliveries:
             try:
                 message = decode_unchecked(delivery.raw)
                 task = tasks[message.task]
             except Exception:
                 continue
+            decoded[id(delivery)] = (delivery, message)
             if message.task not in by_task:
                 by_task[message.task] = [] if self.hooks(task) else None
             jobs = by_task[message.task]
