@@ -100,9 +100,10 @@ class Limits:
         """The unique lock of this call: the task and its arguments (or its ``unique_key``)."""
         if self.unique_key is not None:
             return f"{self.name}:{self.unique_key(*args, **kwargs)}"
-        items = sorted(kwargs.items()) if kwargs else ()
-        digest = hashlib.blake2b(_encode((args, items)), digest_size=16).hexdigest()
-        return f"{self.name}:{digest}"
+        data = _encode((args, sorted(kwargs.items()) if kwargs else ()))
+        # short arguments are their own key; longer ones are hashed (128 bits)
+        text = data.hex() if len(data) <= 16 else hashlib.blake2b(data, digest_size=16).hexdigest()
+        return f"{self.name}:{text}"
 
 
 _encode = msgspec.msgpack.Encoder().encode
