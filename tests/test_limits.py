@@ -195,3 +195,32 @@ def test_a_retry_keeps_the_lock_until_the_last_outcome(app: Hurtle) -> None:
     app.worker(burst=True).run()
     assert seen == [first, first]
     assert f.send(1) != first
+
+
+def test_an_unreachable_limit_puts_the_batch_back_instead_of_stopping_the_worker(
+    app: Hurtle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hurtle.errors import BrokerError
+    from hurtle.worker import processor
+
+    ran: list[int] = []
+    failures = [2]
+    take = app.broker.take_tokens
+
+    def flaky(requests: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise BrokerError("cannot reach the broker")
+        return take(requests)
+
+    monkeypatch.setattr(app.broker, "take_tokens", flaky)
+    monkeypatch.setattr(processor, "BEFORE_BATCH_PAUSE", 0.05)
+
+    @app.task(rate_limit="1000/s", retries=0)
+    def f(i: int) -> None:
+        ran.append(i)
+
+    f.send_many([(i,) for i in range(5)])
+    app.worker(burst=True).run()
+    assert sorted(ran) == list(range(5))
+    assert app.broker.dead_letters("default") == []

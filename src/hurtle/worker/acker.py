@@ -356,6 +356,10 @@ class Acker:
                 backoff = min(max(backoff * 2, 0.05), 2.0)
         with self._lock:
             acks, ops = len(self._acks), list(self._ops)
+        if self._defers:  # still held: they go back with the session, like the rest
+            log.error("could not defer %d throttled messages within the shutdown's %gs: they go "
+                      "back to their queues when this worker's session closes",
+                      len(self._defers), timeout)
         if acks or ops:
             kinds = {k: sum(len(o.deliveries) for o in ops if o.kind == k)
                      for k in ("retry", "dead", "release")}

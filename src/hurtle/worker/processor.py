@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _decode = Message.decode
+#: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
+BEFORE_BATCH_PAUSE = 1.0
 
 
 class BatchState(Protocol):
@@ -294,7 +296,15 @@ class Processor:
             return deliveries
         deferred: set[int] = set()
         for m, jobs in per_hook.values():
-            m.before_batch(jobs)
+            try:
+                m.before_batch(jobs)
+            except Exception as err:  # (the broker is unreachable...) run none of them now
+                log.error("middleware %s failed in before_batch: %s; its %d jobs go back to "
+                          "their queue for %gs", safe_repr(m), describe(err), len(jobs),
+                          BEFORE_BATCH_PAUSE)
+                for job in jobs:
+                    if job.deferred is None:
+                        job.defer(BEFORE_BATCH_PAUSE, "before_batch failed")
             now = time.time()
             for job in jobs:
                 if job.deferred is not None and id(job.delivery) not in deferred:
