@@ -224,3 +224,26 @@ def test_an_unreachable_limit_puts_the_batch_back_instead_of_stopping_the_worker
     app.worker(burst=True).run()
     assert sorted(ran) == list(range(5))
     assert app.broker.dead_letters("default") == []
+
+
+def test_a_sqlite_file_without_the_limit_tables_is_upgraded(tmp_path: Any) -> None:
+    import sqlite3
+
+    from hurtle.brokers import make_broker
+
+    url = f"sqlite:///{tmp_path / 'hurtle.db'}"
+    make_broker(url).close()
+    conn = sqlite3.connect(tmp_path / "hurtle.db")  # what the previous version wrote
+    for table in ("rates", "slots", "uniques"):
+        conn.execute(f"DROP TABLE {table}")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    upgraded = make_broker(url)
+    try:
+        assert upgraded.take_tokens([("k", 10, 1.0, 1)]) == [(1, 0.0)]
+        m = Message(id="m1", task="t", queue="q", headers={"unique": "x"})
+        assert upgraded.publish_unique([m], 60) == ["m1"]
+        assert upgraded.consumer(["q"]).acquire_slots([("k", 1, 1)]) == [1]
+    finally:
+        upgraded.close()
