@@ -139,3 +139,28 @@ def test_a_killed_workers_unique_lock_ends_after_unique_for(project: Project) ->
         assert time.monotonic() < deadline, "the lock outlived unique_for"
         time.sleep(0.05)
     assert project.stats()["ready"] == 1  # the new one waits; the old one is still held
+
+
+def test_expired_unique_locks_are_swept_from_redis(redis_url: str) -> None:
+    import redis
+    from hurtle.brokers import make_broker
+    from hurtle.brokers.keys import queue_keys
+    from hurtle.ids import new_id
+    from hurtle.message import Message
+
+    broker = make_broker(redis_url)
+    client = redis.Redis.from_url(redis_url)
+    try:
+        def one(key: str) -> Message:
+            return Message(id=new_id(), task="t", queue="q", headers={"unique": key})
+
+        broker.publish_unique([one(f"k{i}") for i in range(50)], 0.1)
+        assert client.hlen(queue_keys("q").unique) == 50
+        time.sleep(0.2)  # every lock expired
+        deadline = time.monotonic() + 10
+        while client.hlen(queue_keys("q").unique) > 1:  # each publish sweeps some
+            assert time.monotonic() < deadline, "expired locks stay"
+            broker.publish_unique([one("fresh")], 60)
+    finally:
+        client.close()
+        broker.close()

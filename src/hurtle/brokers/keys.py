@@ -24,8 +24,9 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:deaths             ZSET    sha1 of a recovered raw message, scored by its deaths
     hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
     hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
-    hurtle:{q}:unique             HASH    unique lock -> id of the message holding it
-    hurtle:{q}:unique:ends        ZSET    unique lock, scored by when it ends (server seconds)
+    hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
+                                          END (server seconds)
+    hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
 
 Limits shared by every worker, each key under a hash tag of its own (``L`` = a limit's key)::
 
@@ -67,7 +68,7 @@ class QueueKeys:
         "ready",
         "seq",
         "unique",
-        "unique_ends",
+        "unique_sweep",
         "wake",
         "workers",
     )
@@ -89,7 +90,7 @@ class QueueKeys:
         self.probes = f"{base}probes"
         self.probe = f"{base}probe"
         self.unique = f"{base}unique"
-        self.unique_ends = f"{base}unique:ends"
+        self.unique_sweep = f"{base}unique:sweep"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
 

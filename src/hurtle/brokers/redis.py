@@ -355,7 +355,7 @@ class RedisBroker(Broker):
         for (name, _, _), (_, args) in groups.items():
             k = queue_keys(name)
             commands.append(self._call(
-                self._scripts.publish_unique, (*_publish_keys(name), k.unique, k.unique_ends),
+                self._scripts.publish_unique, (*_publish_keys(name), k.unique, k.unique_sweep),
                 args,
             ))
         results = self._pipeline(commands, f"publishing {len(batch)} unique messages")
@@ -869,7 +869,7 @@ class RedisConsumer(Consumer):
         commands = []
         for queue, args in by_queue.items():
             k = queue_keys(queue)
-            commands.append(self.broker._call(script, (k.unique, k.unique_ends), args))
+            commands.append(self.broker._call(script, (k.unique,), args))
         self.broker._pipeline(commands, f"releasing {len(locks)} unique locks")
 
     def release(self, deliveries: Sequence[Delivery]) -> None:

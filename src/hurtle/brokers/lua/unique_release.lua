@@ -3,8 +3,7 @@
   outcome is settled (a lock that expired and was taken by another message is left alone).
 
   Input:
-    KEYS[1]     unique hash (lock -> message id)
-    KEYS[2]     unique expiry zset
+    KEYS[1]     unique hash (lock -> message id '@' when it ends)
 
     ARGV        pairs: lock, the id it must hold to be released
 
@@ -24,12 +23,13 @@ while i <= n do
   local j = math.min(i + CHUNK - 1, n)
   local holders = redis.call('HMGET', KEYS[1], unpack(locks, i, j))
   for k = 1, j - i + 1 do
-    if holders[k] == ARGV[2 * (i + k - 1)] then
+    local value = holders[k]
+    local id = ARGV[2 * (i + k - 1)]
+    if value and string.sub(value, 1, #id + 1) == id .. '@' then
       gone[#gone + 1] = locks[i + k - 1]
     end
   end
   i = j + 1
 end
 call_chunked('HDEL', KEYS[1], gone)
-call_chunked('ZREM', KEYS[2], gone)
 return #gone
