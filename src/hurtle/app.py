@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
 from .handles import Handle
+from .limits import KeyFunction
 from .message import Message
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
@@ -99,13 +100,21 @@ class Hurtle:
     def _builtin_middleware(self) -> list[Middleware]:
         """The built-in middleware switched on by this app's tasks and settings. Retries decides
         every failed call's outcome, so it is always in use (it costs nothing until a call
-        fails). Results is made afresh on each call (it keeps its worker's acker) and only when
-        some task keeps results, so that other tasks stay on the inline path."""
+        fails). Results, limits and unique locks are made afresh on each call (they keep their
+        worker's parts) and only when some task uses them, so that other tasks stay inline."""
         builtin: list[Middleware] = [self._retries]
-        if self.settings.store_results or any(t.store_result for t in self.tasks.values()):
+        tasks = self.tasks.values()
+        if self.settings.store_results or any(t.store_result for t in tasks):
             from .middleware.results import Results
 
             builtin.append(Results(self))
+        if any(t.limits is not None for t in tasks):
+            from .middleware.limits import LimitsMiddleware, RateLimitMiddleware
+            from .middleware.unique import UniqueMiddleware
+
+            for m in (RateLimitMiddleware(), LimitsMiddleware(), UniqueMiddleware()):
+                if any(m.applies_to(t) for t in tasks):
+                    builtin.append(m)
         return builtin
 
     def _middleware_changed(self) -> None:
@@ -162,6 +171,12 @@ class Hurtle:
         time_limit: float | None = None,
         store_result: bool | None = None,
         result_ttl: float | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyFunction | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeyFunction | None = None,
+        unique_for: float | None = None,
+        unique_key: KeyFunction | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -177,11 +192,21 @@ class Hurtle:
         time_limit: float | None = None,
         store_result: bool | None = None,
         result_ttl: float | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyFunction | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeyFunction | None = None,
+        unique_for: float | None = None,
+        unique_key: KeyFunction | None = None,
     ) -> Any:
         """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
 
         ``store_result=True`` keeps each outcome ``result_ttl`` seconds for ``Handle.result``
         (defaults: the app's ``store_results`` and ``result_ttl`` settings).
+
+        Limits and uniqueness (``hurtle.limits``): ``rate_limit="50/s"`` (``/m``, ``/h``),
+        ``rate_limit_key=``, ``concurrency_limit=N``, ``concurrency_key=``, ``unique_for=``
+        seconds, ``unique_key=``; each key option is a callable of the task's arguments.
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -205,6 +230,12 @@ class Hurtle:
                     self.settings.store_results if store_result is None else store_result
                 ),
                 result_ttl=self.settings.result_ttl if result_ttl is None else result_ttl,
+                rate_limit=rate_limit,
+                rate_limit_key=rate_limit_key,
+                concurrency_limit=concurrency_limit,
+                concurrency_key=concurrency_key,
+                unique_for=unique_for,
+                unique_key=unique_key,
             )
             self.tasks[task_name] = t
             self._middleware_changed()  # built-ins may depend on task options

@@ -29,6 +29,15 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
     hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
     hurtle:{q}:sched:N            STRING  the last tick claimed by schedule N, whose task runs on q
+    hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
+                                          END (server seconds)
+    hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
+
+Limits shared by every worker, each key under a hash tag of its own (``L`` = a limit's key)::
+
+    hurtle:{rate:L}               STRING  GCRA theoretical arrival time (server seconds; expires)
+    hurtle:{slots:L}:held         HASH    W -> concurrency slots of L that worker W holds
+    hurtle:{slots:L}:alive        ZSET    W, scored by W's deadline: slots of a W past it are free
 
 A fetch records what it took as one in-flight *batch* per priority (``B = SEQ * 10 + P``), so that
 recording and acknowledging a thousand messages costs a few commands rather than a thousand hash
@@ -70,6 +79,8 @@ class QueueKeys:
         "quarantine",
         "ready",
         "seq",
+        "unique",
+        "unique_sweep",
         "wake",
         "workers",
     )
@@ -90,6 +101,8 @@ class QueueKeys:
         self.deaths = f"{base}deaths"
         self.probes = f"{base}probes"
         self.probe = f"{base}probe"
+        self.unique = f"{base}unique"
+        self.unique_sweep = f"{base}unique:sweep"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
 
@@ -104,6 +117,17 @@ class QueueKeys:
     def fetched(self, worker_id: str) -> str:
         """The record of the last fetch of ``worker_id`` from this queue that took something."""
         return f"{PREFIX}:{{{self.name}}}:fetched:{worker_id}"
+
+
+def rate_key(key: str) -> str:
+    """Where the rate limit ``key`` keeps its state."""
+    return f"{PREFIX}:{{rate:{key}}}"
+
+
+def slot_keys(key: str) -> tuple[str, str]:
+    """The concurrency limit ``key``'s holders hash and their deadlines zset (one hash tag)."""
+    base = f"{PREFIX}:{{slots:{key}}}"
+    return f"{base}:held", f"{base}:alive"
 
 
 @lru_cache(maxsize=4096)

@@ -22,6 +22,9 @@ How it works, in short:
   Waiters do not poll: one listener thread per broker object, on one connection, subscribes to
   that channel and wakes the waiters of the ids it hears; reads of records go through a small
   pool of their own (``RESULT_CONNECTIONS``), so a thousand waiters use a handful of connections.
+* limits: ``rate.lua`` (GCRA tokens) and ``slots.lua`` (concurrency slots held per worker),
+  one call per key, pipelined; unique locks: ``publish_unique.lua`` takes them and publishes in
+  one script per queue, ``unique_release.lua`` ends them. Deferral reuses ``retry.lua``.
 * crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
   the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front
   of the queue, what workers whose deadline passed held. It counts their deaths per message: a
@@ -91,6 +94,7 @@ from .base import (
     check_dead_letter_limits,
     check_tick_claim,
     log_trimmed,
+    unique_key_of,
 )
 from .keys import (
     BATCH_BITS,
@@ -99,7 +103,9 @@ from .keys import (
     RESULTS_CHANNEL,
     QueueKeys,
     queue_keys,
+    rate_key,
     result_key,
+    slot_keys,
 )
 
 __all__ = ["RedisBroker", "RedisConsumer"]
@@ -157,6 +163,10 @@ class _Scripts:
         self.dead_purge = _Script("dead_purge")
         self.claim_tick = _Script("claim_tick")
         self.results = _Script("results")
+        self.rate = _Script("rate")
+        self.slots = _Script("slots")
+        self.publish_unique = _Script("publish_unique")
+        self.unique_release = _Script("unique_release")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
@@ -339,6 +349,65 @@ class RedisBroker(Broker):
             args += delayed
             commands.append(self._call(self._scripts.publish, _publish_keys(name), args))
         self._pipeline(commands, f"publishing {len(batch)} messages")
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return []
+        locks = [unique_key_of(m) for m in batch]
+        payloads = encode_many(batch)
+        # (queue, priority, eta) -> (positions in the batch, script arguments); a send_many
+        # is one group
+        groups: dict[tuple[str, int, float], tuple[list[int], list[Any]]] = {}
+        ttl = repr(float(unique_for))
+        for i, (m, lock, raw) in enumerate(zip(batch, locks, payloads, strict=True)):
+            group = groups.get((m.queue, m.priority, m.eta))
+            if group is None:
+                priority = _PRIORITY_ARG.get(m.priority)
+                if priority is None:
+                    raise EncodeError(
+                        f"priority {m.priority!r} of task {m.task!r} is out of range: use an "
+                        f"int from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                    )
+                group = groups[(m.queue, m.priority, m.eta)] = (
+                    [], [ttl, priority, repr(float(m.eta))]
+                )
+            group[0].append(i)
+            group[1].extend((lock, m.id, raw))
+        queues = {queue for queue, _, _ in groups}
+        commands: list[_Command] = [(("SADD", QUEUES, *queues), None)]
+        for (name, _, _), (_, args) in groups.items():
+            k = queue_keys(name)
+            commands.append(self._call(
+                self._scripts.publish_unique, (*_publish_keys(name), k.unique, k.unique_sweep),
+                args,
+            ))
+        results = self._pipeline(commands, f"publishing {len(batch)} unique messages")
+        out = [m.id for m in batch]
+        for (positions, _), skipped in zip(groups.values(), results[1:], strict=True):
+            for at in range(0, len(skipped), 2):
+                holder = skipped[at + 1]
+                out[positions[skipped[at] - 1]] = (
+                    holder.decode() if isinstance(holder, bytes) else str(holder)
+                )
+        return out
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        if not requests:
+            return []
+        script = self._scripts.rate
+        commands = [
+            self._call(script, (rate_key(key),), (limit, repr(float(period)), wanted))
+            for key, limit, period, wanted in requests
+        ]
+        return [
+            (int(granted), float(wait))
+            for granted, wait in self._pipeline(commands, f"taking tokens of {len(requests)} "
+                                                "rate limits")
+        ]
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         if not payloads:
@@ -694,6 +763,8 @@ class RedisConsumer(Consumer):
         self._fetch = broker._scripts.fetch
         # a fetch script sent by ``prefetch`` whose reply is still to be read: (connection, want)
         self._pending: tuple[Any, int] | None = None
+        #: concurrency key -> slots this consumer holds (their deadlines move with each beat)
+        self._slots: dict[str, int] = {}
 
     def _target(self, queue: str) -> _Target:
         target = self._targets.get(queue)
@@ -903,6 +974,81 @@ class RedisConsumer(Consumer):
         )
         log_trimmed(b, delivery.queue, expired, dropped)
 
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """Each delivery goes back as it is (``retry.lua`` with its own bytes), one round trip."""
+        if not items:
+            return
+        b = self.broker
+        commands = []
+        for delivery, eta in items:
+            k = self._target(delivery.queue)
+            batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
+            commands.append(b._call(
+                b._scripts.retry,
+                (*k.keys.ready, k.keys.delayed, k.inflight, k.keys.wake, k.keys.seq),
+                (batch, index, batch % 10, repr(float(eta)), delivery.raw),
+            ))
+        b._pipeline(commands, f"deferring {len(items)} deliveries")
+
+    def _slot_commands(self, broker: RedisBroker, changes: Iterable[tuple[str, int, int]]
+                       ) -> list[_Command]:
+        script = broker._scripts.slots
+        return [
+            broker._call(script, slot_keys(key), (self.worker_id, self._timeout_arg, limit, n))
+            for key, limit, n in changes
+        ]
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        if not requests:
+            return []
+        got = self.broker._pipeline(
+            self._slot_commands(self.broker, requests),
+            f"taking slots of {len(requests)} concurrency limits",
+        )
+        for (key, _, _), n in zip(requests, got, strict=True):
+            if n:
+                self._slots[key] = self._slots.get(key, 0) + int(n)
+        return [int(n) for n in got]
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        if not releases:
+            return
+        self.broker._pipeline(
+            self._slot_commands(self.broker, ((key, 0, -n) for key, n in releases)),
+            f"giving back slots of {len(releases)} concurrency limits",
+        )
+        for key, n in releases:
+            left = self._slots.get(key, 0) - n
+            if left > 0:
+                self._slots[key] = left
+            else:
+                self._slots.pop(key, None)
+
+    def _touch_slots(self, broker: RedisBroker) -> None:
+        """Move the deadline of the slots this consumer holds (with each heartbeat)."""
+        held = list(self._slots)
+        if held:
+            broker._pipeline(
+                self._slot_commands(broker, ((key, 0, 0) for key in held)),
+                "refreshing concurrency slots",
+            )
+
+    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+        if not locks:
+            return
+        by_queue: dict[str, list[str]] = {}
+        for queue, key, message_id in locks:
+            by_queue.setdefault(queue, []).extend((key, message_id))
+        script = self.broker._scripts.unique_release
+        commands = []
+        for queue, args in by_queue.items():
+            k = queue_keys(queue)
+            commands.append(self.broker._call(script, (k.unique,), args))
+        self.broker._pipeline(commands, f"releasing {len(locks)} unique locks")
+
     def release(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
@@ -920,6 +1066,7 @@ class RedisConsumer(Consumer):
         self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
 
     def heartbeat(self) -> bool:
+        self._touch_slots(self.broker)
         return self.broker._heartbeat(
             list(self._targets), self.worker_id, self.heartbeat_timeout
         )[1]
@@ -932,6 +1079,7 @@ class RedisConsumer(Consumer):
         queues, worker_id, timeout = list(self._targets), self.worker_id, self.heartbeat_timeout
 
         def beat() -> bool:
+            self._touch_slots(own)
             return own._heartbeat(queues, worker_id, timeout)[1]
 
         return beat, own.close
@@ -950,4 +1098,8 @@ class RedisConsumer(Consumer):
                 )
             )
             commands.append((("DEL", target.fetched), None))
+        commands += self._slot_commands(
+            self.broker, ((key, 0, -n) for key, n in self._slots.items())
+        )
         self.broker._pipeline(commands, "closing a consumer")
+        self._slots.clear()

@@ -123,7 +123,9 @@ from .base import (
     StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
+    gcra,
     log_trimmed,
+    unique_key_of,
 )
 
 __all__ = ["SQLiteBroker"]
@@ -134,7 +136,7 @@ log = logging.getLogger(__name__)
 SYNCHRONOUS_LEVELS = ("full", "normal")
 DEFAULT_SYNCHRONOUS = "full"
 
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 _BUSY_TIMEOUT_MS = 30_000
 _POLL_FIRST = 0.001
 _POLL_MAX = 0.025
@@ -164,6 +166,29 @@ CREATE TABLE probes (
     id       INTEGER NOT NULL,
     PRIMARY KEY (queue, digest)
 ) WITHOUT ROWID;
+"""
+
+# Rate limits (key -> theoretical arrival time), concurrency slots (held per worker: only those
+# of workers whose deadline has not passed count) and unique locks (message id, until expires).
+_LIMITS_SCHEMA = """
+CREATE TABLE rates (
+    key TEXT PRIMARY KEY,
+    tat REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE slots (
+    key    TEXT    NOT NULL,
+    worker TEXT    NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (key, worker)
+) WITHOUT ROWID;
+CREATE TABLE uniques (
+    queue   TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    id      TEXT NOT NULL,
+    expires REAL NOT NULL,
+    PRIMARY KEY (queue, key)
+) WITHOUT ROWID;
+CREATE INDEX uniques_expires ON uniques (expires);
 """
 
 _SCHEMA = """
@@ -213,7 +238,7 @@ CREATE TABLE dead (
 );
 CREATE INDEX dead_queue ON dead (queue);
 CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
-""" + _POISON_SCHEMA
+""" + _POISON_SCHEMA + _LIMITS_SCHEMA
 
 # Schema version -> the statements that turn it into the next one.
 _UPGRADES = {
@@ -221,6 +246,7 @@ _UPGRADES = {
     # those days was 20 s unless set otherwise: workers still running get that much)
     2: "ALTER TABLE workers RENAME COLUMN last_seen TO deadline; "
     "UPDATE workers SET deadline = deadline + 20.0;" + _POISON_SCHEMA,
+    3: _LIMITS_SCHEMA,
 }
 #: Most recovered messages whose deaths the file remembers (those with the fewest go first).
 MAX_DEATHS = 10_000
@@ -580,6 +606,51 @@ class SQLiteBroker(Broker):
                 new = self._store(conn, items, now)
         self._known.update(new)
         self._notify()
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        keys = [unique_key_of(m) for m in messages]
+        payloads = encode_many(list(messages))
+        out: list[str] = []
+        items: list[tuple[str, int, float, bytes]] = []
+        with self._write() as conn:
+            now = time.time()
+            conn.execute(  # a bounded sweep of expired locks
+                "DELETE FROM uniques WHERE (queue, key) IN (SELECT queue, key FROM uniques "
+                "WHERE expires <= ? LIMIT 1000)", (now,),
+            )
+            for m, key, raw in zip(messages, keys, payloads, strict=True):
+                row = conn.execute(
+                    "SELECT id FROM uniques WHERE queue = ? AND key = ? AND expires > ?",
+                    (m.queue, key, now),
+                ).fetchone()
+                if row is not None:
+                    out.append(row[0])
+                    continue
+                conn.execute(
+                    "INSERT OR REPLACE INTO uniques (queue, key, id, expires) VALUES (?, ?, ?, ?)",
+                    (m.queue, key, m.id, now + unique_for),
+                )
+                items.append((m.queue, m.priority, m.eta, raw))
+                out.append(m.id)
+            new = self._store(conn, items, now) if items else set()
+        self._known.update(new)
+        if items:
+            self._notify()
+        return out
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        out = []
+        with self._write() as conn:
+            now = time.time()
+            for key, limit, period, wanted in requests:
+                row = conn.execute("SELECT tat FROM rates WHERE key = ?", (key,)).fetchone()
+                granted, wait, tat = gcra(row[0] if row else 0.0, now, limit, period, wanted)
+                conn.execute("INSERT OR REPLACE INTO rates (key, tat) VALUES (?, ?)", (key, tat))
+                out.append((granted, wait))
+        return out
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         if not payloads:
@@ -1028,6 +1099,65 @@ class _SQLiteConsumer(Consumer):
                 expired, dropped = b._trim_dead(conn, delivery.queue, now)
         log_trimmed(b, delivery.queue, expired, dropped)
 
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        b = self.broker
+        new: set[tuple[str, int]] = set()
+        with b._write() as conn:
+            kept = [
+                (d.queue, d.receipt & _PRIORITY_MASK, eta, d.raw)
+                for d, eta in items
+                if self._settle_one(conn, d)
+            ]
+            if kept:
+                new = b._store(conn, kept, time.time())
+        b._known.update(new)
+        b._notify()
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        out = []
+        with self.broker._write() as conn:
+            now = time.time()
+            conn.execute(  # known again if declared dead meanwhile
+                "INSERT OR IGNORE INTO workers (worker_id, deadline) VALUES (?, ?)",
+                (self.worker_id, now + self.heartbeat_timeout),
+            )
+            for key, limit, wanted in requests:
+                conn.execute(
+                    "DELETE FROM slots WHERE key = ? AND worker NOT IN "
+                    "(SELECT worker_id FROM workers WHERE deadline >= ?)",
+                    (key, now),
+                )
+                held = conn.execute(
+                    "SELECT coalesce(sum(n), 0) FROM slots WHERE key = ?", (key,)
+                ).fetchone()[0]
+                granted = max(0, min(wanted, limit - held))
+                if granted:
+                    conn.execute(
+                        "INSERT INTO slots (key, worker, n) VALUES (?, ?, ?) "
+                        "ON CONFLICT (key, worker) DO UPDATE SET n = n + excluded.n",
+                        (key, self.worker_id, granted),
+                    )
+                out.append(granted)
+        return out
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        with self.broker._write() as conn:
+            for key, count in releases:
+                conn.execute(
+                    "UPDATE slots SET n = n - ? WHERE key = ? AND worker = ?",
+                    (count, key, self.worker_id),
+                )
+            conn.execute("DELETE FROM slots WHERE worker = ? AND n <= 0", (self.worker_id,))
+
+    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+        with self.broker._write() as conn:
+            conn.executemany(
+                "DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?", locks
+            )
+
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """Give them back, under new ids: at the back of their priority (see the module doc)."""
         if not deliveries:
@@ -1077,4 +1207,5 @@ class _SQLiteConsumer(Consumer):
             _requeue(conn, rows)
             conn.execute("DELETE FROM claims WHERE worker = ?", (self.worker_id,))
             conn.execute("DELETE FROM workers WHERE worker_id = ?", (self.worker_id,))
+            conn.execute("DELETE FROM slots WHERE worker = ?", (self.worker_id,))
         b._notify()

@@ -13,6 +13,9 @@ calls ``before_publish`` only on middleware that override it.
 
 A failing call's outcome (retry with backoff, or dead letter) is decided by the built-in
 ``Retries`` policy, consulted only when a call fails: it takes no task off the inline path.
+
+The other built-ins are switched on by task options: stored results (``results.py``), rate and
+concurrency limits (``limits.py``) and unique tasks (``unique.py``).
 """
 
 from __future__ import annotations

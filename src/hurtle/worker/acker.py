@@ -3,7 +3,8 @@
 Acknowledgements are flushed in one broker call every ``batch_size`` outcomes or every
 ``interval`` seconds, whichever comes first, from the acker's own thread, so executors never wait
 on the network to finish a task. Retries, dead letters and hand-backs (rare) go through the same
-thread, in order.
+thread, in order. Deferrals (throttled messages), and the concurrency slots and unique locks that
+settled messages give back, are flushed the same way, each kind in one broker call per flush.
 
 When the broker cannot be reached (a ``BrokerError`` caused by a connection, a timeout or a busy
 store), outcomes are kept and retried with backoff, never dropped. ``stop`` keeps retrying so,
@@ -38,6 +39,7 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import Any
 
 from ..brokers import Consumer, Delivery, StoredResult
 from ..errors import BrokerError
@@ -109,6 +111,10 @@ class Acker:
         self._with_results: deque[tuple[Delivery, str, bytes, float]] = deque()
         self._records: list[StoredResult] = []
         self._ops: list[_Op] = []
+        # deferrals and what limits give back: (delivery, eta), (key, slots), (queue, key, id)
+        self._defers: deque[tuple[Delivery, float]] = deque()
+        self._slots: deque[tuple[str, int]] = deque()
+        self._uniques: deque[tuple[str, str, str]] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self._deadline = 0.0
@@ -168,13 +174,23 @@ class Acker:
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         self._op(_Op("dead", [delivery], reason))
 
-    def defer(self, delivery: Delivery, eta: float) -> None:
-        """Put a delivery back in its queue unchanged (same attempt), due at ``eta``."""
-        self._op(_Op("defer", [delivery], float(eta)))
-
     def release(self, deliveries: list[Delivery]) -> None:
         if deliveries:
             self._op(_Op("release", list(deliveries)))
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        """Put a held delivery back unchanged, due at ``eta`` (a throttled message)."""
+        self._defers.append((delivery, eta))
+        self._wake.set()
+
+    def release_slots(self, key: str, count: int) -> None:
+        """Give back ``count`` concurrency slots of ``key`` with the next flush."""
+        self._slots.append((key, count))
+        self._wake.set()
+
+    def release_unique(self, queue: str, key: str, message_id: str) -> None:
+        """End the unique lock of a settled message with the next flush."""
+        self._uniques.append((queue, key, message_id))
 
     def _op(self, op: _Op) -> None:
         with self._lock:
@@ -186,6 +202,7 @@ class Acker:
         with self._lock:
             return (
                 len(self._acks) + len(self._with_results) + len(self._records) + len(self._ops)
+                + len(self._defers) + len(self._slots) + len(self._uniques)
             )
 
     @property
@@ -265,11 +282,45 @@ class Acker:
             pending_results.extendleft(
                 (d, r.id, r.payload, r.ttl) for d, r in reversed(with_results)
             )
+        if error is None:
+            settled += self._flush_limits()
         self.settled += settled
         if error is not None:
             log.warning("could not settle %d outcomes, will retry: %s",
                         len(kept) + len(acks) + len(with_results), error)
-        return not kept and not acks and not with_results
+        return not kept and not acks and not with_results and not self._defers
+
+    def _flush_limits(self) -> int:
+        """Deferrals, then slots and unique locks given back: one broker call per kind.
+
+        Kept for later when the broker cannot be reached; given up on when it refuses (a
+        deferred delivery is then still held and goes back when the session closes; slots and
+        locks end by themselves with the worker's deadline or ``unique_for``)."""
+        settled = 0
+        calls = (
+            (self._defers, self.consumer.defer_many, "deferrals"),
+            (self._slots, self.consumer.release_slots, "concurrency slots given back"),
+            (self._uniques, self.consumer.release_unique, "unique locks released"),
+        )
+        for pending, call, what in calls:
+            if not pending:
+                continue
+            popleft = pending.popleft
+            items: list[Any] = [popleft() for _ in range(len(pending))]
+            try:
+                call(items)
+            except Exception as err:
+                if unreachable(err):
+                    pending.extendleft(reversed(items))
+                    log.warning("could not flush %d %s, will retry: %s", len(items), what, err)
+                    return settled
+                self.dropped += len(items)
+                log.error("the broker refused %d %s (%s): giving up on them", len(items),
+                          what, err)
+                continue
+            if pending is self._defers:
+                settled += len(items)
+        return settled
 
     def _refused(self, op: _Op, err: Exception) -> bool:
         """Handle an outcome the broker refused; True when it is off the acker's hands."""
@@ -387,6 +438,10 @@ class Acker:
                 backoff = min(max(backoff * 2, 0.05), 2.0)
         with self._lock:
             acks, ops = len(self._acks) + len(self._with_results), list(self._ops)
+        if self._defers:  # still held: they go back with the session, like the rest
+            log.error("could not defer %d throttled messages within the shutdown's %gs: they go "
+                      "back to their queues when this worker's session closes",
+                      len(self._defers), timeout)
         if acks or ops:
             kinds = {k: sum(len(o.deliveries) for o in ops if o.kind == k)
                      for k in ("retry", "dead", "defer", "release")}

@@ -71,6 +71,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _decode = Message.decode
+#: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
+BEFORE_BATCH_PAUSE = 1.0
 
 __all__ = [
     "BatchState", "Job", "Limit", "Pipeline", "Processor", "describe", "late_limit",
@@ -458,9 +460,13 @@ class Processor:
                 continue
             try:
                 m.before_batch(jobs)
-            except Exception as err:
-                log.error("middleware %s failed in before_batch: %s", safe_repr(m),
-                          describe(err))
+            except Exception as err:  # (the broker is unreachable...) run none of them now
+                log.error("middleware %s failed in before_batch: %s; its %d jobs go back to "
+                          "their queue for %gs", safe_repr(m), describe(err), len(jobs),
+                          BEFORE_BATCH_PAUSE)
+                for job in jobs:
+                    if not job.deferred:
+                        job.defer(BEFORE_BATCH_PAUSE, "before_batch failed")
 
     def _after_batch(self, groups: dict[Middleware, list[Job]]) -> None:
         for m, jobs in groups.items():
