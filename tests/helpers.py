@@ -118,7 +118,7 @@ class Project:
             self.app.task(name=name, retries=0)(lambda *a: None)
 
     def send(self, name: str, *args: object) -> str:
-        return self.app.tasks[name].send(*args)
+        return self.app.tasks[name].send(*args).id
 
     def send_many(self, name: str, calls: list[tuple[object, ...]]) -> None:
         self.app.tasks[name].send_many(calls)

@@ -54,7 +54,7 @@ def test_a_sqlite_file_of_the_previous_schema_is_upgraded_and_keeps_live_workers
     # what the previous version wrote: the worker's last beat, not its deadline
     conn = sqlite3.connect(tmp_path / "hurtle.db")
     conn.execute("ALTER TABLE workers RENAME COLUMN deadline TO last_seen")
-    for table in ("deaths", "quarantine", "probes"):
+    for table in ("deaths", "quarantine", "probes", "rates", "slots", "uniques"):
         conn.execute(f"DROP TABLE {table}")
     conn.execute("UPDATE workers SET last_seen = ?", (time.time(),))
     conn.execute("PRAGMA user_version = 2")

@@ -192,7 +192,7 @@ def test_consumer_defer_puts_the_message_back_unchanged_due_later(app: Hurtle) -
     def work() -> None:
         pass
 
-    message_id = work.send()
+    message_id = work.send().id
     consumer = app.broker.consumer(["default"], "w1")
     (delivery,) = consumer.fetch(10, 0.1)
     consumer.defer(delivery, time.time() + 0.05)

@@ -27,7 +27,7 @@ def test_send_enqueues_one_message_with_args_and_returns_its_id(app: Hurtle) -> 
     def add(x: int, y: int) -> int:
         return x + y
 
-    mid = add.send(5, y=6)
+    mid = add.send(5, y=6).id
     (m,) = _ready(app)
     assert m.id == mid
     assert (m.task, m.args, m.kwargs) == (add.name, (5,), {"y": 6})
@@ -57,7 +57,7 @@ def test_send_many_publishes_every_call_in_one_batch_in_order(app: Hurtle) -> No
     def f(*args: object, **kwargs: object) -> None:
         pass
 
-    ids = f.send_many([(1, 2), [3], {"k": 4}, Args(5, k=6)])
+    ids = [h.id for h in f.send_many([(1, 2), [3], {"k": 4}, Args(5, k=6)])]
     assert calls == [4]
     got = _ready(app)
     assert [m.id for m in got] == ids

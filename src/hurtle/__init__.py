@@ -21,10 +21,13 @@ from .errors import (
     EncodeError,
     HurtleError,
     Reject,
+    ResultTimeout,
     Retry,
+    TaskFailed,
     TimeLimitExceeded,
     UnknownTaskError,
 )
+from .handles import Handle
 from .message import Message
 from .settings import Settings
 from .task import Args, Task
@@ -40,14 +43,17 @@ __all__ = [
     "DeadLetter",
     "DecodeError",
     "EncodeError",
+    "Handle",
     "Hurtle",
     "HurtleError",
     "Message",
     "QueueStats",
     "Reject",
+    "ResultTimeout",
     "Retry",
     "Settings",
     "Task",
+    "TaskFailed",
     "TimeLimitExceeded",
     "UnknownTaskError",
     "__version__",

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
+from .handles import Handle
+from .limits import KeyFunction
 from .message import Message
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
@@ -98,8 +100,22 @@ class Hurtle:
     def _builtin_middleware(self) -> list[Middleware]:
         """The built-in middleware switched on by this app's tasks and settings. Retries decides
         every failed call's outcome, so it is always in use (it costs nothing until a call
-        fails)."""
-        return [self._retries]
+        fails). Results, limits and unique locks are made afresh on each call (they keep their
+        worker's parts) and only when some task uses them, so that other tasks stay inline."""
+        builtin: list[Middleware] = [self._retries]
+        tasks = self.tasks.values()
+        if self.settings.store_results or any(t.store_result for t in tasks):
+            from .middleware.results import Results
+
+            builtin.append(Results(self))
+        if any(t.limits is not None for t in tasks):
+            from .middleware.limits import LimitsMiddleware, RateLimitMiddleware
+            from .middleware.unique import UniqueMiddleware
+
+            for m in (RateLimitMiddleware(), LimitsMiddleware(), UniqueMiddleware()):
+                if any(m.applies_to(t) for t in tasks):
+                    builtin.append(m)
+        return builtin
 
     def _middleware_changed(self) -> None:
         self._publish_hooks = tuple(m for m in self.middleware if overrides(m, "before_publish"))
@@ -113,6 +129,11 @@ class Hurtle:
             self.broker.publish(messages)
             return messages[0].id
         return sent
+
+    def handle(self, id: str, task: Task[Any, Any] | None = None) -> Handle[Any]:
+        """The handle of a message sent earlier, from its id (and its task, if known: then
+        ``result`` on a task that keeps no results fails at once)."""
+        return Handle(id, self, task)
 
     def __repr__(self) -> str:
         return f"<Hurtle broker={self.settings.broker_url!r} tasks={len(self.tasks)}>"
@@ -148,6 +169,14 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
+        store_result: bool | None = None,
+        result_ttl: float | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyFunction | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeyFunction | None = None,
+        unique_for: float | None = None,
+        unique_key: KeyFunction | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -161,8 +190,24 @@ class Hurtle:
         retry_delay: float | None = None,
         priority: int = 0,
         time_limit: float | None = None,
+        store_result: bool | None = None,
+        result_ttl: float | None = None,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyFunction | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeyFunction | None = None,
+        unique_for: float | None = None,
+        unique_key: KeyFunction | None = None,
     ) -> Any:
-        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``."""
+        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
+
+        ``store_result=True`` keeps each outcome ``result_ttl`` seconds for ``Handle.result``
+        (defaults: the app's ``store_results`` and ``result_ttl`` settings).
+
+        Limits and uniqueness (``hurtle.limits``): ``rate_limit="50/s"`` (``/m``, ``/h``),
+        ``rate_limit_key=``, ``concurrency_limit=N``, ``concurrency_key=``, ``unique_for=``
+        seconds, ``unique_key=``; each key option is a callable of the task's arguments.
+        """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task_name = name or _default_name(func)
@@ -181,6 +226,16 @@ class Hurtle:
                 ),
                 priority=priority,
                 time_limit=time_limit,
+                store_result=(
+                    self.settings.store_results if store_result is None else store_result
+                ),
+                result_ttl=self.settings.result_ttl if result_ttl is None else result_ttl,
+                rate_limit=rate_limit,
+                rate_limit_key=rate_limit_key,
+                concurrency_limit=concurrency_limit,
+                concurrency_key=concurrency_key,
+                unique_for=unique_for,
+                unique_key=unique_key,
             )
             self.tasks[task_name] = t
             self._middleware_changed()  # built-ins may depend on task options

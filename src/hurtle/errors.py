@@ -41,6 +41,31 @@ class TimeLimitExceeded(HurtleError):
     """A task ran longer than its ``time_limit``."""
 
 
+class TaskFailed(HurtleError):
+    """The task of a result handle failed for good (``Handle.result``).
+
+    ``type`` is the name of the exception the task raised, ``message`` its text and
+    ``traceback`` the remote traceback, formatted.
+    """
+
+    def __init__(self, id: str, task: str, type: str, message: str, traceback: str) -> None:
+        super().__init__(f"task {task}[{id}] failed: {type}: {message}")
+        self.id = id
+        self.task = task
+        self.type = type
+        self.message = message
+        self.traceback = traceback
+
+
+class ResultError(HurtleError):
+    """A task's result cannot be stored (its value cannot be encoded), or a handle cannot have
+    one (its task does not keep results)."""
+
+
+class ResultTimeout(HurtleError, TimeoutError):
+    """No result arrived within the time a ``Handle.result`` call was given."""
+
+
 class Retry(Exception):
     """Raised by a task to ask for another attempt, optionally after ``delay`` seconds."""
 

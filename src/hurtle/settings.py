@@ -19,6 +19,7 @@ from .errors import ConfigurationError
 DEFAULT_BROKER_URL = "sqlite:///hurtle.db"
 DEFAULT_DEAD_LETTER_MAX = 10_000
 DEFAULT_DEAD_LETTER_TTL = 180 * 24 * 3600.0
+DEFAULT_RESULT_TTL = 24 * 3600.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,6 +63,10 @@ class Settings:
     #: Seconds a dead letter is kept (default 180 days); older ones of a queue are dropped when it
     #: gets its next dead letter. ``0``: until purged.
     dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL
+    #: Keep the results of every task (a task's own ``store_result`` wins).
+    store_results: bool = False
+    #: Seconds a result is kept (default one day), for tasks that do not say otherwise.
+    result_ttl: float = DEFAULT_RESULT_TTL
 
     @property
     def effective_heartbeat_interval(self) -> float:
@@ -85,6 +90,7 @@ BOUNDS: dict[str, tuple[float, bool]] = {
     "max_recoveries": (1, True),
     "dead_letter_max": (0, True),
     "dead_letter_ttl": (0, True),
+    "result_ttl": (0, False),
 }
 
 
@@ -108,6 +114,8 @@ def _problem(name: str, kind: Any, value: Any) -> str | None:
         if not isinstance(value, str) or not value:
             return f"must be a non-empty string, got {value!r}"
         return None
+    if kind in (bool, "bool"):
+        return None if isinstance(value, bool) else f"must be True or False, got {value!r}"
     if isinstance(value, bool) or not isinstance(value, int | float):
         return f"must be a number, got {value!r} ({type(value).__name__})"
     if kind in (int, "int") and not isinstance(value, int):

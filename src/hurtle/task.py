@@ -24,8 +24,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
+import msgspec
+
 from .errors import ArgumentError, ConfigurationError
+from .handles import Handle
 from .ids import new_id
+from .limits import KeyFunction, Limits
 from .message import CheckedBatch, Message, priority_problem, seconds_problem
 
 if TYPE_CHECKING:
@@ -186,7 +190,22 @@ class Task(Generic[P, R]):
         retry_delay: float,
         priority: int = 0,
         time_limit: float | None = None,
+        store_result: bool = False,
+        result_ttl: float = 86400.0,
+        rate_limit: str | None = None,
+        rate_limit_key: KeyFunction | None = None,
+        concurrency_limit: int | None = None,
+        concurrency_key: KeyFunction | None = None,
+        unique_for: float | None = None,
+        unique_key: KeyFunction | None = None,
     ) -> None:
+        if not isinstance(store_result, bool):
+            raise ConfigurationError(
+                f"task {name!r}: store_result must be True or False, got {store_result!r}"
+            )
+        _check_seconds(name, result_ttl, "result_ttl")
+        if result_ttl == 0:
+            raise ConfigurationError(f"task {name!r}: result_ttl must be > 0 seconds")
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ConfigurationError(f"task {name!r}: retries must be an int >= 0, got {retries!r}")
         _check_seconds(name, retry_delay, "retry_delay")
@@ -202,6 +221,18 @@ class Task(Generic[P, R]):
         self.retry_delay = retry_delay
         self.priority = _check_priority(name, priority)
         self.time_limit = time_limit
+        #: Whether outcomes are stored for ``Handle.result``, and for how many seconds.
+        self.store_result = store_result
+        self.result_ttl = float(result_ttl)
+        limits = Limits(
+            name, rate_limit=rate_limit, rate_limit_key=rate_limit_key,
+            concurrency_limit=concurrency_limit, concurrency_key=concurrency_key,
+            unique_for=unique_for, unique_key=unique_key,
+        )
+        #: Rate, concurrency and uniqueness options, or None when the task uses none.
+        self.limits: Limits | None = (
+            limits if limits.rate or limits.concurrency or limits.unique_for else None
+        )
         self.arity = _arity_of(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
@@ -264,14 +295,20 @@ class Task(Generic[P, R]):
             dict(options.headers) if options.headers else {},
         )
 
-    def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        """Enqueue one call; returns its message id once the broker has it."""
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
+        """Enqueue one call; returns its handle (``.id``, ``.result()``) once the broker has it.
+
+        With ``unique_for``, a call like one still waiting or running enqueues nothing and
+        returns the handle of that one.
+        """
         message = self.message(args, kwargs)
-        return self.app._publish([message])
+        if self.limits is not None and self.limits.unique_for is not None:
+            return Handle(_publish_unique(self, [message])[0], self.app, self)
+        return Handle(self.app._publish([message]), self.app, self)
 
     def send_many(self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
-                  ) -> list[str]:
-        """Enqueue many calls in one batch; returns their ids in order.
+                  ) -> list[Handle[R]]:
+        """Enqueue many calls in one batch; returns their handles in order.
 
         Each item is a tuple (or list) of positional arguments, a dict of keyword arguments, or an
         ``Args(*args, **kwargs)`` (``self.args(...)`` builds one that mypy checks against the
@@ -314,12 +351,16 @@ class BoundTask(Generic[P, R]):
         self.task = task
         self.opts = options
 
-    def send(self, *args: P.args, **kwargs: P.kwargs) -> str:
-        message = self.task.message(args, kwargs, self.opts)
-        return self.task.app._publish([message])
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
+        task = self.task
+        message = task.message(args, kwargs, self.opts)
+        limits = task.limits
+        if limits is not None and limits.unique_for is not None:
+            return Handle(_publish_unique(task, [message])[0], task.app, task)
+        return Handle(task.app._publish([message]), task.app, task)
 
     def send_many(self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
-                  ) -> list[str]:
+                  ) -> list[Handle[R]]:
         return _send_many(self.task, calls, self.opts)
 
     def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
@@ -332,10 +373,10 @@ def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
 
 
 def _send_many(
-    task: Task[Any, Any],
+    task: Task[Any, R],
     calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args],
     options: SendOptions | None,
-) -> list[str]:
+) -> list[Handle[R]]:
     now = time.time()
     queue, priority, eta, headers = task._resolve(options, now)
     name = task.name
@@ -353,6 +394,8 @@ def _send_many(
     # Positional calls are checked by their count; a call with keywords is checked when its
     # shape (positional count, keyword names) differs from the previous call's.
     shape_n, shape_names = -1, frozenset[str]()
+    limits = task.limits
+    unique = limits.unique_key_of if limits is not None and limits.unique_for else None
     for call in calls:
         if type(call) is tuple:
             args, kwargs = call, empty
@@ -374,14 +417,44 @@ def _send_many(
                 shape_n, shape_names = len(args), frozenset(kwargs)
         elif not lo <= len(args) <= hi:
             task._unfit(args, kwargs)
-        append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
+        if unique is None:
+            append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
+        else:  # each names its lock
+            append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now,
+                           {**headers, "unique": unique(args, kwargs)}))
+    app = task.app
     if messages:
-        hooks = task.app._publish_hooks
+        hooks = app._publish_hooks
+        published: list[Message] = messages
         if hooks:
-            published: list[Message] = list(messages)  # hooks may change it: checked again
+            published = list(messages)  # hooks may change it: checked again
             for m in hooks:
                 published = m.before_publish(published)
-            task.app.broker.publish(published)
-            return [m.id for m in published]
-        task.app.broker.publish(messages)
-    return [m.id for m in messages]
+        if unique is not None:
+            assert task.limits is not None and task.limits.unique_for is not None
+            ids = app.broker.publish_unique(published, task.limits.unique_for)
+            return [Handle(id_, app, task) for id_ in ids]
+        app.broker.publish(published)
+        return [Handle(m.id, app, task) for m in published]
+    return []
+
+
+def _publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
+    """Publish calls of a ``unique_for`` task, each naming its lock in ``headers["unique"]``,
+    through the app's ``before_publish`` hooks; returns per published call the id of the
+    message that holds its lock (its own when enqueued)."""
+    limits = task.limits
+    assert limits is not None and limits.unique_for is not None
+    key_of = limits.unique_key_of
+    replace = msgspec.structs.replace
+    locked: list[Message] = CheckedBatch(
+        replace(m, headers={**m.headers, "unique": key_of(m.args, m.kwargs)}) for m in messages
+    )
+    hooks = task.app._publish_hooks
+    if hooks:
+        locked = list(locked)  # hooks may change it: checked again
+        for hook in hooks:
+            locked = hook.before_publish(locked)
+        if not locked:
+            return [m.id for m in messages]
+    return task.app.broker.publish_unique(locked, limits.unique_for)

@@ -6,9 +6,11 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats
+from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats, StoredResult
 
-__all__ = ["Broker", "Consumer", "DeadLetter", "Delivery", "QueueStats", "make_broker"]
+__all__ = [
+    "Broker", "Consumer", "DeadLetter", "Delivery", "QueueStats", "StoredResult", "make_broker",
+]
 
 SCHEMES = ("sqlite", "memory", "redis", "rediss")
 

@@ -19,6 +19,25 @@ Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): e
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
 then the oldest beyond the cap. Drops by the cap are logged as warnings, expiries as info.
 
+Results: ``Consumer.ack(deliveries, results)`` stores task results (``StoredResult``: an id,
+opaque bytes, a ttl) in the same step as the acknowledgements; ``Broker.get_result`` reads one;
+``Broker.watch_results`` wakes waiters where the store can notify (``tests/brokers/
+test_results_contract.py``).
+Limits and unique locks live in the broker too, so that every worker sharing it sees them:
+
+* rate limits: ``Broker.take_tokens`` takes tokens of several keys in one call (GCRA in the
+  store's clock: ``limit`` tokens per ``period``, evenly spread, a burst of at most a tenth of
+  ``limit`` (at least 2) to make up for workers that come late);
+* concurrency limits: ``Consumer.acquire_slots`` / ``release_slots``; a slot is held by the
+  consumer that took it, and the slots of a consumer whose heartbeat deadline passed are free;
+* unique locks: ``Broker.publish_unique`` takes a lock per message (its key in
+  ``headers["unique"]``, held for ``unique_for`` seconds, storing the message id) in the same
+  step as the publish, and enqueues only the messages that got theirs;
+  ``Consumer.release_unique`` ends locks whose message is settled (a lock taken again by
+  another message since is left alone);
+* ``Consumer.defer`` puts a held delivery back unchanged (same attempt), due later: a throttled
+  message is not a failure.
+
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
 
@@ -50,6 +69,18 @@ class Delivery(msgspec.Struct, gc=False):
     queue: str
     raw: bytes
     receipt: Any
+
+
+class StoredResult(msgspec.Struct, frozen=True, gc=False):
+    """A task's outcome record to keep under its message ``id`` for ``ttl`` seconds.
+
+    ``payload`` is opaque to brokers (``hurtle.middleware.results`` encodes it); a later record
+    under the same id replaces the earlier one.
+    """
+
+    id: str
+    payload: bytes
+    ttl: float
 
 
 class QueueStats(msgspec.Struct, frozen=True):
@@ -131,18 +162,43 @@ class Consumer(abc.ABC):
         return []
 
     @abc.abstractmethod
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
-        """Record these deliveries as done: they leave the broker for good."""
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        """Record these deliveries as done: they leave the broker for good.
+
+        ``results`` (records of these or other messages) are stored in the same step, before
+        the acknowledgements take effect, each for its ``ttl``: a message never counts as done
+        while its record is missing. Waiters of ``Broker.watch_results`` are woken.
+        """
 
     @abc.abstractmethod
     def retry(self, delivery: Delivery, message: Message) -> None:
         """Replace a held delivery by ``message`` (the next attempt), due at ``message.eta``."""
 
     def defer(self, delivery: Delivery, eta: float) -> None:
-        """Put a held delivery back unchanged (same attempt), due at ``eta``: a throttled
-        message, not a failure. This default goes through ``retry`` with the same attempt."""
-        message = Message.decode(delivery.raw)
-        self.retry(delivery, msgspec.structs.replace(message, eta=eta))
+        """Put a held delivery back unchanged (same attempt), due at ``eta`` (Unix seconds).
+
+        Settles it like ``retry``: a delivery no longer held is left alone.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support deferral")
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """``defer`` each ``(delivery, eta)``; brokers that can do it in one step override this."""
+        for delivery, eta in items:
+            self.defer(delivery, eta)
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        """For each ``(key, limit, wanted)``: take up to ``wanted`` slots of ``key`` for this
+        consumer, so that at most ``limit`` are held across all consumers; returns how many
+        each got. Slots held by consumers whose heartbeat deadline passed count as free."""
+        raise NotImplementedError(f"{type(self).__name__} does not support concurrency limits")
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        """Give back ``count`` slots of each ``(key, count)`` held by this consumer."""
+        raise NotImplementedError(f"{type(self).__name__} does not support concurrency limits")
+
+    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+        """End the unique locks ``(queue, key, message id)`` still held for that message."""
+        raise NotImplementedError(f"{type(self).__name__} does not support unique locks")
 
     @abc.abstractmethod
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
@@ -199,6 +255,24 @@ class Broker(abc.ABC):
 
         Encoding happens before anything is written, so an ``EncodeError`` enqueues nothing.
         """
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        """Publish the messages that can take their unique lock, in the same step.
+
+        Each message names its lock in ``headers["unique"]`` (a str; locks are per queue). A
+        lock held (by a message published earlier, or earlier in this batch) keeps its message
+        out; a lock taken is held ``unique_for`` seconds, or until ``release_unique``. Returns,
+        per message, the id of the message that holds its lock: its own when it was enqueued.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support unique locks")
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        """For each ``(key, limit, period, wanted)``: take up to ``wanted`` of the ``limit``
+        tokens per ``period`` seconds of ``key``; returns per request ``(granted, wait)``,
+        ``wait`` the seconds until the next token is due when fewer were granted (else 0)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support rate limits")
 
     @abc.abstractmethod
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
@@ -261,6 +335,23 @@ class Broker(abc.ABC):
     def totals(self) -> list[TaskCounts]:
         """The cluster's counters per (queue, task), sorted: every increase workers reported,
         dead workers' included (``reports.py``)."""
+
+    @abc.abstractmethod
+    def get_result(self, id: str) -> bytes | None:
+        """The payload last stored under message ``id`` (``Consumer.ack``), or None when there
+        is none or it expired."""
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Call ``wake`` (from any thread, without arguments) whenever a result may have been
+        stored for one of ``ids``; returns a function that stops watching.
+
+        Returns None when this broker cannot notify: the waiter then re-reads with short sleeps.
+        A wake may be spurious; a waiter reads the record after it starts watching, so that a
+        result stored just before is not missed.
+        """
+        return None
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.
@@ -352,6 +443,37 @@ def check_tick_claim(queue: str, tick: float, messages: Sequence[Message]) -> No
                 f"a tick claim of queue {queue!r} holds a message of queue {m.queue!r}: the "
                 "schedule's record and its messages must share one queue"
             )
+def gcra(tat: float, now: float, limit: int, period: float, wanted: int
+         ) -> tuple[int, float, float]:
+    """Generic cell rate: ``(granted, wait, new tat)`` for ``wanted`` tokens of a key whose
+    theoretical arrival time is ``tat``. Tokens come evenly, one every ``period / limit``
+    seconds, and at most ``burst(limit)`` are taken at once, so any period holds at most about
+    ``limit`` starts. The memory and SQLite brokers use it; ``lua/rate.lua`` is the same."""
+    interval = period / limit
+    tolerance = (burst(limit) - 1) * interval
+    tat = max(tat, now)
+    room = math.floor((now + tolerance - tat) / interval + 1e-4) + 1
+    granted = max(0, min(wanted, room))
+    tat += granted * interval
+    wait = 0.0 if granted == wanted else max(tat - tolerance - now, 0.0)
+    return granted, wait, tat
+
+
+def burst(limit: int) -> int:
+    """Most tokens of a rate limit taken at once: a tenth of the limit, at least 2 (so that a
+    worker that comes a little late for its token does not lose it)."""
+    return max(2, limit // 10)
+
+
+def unique_key_of(message: Message) -> str:
+    """The unique lock key a message names, checked."""
+    key = message.headers.get("unique")
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError(
+            f"message {message.id} of task {message.task!r} has no unique key: "
+            "publish_unique needs headers['unique'] (a non-empty str) on every message"
+        )
+    return key
 
 
 def _nothing() -> None:

@@ -5,6 +5,10 @@ and every Lua script touches a single slot. The only key outside a queue is the 
 set of known queue names, which scripts never touch, and the three keys of workers' reports
 (``reports.py``), written by plain commands in the heartbeat's round trip.
 
+Results live outside any queue: ``hurtle:result:{ID}`` (a STRING per message id, with its
+expiry; its own hash tag, since who reads it knows only the id) and the pub/sub channel
+``hurtle:results``, on which each batch of stored results announces its ids (space-separated).
+
 Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch id)::
 
     hurtle:queues                 SET     every queue name ever published to
@@ -29,6 +33,15 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
     hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
     hurtle:{q}:sched:N            STRING  the last tick claimed by schedule N, whose task runs on q
+    hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
+                                          END (server seconds)
+    hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
+
+Limits shared by every worker, each key under a hash tag of its own (``L`` = a limit's key)::
+
+    hurtle:{rate:L}               STRING  GCRA theoretical arrival time (server seconds; expires)
+    hurtle:{slots:L}:held         HASH    W -> concurrency slots of L that worker W holds
+    hurtle:{slots:L}:alive        ZSET    W, scored by W's deadline: slots of a W past it are free
 
 A fetch records what it took as one in-flight *batch* per priority (``B = SEQ * 10 + P``), so that
 recording and acknowledging a thousand messages costs a few commands rather than a thousand hash
@@ -50,6 +63,14 @@ WORKER_REPORT = f"{PREFIX}:workers:report:"  # + the worker id
 WORKER_DEADLINES = f"{PREFIX}:workers:deadlines"
 TOTALS = f"{PREFIX}:totals"
 
+#: The channel that announces stored results (their ids, space-separated).
+RESULTS_CHANNEL = f"{PREFIX}:results"
+
+
+def result_key(id: str) -> str:
+    """The key of the result of message ``id``."""
+    return f"{PREFIX}:result:{{{id}}}"
+
 
 class QueueKeys:
     """The keys of one queue; made once per name by ``queue_keys``."""
@@ -67,6 +88,8 @@ class QueueKeys:
         "quarantine",
         "ready",
         "seq",
+        "unique",
+        "unique_sweep",
         "wake",
         "workers",
     )
@@ -87,6 +110,8 @@ class QueueKeys:
         self.deaths = f"{base}deaths"
         self.probes = f"{base}probes"
         self.probe = f"{base}probe"
+        self.unique = f"{base}unique"
+        self.unique_sweep = f"{base}unique:sweep"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
 
@@ -101,6 +126,17 @@ class QueueKeys:
     def fetched(self, worker_id: str) -> str:
         """The record of the last fetch of ``worker_id`` from this queue that took something."""
         return f"{PREFIX}:{{{self.name}}}:fetched:{worker_id}"
+
+
+def rate_key(key: str) -> str:
+    """Where the rate limit ``key`` keeps its state."""
+    return f"{PREFIX}:{{rate:{key}}}"
+
+
+def slot_keys(key: str) -> tuple[str, str]:
+    """The concurrency limit ``key``'s holders hash and their deadlines zset (one hash tag)."""
+    base = f"{PREFIX}:{{slots:{key}}}"
+    return f"{base}:held", f"{base}:alive"
 
 
 @lru_cache(maxsize=4096)

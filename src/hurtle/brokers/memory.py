@@ -13,6 +13,10 @@ Poison messages are handled as in the Redis broker (``lua/heartbeat.lua`` explai
 are counted per message, a message recovered a second time waits in quarantine and is let out
 one at a time, and a message let out that way whose worker dies holding no other such message
 becomes a dead letter past ``max_recoveries`` deaths.
+
+Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads skip expired
+ones, and a write drops them all at most once a second. Watchers are called once the lock is
+released.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
@@ -35,9 +39,12 @@ from .base import (
     DeadLetter,
     Delivery,
     QueueStats,
+    StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
+    gcra,
     log_trimmed,
+    unique_key_of,
 )
 from .reports import TaskCounts, WorkerReport, merge
 
@@ -48,6 +55,8 @@ _LEVELS = MAX_PRIORITY + 1
 MAX_DEATHS = 10_000
 #: Most quarantined messages let out that a queue remembers (the oldest go first).
 MAX_PROBES = 1000
+#: Unique locks kept before the expired ones are dropped.
+MAX_UNIQUE = 10_000
 
 
 class _Queue:
@@ -93,6 +102,54 @@ class MemoryBroker(Broker):
         self._ticks: dict[tuple[str, str], float] = {}  # (queue, schedule) -> last claimed tick
         self._reports: dict[str, WorkerReport] = {}  # worker id -> last report, with deadline
         self._totals: list[TaskCounts] = []
+        # results: id -> (payload, expires at); reads skip expired ones, and a write at most
+        # once a second drops them all (a scan: cheaper than keeping them in order per write)
+        self._results: dict[str, tuple[bytes, float]] = {}
+        self._next_prune = 0.0
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._tat: dict[str, float] = {}  # rate key -> theoretical arrival time
+        self._slots: dict[str, dict[str, int]] = {}  # concurrency key -> worker id -> slots
+        self._unique: dict[tuple[str, str], tuple[str, float]] = {}  # -> (message id, expiry)
+
+    def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
+        """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
+        now = time.time()
+        kept = self._results
+        if now >= self._next_prune:
+            self._next_prune = now + 1.0
+            for id_ in [i for i, (_, expires) in kept.items() if expires <= now]:
+                del kept[id_]
+        for r in results:
+            kept[r.id] = (r.payload, now + r.ttl)
+        watchers = self._watchers
+        if not watchers:
+            return []
+        return [w for r in results for w in watchers.get(r.id, ())]
+
+    def get_result(self, id: str) -> bytes | None:
+        with self._lock:
+            kept = self._results.get(id)
+        if kept is None or kept[1] <= time.time():
+            return None
+        return kept[0]
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        with self._lock:
+            for id_ in ids:
+                self._watchers.setdefault(id_, []).append(wake)
+
+        def stop() -> None:
+            with self._lock:
+                for id_ in ids:
+                    watchers = self._watchers.get(id_)
+                    if watchers is not None:
+                        watchers.remove(wake)
+                        if not watchers:
+                            del self._watchers[id_]
+
+        return stop
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -114,6 +171,38 @@ class MemoryBroker(Broker):
             for m, raw in zip(messages, payloads, strict=True):
                 self._put(m.queue, raw, m.priority, m.eta)
             self._wake.notify_all()
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        keys = [unique_key_of(m) for m in messages]
+        payloads = encode_many(list(messages))
+        out: list[str] = []
+        with self._lock:
+            now = time.time()
+            if len(self._unique) > MAX_UNIQUE:  # forget expired locks, now and then
+                self._unique = {k: v for k, v in self._unique.items() if v[1] > now}
+            for m, key, raw in zip(messages, keys, payloads, strict=True):
+                held = self._unique.get((m.queue, key))
+                if held is not None and held[1] > now:
+                    out.append(held[0])
+                    continue
+                self._unique[(m.queue, key)] = (m.id, now + unique_for)
+                self._put(m.queue, raw, m.priority, m.eta)
+                out.append(m.id)
+            self._wake.notify_all()
+        return out
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        out = []
+        with self._lock:
+            now = time.time()
+            for key, limit, period, wanted in requests:
+                granted, wait, tat = gcra(self._tat.get(key, 0.0), now, limit, period, wanted)
+                self._tat[key] = tat
+                out.append((granted, wait))
+        return out
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         with self._lock:
@@ -348,11 +437,16 @@ class _MemoryConsumer(Consumer):
     def _take(self, delivery: Delivery) -> tuple[str, bytes, int] | None:
         return self._held().pop(delivery.receipt, None)
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        wakes: list[Callable[[], None]] = []
         with self.broker._lock:
+            if results:
+                wakes = self.broker._store_results_locked(results)
             held = self._held()
             for d in deliveries:
                 held.pop(d.receipt, None)
+        for wake in wakes:
+            wake()
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()
@@ -377,6 +471,51 @@ class _MemoryConsumer(Consumer):
             )
             expired, dropped = b._trim_dead_locked(q, now)
         log_trimmed(b, delivery.queue, expired, dropped)
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        b = self.broker
+        with b._lock:
+            held = self._take(delivery)
+            if held is None:
+                return  # settled already, or recovered: the copy in the queue is the one alive
+            queue, raw, priority = held
+            b._put(queue, raw, priority, eta)
+            b._wake.notify_all()
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        b = self.broker
+        out = []
+        with b._lock:
+            self._held()  # known again if declared dead meanwhile
+            now = time.time()
+            for key, limit, wanted in requests:
+                holders = b._slots.setdefault(key, {})
+                for worker in [w for w in holders if b._deadline.get(w, 0.0) < now]:
+                    del holders[worker]
+                granted = max(0, min(wanted, limit - sum(holders.values())))
+                if granted:
+                    holders[self.worker_id] = holders.get(self.worker_id, 0) + granted
+                out.append(granted)
+        return out
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        b = self.broker
+        with b._lock:
+            for key, count in releases:
+                holders = b._slots.get(key, {})
+                left = holders.get(self.worker_id, 0) - count
+                if left > 0:
+                    holders[self.worker_id] = left
+                else:
+                    holders.pop(self.worker_id, None)
+
+    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+        b = self.broker
+        with b._lock:
+            for queue, key, message_id in locks:
+                held = b._unique.get((queue, key))
+                if held is not None and held[0] == message_id:
+                    del b._unique[(queue, key)]
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         b = self.broker

@@ -16,6 +16,15 @@ How it works, in short:
   carries a token, kept until its reply is read: a fetch sent again after a lost reply first
   hands back what the lost one took, so nothing stays held by a worker that never saw it.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
+* results: ``Consumer.ack(deliveries, results)`` runs ``results.lua`` (a ``SET … PX`` per
+  result, then one ``PUBLISH`` of the batch's ids on ``hurtle:results``) before the ack scripts,
+  in the same pipeline.
+  Waiters do not poll: one listener thread per broker object, on one connection, subscribes to
+  that channel and wakes the waiters of the ids it hears; reads of records go through a small
+  pool of their own (``RESULT_CONNECTIONS``), so a thousand waiters use a handful of connections.
+* limits: ``rate.lua`` (GCRA tokens) and ``slots.lua`` (concurrency slots held per worker),
+  one call per key, pipelined; unique locks: ``publish_unique.lua`` takes them and publishes in
+  one script per queue, ``unique_release.lua`` ends them. Deferral reuses ``retry.lua``.
 * crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
   the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front
   of the queue, what workers whose deadline passed held. It counts their deaths per message: a
@@ -48,11 +57,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import math
 import os
 import re
 import socket
 import struct
+import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
@@ -79,23 +90,31 @@ from .base import (
     DeadLetter,
     Delivery,
     QueueStats,
+    StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
     log_trimmed,
+    unique_key_of,
 )
 from .keys import (
     BATCH_BITS,
     BATCH_MASK,
     QUEUES,
+    RESULTS_CHANNEL,
     TOTALS,
     WORKER_DEADLINES,
     WORKER_REPORT,
     QueueKeys,
     queue_keys,
+    rate_key,
+    result_key,
+    slot_keys,
 )
 from .reports import KINDS, TaskCounts, WorkerReport, decode_report, encode_report
 
 __all__ = ["RedisBroker", "RedisConsumer"]
+
+log = logging.getLogger(__name__)
 
 #: Longest single ``BLPOP``; a longer ``fetch`` timeout blocks in several steps of this.
 MAX_BLOCK = 5.0
@@ -104,6 +123,8 @@ BLOCKING_SOCKET_TIMEOUT = MAX_BLOCK + 10.0
 #: Defaults for the other connections; ``?socket_timeout=…`` in the URL overrides them.
 SOCKET_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 5.0
+#: Connections one broker object uses for results: the listener's, and the rest for reads.
+RESULT_CONNECTIONS = 4
 #: Due delayed messages promoted per fetch, at least (more when the batch is larger).
 PROMOTE_LIMIT = 1000
 
@@ -145,6 +166,11 @@ class _Scripts:
         self.dead_delete = _Script("dead_delete")
         self.dead_purge = _Script("dead_purge")
         self.claim_tick = _Script("claim_tick")
+        self.results = _Script("results")
+        self.rate = _Script("rate")
+        self.slots = _Script("slots")
+        self.publish_unique = _Script("publish_unique")
+        self.unique_release = _Script("unique_release")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
@@ -221,6 +247,13 @@ class RedisBroker(Broker):
         blocking_pool.connection_kwargs["decode_responses"] = False
         blocking_pool.connection_kwargs["socket_timeout"] = BLOCKING_SOCKET_TIMEOUT
         self._blocking = redis.Redis(connection_pool=blocking_pool)
+        # results: waiters share a few connections (a read waits for a free one)
+        results_pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=RESULT_CONNECTIONS, timeout=None, **options
+        )
+        results_pool.connection_kwargs["decode_responses"] = False
+        self._results = redis.Redis(connection_pool=results_pool)
+        self._listener = _ResultListener(self._results, self.url)
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -320,6 +353,65 @@ class RedisBroker(Broker):
             args += delayed
             commands.append(self._call(self._scripts.publish, _publish_keys(name), args))
         self._pipeline(commands, f"publishing {len(batch)} messages")
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return []
+        locks = [unique_key_of(m) for m in batch]
+        payloads = encode_many(batch)
+        # (queue, priority, eta) -> (positions in the batch, script arguments); a send_many
+        # is one group
+        groups: dict[tuple[str, int, float], tuple[list[int], list[Any]]] = {}
+        ttl = repr(float(unique_for))
+        for i, (m, lock, raw) in enumerate(zip(batch, locks, payloads, strict=True)):
+            group = groups.get((m.queue, m.priority, m.eta))
+            if group is None:
+                priority = _PRIORITY_ARG.get(m.priority)
+                if priority is None:
+                    raise EncodeError(
+                        f"priority {m.priority!r} of task {m.task!r} is out of range: use an "
+                        f"int from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                    )
+                group = groups[(m.queue, m.priority, m.eta)] = (
+                    [], [ttl, priority, repr(float(m.eta))]
+                )
+            group[0].append(i)
+            group[1].extend((lock, m.id, raw))
+        queues = {queue for queue, _, _ in groups}
+        commands: list[_Command] = [(("SADD", QUEUES, *queues), None)]
+        for (name, _, _), (_, args) in groups.items():
+            k = queue_keys(name)
+            commands.append(self._call(
+                self._scripts.publish_unique, (*_publish_keys(name), k.unique, k.unique_sweep),
+                args,
+            ))
+        results = self._pipeline(commands, f"publishing {len(batch)} unique messages")
+        out = [m.id for m in batch]
+        for (positions, _), skipped in zip(groups.values(), results[1:], strict=True):
+            for at in range(0, len(skipped), 2):
+                holder = skipped[at + 1]
+                out[positions[skipped[at] - 1]] = (
+                    holder.decode() if isinstance(holder, bytes) else str(holder)
+                )
+        return out
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        if not requests:
+            return []
+        script = self._scripts.rate
+        commands = [
+            self._call(script, (rate_key(key),), (limit, repr(float(period)), wanted))
+            for key, limit, period, wanted in requests
+        ]
+        return [
+            (int(granted), float(wait))
+            for granted, wait in self._pipeline(commands, f"taking tokens of {len(requests)} "
+                                                "rate limits")
+        ]
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         if not payloads:
@@ -511,10 +603,110 @@ class RedisBroker(Broker):
             )
         )
 
+    def get_result(self, id: str) -> bytes | None:
+        try:
+            payload: Any = self._results.get(result_key(id))
+        except redis.RedisError as err:
+            self._fail(err, f"reading the result of {id}")
+        return None if payload is None else bytes(payload)
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        return self._listener.watch(ids, wake)
+
     def close(self) -> None:
+        self._listener.close()
         self._client.close()
         self._blocking.connection_pool.disconnect()
         self._blocking.close()
+        self._results.connection_pool.disconnect()
+        self._results.close()
+
+
+class _ResultListener:
+    """One thread on one connection, subscribed to ``RESULTS_CHANNEL`` while anyone waits,
+    waking the waiters of the ids each announcement names.
+
+    Each (re)subscription wakes every waiter, so that one that started watching before the
+    subscription took effect re-reads its record: nothing announced in between is missed. A
+    forked child starts a listener of its own (the parent's thread did not come along).
+    """
+
+    def __init__(self, client: Any, url: str) -> None:
+        self._client = client
+        self._url = url
+        self._lock = threading.Lock()
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._pid = os.getpid()
+
+    def watch(self, ids: Sequence[str], wake: Callable[[], None]) -> Callable[[], None]:
+        if self._pid != os.getpid():  # forked: the thread and any lock holder stayed behind
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._watchers = {}
+            self._thread = None
+        with self._lock:
+            for id_ in ids:
+                self._watchers.setdefault(id_, []).append(wake)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name="hurtle-results", daemon=True
+                )
+                self._thread.start()
+
+        def stop() -> None:
+            with self._lock:
+                for id_ in ids:
+                    watchers = self._watchers.get(id_)
+                    if watchers is not None:
+                        watchers.remove(wake)
+                        if not watchers:
+                            del self._watchers[id_]
+
+        return stop
+
+    def _wake(self, ids: Iterable[str] | None) -> None:
+        with self._lock:
+            if ids is None:
+                wakes = [w for ws in self._watchers.values() for w in ws]
+            else:
+                wakes = [w for id_ in ids for w in self._watchers.get(id_, ())]
+        for wake in wakes:
+            wake()
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            pubsub = self._client.pubsub()
+            try:
+                pubsub.subscribe(RESULTS_CHANNEL)
+                while not self._closed:
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
+                        self._wake(message["data"].decode("ascii", "replace").split())
+                    elif message["type"] == "subscribe":
+                        self._wake(None)
+                    backoff = 0.1
+            except Exception as err:  # redis-py's errors, or its state after a disconnect
+                if self._closed:
+                    return
+                log.warning("lost the result announcements of Redis at %s (%s); "
+                            "subscribing again in %.1fs", self._url, err, backoff)
+                self._wake(None)  # waiters re-read meanwhile
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+
+    def close(self) -> None:
+        """Stop; the thread ends at its next read, which the pool's disconnect cuts short."""
+        self._closed = True
 
 
 _PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
@@ -582,6 +774,24 @@ def _ack_args(receipts: list[int]) -> list[Any]:
     return args
 
 
+def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
+    """One ``results.lua`` call per distinct ttl (most batches have one)."""
+    by_ttl: dict[float, list[StoredResult]] = {}
+    for r in results:
+        by_ttl.setdefault(r.ttl, []).append(r)
+    script = broker._scripts.results
+    commands = []
+    for ttl, group in by_ttl.items():
+        ids = [r.id for r in group]
+        commands.append(broker._call(
+            script,
+            [result_key(i) for i in ids],
+            [RESULTS_CHANNEL, " ".join(ids), max(int(ttl * 1000), 1),
+             *[r.payload for r in group]],
+        ))
+    return commands
+
+
 class _Target:
     """One queue of a consumer, with its script keys built once."""
 
@@ -617,6 +827,8 @@ class RedisConsumer(Consumer):
         self._fetch = broker._scripts.fetch
         # a fetch script sent by ``prefetch`` whose reply is still to be read: (connection, want)
         self._pending: tuple[Any, int] | None = None
+        #: concurrency key -> slots this consumer holds (their deadlines move with each beat)
+        self._slots: dict[str, int] = {}
 
     def _target(self, queue: str) -> _Target:
         target = self._targets.get(queue)
@@ -743,18 +955,20 @@ class RedisConsumer(Consumer):
             out += map(Delivery, repeat(name, n), raws, range(base, base + n))
         return out
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
-        if not deliveries:
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        if not deliveries and not results:
             return
         queues = set(map(_QUEUE_OF, deliveries))
-        if len(queues) == 1:
-            groups = {queues.pop(): list(map(_RECEIPT_OF, deliveries))}
+        if len(queues) <= 1:
+            groups = {queues.pop(): list(map(_RECEIPT_OF, deliveries))} if queues else {}
         else:
             groups = {}
             for d in deliveries:
                 groups.setdefault(d.queue, []).append(d.receipt)
         script = self.broker._scripts.ack
-        commands = [
+        # the records first: a message never counts as done while one is missing
+        commands: list[_Command] = _results_commands(self.broker, results) if results else []
+        commands += [
             self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
             for q, receipts in groups.items()
         ]
@@ -824,6 +1038,81 @@ class RedisConsumer(Consumer):
         )
         log_trimmed(b, delivery.queue, expired, dropped)
 
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """Each delivery goes back as it is (``retry.lua`` with its own bytes), one round trip."""
+        if not items:
+            return
+        b = self.broker
+        commands = []
+        for delivery, eta in items:
+            k = self._target(delivery.queue)
+            batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
+            commands.append(b._call(
+                b._scripts.retry,
+                (*k.keys.ready, k.keys.delayed, k.inflight, k.keys.wake, k.keys.seq),
+                (batch, index, batch % 10, repr(float(eta)), delivery.raw),
+            ))
+        b._pipeline(commands, f"deferring {len(items)} deliveries")
+
+    def _slot_commands(self, broker: RedisBroker, changes: Iterable[tuple[str, int, int]]
+                       ) -> list[_Command]:
+        script = broker._scripts.slots
+        return [
+            broker._call(script, slot_keys(key), (self.worker_id, self._timeout_arg, limit, n))
+            for key, limit, n in changes
+        ]
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        if not requests:
+            return []
+        got = self.broker._pipeline(
+            self._slot_commands(self.broker, requests),
+            f"taking slots of {len(requests)} concurrency limits",
+        )
+        for (key, _, _), n in zip(requests, got, strict=True):
+            if n:
+                self._slots[key] = self._slots.get(key, 0) + int(n)
+        return [int(n) for n in got]
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        if not releases:
+            return
+        self.broker._pipeline(
+            self._slot_commands(self.broker, ((key, 0, -n) for key, n in releases)),
+            f"giving back slots of {len(releases)} concurrency limits",
+        )
+        for key, n in releases:
+            left = self._slots.get(key, 0) - n
+            if left > 0:
+                self._slots[key] = left
+            else:
+                self._slots.pop(key, None)
+
+    def _touch_slots(self, broker: RedisBroker) -> None:
+        """Move the deadline of the slots this consumer holds (with each heartbeat)."""
+        held = list(self._slots)
+        if held:
+            broker._pipeline(
+                self._slot_commands(broker, ((key, 0, 0) for key in held)),
+                "refreshing concurrency slots",
+            )
+
+    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+        if not locks:
+            return
+        by_queue: dict[str, list[str]] = {}
+        for queue, key, message_id in locks:
+            by_queue.setdefault(queue, []).extend((key, message_id))
+        script = self.broker._scripts.unique_release
+        commands = []
+        for queue, args in by_queue.items():
+            k = queue_keys(queue)
+            commands.append(self.broker._call(script, (k.unique,), args))
+        self.broker._pipeline(commands, f"releasing {len(locks)} unique locks")
+
     def release(self, deliveries: Sequence[Delivery]) -> None:
         if not deliveries:
             return
@@ -841,6 +1130,7 @@ class RedisConsumer(Consumer):
         self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
 
     def heartbeat(self) -> bool:
+        self._touch_slots(self.broker)
         return _beat_reporting(self, self.broker)
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
@@ -850,6 +1140,7 @@ class RedisConsumer(Consumer):
         )
 
         def beat() -> bool:
+            self._touch_slots(own)
             return _beat_reporting(self, own)
 
         return beat, own.close
@@ -868,4 +1159,8 @@ class RedisConsumer(Consumer):
                 )
             )
             commands.append((("DEL", target.fetched), None))
+        commands += self._slot_commands(
+            self.broker, ((key, 0, -n) for key, n in self._slots.items())
+        )
         self.broker._pipeline(commands, "closing a consumer")
+        self._slots.clear()

@@ -40,6 +40,10 @@ deletes it once, like a plain insert-then-delete loop:
 * ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed
   (``claim_tick``: the check, the record and the publish in one transaction). Made by the first
   claim, so files of older versions need no upgrade.
+* ``results`` — task results by message id with their expiry (``Consumer.ack(..., results)``),
+  written in the acknowledgement's transaction; each such write first deletes up to 100 expired
+  rows (an index seek on ``expires`` that finds nothing, most of the time). Made with ``IF NOT
+  EXISTS`` when a file is opened: an additive table that older versions ignore.
 * ``deaths``, ``quarantine``, ``probes`` — poison messages (a task that kills its process), as in
   the Redis broker (``lua/heartbeat.lua``): recovery counts a death per recovered message (by
   sha1 of its bytes; at most ``MAX_DEATHS`` rows, those with the fewest deaths go first). A
@@ -116,9 +120,12 @@ from .base import (
     DeadLetter,
     Delivery,
     QueueStats,
+    StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
+    gcra,
     log_trimmed,
+    unique_key_of,
 )
 from .reports import TaskCounts, WorkerReport, decode_report, encode_report
 
@@ -130,7 +137,7 @@ log = logging.getLogger(__name__)
 SYNCHRONOUS_LEVELS = ("full", "normal")
 DEFAULT_SYNCHRONOUS = "full"
 
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 _BUSY_TIMEOUT_MS = 30_000
 _POLL_FIRST = 0.001
 _POLL_MAX = 0.025
@@ -160,6 +167,29 @@ CREATE TABLE probes (
     id       INTEGER NOT NULL,
     PRIMARY KEY (queue, digest)
 ) WITHOUT ROWID;
+"""
+
+# Rate limits (key -> theoretical arrival time), concurrency slots (held per worker: only those
+# of workers whose deadline has not passed count) and unique locks (message id, until expires).
+_LIMITS_SCHEMA = """
+CREATE TABLE rates (
+    key TEXT PRIMARY KEY,
+    tat REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE slots (
+    key    TEXT    NOT NULL,
+    worker TEXT    NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (key, worker)
+) WITHOUT ROWID;
+CREATE TABLE uniques (
+    queue   TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    id      TEXT NOT NULL,
+    expires REAL NOT NULL,
+    PRIMARY KEY (queue, key)
+) WITHOUT ROWID;
+CREATE INDEX uniques_expires ON uniques (expires);
 """
 
 _SCHEMA = """
@@ -209,7 +239,7 @@ CREATE TABLE dead (
 );
 CREATE INDEX dead_queue ON dead (queue);
 CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
-""" + _POISON_SCHEMA
+""" + _POISON_SCHEMA + _LIMITS_SCHEMA
 
 # Schema version -> the statements that turn it into the next one.
 _UPGRADES = {
@@ -217,9 +247,21 @@ _UPGRADES = {
     # those days was 20 s unless set otherwise: workers still running get that much)
     2: "ALTER TABLE workers RENAME COLUMN last_seen TO deadline; "
     "UPDATE workers SET deadline = deadline + 20.0;" + _POISON_SCHEMA,
+    3: _LIMITS_SCHEMA,
 }
 #: Most recovered messages whose deaths the file remembers (those with the fewest go first).
 MAX_DEATHS = 10_000
+
+_RESULTS_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, expires REAL NOT NULL, "
+    "body BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS results_expires ON results (expires)",
+)
+_PUT_RESULT = "INSERT OR REPLACE INTO results (id, expires, body) VALUES (?, ?, ?)"
+_EXPIRE_RESULTS = (
+    "DELETE FROM results WHERE id IN (SELECT id FROM results WHERE expires <= ? LIMIT 100)"
+)
+_GET_RESULT = "SELECT body FROM results WHERE id = ? AND expires > ?"
 
 _IDS = "SELECT value FROM json_each(?)"
 _NEXT_IDS = "UPDATE seq SET next = next + ? RETURNING next"
@@ -469,6 +511,8 @@ class SQLiteBroker(Broker):
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            for statement in _RESULTS_SCHEMA:
+                conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -587,6 +631,51 @@ class SQLiteBroker(Broker):
                 new = self._store(conn, items, now)
         self._known.update(new)
         self._notify()
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        keys = [unique_key_of(m) for m in messages]
+        payloads = encode_many(list(messages))
+        out: list[str] = []
+        items: list[tuple[str, int, float, bytes]] = []
+        with self._write() as conn:
+            now = time.time()
+            conn.execute(  # a bounded sweep of expired locks
+                "DELETE FROM uniques WHERE (queue, key) IN (SELECT queue, key FROM uniques "
+                "WHERE expires <= ? LIMIT 1000)", (now,),
+            )
+            for m, key, raw in zip(messages, keys, payloads, strict=True):
+                row = conn.execute(
+                    "SELECT id FROM uniques WHERE queue = ? AND key = ? AND expires > ?",
+                    (m.queue, key, now),
+                ).fetchone()
+                if row is not None:
+                    out.append(row[0])
+                    continue
+                conn.execute(
+                    "INSERT OR REPLACE INTO uniques (queue, key, id, expires) VALUES (?, ?, ?, ?)",
+                    (m.queue, key, m.id, now + unique_for),
+                )
+                items.append((m.queue, m.priority, m.eta, raw))
+                out.append(m.id)
+            new = self._store(conn, items, now) if items else set()
+        self._known.update(new)
+        if items:
+            self._notify()
+        return out
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        out = []
+        with self._write() as conn:
+            now = time.time()
+            for key, limit, period, wanted in requests:
+                row = conn.execute("SELECT tat FROM rates WHERE key = ?", (key,)).fetchone()
+                granted, wait, tat = gcra(row[0] if row else 0.0, now, limit, period, wanted)
+                conn.execute("INSERT OR REPLACE INTO rates (key, tat) VALUES (?, ?)", (key, tat))
+                out.append((granted, wait))
+        return out
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         if not payloads:
@@ -854,6 +943,11 @@ class SQLiteBroker(Broker):
             rows = conn.execute("SELECT * FROM worker_totals ORDER BY queue, task").fetchall()
         return [TaskCounts(*row) for row in rows]
 
+    def get_result(self, id: str) -> bytes | None:
+        with self._read() as conn:
+            row = conn.execute(_GET_RESULT, (id, time.time())).fetchone()
+        return None if row is None else bytes(row[0])
+
     def close(self) -> None:
         with self._lock:
             if not self._closed:
@@ -1011,11 +1105,17 @@ class _SQLiteConsumer(Consumer):
         conn.execute(_DROP_REACHED, (self.worker_id, delivery.queue, priority, id_))
         return True
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
-        if not deliveries:
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        if not deliveries and not results:
             return
         groups = _group(deliveries)
         with self.broker._write() as conn:
+            if results:
+                now = time.time()
+                conn.execute(_EXPIRE_RESULTS, (now,))
+                conn.executemany(
+                    _PUT_RESULT, [(r.id, now + r.ttl, r.payload) for r in results]
+                )
             self._ack_in(conn, groups)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
@@ -1038,6 +1138,65 @@ class _SQLiteConsumer(Consumer):
                 conn.execute(_INSERT_DEAD, (new_id(), delivery.queue, reason, delivery.raw, now))
                 expired, dropped = b._trim_dead(conn, delivery.queue, now)
         log_trimmed(b, delivery.queue, expired, dropped)
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        b = self.broker
+        new: set[tuple[str, int]] = set()
+        with b._write() as conn:
+            kept = [
+                (d.queue, d.receipt & _PRIORITY_MASK, eta, d.raw)
+                for d, eta in items
+                if self._settle_one(conn, d)
+            ]
+            if kept:
+                new = b._store(conn, kept, time.time())
+        b._known.update(new)
+        b._notify()
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        out = []
+        with self.broker._write() as conn:
+            now = time.time()
+            conn.execute(  # known again if declared dead meanwhile
+                "INSERT OR IGNORE INTO workers (worker_id, deadline) VALUES (?, ?)",
+                (self.worker_id, now + self.heartbeat_timeout),
+            )
+            for key, limit, wanted in requests:
+                conn.execute(
+                    "DELETE FROM slots WHERE key = ? AND worker NOT IN "
+                    "(SELECT worker_id FROM workers WHERE deadline >= ?)",
+                    (key, now),
+                )
+                held = conn.execute(
+                    "SELECT coalesce(sum(n), 0) FROM slots WHERE key = ?", (key,)
+                ).fetchone()[0]
+                granted = max(0, min(wanted, limit - held))
+                if granted:
+                    conn.execute(
+                        "INSERT INTO slots (key, worker, n) VALUES (?, ?, ?) "
+                        "ON CONFLICT (key, worker) DO UPDATE SET n = n + excluded.n",
+                        (key, self.worker_id, granted),
+                    )
+                out.append(granted)
+        return out
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        with self.broker._write() as conn:
+            for key, count in releases:
+                conn.execute(
+                    "UPDATE slots SET n = n - ? WHERE key = ? AND worker = ?",
+                    (count, key, self.worker_id),
+                )
+            conn.execute("DELETE FROM slots WHERE worker = ? AND n <= 0", (self.worker_id,))
+
+    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+        with self.broker._write() as conn:
+            conn.executemany(
+                "DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?", locks
+            )
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """Give them back, under new ids: at the back of their priority (see the module doc)."""
@@ -1104,4 +1263,5 @@ class _SQLiteConsumer(Consumer):
             _requeue(conn, rows)
             conn.execute("DELETE FROM claims WHERE worker = ?", (self.worker_id,))
             conn.execute("DELETE FROM workers WHERE worker_id = ?", (self.worker_id,))
+            conn.execute("DELETE FROM slots WHERE worker = ?", (self.worker_id,))
         b._notify()

@@ -13,6 +13,9 @@ calls ``before_publish`` only on middleware that override it.
 
 A failing call's outcome (retry with backoff, or dead letter) is decided by the built-in
 ``Retries`` policy, consulted only when a call fails: it takes no task off the inline path.
+
+The other built-ins are switched on by task options: stored results (``results.py``), rate and
+concurrency limits (``limits.py``) and unique tasks (``unique.py``).
 """
 
 from __future__ import annotations
@@ -77,15 +80,19 @@ class Middleware:
         """Just before the call; raising Retry/Reject skips it (as today)."""
 
     def after_process(self, job: Job, result: Any, error: BaseException | None) -> None:
-        """Just after the call returned (``error`` None) or raised."""
+        """Just after the call returned (``error`` None) or raised. Raising a ``HurtleError``
+        after a call that returned fails that call with it (retried or dead-lettered by its
+        policy); any other exception is logged and changes nothing."""
 
     def after_batch(self, jobs: list[Job]) -> None:
         """After every job of the batch that this middleware applies to has an outcome."""
 
     def after_outcome(self, job: Job, outcome: Outcome) -> None:
-        """After the outcome of a job is decided (handed to the acker, not yet flushed):
-        ``outcome.kind`` is "ack", "retry", "dead" or "deferred"; ``outcome.result`` the
-        return value on "ack"; ``outcome.error`` the exception otherwise."""
+        """After the outcome of a job is decided, none of it flushed yet: an "ack" or "deferred"
+        is handed to the acker just before, a "retry" or "dead" just after (what this hook
+        hands the acker then goes out no later than the outcome). ``outcome.kind`` is "ack",
+        "retry", "dead" or "deferred"; ``outcome.result`` the return value on "ack";
+        ``outcome.error`` the exception otherwise."""
 
 
 #: The hooks that run around a task's calls in a worker: a middleware overriding none of them

@@ -3,7 +3,8 @@
 Acknowledgements are flushed in one broker call every ``batch_size`` outcomes or every
 ``interval`` seconds, whichever comes first, from the acker's own thread, so executors never wait
 on the network to finish a task. Retries, dead letters and hand-backs (rare) go through the same
-thread, in order.
+thread, in order. Deferrals (throttled messages), and the concurrency slots and unique locks that
+settled messages give back, are flushed the same way, each kind in one broker call per flush.
 
 When the broker cannot be reached (a ``BrokerError`` caused by a connection, a timeout or a busy
 store), outcomes are kept and retried with backoff, never dropped. ``stop`` keeps retrying so,
@@ -11,6 +12,14 @@ with backoff, until everything is settled or its timeout is spent; what is still
 is logged as an error with the counts. Such messages are not lost: they are still held by this
 worker's session in the broker, which hands them back when the session closes (or, if it cannot
 be closed, once this worker's heartbeat lapses), so their tasks run again.
+
+Results ride with acknowledgements: ``ack_with_result`` queues a delivery together with its
+record (``StoredResult``), and the flush hands both to one ``Consumer.ack`` call, so a batch of
+results costs the round trip the acknowledgements pay anyway. Records without a delivery to
+acknowledge (``store_result``: a failed attempt, a dead letter) are written first in the flush,
+before the retries and dead letters gathered with them: a record never lands after the outcome
+of the attempt that follows it. ``take_acks`` takes only plain acknowledgements; those with
+results stay with the acker's own flush.
 
 An outcome the broker refuses for its own content (anything else: an ``EncodeError``, a script
 error for that one delivery, ...) must not block the others. A refusal that is not a
@@ -30,8 +39,9 @@ import logging
 import threading
 import time
 from collections import deque
+from typing import Any
 
-from ..brokers import Consumer, Delivery
+from ..brokers import Consumer, Delivery, StoredResult
 from ..errors import BrokerError
 from ..message import Message
 
@@ -97,7 +107,14 @@ class Acker:
         # appended to by executor threads without a lock (deque.append is atomic), drained by
         # whoever flushes: the hot path pays one append and one length check per task
         self._acks: deque[Delivery] = deque()
+        # likewise: acknowledgements that carry a result, and records to store on their own
+        self._with_results: deque[tuple[Delivery, str, bytes, float]] = deque()
+        self._records: list[StoredResult] = []
         self._ops: list[_Op] = []
+        # deferrals and what limits give back: (delivery, eta), (key, slots), (queue, key, id)
+        self._defers: deque[tuple[Delivery, float]] = deque()
+        self._slots: deque[tuple[str, int]] = deque()
+        self._uniques: deque[tuple[str, str, str]] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self._deadline = 0.0
@@ -124,6 +141,22 @@ class Acker:
         if len(acks) >= self.batch_size:
             self._wake.set()
 
+    def ack_with_result(
+        self, delivery: Delivery, message_id: str, payload: bytes, ttl: float
+    ) -> None:
+        """Acknowledge ``delivery`` and store ``payload`` as the result of ``message_id`` for
+        ``ttl`` seconds, in the same broker call as the batch's other acknowledgements."""
+        pending = self._with_results
+        pending.append((delivery, message_id, payload, ttl))  # made a StoredResult when flushed
+        if len(pending) == self.batch_size:
+            self._wake.set()
+
+    def store_result(self, message_id: str, payload: bytes, ttl: float) -> None:
+        """Store a record with nothing to acknowledge (a failed attempt), in the next flush."""
+        with self._lock:
+            self._records.append(StoredResult(message_id, payload, ttl))
+        self._wake.set()
+
     def take_acks(self) -> list[Delivery]:
         """Take the acknowledgements gathered so far, for the caller to record itself."""
         with self._flushing:
@@ -141,13 +174,23 @@ class Acker:
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         self._op(_Op("dead", [delivery], reason))
 
-    def defer(self, delivery: Delivery, eta: float) -> None:
-        """Put a delivery back in its queue unchanged (same attempt), due at ``eta``."""
-        self._op(_Op("defer", [delivery], float(eta)))
-
     def release(self, deliveries: list[Delivery]) -> None:
         if deliveries:
             self._op(_Op("release", list(deliveries)))
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        """Put a held delivery back unchanged, due at ``eta`` (a throttled message)."""
+        self._defers.append((delivery, eta))
+        self._wake.set()
+
+    def release_slots(self, key: str, count: int) -> None:
+        """Give back ``count`` concurrency slots of ``key`` with the next flush."""
+        self._slots.append((key, count))
+        self._wake.set()
+
+    def release_unique(self, queue: str, key: str, message_id: str) -> None:
+        """End the unique lock of a settled message with the next flush."""
+        self._uniques.append((queue, key, message_id))
 
     def _op(self, op: _Op) -> None:
         with self._lock:
@@ -157,7 +200,10 @@ class Acker:
     @property
     def pending(self) -> int:
         with self._lock:
-            return len(self._acks) + len(self._ops)
+            return (
+                len(self._acks) + len(self._with_results) + len(self._records) + len(self._ops)
+                + len(self._defers) + len(self._slots) + len(self._uniques)
+            )
 
     @property
     def stopping(self) -> bool:
@@ -174,12 +220,31 @@ class Acker:
     def _flush(self) -> bool:
         with self._lock:
             ops, self._ops = self._ops, []
+            records, self._records = self._records, []
         pending = self._acks
         popleft = pending.popleft
         acks = [popleft() for _ in range(len(pending))]
+        pending_results = self._with_results
+        take = pending_results.popleft
+        with_results = [
+            (item[0], StoredResult(item[1], item[2], item[3]))
+            for item in [take() for _ in range(len(pending_results))]
+        ]
         kept: list[_Op] = []  # to try again, in order
         error: Exception | None = None  # why the broker could not be reached
         settled = 0
+        if records:
+            try:
+                self.consumer.ack((), records)
+            except Exception as err:
+                if unreachable(err):
+                    error = err
+                    kept, ops = ops, []
+                    with self._lock:
+                        self._records[:0] = records
+                else:  # a record is not an outcome: the messages' fates are settled anyway
+                    log.error("the broker refused to store %d results (%s); their handles "
+                              "will not see these failures", len(records), err)
         for i, op in enumerate(ops):
             try:
                 op.apply(self.consumer)
@@ -192,26 +257,70 @@ class Acker:
                     kept.append(op)
                 continue
             settled += 1
-        if acks and error is None:
+        if (acks or with_results) and error is None:
             try:
-                self.consumer.ack(acks)
+                if with_results:
+                    self.consumer.ack(
+                        acks + [d for d, _ in with_results], [r for _, r in with_results]
+                    )
+                else:
+                    self.consumer.ack(acks)
             except Exception as err:
                 if unreachable(err):
                     error = err
                 else:
                     acks = self._ack_one_by_one(acks, err)
+                    with_results = self._ack_one_by_one_with_results(with_results)
             else:
-                settled += len(acks)
+                settled += len(acks) + len(with_results)
                 acks = []
-        if kept or acks:
+                with_results = []
+        if kept or acks or with_results:
             with self._lock:  # put back in front, in order
                 self._ops[:0] = kept
             pending.extendleft(reversed(acks))
+            pending_results.extendleft(
+                (d, r.id, r.payload, r.ttl) for d, r in reversed(with_results)
+            )
+        if error is None:
+            settled += self._flush_limits()
         self.settled += settled
         if error is not None:
             log.warning("could not settle %d outcomes, will retry: %s",
-                        len(kept) + len(acks), error)
-        return not kept and not acks
+                        len(kept) + len(acks) + len(with_results), error)
+        return not kept and not acks and not with_results and not self._defers
+
+    def _flush_limits(self) -> int:
+        """Deferrals, then slots and unique locks given back: one broker call per kind.
+
+        Kept for later when the broker cannot be reached; given up on when it refuses (a
+        deferred delivery is then still held and goes back when the session closes; slots and
+        locks end by themselves with the worker's deadline or ``unique_for``)."""
+        settled = 0
+        calls = (
+            (self._defers, self.consumer.defer_many, "deferrals"),
+            (self._slots, self.consumer.release_slots, "concurrency slots given back"),
+            (self._uniques, self.consumer.release_unique, "unique locks released"),
+        )
+        for pending, call, what in calls:
+            if not pending:
+                continue
+            popleft = pending.popleft
+            items: list[Any] = [popleft() for _ in range(len(pending))]
+            try:
+                call(items)
+            except Exception as err:
+                if unreachable(err):
+                    pending.extendleft(reversed(items))
+                    log.warning("could not flush %d %s, will retry: %s", len(items), what, err)
+                    return settled
+                self.dropped += len(items)
+                log.error("the broker refused %d %s (%s): giving up on them", len(items),
+                          what, err)
+                continue
+            if pending is self._defers:
+                settled += len(items)
+        return settled
 
     def _refused(self, op: _Op, err: Exception) -> bool:
         """Handle an outcome the broker refused; True when it is off the acker's hands."""
@@ -271,6 +380,26 @@ class Acker:
                 self.settled += 1
         return again
 
+    def _ack_one_by_one_with_results(
+        self, items: list[tuple[Delivery, StoredResult]]
+    ) -> list[tuple[Delivery, StoredResult]]:
+        """Like ``_ack_one_by_one``, for acknowledgements that carry a result."""
+        again: list[tuple[Delivery, StoredResult]] = []
+        for i, (delivery, record) in enumerate(items):
+            try:
+                self.consumer.ack([delivery], [record])
+            except Exception as one_err:
+                if unreachable(one_err):
+                    again += items[i:]
+                    break
+                self.dropped += 1
+                log.error("the broker refused to acknowledge a delivery of %r with its result "
+                          "(%s): giving up on it; it goes back to its queue when this worker "
+                          "stops, so its task runs again", delivery.queue, one_err)
+            else:
+                self.settled += 1
+        return again
+
     def _run(self) -> None:
         backoff = self.interval
         was_stopping = False
@@ -308,7 +437,11 @@ class Acker:
                 time.sleep(min(backoff, left))
                 backoff = min(max(backoff * 2, 0.05), 2.0)
         with self._lock:
-            acks, ops = len(self._acks), list(self._ops)
+            acks, ops = len(self._acks) + len(self._with_results), list(self._ops)
+        if self._defers:  # still held: they go back with the session, like the rest
+            log.error("could not defer %d throttled messages within the shutdown's %gs: they go "
+                      "back to their queues when this worker's session closes",
+                      len(self._defers), timeout)
         if acks or ops:
             kinds = {k: sum(len(o.deliveries) for o in ops if o.kind == k)
                      for k in ("retry", "dead", "defer", "release")}

@@ -27,7 +27,18 @@ A delivery of a non-inline task goes through three steps, which executors may dr
 * ``begin`` decodes and looks up the task (a ``Job``), or dead-letters what cannot run;
 * the call: ``run`` (synchronous, an ``async def`` task on this thread's own loop) or
   ``run_async`` (awaited on the asyncio executor's loop), after the ``before_process`` hooks;
-* ``finish``: ``after_process`` hooks, the outcome, then ``after_outcome`` hooks.
+* ``finish``: ``after_process`` hooks (one that raises a ``HurtleError`` after a call that
+  returned fails the call with it — a result that cannot be stored fails the task; any other
+  exception from a hook is logged and changes nothing), the outcome, and the
+  ``after_outcome`` hooks: after an acknowledgement is handed to the acker, but just *before* a
+  retry or dead letter is, so that what they hand the acker (a failure record) is flushed no
+  later than the outcome — else a quick next attempt elsewhere could store its success first
+  and the stale failure replace it.
+
+A result rides its acknowledgement: a job whose ``stored`` was set (by the results middleware's
+``after_process``) is acknowledged with ``Acker.ack_with_result``, in the same broker call as the
+other acknowledgements of its flush. Only tasks that keep results have that middleware in their
+pipeline: the others stay inline.
 
 Time limits are the executor's business (``Limit``): only it knows how a running call can be
 stopped.
@@ -47,9 +58,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import msgspec
 
 from .._text import describe, safe_repr, safe_str, trace
-from ..brokers import Delivery
+from ..brokers import Delivery, StoredResult
 from ..brokers.reports import UNDECODABLE, Tally
-from ..errors import DecodeError, TimeLimitExceeded
+from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
 from ..middleware.retries import Retries
@@ -64,6 +75,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _decode = Message.decode
+#: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
+BEFORE_BATCH_PAUSE = 1.0
 
 __all__ = [
     "BatchState", "Job", "Limit", "Pipeline", "Processor", "describe", "late_limit",
@@ -149,6 +162,8 @@ class Job(msgspec.Struct, eq=False):
     alone: bool = False
     #: Set once the outcome is handed to the acker.
     outcome: Outcome | None = None
+    #: The result to store with the acknowledgement (set by the results middleware).
+    stored: StoredResult | None = None
     #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
     deferrals: ClassVar[int] = 0
 
@@ -469,9 +484,13 @@ class Processor:
                 continue
             try:
                 m.before_batch(jobs)
-            except Exception as err:
-                log.error("middleware %s failed in before_batch: %s", safe_repr(m),
-                          describe(err))
+            except Exception as err:  # (the broker is unreachable...) run none of them now
+                log.error("middleware %s failed in before_batch: %s; its %d jobs go back to "
+                          "their queue for %gs", safe_repr(m), describe(err), len(jobs),
+                          BEFORE_BATCH_PAUSE)
+                for job in jobs:
+                    if not job.deferred:
+                        job.defer(BEFORE_BATCH_PAUSE, "before_batch failed")
 
     def _after_batch(self, groups: dict[Middleware, list[Job]]) -> None:
         for m, jobs in groups.items():
@@ -573,10 +592,17 @@ class Processor:
                 try:
                     hook(job, result, error)
                 except Exception as err:
+                    if error is None and isinstance(err, HurtleError):
+                        error = err  # a refusal (a result that cannot be stored): it failed
+                        continue
                     log.error("middleware %s failed in after_process: %s",
                               safe_repr(getattr(hook, "__self__", hook)), describe(err))
         if error is None:
-            self.acker.ack(job.delivery)
+            stored = job.stored
+            if stored is None:
+                self.acker.ack(job.delivery)
+            else:
+                self.acker.ack_with_result(job.delivery, stored.id, stored.payload, stored.ttl)
             job.outcome = Outcome("ack", result)
             self._after_outcome(job)
         else:
@@ -659,6 +685,15 @@ class Processor:
         self.tally.add(job.delivery.queue, job.task.name, FAILED)
         try:
             outcome = self.retries.decide(job, err)
+        except Exception as inner:  # formatting or deciding failed: still an outcome
+            job.outcome = Outcome("dead", error=inner, reason="crashed")
+            self._after_outcome(job)
+            self._crashed(job.delivery, inner)
+            return
+        # the hooks run before the hand-off: what they give the acker goes out no later
+        job.outcome = outcome
+        self._after_outcome(job)
+        try:
             if outcome.kind == "retry":
                 assert outcome.message is not None
                 self.tally.add(job.delivery.queue, job.task.name, RETRIED)
@@ -666,11 +701,8 @@ class Processor:
             else:
                 self.tally.add(job.delivery.queue, job.task.name, DEAD_LETTERED)
                 self.acker.dead_letter(job.delivery, outcome.reason)
-        except Exception as inner:  # formatting or deciding failed: still an outcome
+        except Exception as inner:  # recording failed: still an outcome
             self._crashed(job.delivery, inner)
-            outcome = Outcome("dead", error=inner, reason="crashed")
-        job.outcome = outcome
-        self._after_outcome(job)
 
     def _count_lost(self, delivery: Delivery, kind: int) -> None:
         """Count an outcome of a delivery whose task is not at hand (a rare, slow path)."""

@@ -1,0 +1,230 @@
+"""Rate and concurrency limits shared by every worker, taken per batch.
+
+Before a fetched batch runs (``before_batch``), its jobs are counted per key; the slots of
+concurrency limits, then the tokens of rate limits, are taken for the whole batch in one broker
+call each. Jobs that get none are deferred: put back in their queue unchanged, due when a token
+is (rate) or after a short pause (concurrency). A throttled message is not a failure: it spends
+no attempt, never becomes a dead letter, and the jobs of other tasks and other keys in the batch
+run as usual.
+
+Slots. The solo pool runs a batch one job after another, so the jobs of one key in a batch share
+one slot, given back when the last of them has an outcome (or when the batch ends, for those
+handed back unrun). Pools that run jobs side by side take one slot per job, given back at its
+outcome. Slots given back ride the acker's next flush. A worker that dies holding slots frees
+them when its heartbeat deadline passes; one that stops gives them back when its session closes.
+
+A key function that raises fails its job (dead letter, with the reason), without a retry.
+
+Two classes, so that a task with only a plain rate limit keeps the processor's inline path:
+``RateLimitMiddleware`` has batch hooks only; ``LimitsMiddleware`` adds the per-job hooks that
+concurrency limits and key functions need.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from typing import TYPE_CHECKING, Any
+
+from ..errors import Reject
+from ..limits import Limits
+from . import Middleware, Outcome
+
+if TYPE_CHECKING:
+    from ..brokers import Broker
+    from ..task import Task
+    from ..worker import Worker
+    from ..worker.acker import Acker
+    from ..worker.processor import Job
+
+log = logging.getLogger(__name__)
+
+#: A job throttled by a concurrency limit waits this long, give or take half, before it is
+#: fetched again (nothing says when a slot will be free).
+CONCURRENCY_PAUSE = 0.2
+
+
+class _Slot:
+    """One concurrency slot held for ``left`` jobs of a batch."""
+
+    __slots__ = ("key", "left")
+
+    def __init__(self, key: str, left: int) -> None:
+        self.key = key
+        self.left = left
+
+
+class RateLimitMiddleware(Middleware):
+    """``rate_limit`` without a key function or a concurrency limit: batch hooks only."""
+
+    def __init__(self) -> None:
+        self._broker: Broker | None = None
+        self._acker: Acker | None = None
+        self._consumer: Any = None
+        self._shared = False  # the jobs of a batch run one after another (solo)
+        self._lock = threading.Lock()
+        # id of a running job's delivery -> (the delivery, kept alive so that its id stays its
+        # own, the slot it holds)
+        self._held: dict[int, tuple[Any, _Slot]] = {}
+        self._bad: dict[int, str] = {}  # id of a delivery -> why its key could not be made
+
+    def applies_to(self, task: Task[Any, Any]) -> bool:
+        limits = task.limits
+        return (limits is not None and limits.rate is not None and limits.concurrency is None
+                and limits.rate_key is None)
+
+    def worker_start(self, worker: Worker) -> None:
+        self._broker = worker.app.broker
+        self._acker = worker.acker
+        self._consumer = worker.consumer
+        self._shared = worker.executor.runs_in_submit and worker.executor.concurrency == 1
+
+    # -- before the batch --------------------------------------------------------------------
+
+    def before_batch(self, jobs: list[Job]) -> None:
+        self._take_tokens(jobs)  # every task here has a rate limit, and nothing else
+
+    def _take_all(self, jobs: list[Job]) -> None:
+        limited = [j for j in jobs if _limits(j).concurrency is not None]
+        self._take_slots(limited)
+        if limited:
+            jobs = [j for j in jobs if not j.deferred]
+        self._take_tokens([j for j in jobs if _limits(j).rate is not None])
+
+    def _key(self, job: Job, make: Any, fn: Any) -> str | None:
+        if fn is None:  # no key function: one key for the task
+            return job.task.name
+        m = job.message
+        try:
+            return str(make(m.args, m.kwargs))
+        except Exception as err:
+            self._bad[id(job.delivery)] = (
+                f"its limit key could not be made from its arguments "
+                f"({type(err).__name__}: {err}); fix the key function of task {job.task.name}"
+            )
+            return None
+
+    def _take_slots(self, jobs: list[Job]) -> None:
+        if not jobs:
+            return
+        by_key: dict[str, tuple[int, list[Job]]] = {}
+        for job in jobs:
+            limits = _limits(job)
+            key = self._key(job, limits.concurrency_key_of, limits.concurrency_key)
+            if key is not None:
+                assert limits.concurrency is not None
+                by_key.setdefault(key, (limits.concurrency, []))[1].append(job)
+        if not by_key:
+            return
+        requests = [
+            (key, limit, 1 if self._shared else min(len(js), limit))
+            for key, (limit, js) in by_key.items()
+        ]
+        assert self._consumer is not None, "worker_start first"
+        granted = self._consumer.acquire_slots(requests)
+        with self._lock:
+            for (key, (_, js)), got in zip(by_key.items(), granted, strict=True):
+                if self._shared and got:
+                    slot = _Slot(key, len(js))
+                    for job in js:
+                        self._held[id(job.delivery)] = (job.delivery, slot)
+                    continue
+                for i, job in enumerate(js):
+                    if i < got:
+                        self._held[id(job.delivery)] = (job.delivery, _Slot(key, 1))
+                    else:
+                        job.defer(CONCURRENCY_PAUSE * random.uniform(0.5, 1.5),
+                                  f"concurrency limit of {key!r}")
+
+    def _take_tokens(self, jobs: list[Job]) -> None:
+        if not jobs:
+            return
+        by_key: dict[str, tuple[tuple[int, float], list[Job]]] = {}
+        by_task: dict[str, list[Job]] = {}
+        for job in jobs:
+            by_task.setdefault(job.task.name, []).append(job)
+        for name, js in by_task.items():
+            limits = _limits(js[0])
+            assert limits.rate is not None
+            if limits.rate_key is None:  # one key for the task: no call per job
+                by_key.setdefault(name, (limits.rate, []))[1].extend(js)
+                continue
+            for job in js:
+                key = self._key(job, limits.rate_key_of, limits.rate_key)
+                if key is not None:
+                    by_key.setdefault(key, (limits.rate, []))[1].append(job)
+        if not by_key:
+            return
+        assert self._broker is not None, "worker_start first"
+        granted = self._broker.take_tokens(
+            [(key, limit, period, len(js)) for key, ((limit, period), js) in by_key.items()]
+        )
+        for (key, ((limit, period), js)), (got, wait) in zip(by_key.items(), granted,
+                                                             strict=True):
+            interval = period / limit
+            for i, job in enumerate(js[got:]):  # spread out, in the order they came
+                job.defer(wait + i * interval, f"rate limit of {key!r}")
+
+
+class LimitsMiddleware(RateLimitMiddleware):
+    """``concurrency_limit``, and rate limits with a key function (see ``hurtle.limits``)."""
+
+    def applies_to(self, task: Task[Any, Any]) -> bool:
+        limits = task.limits
+        return limits is not None and (
+            limits.concurrency is not None or (limits.rate is not None and limits.rate_key
+                                               is not None)
+        )
+
+    def before_batch(self, jobs: list[Job]) -> None:
+        self._take_all(jobs)
+
+    def worker_stop(self, worker: Worker) -> None:
+        with self._lock:
+            held, self._held = self._held, {}
+        self._give_back({id(slot): slot for _, slot in held.values()}.values())
+
+    def before_process(self, job: Job) -> None:
+        reason = self._bad.pop(id(job.delivery), None)
+        if reason is not None:
+            raise Reject(reason)
+
+    def after_outcome(self, job: Job, outcome: Outcome) -> None:
+        done = self._done(job)
+        if done is not None:
+            self._give_back([done])
+
+    def after_batch(self, jobs: list[Job]) -> None:
+        # jobs handed back unrun hold their share of a slot still: let it go
+        slots: dict[int, _Slot] = {}
+        with self._lock:
+            for job in jobs:
+                entry = self._held.pop(id(job.delivery), None)
+                if entry is not None:
+                    slots[id(entry[1])] = entry[1]
+                self._bad.pop(id(job.delivery), None)
+        self._give_back(s for s in slots.values() if s.left > 0)
+
+    def _done(self, job: Job) -> _Slot | None:
+        """Count a job out of its slot; the slot when no job of it is left."""
+        with self._lock:
+            entry = self._held.pop(id(job.delivery), None)
+            if entry is None:
+                return None
+            slot = entry[1]
+            slot.left -= 1
+            return slot if slot.left == 0 else None
+
+    def _give_back(self, slots: Any) -> None:
+        acker = self._acker
+        for slot in slots:
+            slot.left = -1  # given back once
+            if acker is not None:
+                acker.release_slots(slot.key, 1)
+
+
+def _limits(job: Job) -> Limits:
+    limits = job.task.limits
+    assert limits is not None
+    return limits

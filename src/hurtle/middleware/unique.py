@@ -1,0 +1,40 @@
+"""Unique tasks (``unique_for``): the worker's side.
+
+The lock is taken when the message is published (``Task.send``, ``Broker.publish_unique``) and
+named in its ``headers["unique"]``. It ends when the message's outcome is settled — acknowledged
+or dead-lettered; a retry keeps it, since the message is still waiting — with the acker's next
+flush, in one broker call for the batch, or after ``unique_for`` seconds, whichever comes first:
+a worker that dies holding the message cannot keep the lock for ever.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import Middleware, Outcome
+
+if TYPE_CHECKING:
+    from ..task import Task
+    from ..worker import Worker
+    from ..worker.acker import Acker
+    from ..worker.processor import Job
+
+
+class UniqueMiddleware(Middleware):
+    """Releases the unique locks of settled messages."""
+
+    def __init__(self) -> None:
+        self._acker: Acker | None = None
+
+    def applies_to(self, task: Task[Any, Any]) -> bool:
+        return task.limits is not None and task.limits.unique_for is not None
+
+    def worker_start(self, worker: Worker) -> None:
+        self._acker = worker.acker
+
+    def after_outcome(self, job: Job, outcome: Outcome) -> None:
+        if outcome.kind not in ("ack", "dead") or self._acker is None:
+            return
+        key = job.message.headers.get("unique")
+        if isinstance(key, str):
+            self._acker.release_unique(job.delivery.queue, key, job.message.id)

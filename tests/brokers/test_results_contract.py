@@ -1,0 +1,273 @@
+"""Results on every broker: storage with the acknowledgements, expiry, wake-ups, and the states a
+handle reports (see ``hurtle.handles`` and ``hurtle.middleware.results``).
+
+The state tests run a real worker (in a thread) on each broker. Nothing here asserts how long
+something took; waits poll a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from hurtle import Handle, Hurtle, ResultTimeout, TaskFailed
+from hurtle.brokers import Broker, StoredResult
+from hurtle.errors import ResultError
+from hurtle.ids import new_id
+from hurtle.message import Message
+
+MakeBroker = Callable[..., Broker]
+
+
+def msg(queue: str = "q") -> Message:
+    return Message(id=new_id(), task="tests.add", queue=queue, args=())
+
+
+def eventually(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+# -- storage -----------------------------------------------------------------------------------
+
+
+def test_ack_with_results_stores_them_for_other_clients_and_settles_the_deliveries(
+    make: MakeBroker,
+) -> None:
+    producer, worker = make(), make()
+    messages = [msg() for _ in range(3)]
+    producer.publish(messages)
+    c = worker.consumer(["q"])
+    got = c.fetch(10, 1)
+    assert len(got) == 3
+    c.ack(got, [StoredResult(m.id, f"value {i}".encode(), 60.0) for i, m in enumerate(messages)])
+    assert [producer.get_result(m.id) for m in messages] == [b"value 0", b"value 1", b"value 2"]
+    assert producer.stats(["q"])["q"].in_flight == 0
+    assert c.fetch(10, 0) == []
+
+
+def test_results_without_deliveries_are_stored_and_a_later_record_replaces_an_earlier_one(
+    make: MakeBroker,
+) -> None:
+    a, b = make(), make()
+    c = a.consumer(["q"])
+    c.ack((), [StoredResult("m1", b"failed once", 60.0)])
+    assert b.get_result("m1") == b"failed once"
+    c.ack((), [StoredResult("m1", b"succeeded", 60.0)])
+    assert b.get_result("m1") == b"succeeded"
+    assert b.get_result("never-stored") is None
+
+
+def test_plain_acks_store_no_result(broker: Broker) -> None:
+    m = msg()
+    broker.publish([m])
+    c = broker.consumer(["q"])
+    c.ack(c.fetch(10, 1))
+    assert broker.get_result(m.id) is None
+
+
+def test_a_result_expires_after_its_ttl_and_others_stay(make: MakeBroker) -> None:
+    a, b = make(), make()
+    c = a.consumer(["q"])
+    c.ack((), [StoredResult("short", b"x", 0.05), StoredResult("long", b"y", 3600.0)])
+    eventually(lambda: b.get_result("short") is None)
+    # a later write (which prunes expired records where the store must) keeps the live ones
+    c.ack((), [StoredResult("other", b"z", 3600.0)])
+    assert b.get_result("short") is None
+    assert b.get_result("long") == b"y"
+    assert b.get_result("other") == b"z"
+
+
+def test_watchers_of_an_id_are_woken_when_its_result_is_stored(make: MakeBroker) -> None:
+    waiter, worker = make(), make()
+    woken = threading.Event()
+    stop = waiter.watch_results(["m1"], woken.set)
+    if stop is None:
+        pytest.skip("this broker cannot notify: its waiters re-read with short sleeps")
+    try:
+        # a subscription may still be starting: store until the watcher hears of one
+        c = worker.consumer(["q"])
+        deadline = time.monotonic() + 10
+        while not woken.wait(0.05):
+            assert time.monotonic() < deadline, "the watcher was never woken"
+            c.ack((), [StoredResult("m1", b"done", 60.0)])
+    finally:
+        stop()
+
+
+# -- handles and states, with a real worker ------------------------------------------------------
+
+
+@pytest.fixture
+def app(broker_url: str) -> Iterator[Hurtle]:
+    app = Hurtle(broker_url, heartbeat_timeout=5.0)
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def worker_of(app: Hurtle) -> Iterator[Callable[[], None]]:
+    started = []
+
+    def start() -> None:
+        w = app.worker(queues=["default"])
+        started.append((w, w.run_in_thread()))
+
+    yield start
+    for w, thread in started:
+        w.stop()
+        thread.join(30)
+
+
+def test_a_handle_returns_the_value_and_reads_succeeded(
+    app: Hurtle, worker_of: Callable[[], None]
+) -> None:
+    @app.task(store_result=True)
+    def add(x: int, y: int) -> dict[str, int]:
+        return {"sum": x + y}
+
+    h = add.send(5, 6)
+    assert h.state() == "pending"
+    worker_of()
+    assert h.result(timeout=30) == {"sum": 11}
+    assert h.state() == "succeeded"
+    assert app.handle(h.id).result(timeout=1) == {"sum": 11}
+    many = add.send_many([(i, i) for i in range(50)])
+    assert [x.result(timeout=30)["sum"] for x in many] == [2 * i for i in range(50)]
+
+
+def test_a_task_that_fails_for_good_raises_task_failed_at_once_with_the_remote_error(
+    app: Hurtle, worker_of: Callable[[], None]
+) -> None:
+    @app.task(store_result=True, retries=0)
+    def boom(n: int) -> None:
+        raise KeyError(f"no such thing: {n}")
+
+    h = boom.send(7)
+    worker_of()
+    with pytest.raises(TaskFailed) as info:
+        h.result(timeout=30)  # raises as soon as the record lands, not at the timeout
+    err = info.value
+    assert (err.type, err.message, err.id) == ("KeyError", "'no such thing: 7'", h.id)
+    assert "raise KeyError" in err.traceback
+    assert h.state() == "dead"
+
+
+def test_a_failed_attempt_with_a_retry_scheduled_reads_failed_and_result_keeps_waiting(
+    app: Hurtle, worker_of: Callable[[], None]
+) -> None:
+    @app.task(store_result=True, retries=1, retry_delay=3600)
+    def flaky() -> None:
+        raise RuntimeError("try again later")
+
+    h = flaky.send()
+    worker_of()
+    eventually(lambda: h.state() != "pending", timeout=30)
+    assert h.state() == "failed"
+    with pytest.raises(ResultTimeout):
+        h.result(timeout=0.2)
+
+
+def test_a_return_value_that_cannot_be_encoded_fails_the_task_naming_the_type(
+    app: Hurtle, worker_of: Callable[[], None]
+) -> None:
+    class Opaque:
+        pass
+
+    @app.task(store_result=True, retries=0)
+    def odd() -> Opaque:
+        return Opaque()
+
+    h = odd.send()
+    worker_of()
+    with pytest.raises(TaskFailed) as info:
+        h.result(timeout=30)
+    assert info.value.type == "ResultError"
+    assert "of type Opaque" in info.value.message
+    # the record is written just before the dead letter, in the same flush
+    eventually(lambda: app.broker.stats(["default"])["default"].dead == 1)
+
+
+def test_aresult_waits_without_blocking_the_event_loop(
+    app: Hurtle, worker_of: Callable[[], None]
+) -> None:
+    @app.task(store_result=True)
+    def double(x: int) -> int:
+        return 2 * x
+
+    handles = [double.send(i) for i in range(5)]
+
+    async def main() -> tuple[list[int], int]:
+        ticks = 0
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.001)
+
+        ticker = asyncio.create_task(tick())
+        worker_of()
+        values = await asyncio.gather(*(h.aresult(timeout=30) for h in handles))
+        ticker.cancel()
+        return list(values), ticks
+
+    values, ticks = asyncio.run(main())
+    assert values == [0, 2, 4, 6, 8]
+    assert ticks > 1  # the loop kept running while the results were awaited
+
+
+def test_result_on_a_task_that_keeps_no_results_raises_at_once(app: Hurtle) -> None:
+    @app.task
+    def plain() -> int:
+        return 1
+
+    h = plain.send()
+    with pytest.raises(ResultError, match="does not keep results"):
+        h.result(timeout=3600)  # no worker runs: only an immediate error ends this
+
+
+def test_a_result_that_never_comes_raises_result_timeout(app: Hurtle) -> None:
+    @app.task(store_result=True)
+    def never() -> None:
+        pass
+
+    h = never.send()
+    with pytest.raises(ResultTimeout) as info:
+        h.result(timeout=0.1)
+    assert isinstance(info.value, TimeoutError)
+    assert "pending" in str(info.value)
+
+
+def test_app_store_results_applies_to_every_task_and_result_ttl_to_its_records(
+    broker_url: str,
+) -> None:
+    app = Hurtle(broker_url, store_results=True, result_ttl=2.0)
+    try:
+        @app.task
+        def one() -> int:
+            return 1
+
+        @app.task(store_result=False)
+        def quiet() -> int:
+            return 2
+
+        assert (one.store_result, one.result_ttl, quiet.store_result) == (True, 2.0, False)
+        h = one.send()
+        w = app.worker(queues=["default"])
+        t = w.run_in_thread()
+        try:
+            eventually(lambda: h.state() == "succeeded", timeout=30)
+            eventually(lambda: h.state() == "pending")  # expired
+        finally:
+            w.stop()
+            t.join(30)
+        assert isinstance(h, Handle)
+    finally:
+        app.close()

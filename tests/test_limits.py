@@ -1,0 +1,249 @@
+"""Rate limits, concurrency limits and unique tasks, end to end on one process (memory broker)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from hurtle import ConfigurationError, Hurtle, Message
+
+
+@pytest.fixture
+def app() -> Hurtle:
+    return Hurtle("memory://")
+
+
+# -- options ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"rate_limit": "50/d"}, "rate_limit must look like '50/s'"),
+        ({"rate_limit": "0/s"}, "rate_limit must look like"),
+        ({"rate_limit": 50}, "rate_limit must look like"),
+        ({"rate_limit_key": lambda **_: "k"}, "rate_limit_key needs rate_limit"),
+        ({"rate_limit": "5/s", "rate_limit_key": "user"}, "must be a callable"),
+        ({"concurrency_limit": 0}, "concurrency_limit must be a whole number >= 1"),
+        ({"concurrency_limit": 1.5}, "concurrency_limit must be a whole number >= 1"),
+        ({"concurrency_key": lambda: "k"}, "concurrency_key needs concurrency_limit"),
+        ({"unique_for": 0}, "unique_for must be a finite number of seconds > 0"),
+        ({"unique_for": float("inf")}, "unique_for must be"),
+        ({"unique_key": lambda: "k"}, "unique_key needs unique_for"),
+    ],
+)
+def test_bad_limit_options_are_refused_at_registration(
+    app: Hurtle, options: dict[str, Any], match: str
+) -> None:
+    def f() -> None: ...
+
+    with pytest.raises(ConfigurationError, match=match):
+        app.task(**options)(f)
+    assert not app.tasks
+
+
+@pytest.mark.parametrize(("text", "rate"), [("50/s", (50, 1.0)), ("3/m", (3, 60.0)),
+                                            (" 7 / h", (7, 3600.0))])
+def test_rate_limits_are_parsed_once(app: Hurtle, text: str, rate: tuple[int, float]) -> None:
+    @app.task(rate_limit=text)
+    def f() -> None: ...
+
+    assert f.limits is not None and f.limits.rate == rate
+
+
+# -- rate limits -----------------------------------------------------------------------------
+
+
+def test_throttled_messages_run_later_without_spending_attempts(app: Hurtle) -> None:
+    ran: list[tuple[int, int]] = []
+    plain_done: list[float] = []
+
+    @app.task(rate_limit="20/s", retries=0)
+    def slow(i: int) -> None:
+        ran.append((i, time.monotonic()))  # type: ignore[arg-type]
+
+    @app.task
+    def plain() -> None:
+        plain_done.append(time.monotonic())
+
+    slow.send_many([(i,) for i in range(40)])
+    plain.send()
+    started = time.monotonic()
+    app.worker(burst=True).run()
+    assert sorted(i for i, _ in ran) == list(range(40))
+    assert app.broker.dead_letters("default") == []
+    # the plain task behind the backlog did not wait for the throttled ones
+    assert plain_done and plain_done[0] < max(t for _, t in ran)
+    assert max(t for _, t in ran) - started >= (40 - 20) / 20 * 0.9  # the limit did bind
+
+
+def test_a_rate_limit_key_that_raises_dead_letters_its_message(app: Hurtle) -> None:
+    @app.task(rate_limit="100/s", rate_limit_key=lambda user: f"user:{user['id']}")
+    def f(user: Any) -> None: ...
+
+    f.send({"id": 1})
+    f.send({})
+    app.worker(burst=True).run()
+    [dead] = app.broker.dead_letters("default")
+    assert "limit key could not be made" in dead.reason and "KeyError" in dead.reason
+
+
+def test_each_rate_limit_key_has_its_own_tokens(app: Hurtle) -> None:
+    starts: dict[str, list[float]] = {"a": [], "b": []}
+
+    @app.task(rate_limit="20/h", rate_limit_key=lambda who: who)  # a burst of 2
+    def f(who: str) -> None:
+        starts[who].append(time.monotonic())
+
+    f.send_many([("a",), ("a",), ("b",), ("b",), ("a",)])
+    worker = app.worker()
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (len(starts["a"]) < 2 or len(starts["b"]) < 2):
+        time.sleep(0.01)
+    worker.stop()
+    thread.join(10)
+    assert len(starts["a"]) == 2 and len(starts["b"]) == 2  # the third "a" waits its turn
+    stats = app.broker.stats(["default"])["default"]
+    assert stats.delayed == 1 and stats.in_flight == 0
+    consumer = app.broker.consumer(["default"])
+    assert consumer.fetch(1, 0) == []
+
+
+# -- concurrency limits ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads"])
+def test_concurrency_limit_holds_across_workers(app: Hurtle, pool: str) -> None:
+    lock = threading.Lock()
+    running = [0]
+    most = [0]
+    done: list[int] = []
+
+    @app.task(concurrency_limit=2)
+    def f(i: int) -> None:
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.01)
+        with lock:
+            running[0] -= 1
+            done.append(i)
+
+    f.send_many([(i,) for i in range(30)])
+    workers = [app.worker(burst=True, pool=pool, concurrency=4) for _ in range(3)]
+    threads = [threading.Thread(target=w.run) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(done) == list(range(30))
+    assert most[0] <= 2
+    assert app.broker.dead_letters("default") == []
+
+
+# -- unique tasks ----------------------------------------------------------------------------
+
+
+def test_a_duplicate_send_returns_the_waiting_message_id(app: Hurtle) -> None:
+    @app.task(unique_for=60)
+    def f(x: int, y: int = 0) -> None: ...
+
+    first = f.send(1, y=2)
+    assert f.send(1, y=2) == first
+    assert f.options(priority=5).send(1, y=2) == first
+    other = f.send(2)
+    assert f.send_many([f.args(1, y=2), (3,), (3,)])[0] == first
+    assert f.send(1, 2) != first  # sent differently: another call, unless unique_key says so
+    ids = f.send_many([(4,), (4,)])
+    assert ids[0] == ids[1]
+    consumer = app.broker.consumer(["default"])
+    got = [Message.decode(d.raw) for d in consumer.fetch(100, 0)]
+    assert len(got) == 5  # (1, y=2), (2,), (1, 2), (3,), (4,)
+    assert {first.id, other.id, ids[0].id, f.send(3).id} <= {m.id for m in got}  # running: locked
+
+
+def test_the_lock_ends_when_the_message_is_acknowledged_or_dead(app: Hurtle) -> None:
+    @app.task(unique_for=60, unique_key=lambda x, **_: x)
+    def f(x: int, fail: bool = False) -> None:
+        if fail:
+            raise ValueError("no")
+
+    first = f.send(1)
+    assert f.send(1, fail=True) == first  # same key: same message
+    app.worker(burst=True).run()
+    second = f.send(1, fail=True)
+    assert second != first
+    app.worker(burst=True).run()  # retries=… default: fails for good, dead letter
+    assert f.send(1) not in (first, second)
+
+
+def test_a_retry_keeps_the_lock_until_the_last_outcome(app: Hurtle) -> None:
+    seen: list[str] = []
+
+    @app.task(unique_for=60, retries=1, retry_delay=0.01)
+    def f(x: int) -> None:
+        seen.append(f.send(x))  # a duplicate sent while it runs, on each attempt
+        if len(seen) == 1:
+            raise ValueError("first attempt fails")
+
+    first = f.send(1)
+    app.worker(burst=True).run()
+    assert seen == [first, first]
+    assert f.send(1) != first
+
+
+def test_an_unreachable_limit_puts_the_batch_back_instead_of_stopping_the_worker(
+    app: Hurtle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hurtle.errors import BrokerError
+    from hurtle.worker import processor
+
+    ran: list[int] = []
+    failures = [2]
+    take = app.broker.take_tokens
+
+    def flaky(requests: Any) -> Any:
+        if failures[0]:
+            failures[0] -= 1
+            raise BrokerError("cannot reach the broker")
+        return take(requests)
+
+    monkeypatch.setattr(app.broker, "take_tokens", flaky)
+    monkeypatch.setattr(processor, "BEFORE_BATCH_PAUSE", 0.05)
+
+    @app.task(rate_limit="1000/s", retries=0)
+    def f(i: int) -> None:
+        ran.append(i)
+
+    f.send_many([(i,) for i in range(5)])
+    app.worker(burst=True).run()
+    assert sorted(ran) == list(range(5))
+    assert app.broker.dead_letters("default") == []
+
+
+def test_a_sqlite_file_without_the_limit_tables_is_upgraded(tmp_path: Any) -> None:
+    import sqlite3
+
+    from hurtle.brokers import make_broker
+
+    url = f"sqlite:///{tmp_path / 'hurtle.db'}"
+    make_broker(url).close()
+    conn = sqlite3.connect(tmp_path / "hurtle.db")  # what the previous version wrote
+    for table in ("rates", "slots", "uniques"):
+        conn.execute(f"DROP TABLE {table}")
+    conn.execute("PRAGMA user_version = 3")
+    conn.commit()
+    conn.close()
+    upgraded = make_broker(url)
+    try:
+        assert upgraded.take_tokens([("k", 10, 1.0, 1)]) == [(1, 0.0)]
+        m = Message(id="m1", task="t", queue="q", headers={"unique": "x"})
+        assert upgraded.publish_unique([m], 60) == ["m1"]
+        assert upgraded.consumer(["q"]).acquire_slots([("k", 1, 1)]) == [1]
+    finally:
+        upgraded.close()

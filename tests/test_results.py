@@ -1,0 +1,345 @@
+"""Results end to end: a real worker process stores them, a test process waits on handles; many
+waiters on Redis share a few connections; SQLite prunes expired records as it writes new ones."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import textwrap
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import Project
+from hurtle import Hurtle, ResultTimeout, TaskFailed
+from hurtle.brokers import Consumer, Delivery, StoredResult, make_broker
+from hurtle.brokers.memory import MemoryBroker
+from hurtle.brokers.redis import RESULT_CONNECTIONS, RedisBroker
+from hurtle.errors import BrokerError
+from hurtle.message import Message
+from hurtle.worker.acker import Acker
+
+TASKS = textwrap.dedent(
+    """
+    from hurtle import Hurtle
+
+    app = Hurtle()  # HURTLE_BROKER_URL comes from the environment
+
+
+    @app.task(name="tasks.add", store_result=True)
+    def add(x, y):
+        return {"sum": x + y, "pair": [x, y]}
+
+
+    @app.task(name="tasks.fail", store_result=True, retries=0)
+    def fail(n):
+        raise ValueError(f"bad input {n}")
+    """
+)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
+    url = str(request.getfixturevalue("redis_url")) if request.param == "redis" else None
+    p = Project(tmp_path, TASKS, (), url=url)
+    for name in ("tasks.add", "tasks.fail"):
+        p.app.task(name=name, store_result=True, retries=0)(lambda *a: None)
+    yield p
+    p.app.close()
+
+
+def test_a_worker_process_stores_results_that_handles_in_another_process_wait_for(
+    project: Project,
+) -> None:
+    add, fail = project.app.tasks["tasks.add"], project.app.tasks["tasks.fail"]
+    handles = add.send_many([(i, 1) for i in range(20)])
+    failing = fail.send(3)
+    worker = project.popen("worker", "tasks:app")
+    try:
+        assert [h.result(timeout=60) for h in handles] == [
+            {"sum": i + 1, "pair": [i, 1]} for i in range(20)
+        ]
+        with pytest.raises(TaskFailed) as info:
+            failing.result(timeout=60)
+        assert (info.value.type, info.value.message) == ("ValueError", "bad input 3")
+        # sent while the worker runs: the waiter is woken (Redis) or re-reads (SQLite)
+        assert add.send(40, 2).result(timeout=60) == {"sum": 42, "pair": [40, 2]}
+        assert project.app.handle(failing.id).state() == "dead"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert project.stop(worker) == 0, project.output(worker)
+
+
+def _clients(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return len(client.client_list())
+    finally:
+        client.close()
+
+
+def test_two_hundred_waiters_on_redis_share_a_few_connections(redis_url: str) -> None:
+    app = Hurtle(redis_url)
+    try:
+        @app.task(store_result=True)
+        def square(x: int) -> int:
+            return x * x
+
+        handles = square.send_many([(i,) for i in range(200)])
+        before = _clients(redis_url)
+        results: dict[int, Any] = {}
+        threads = [
+            threading.Thread(target=lambda i=i: results.__setitem__(i, handles[i].result(60)))
+            for i in range(200)
+        ]
+        for t in threads:
+            t.start()
+        broker = app.broker
+        assert isinstance(broker, RedisBroker)
+        deadline = time.monotonic() + 30
+        while len(broker._listener._watchers) < 200:  # every thread waits now
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        during = _clients(redis_url)
+        worker = app.worker(queues=["default"])
+        runner = worker.run_in_thread()
+        try:
+            for t in threads:
+                t.join(60)
+        finally:
+            worker.stop()
+            runner.join(30)
+        assert results == {i: i * i for i in range(200)}
+        # the listener's connection and the pool of reads, not one per waiter
+        assert during - before <= RESULT_CONNECTIONS
+    finally:
+        app.close()
+
+
+def test_sqlite_prunes_expired_results_when_it_writes_new_ones(tmp_path: Path) -> None:
+    path = tmp_path / "hurtle.db"
+    broker = make_broker(f"sqlite:///{path}")
+    try:
+        consumer = broker.consumer(["q"])
+        consumer.ack((), [StoredResult(f"old{i}", b"x", 0.01) for i in range(150)])
+        consumer.ack((), [StoredResult("kept", b"y", 3600.0)])
+
+        def rows() -> int:
+            with sqlite3.connect(path) as conn:
+                return int(conn.execute("SELECT count(*) FROM results").fetchone()[0])
+
+        deadline = time.monotonic() + 10
+        while broker.get_result("old0") is not None:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert rows() == 151  # expired, not yet pruned: reads skip them
+        consumer.ack((), [StoredResult("new1", b"z", 3600.0)])  # prunes up to 100
+        consumer.ack((), [StoredResult("new2", b"z", 3600.0)])  # and the rest
+        assert rows() == 3
+        assert broker.get_result("kept") == b"y"
+    finally:
+        broker.close()
+
+
+class _Recording(Consumer):
+    """A memory consumer that records the ``ack`` calls it gets, and can be made unreachable."""
+
+    def __init__(self, inner: Consumer) -> None:
+        self.inner = inner
+        self.calls: list[tuple[int, list[str]]] = []  # (deliveries, result ids) per ack call
+        self.log: list[str] = []  # every settling call, in order
+        self.down = False
+        self.worker_id, self.queues = inner.worker_id, inner.queues
+        self.heartbeat_timeout = inner.heartbeat_timeout
+
+    def _reach(self) -> None:
+        if self.down:
+            raise BrokerError("unreachable") from ConnectionError("refused")
+
+    def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
+        return self.inner.fetch(max_count, timeout)
+
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        self._reach()
+        self.calls.append((len(deliveries), [r.id for r in results]))
+        self.log.append("ack")
+        self.inner.ack(deliveries, results)
+
+    def retry(self, delivery: Delivery, message: Message) -> None:
+        self._reach()
+        self.log.append("retry")
+        self.inner.retry(delivery, message)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self._reach()
+        self.log.append("dead")
+        self.inner.dead_letter(delivery, reason)
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        self.inner.release(deliveries)
+
+    def heartbeat(self) -> bool:
+        return self.inner.heartbeat()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_the_acker_stores_results_in_the_same_call_as_the_acknowledgements() -> None:
+    broker = MemoryBroker()
+    broker.publish([Message(id=f"m{i}", task="t", queue="q", args=()) for i in range(4)])
+    consumer = _Recording(broker.consumer(["q"]))
+    got = consumer.fetch(10, 1)
+    acker = Acker(consumer)
+    acker.ack(got[0])
+    for i, d in enumerate(got[1:], 1):
+        acker.ack_with_result(d, f"m{i}", b"value", 60.0)
+    assert acker.flush()
+    assert consumer.calls == [(4, ["m1", "m2", "m3"])]
+    assert broker.get_result("m2") == b"value"
+    assert broker.stats(["q"])["q"].in_flight == 0
+
+
+def test_results_wait_with_their_acks_while_the_broker_is_unreachable() -> None:
+    broker = MemoryBroker()
+    broker.publish([Message(id="m1", task="t", queue="q", args=())])
+    consumer = _Recording(broker.consumer(["q"]))
+    [d] = consumer.fetch(10, 1)
+    acker = Acker(consumer)
+    acker.ack_with_result(d, "m1", b"value", 60.0)
+    acker.store_result("m0", b"failure", 60.0)
+    consumer.down = True
+    assert not acker.flush()
+    assert acker.pending == 2
+    consumer.down = False
+    assert acker.flush()
+    assert (broker.get_result("m1"), broker.get_result("m0")) == (b"value", b"failure")
+    assert acker.pending == 0
+
+
+def test_a_failure_record_is_written_before_the_retry_it_goes_with() -> None:
+    broker = MemoryBroker()
+    broker.publish([Message(id="m1", task="t", queue="q", args=())])
+    consumer = _Recording(broker.consumer(["q"]))
+    [d] = consumer.fetch(10, 1)
+    acker = Acker(consumer)
+    acker.retry(d, Message(id="m1", task="t", queue="q", args=(), attempt=1))
+    acker.store_result("m1", b"failed", 60.0)
+    assert acker.flush()
+    # else a quick next attempt could store its success first, and this record replace it
+    assert consumer.log == ["ack", "retry"]
+    assert consumer.calls == [(0, ["m1"])]
+
+
+@pytest.mark.parametrize("pool", ["threads", "asyncio"])
+def test_results_are_stored_by_the_other_pools_too(pool: str) -> None:
+    app = Hurtle("memory://")
+
+    @app.task(store_result=True)
+    def inc(x: int) -> int:
+        return x + 1
+
+    @app.task(store_result=True)
+    async def ainc(x: int) -> int:
+        return x + 1
+
+    handles = inc.send_many([(i,) for i in range(20)]) + ainc.send_many([(i,) for i in range(5)])
+    worker = app.worker(pool=pool, concurrency=4)
+    thread = worker.run_in_thread()
+    try:
+        assert [h.result(timeout=30) for h in handles] == [*range(1, 21), *range(1, 6)]
+    finally:
+        worker.stop()
+        thread.join(30)
+
+
+def test_store_results_and_result_ttl_come_from_the_environment_too() -> None:
+    from hurtle.errors import ConfigurationError
+    from hurtle.settings import load_settings
+
+    s = load_settings(environ={"HURTLE_STORE_RESULTS": "true", "HURTLE_RESULT_TTL": "60"})
+    assert (s.store_results, s.result_ttl) == (True, 60.0)
+    with pytest.raises(ConfigurationError, match="store_results must be True or False"):
+        Hurtle("memory://", store_results=1)
+    with pytest.raises(ConfigurationError, match="result_ttl must be > 0"):
+        Hurtle("memory://", result_ttl=0)
+    app = Hurtle("memory://")
+    with pytest.raises(ConfigurationError, match="result_ttl"):
+        app.task(store_result=True, result_ttl=-1)(lambda: None)
+
+
+def test_a_failure_record_reaches_the_acker_before_the_retry_or_dead_letter() -> None:
+    from hurtle.worker.processor import Processor
+
+    class LoggingAcker(Acker):
+        def __init__(self, consumer: Consumer) -> None:
+            super().__init__(consumer)
+            self.calls: list[str] = []
+
+        def store_result(self, message_id: str, payload: bytes, ttl: float) -> None:
+            self.calls.append("record")
+            super().store_result(message_id, payload, ttl)
+
+        def retry(self, delivery: Delivery, message: Message) -> None:
+            self.calls.append("retry")
+            super().retry(delivery, message)
+
+        def dead_letter(self, delivery: Delivery, reason: str) -> None:
+            self.calls.append("dead")
+            super().dead_letter(delivery, reason)
+
+    app = Hurtle("memory://")
+
+    @app.task(store_result=True, retries=1)
+    def flaky() -> None:
+        raise RuntimeError("no")
+
+    h = flaky.send()
+    consumer = app.broker.consumer(["default"])
+    acker = LoggingAcker(consumer)
+    worker = app.worker()
+    processor = Processor(app, acker, worker.middleware)
+    for m in worker.middleware:
+        m.worker_start(type("W", (), {"acker": acker})())  # type: ignore[arg-type]
+    [delivery] = consumer.fetch(10, 1)
+    processor.process(delivery)  # attempt 1 of 2: a retry
+    [again] = consumer.fetch(10, 0) or [None]  # the retry is delayed: nothing yet
+    assert again is None
+    assert acker.calls == ["record", "retry"]
+    assert acker.flush()
+    assert h.state() == "failed"
+
+
+def _gets(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        stats = client.info("commandstats").get("cmdstat_get", {})
+        return int(stats.get("calls", 0))
+    finally:
+        client.close()
+
+
+def test_waiting_on_redis_does_not_poll(redis_url: str) -> None:
+    app = Hurtle(redis_url)
+    try:
+        @app.task(store_result=True)
+        def never() -> None:
+            pass
+
+        h = never.send()
+        before = _gets(redis_url)
+        with pytest.raises(ResultTimeout):
+            h.result(timeout=1.0)
+        # a read once listening, again once the subscription took, at the deadline, and for
+        # the timeout's message: four, where a loop of 2-50 ms sleeps would make dozens
+        assert _gets(redis_url) - before <= 4
+    finally:
+        app.close()
