@@ -47,8 +47,10 @@ def main() -> None:
     app.close()
     millis.sort()
     p99 = millis[max(int(len(millis) * 0.99) - 1, 0)]
-    print(f"channel latency {url.split(':')[0]}: {len(millis)} messages, median "
-          f"{statistics.median(millis):.2f} ms, p99 {p99:.2f} ms, max {millis[-1]:.2f} ms")
+    print(
+        f"channel latency {url.split(':')[0]}: {len(millis)} messages, median "
+        f"{statistics.median(millis):.2f} ms, p99 {p99:.2f} ms, max {millis[-1]:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

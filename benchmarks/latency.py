@@ -46,11 +46,17 @@ def main() -> None:
     client = redis.Redis.from_url(url)
     (tmp / "latency_tasks.py").write_text(TASKS)
     read_fd, write_fd = os.pipe()
-    env = dict(os.environ, HURTLE_BROKER_URL=url, LATENCY_FD=str(write_fd),
-               PYTHONPATH=f"{tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(
+        os.environ,
+        HURTLE_BROKER_URL=url,
+        LATENCY_FD=str(write_fd),
+        PYTHONPATH=f"{tmp}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    )
     worker = subprocess.Popen(
         [sys.executable, "-m", "hurtle", "--log-level", "WARNING", "worker", "latency_tasks:app"],
-        env=env, pass_fds=(write_fd,), cwd=tmp,
+        env=env,
+        pass_fds=(write_fd,),
+        cwd=tmp,
     )
     os.close(write_fd)
     sys.path.insert(0, str(tmp))
@@ -80,8 +86,9 @@ def main() -> None:
     p, s = statistics.median(pings) * 1e3, statistics.median(sends) * 1e3
     s99 = sorted(sends)[int(0.99 * (len(sends) - 1))] * 1e3
     print(f"redis PING round trip        median {p:.3f} ms")
-    print(f"send() -> task runs (idle)   median {s:.3f} ms, p99 {s99:.3f} ms  "
-          f"({s / p:.1f}x a PING)")
+    print(
+        f"send() -> task runs (idle)   median {s:.3f} ms, p99 {s99:.3f} ms  ({s / p:.1f}x a PING)"
+    )
 
 
 if __name__ == "__main__":

@@ -38,8 +38,10 @@ def main() -> int:
             started = time.perf_counter()
             profile.runcall(worker.run)
             seconds = time.perf_counter() - started
-            print(f"{worker.processed:,} tasks in {seconds:.2f}s under cProfile "
-                  f"({worker.processed / seconds:,.0f}/s; unprofiled is several times faster)")
+            print(
+                f"{worker.processed:,} tasks in {seconds:.2f}s under cProfile "
+                f"({worker.processed / seconds:,.0f}/s; unprofiled is several times faster)"
+            )
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
         finally:
             if server is not None:

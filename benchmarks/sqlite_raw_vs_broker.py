@@ -100,12 +100,16 @@ def main() -> None:
     med = statistics.median
     print(f"{n:,} messages, {rounds} rounds, medians (min-max of the per-round ratio)")
     print(f"raw sqlite3 insert+delete        {med(raw_rates):>10,.0f} msg/s")
-    print(f"hurtle broker publish+fetch+ack  {med(broker_rates):>10,.0f} msg/s  "
-          f"{med(broker_ratios):.2f}x of raw ({min(broker_ratios):.2f}-{max(broker_ratios):.2f})")
-    print(f"hurtle demo send_many+worker     {med(demo_rates):>10,.0f} msg/s  "
-          f"{med(demo_ratios):.2f}x of raw ({min(demo_ratios):.2f}-{max(demo_ratios):.2f}); "
-          f"last round: publish {last['publish_rate']:,.0f}/s, "
-          f"consume {last['consume_rate']:,.0f}/s")
+    print(
+        f"hurtle broker publish+fetch+ack  {med(broker_rates):>10,.0f} msg/s  "
+        f"{med(broker_ratios):.2f}x of raw ({min(broker_ratios):.2f}-{max(broker_ratios):.2f})"
+    )
+    print(
+        f"hurtle demo send_many+worker     {med(demo_rates):>10,.0f} msg/s  "
+        f"{med(demo_ratios):.2f}x of raw ({min(demo_ratios):.2f}-{max(demo_ratios):.2f}); "
+        f"last round: publish {last['publish_rate']:,.0f}/s, "
+        f"consume {last['consume_rate']:,.0f}/s"
+    )
 
 
 if __name__ == "__main__":

@@ -42,5 +42,3 @@ def make_redis_server(tmp_path: Path) -> Iterator[type[RedisServer]]:
     yield make  # type: ignore[misc]
     for server in started:
         server.stop()
-
-

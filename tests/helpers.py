@@ -43,9 +43,21 @@ class RedisServer:
         if binary is None:
             pytest.skip("redis-server is not installed")
         args = [
-            binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.workdir),
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "always", "--logfile", str(self.workdir / "redis.log"),
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.workdir),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "always",
+            "--logfile",
+            str(self.workdir / "redis.log"),
         ]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
@@ -86,12 +98,18 @@ def hurtle_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_hurtle(*args: str, cwd: Path | None = None, timeout: float = 60, **env: str
-               ) -> subprocess.CompletedProcess[str]:
+def run_hurtle(
+    *args: str, cwd: Path | None = None, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
     """Run the ``hurtle`` CLI in a real subprocess and capture what it prints."""
     return subprocess.run(
-        [sys.executable, "-m", "hurtle", *args], cwd=cwd, env=hurtle_env(**env),
-        capture_output=True, text=True, timeout=timeout, check=False,
+        [sys.executable, "-m", "hurtle", *args],
+        cwd=cwd,
+        env=hurtle_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -133,8 +151,9 @@ class Project:
     def pids(self) -> set[str]:
         return {r.split()[2] for r in self.runs()}
 
-    def hurtle(self, *args: str, timeout: float = 60, **env: str
-               ) -> subprocess.CompletedProcess[str]:
+    def hurtle(
+        self, *args: str, timeout: float = 60, **env: str
+    ) -> subprocess.CompletedProcess[str]:
         return run_hurtle(*args, cwd=self.root, timeout=timeout, **{**self.env, **env})
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen[str]:
@@ -143,8 +162,11 @@ class Project:
         out = self.root / f"process-{self._started}.log"
         with out.open("w") as f:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "hurtle", *args], cwd=self.root,
-                env=hurtle_env(**{**self.env, **env}), stdout=f, stderr=subprocess.STDOUT,
+                [sys.executable, "-m", "hurtle", *args],
+                cwd=self.root,
+                env=hurtle_env(**{**self.env, **env}),
+                stdout=f,
+                stderr=subprocess.STDOUT,
                 text=True,
             )
         self._outputs[proc.pid] = out
@@ -160,8 +182,7 @@ class Project:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-            raise AssertionError(f"still running after {timeout}s:\n{self.output(proc)}"
-                                 ) from None
+            raise AssertionError(f"still running after {timeout}s:\n{self.output(proc)}") from None
 
     def status(self) -> dict[str, dict[str, int]]:
         """What ``hurtle status --json`` prints, per queue."""

@@ -147,7 +147,10 @@ def test_sigterm_lets_the_running_task_finish_and_hands_back_the_rest(
     finished = [r.split()[1] for r in runs if r.startswith("done")]
     assert started == finished  # nothing was cut short
     assert project.status()["default"] == {
-        "ready": 10 - len(finished), "delayed": 0, "in_flight": 0, "dead": 0
+        "ready": 10 - len(finished),
+        "delayed": 0,
+        "in_flight": 0,
+        "dead": 0,
     }
 
 
@@ -204,7 +207,8 @@ def test_a_bad_shutdown_timeout_is_refused(project: Project, value: str) -> None
     result = project.hurtle("worker", "tasks:app", "--burst", f"--shutdown-timeout={value}")
     assert result.returncode == 2
     assert "--shutdown-timeout" in result.stderr and "finite number of seconds >= 0" in (
-        result.stderr)
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -219,8 +223,9 @@ def test_concurrency_with_the_solo_pool_warns_that_it_runs_one_task_at_a_time(
 def test_the_worker_logs_its_tasks_and_the_absolute_path_of_its_sqlite_file(
     project: Project,
 ) -> None:
-    result = project.hurtle("worker", "tasks:app", "--burst",
-                            HURTLE_BROKER_URL="sqlite:///relative.db")
+    result = project.hurtle(
+        "worker", "tasks:app", "--burst", HURTLE_BROKER_URL="sqlite:///relative.db"
+    )
     assert result.returncode == 0, result.stderr
     assert "3 tasks (tasks.add, tasks.broken, tasks.slow)" in result.stderr
     assert f"broker file {project.root.resolve() / 'relative.db'}" in result.stderr
@@ -240,8 +245,14 @@ def test_a_sqlite_url_in_a_missing_directory_is_one_line_and_creates_nothing(
 def test_a_burst_worker_gives_up_on_an_unreachable_broker_with_exit_2(project: Project) -> None:
     pytest.importorskip("redis")
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    result = project.hurtle("worker", "tasks:app", "--burst", timeout=120,
-                            HURTLE_BROKER_URL=url, HURTLE_UNREACHABLE_TIMEOUT="1")
+    result = project.hurtle(
+        "worker",
+        "tasks:app",
+        "--burst",
+        timeout=120,
+        HURTLE_BROKER_URL=url,
+        HURTLE_UNREACHABLE_TIMEOUT="1",
+    )
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("hurtle: error: burst: the broker") and "unreachable" in last
@@ -252,10 +263,12 @@ def test_bench_without_the_redis_package_is_one_line(tmp_path: Path) -> None:
     fake = tmp_path / "site"
     fake.mkdir()
     (fake / "redis.py").write_text(
-        "raise ModuleNotFoundError(\"No module named 'redis'\", name='redis')\n")
+        "raise ModuleNotFoundError(\"No module named 'redis'\", name='redis')\n"
+    )
     for kind in ("tasks", "io"):
-        result = run_hurtle("bench", kind, "--count", "10", cwd=tmp_path,
-                            PYTHONPATH=f"{fake}:{ROOT / 'src'}")
+        result = run_hurtle(
+            "bench", kind, "--count", "10", cwd=tmp_path, PYTHONPATH=f"{fake}:{ROOT / 'src'}"
+        )
         line = _one_line_error(result)
         assert "needs the redis package" in line and "pip install 'hurtle[redis]'" in line
 
@@ -289,7 +302,7 @@ def test_demo_on_a_users_broker_touches_none_of_the_users_messages(redis_url: st
 def _readme_block(language: str, after: str) -> str:
     text = (ROOT / "README.md").read_text()
     start = text.index(f"```{language}\n", text.index(after)) + len(language) + 4
-    return text[start:text.index("```", start)]
+    return text[start : text.index("```", start)]
 
 
 def test_the_readme_example_sends_only_when_run_and_its_worker_consumes_its_queues(
@@ -300,8 +313,15 @@ def test_the_readme_example_sends_only_when_run_and_its_worker_consumes_its_queu
     p = Project(tmp_path, source, ())
     for _ in range(2):  # importing it (status, worker) sends nothing
         assert all(sum(q.values()) == 0 for q in p.status().values())
-    ran = subprocess.run([sys.executable, "tasks.py"], cwd=tmp_path, env=hurtle_env(**p.env),
-                         capture_output=True, text=True, timeout=60, check=False)
+    ran = subprocess.run(
+        [sys.executable, "tasks.py"],
+        cwd=tmp_path,
+        env=hurtle_env(**p.env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert ran.returncode == 0, ran.stderr
     used = {name for name, q in p.status().items() if sum(q.values())}
     assert used == {"default", "slow"}

@@ -64,7 +64,10 @@ def test_list_shows_each_dead_letters_task_and_message_id(project: Project) -> N
     assert f"tasks.refuse(7)  message {message_id}" in first_line
     assert "refused 7" in out.stdout
     assert (row["message_id"], row["task"], row["args"], row["kwargs"]) == (
-        message_id, "tasks.refuse", [7], {}
+        message_id,
+        "tasks.refuse",
+        [7],
+        {},
     )
 
 

@@ -72,7 +72,10 @@ def test_sqlite_keeps_only_the_capped_rows(tmp_path: Path) -> None:
     with broker._read() as conn:
         rows = conn.execute("SELECT queue, reason FROM dead ORDER BY seq").fetchall()
     assert rows == [
-        ("q", "reason 2"), ("q", "reason 3"), ("q", "reason 4"),
-        ("other", "reason 0"), ("other", "reason 1"),
+        ("q", "reason 2"),
+        ("q", "reason 3"),
+        ("q", "reason 4"),
+        ("other", "reason 0"),
+        ("other", "reason 1"),
     ]
     broker.close()

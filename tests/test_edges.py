@@ -224,9 +224,7 @@ def _signatures() -> list[inspect.Signature]:
 
 def test_the_cheap_arity_check_agrees_with_python_binding_on_every_call_shape() -> None:
     names = ["a", "b", "c", "d", "e", "f", "k", "zz"]
-    keyword_sets = [
-        kw for r in range(4) for kw in itertools.combinations(names, r)
-    ]
+    keyword_sets = [kw for r in range(4) for kw in itertools.combinations(names, r)]
     for sig in _signatures():
         arity = _Arity(sig)
         for n in range(6):
@@ -249,8 +247,9 @@ def test_mypy_checks_sends_and_send_many_items_built_with_args_against_the_funct
 ) -> None:
     pytest.importorskip("mypy")
     snippet = tmp_path / "snippet.py"
-    snippet.write_text(textwrap.dedent(
-        """
+    snippet.write_text(
+        textwrap.dedent(
+            """
         from hurtle import Hurtle
 
         app = Hurtle("memory://")
@@ -267,16 +266,31 @@ def test_mypy_checks_sends_and_send_many_items_built_with_args_against_the_funct
         add.send_many([add.args(1, "x")])  # line 15
         add.options(priority=1).send_many([add.args("x", 2)])  # line 16
         """
-    ))
+        )
+    )
     # in a subprocess: mypy raises the interpreter's recursion limit for good
     result = subprocess.run(
-        [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir",
-         str(tmp_path / "cache"), "--python-version", "3.11", str(snippet)],
-        capture_output=True, text=True, env=hurtle_env(), timeout=300, check=False,
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--python-version",
+            "3.11",
+            str(snippet),
+        ],
+        capture_output=True,
+        text=True,
+        env=hurtle_env(),
+        timeout=300,
+        check=False,
     )
-    flagged = sorted({
-        int(line.split(":")[1]) for line in result.stdout.splitlines() if ": error:" in line
-    })
+    flagged = sorted(
+        {int(line.split(":")[1]) for line in result.stdout.splitlines() if ": error:" in line}
+    )
     assert flagged == [14, 15, 16], result.stdout + result.stderr
     assert result.returncode == 1
 
@@ -299,8 +313,18 @@ def test_arguments_nested_too_deeply_raise_encode_error_not_recursion_error(
 
 
 def _raw(**fields: Any) -> bytes:
-    values = {"id": "m1", "task": "jobs.f", "queue": "default", "args": [], "kwargs": {},
-              "attempt": 0, "priority": 0, "eta": 0.0, "created": 0.0, "headers": {}}
+    values = {
+        "id": "m1",
+        "task": "jobs.f",
+        "queue": "default",
+        "args": [],
+        "kwargs": {},
+        "attempt": 0,
+        "priority": 0,
+        "eta": 0.0,
+        "created": 0.0,
+        "headers": {},
+    }
     values.update(fields)
     return msgspec.msgpack.encode(list(values.values()))
 
@@ -348,9 +372,14 @@ def test_a_worker_dead_letters_invalid_and_too_deep_bytes_and_runs_the_rest(app:
     def f(i: int) -> None:
         seen.append(i)
 
-    app.broker.publish_raw("default", [
-        _raw(priority=42), _raw_nested(1000), _raw(eta=float("nan")),
-    ])
+    app.broker.publish_raw(
+        "default",
+        [
+            _raw(priority=42),
+            _raw_nested(1000),
+            _raw(eta=float("nan")),
+        ],
+    )
     f.send_many([(i,) for i in range(3)])
     app.worker(burst=True).run()
     assert sorted(seen) == [0, 1, 2]
@@ -363,8 +392,7 @@ def test_a_worker_dead_letters_invalid_and_too_deep_bytes_and_runs_the_rest(app:
 
 
 def test_valid_messages_decode_the_same_with_the_checked_and_the_unchecked_decoder() -> None:
-    m = Message(id="x", task="t", queue="q", args=(1,), attempt=3, priority=9, eta=1e9,
-                created=1.5)
+    m = Message(id="x", task="t", queue="q", args=(1,), attempt=3, priority=9, eta=1e9, created=1.5)
     assert Message.decode(m.encode()) == decode_unchecked(m.encode()) == m
     check_messages([m])
 
@@ -392,10 +420,12 @@ MAPPING: list[tuple[str, Any, Any]] = [
     ("frozenset", frozenset({1}), [1]),
     ("bytearray", bytearray(b"ab"), b"ab"),
     ("uuid.UUID", _UUID, str(_UUID)),
-    ("naive datetime", datetime.datetime(2026, 1, 2, 3, 4, 5),
-     "2026-01-02T03:04:05"),
-    ("aware datetime", datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=_UTC),
-     datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=_UTC)),
+    ("naive datetime", datetime.datetime(2026, 1, 2, 3, 4, 5), "2026-01-02T03:04:05"),
+    (
+        "aware datetime",
+        datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=_UTC),
+        datetime.datetime(2026, 1, 2, 3, 4, 5, tzinfo=_UTC),
+    ),
     ("date", datetime.date(2026, 1, 2), "2026-01-02"),
     ("Decimal", decimal.Decimal("1.5"), "1.5"),
     ("Enum", Colour.RED, "red"),
@@ -421,8 +451,10 @@ def test_the_codec_maps_types_as_the_readme_says(
 
 
 def test_the_publish_check_accepts_whatever_decode_accepts_at_the_bounds() -> None:
-    ok = [Message(id="a", task="t", queue="q", priority=p, attempt=a, eta=e, created=c)
-          for p, a, e, c in [(0, 0, 0.0, 0.0), (9, 10**6, 1.7e308, 1.7e308), (5, 1, 0, 1)]]
+    ok = [
+        Message(id="a", task="t", queue="q", priority=p, attempt=a, eta=e, created=c)
+        for p, a, e, c in [(0, 0, 0.0, 0.0), (9, 10**6, 1.7e308, 1.7e308), (5, 1, 0, 1)]
+    ]
     check_messages(ok)
     assert [Message.decode(m.encode()) for m in ok] == ok
     assert not math.isnan(ok[0].eta)
@@ -472,8 +504,13 @@ def test_keyword_settings_are_checked_like_the_environment(
 def test_good_settings_load_from_the_environment() -> None:
     from hurtle.settings import load_settings
 
-    s = load_settings(environ={"HURTLE_HEARTBEAT_TIMEOUT": "2.5", "HURTLE_SHUTDOWN_TIMEOUT": "0",
-                               "HURTLE_FETCH_BATCH_SIZE": "10"})
+    s = load_settings(
+        environ={
+            "HURTLE_HEARTBEAT_TIMEOUT": "2.5",
+            "HURTLE_SHUTDOWN_TIMEOUT": "0",
+            "HURTLE_FETCH_BATCH_SIZE": "10",
+        }
+    )
     assert (s.heartbeat_timeout, s.shutdown_timeout, s.fetch_batch_size) == (2.5, 0.0, 10)
 
 

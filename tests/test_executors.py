@@ -23,11 +23,13 @@ def test_pool_at_concurrency_500_runs_2000_tasks_exactly_once(app: Hurtle, pool:
     runs: list[int] = []
 
     if pool == "asyncio":
+
         @app.task(name="nap")
         async def nap(i: int) -> None:
             await asyncio.sleep(0.01)
             runs.append(i)
     else:
+
         @app.task(name="nap")
         def nap(i: int) -> None:
             time.sleep(0.01)

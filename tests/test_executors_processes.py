@@ -72,9 +72,7 @@ ALL_POOLS = ("solo", "threads", "asyncio", *GREENLET_POOLS)
 def needs(pool: str) -> object:
     """A pytest param for ``pool`` that skips when its optional package is missing."""
     missing = pool in GREENLET_POOLS and importlib.util.find_spec(pool) is None
-    return pytest.param(
-        pool, marks=pytest.mark.skipif(missing, reason=f"{pool} is not installed")
-    )
+    return pytest.param(pool, marks=pytest.mark.skipif(missing, reason=f"{pool} is not installed"))
 
 
 def pools(*names: str) -> list[object]:
@@ -94,13 +92,12 @@ def task_for(pool: str) -> str:
 
 
 @pytest.mark.parametrize("pool", pools("threads", "asyncio", *GREENLET_POOLS))
-def test_pool_at_concurrency_500_runs_2000_tasks_exactly_once(
-    project: Project, pool: str
-) -> None:
+def test_pool_at_concurrency_500_runs_2000_tasks_exactly_once(project: Project, pool: str) -> None:
     total = 2000
     project.send_many(task_for(pool), [(i, 0.01) for i in range(total)])
-    result = project.hurtle("worker", "tasks:app", "--pool", pool, "--concurrency", "500",
-                            "--burst", timeout=120)
+    result = project.hurtle(
+        "worker", "tasks:app", "--pool", pool, "--concurrency", "500", "--burst", timeout=120
+    )
     assert result.returncode == 0, result.stderr
     done = collections.Counter(project.lines("done"))
     assert done == collections.Counter(str(i) for i in range(total))  # each exactly once
@@ -114,12 +111,14 @@ def test_pool_at_concurrency_500_on_redis_runs_2000_tasks_exactly_once(
     project = Project(tmp_path, TASKS, TASK_NAMES, redis_url)
     total = 2000
     project.send_many(task_for(pool), [(i, 0.01) for i in range(total)])
-    result = project.hurtle("worker", "tasks:app", "--pool", pool, "--concurrency", "500",
-                            "--burst", timeout=120)
+    result = project.hurtle(
+        "worker", "tasks:app", "--pool", pool, "--concurrency", "500", "--burst", timeout=120
+    )
     project.app.close()
     assert result.returncode == 0, result.stderr
     assert collections.Counter(project.lines("done")) == collections.Counter(
-        str(i) for i in range(total))
+        str(i) for i in range(total)
+    )
     assert project.stats() == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0}
 
 
@@ -142,8 +141,7 @@ def test_sigterm_lets_running_tasks_finish_and_hands_back_the_rest(
     assert project.stop(worker) == 0, project.output(worker)
     started, finished = project.lines("start"), project.lines("done")
     assert sorted(started) == sorted(finished)  # nothing was cut short
-    assert project.stats() == {"ready": 30 - len(finished), "delayed": 0, "in_flight": 0,
-                               "dead": 0}
+    assert project.stats() == {"ready": 30 - len(finished), "delayed": 0, "in_flight": 0, "dead": 0}
 
 
 @pytest.mark.parametrize("pool", pools(*ALL_POOLS))
@@ -182,8 +180,14 @@ def test_importing_hurtle_patches_nothing() -> None:
         print("unpatched")
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], env=hurtle_env(), capture_output=True,
-                         text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=hurtle_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "unpatched"
 
@@ -195,8 +199,13 @@ def test_missing_greenlet_package_is_a_one_line_error_exiting_2(
     shadow = tmp_path / "shadow" / pool
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text(f"raise ImportError('No module named {pool}')\n")
-    result = project.hurtle("worker", "tasks:app", "--pool", pool,
-                            PYTHONPATH=f"{tmp_path / 'shadow'}:{hurtle_env()['PYTHONPATH']}")
+    result = project.hurtle(
+        "worker",
+        "tasks:app",
+        "--pool",
+        pool,
+        PYTHONPATH=f"{tmp_path / 'shadow'}:{hurtle_env()['PYTHONPATH']}",
+    )
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr

@@ -120,9 +120,7 @@ def _slow_task_keeps_no_backlog(project: Project) -> None:
 
 
 @pytest.mark.parametrize("pool", ["solo", "threads"])
-def test_a_task_whose_error_cannot_be_printed_kills_no_worker(
-    project: Project, pool: str
-) -> None:
+def test_a_task_whose_error_cannot_be_printed_kills_no_worker(project: Project, pool: str) -> None:
     project.send("l.unprintable", 0)
     project.send_many("l.quick", [(i,) for i in range(1, 11)])
     result = project.hurtle("worker", "tasks:app", "--pool", pool, "--burst")

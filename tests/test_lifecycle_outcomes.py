@@ -217,8 +217,9 @@ class RefusingConsumer(Consumer):
 
 
 def _held(app: Hurtle, n: int) -> tuple[Consumer, list[Delivery]]:
-    app.broker.publish([Message(id=f"m{i}", task="t", queue="default", args=(i,))
-                        for i in range(n)])
+    app.broker.publish(
+        [Message(id=f"m{i}", task="t", queue="default", args=(i,)) for i in range(n)]
+    )
     consumer = app.broker.consumer(["default"], "w1")
     held = consumer.fetch(n, 1.0)
     assert len(held) == n
@@ -231,8 +232,16 @@ def test_a_retry_the_broker_refuses_goes_to_the_dead_letters_and_blocks_nothing(
     inner, (bad, good, other) = _held(app, 3)
     acker = Acker(RefusingConsumer(inner, {bad.raw}))
     message = Message.decode(bad.raw)
-    acker.retry(bad, Message(id=message.id, task="t", queue="default", attempt=1,
-                             headers={"error": "ValueError: boom"}))
+    acker.retry(
+        bad,
+        Message(
+            id=message.id,
+            task="t",
+            queue="default",
+            attempt=1,
+            headers={"error": "ValueError: boom"},
+        ),
+    )
     acker.ack(good)
     acker.retry(other, Message(id="m2", task="t", queue="default", attempt=1))
     assert acker.flush()
@@ -307,8 +316,6 @@ def test_a_second_signal_right_after_an_outcome_never_hands_that_delivery_back(
     worker.run()  # on the main thread, where the hard stop raises in the task
     assert ran == [0]
     assert stats(app) == (2, 0, 0)  # the first is done for good; the two others went back
-
-
 
 
 def test_the_acker_retries_an_unreachable_broker_but_not_a_refusal() -> None:

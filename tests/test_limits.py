@@ -45,8 +45,9 @@ def test_bad_limit_options_are_refused_at_registration(
     assert not app.tasks
 
 
-@pytest.mark.parametrize(("text", "rate"), [("50/s", (50, 1.0)), ("3/m", (3, 60.0)),
-                                            (" 7 / h", (7, 3600.0))])
+@pytest.mark.parametrize(
+    ("text", "rate"), [("50/s", (50, 1.0)), ("3/m", (3, 60.0)), (" 7 / h", (7, 3600.0))]
+)
 def test_rate_limits_are_parsed_once(app: Hurtle, text: str, rate: tuple[int, float]) -> None:
     @app.task(rate_limit=text)
     def f() -> None: ...

@@ -14,7 +14,7 @@ import pytest
 
 from helpers import Project
 
-TASKS = '''
+TASKS = """
 import os
 import time
 
@@ -45,7 +45,7 @@ def once(i, hold):
     log("start", i, os.getpid(), repr(time.time()))
     time.sleep(hold)
     log("done", i, os.getpid(), repr(time.time()))
-'''
+"""
 
 
 @pytest.fixture
@@ -151,6 +151,7 @@ def test_expired_unique_locks_are_swept_from_redis(redis_url: str) -> None:
     broker = make_broker(redis_url)
     client = redis.Redis.from_url(redis_url)
     try:
+
         def one(key: str) -> Message:
             return Message(id=new_id(), task="t", queue="q", headers={"unique": key})
 

@@ -29,8 +29,12 @@ def _worker_id_of_a_fresh_process() -> str:
         "print(Worker(Hurtle('memory://'), queues=['q']).worker_id)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], env=hurtle_env(), capture_output=True, text=True,
-        timeout=60, check=True,
+        [sys.executable, "-c", code],
+        env=hurtle_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return out.stdout.strip()
 
@@ -203,8 +207,15 @@ def test_a_task_that_kills_its_worker_becomes_a_dead_letter_and_the_others_all_r
     p.send_many("tasks.work", [(i,) for i in range(10, 20)])
     exits = []
     for _ in range(20):  # a worker restarted each time it dies, until it drains the queue
-        out = p.hurtle("worker", "tasks:app", "--burst", "--pool", pool, timeout=120,
-                       HURTLE_HEARTBEAT_TIMEOUT="0.5")
+        out = p.hurtle(
+            "worker",
+            "tasks:app",
+            "--burst",
+            "--pool",
+            pool,
+            timeout=120,
+            HURTLE_HEARTBEAT_TIMEOUT="0.5",
+        )
         exits.append(out.returncode)
         if out.returncode == 0:
             break

@@ -227,9 +227,17 @@ def test_outcome_kinds_for_success_retry_and_dead_letter(app: Hurtle) -> None:
     refused.send()
     app.worker(burst=True).run()
     outcomes = [(args, kind) for args, kind, _ in rec.hooks("after_outcome")]
-    assert sorted(map(str, outcomes)) == sorted(map(str, [
-        ((0,), "ack"), ((1,), "retry"), ((1,), "dead"), ((), "dead"),
-    ]))
+    assert sorted(map(str, outcomes)) == sorted(
+        map(
+            str,
+            [
+                ((0,), "ack"),
+                ((1,), "retry"),
+                ((1,), "dead"),
+                ((), "dead"),
+            ],
+        )
+    )
     assert ((0,), "ack", 7) in rec.hooks("after_outcome")
     reasons = sorted(d.reason.splitlines()[0] for d in app.broker.dead_letters("default"))
     assert reasons[0].startswith("rejected by task")
@@ -261,8 +269,9 @@ def test_before_publish_may_add_headers_once_per_batch(app: Hurtle) -> None:
     class Stamp(Middleware):
         def before_publish(self, messages: list[Message]) -> list[Message]:
             batches.append(len(messages))
-            return [msgspec.structs.replace(m, headers={**m.headers, "stamp": "yes"})
-                    for m in messages]
+            return [
+                msgspec.structs.replace(m, headers={**m.headers, "stamp": "yes"}) for m in messages
+            ]
 
     app.add_middleware(Stamp())
     seen: list[str] = []
@@ -339,7 +348,7 @@ def test_hooks_run_in_other_pools_too(app: Hurtle, pool: str) -> None:
     assert sorted(a[0] for batch in rec.hooks("after_batch") for a in batch) == list(range(20))
 
 
-TASKS = '''
+TASKS = """
 import os
 from hurtle import Hurtle
 from hurtle.middleware import Middleware
@@ -360,7 +369,7 @@ app = Hurtle(middleware=[Count()])
 @app.task(name="tasks.add")
 def add(x, y):
     return x + y
-'''
+"""
 
 
 def test_hurtle_worker_runs_the_apps_middleware(tmp_path: Path) -> None:
@@ -373,11 +382,13 @@ def test_hurtle_worker_runs_the_apps_middleware(tmp_path: Path) -> None:
 
 
 def test_the_readme_middleware_example_counts_and_logs_every_ten_thousand(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    block = next(b.split("\n", 1)[1] for b in readme.split("```python")[1:]
-                 if "class Count(Middleware)" in b).split("```")[0]
+    block = next(
+        b.split("\n", 1)[1] for b in readme.split("```python")[1:] if "class Count(Middleware)" in b
+    ).split("```")[0]
     monkeypatch.setenv("HURTLE_BROKER_URL", "memory://")
     namespace: dict[str, Any] = {}
     exec(compile(block, "README.md", "exec"), namespace)
@@ -391,7 +402,9 @@ def test_the_readme_middleware_example_counts_and_logs_every_ten_thousand(
     with caplog.at_level("INFO", logger="count"):
         app.worker(burst=True).run()
     assert [r.getMessage() for r in caplog.records if r.name == "count"] == [
-        "t.noop: 10000 done", "t.noop: 20000 done"]
+        "t.noop: 10000 done",
+        "t.noop: 20000 done",
+    ]
 
 
 def test_middleware_added_after_the_worker_was_made_still_runs_in_it(app: Hurtle) -> None:

@@ -55,11 +55,22 @@ def test_periodic_registers_a_schedule_of_a_registered_task(app: Hurtle) -> None
     @app.task
     def report(day: str, *, full: bool = False) -> None: ...
 
-    s = app.periodic(report, cron="*/5 * * * *", tz="Europe/Paris", args=("mon",),
-                     kwargs={"full": True}, name="weekly")
+    s = app.periodic(
+        report,
+        cron="*/5 * * * *",
+        tz="Europe/Paris",
+        args=("mon",),
+        kwargs={"full": True},
+        name="weekly",
+    )
     assert app.schedules == {"weekly": s}
     assert (s.cron, s.every, s.tz, s.args, s.kwargs) == (
-        "*/5 * * * *", None, PARIS, ("mon",), {"full": True})
+        "*/5 * * * *",
+        None,
+        PARIS,
+        ("mon",),
+        {"full": True},
+    )
     assert s.catch_up is True and s.queue == "default"
     m = s.message(1234.0)
     assert (m.task, m.args, m.kwargs) == (report.name, ("mon",), {"full": True})
@@ -211,8 +222,12 @@ def test_an_every_few_minutes_cron_keeps_real_time_through_dst_changes(app: Hurt
     for _ in range(5):
         autumn.append(s.next_after(autumn[-1]))
     assert [in_paris(t)[11:] for t in autumn] == [
-        "01:00:00 CEST", "01:30:00 CEST", "02:00:00 CEST", "02:30:00 CEST",
-        "02:00:00 CET", "02:30:00 CET",
+        "01:00:00 CEST",
+        "01:30:00 CEST",
+        "02:00:00 CEST",
+        "02:30:00 CEST",
+        "02:00:00 CET",
+        "02:30:00 CET",
     ]
 
 

@@ -17,7 +17,7 @@ from hurtle import Hurtle
 # The task logs the tick of each message it runs (from the header the scheduler sets), with the
 # message id: a tick enqueued twice shows as two ids. A middleware reads the header; the app
 # adds it to every worker the CLI makes.
-TASKS = '''
+TASKS = """
 import os
 
 from hurtle import Hurtle
@@ -47,7 +47,7 @@ def report(day, full=False):
 
 app.periodic(report, cron="30 2 * * *", tz="Europe/Paris", args=("mon",), name="nightly",
              catch_up=False)
-'''
+"""
 
 
 def ticks(project: Project) -> dict[float, set[str]]:
@@ -128,10 +128,18 @@ def test_schedule_list_shows_last_and_next_runs(tmp_path: Path) -> None:
     assert set(rows) == {"tasks.beat", "nightly"}
     beat, nightly = rows["tasks.beat"], rows["nightly"]
     assert (beat["every"], beat["cron"], beat["last_run"], beat["queue"]) == (
-        60.0, None, None, "default")
+        60.0,
+        None,
+        None,
+        "default",
+    )
     assert beat["next_run"] % 60 == 0 and 0 < beat["next_run"] - doc["time"] <= 60
     assert (nightly["cron"], nightly["tz"], nightly["catch_up"], nightly["task"]) == (
-        "30 2 * * *", "Europe/Paris", False, "tasks.report")
+        "30 2 * * *",
+        "Europe/Paris",
+        False,
+        "tasks.report",
+    )
     # a worker (in burst mode) catches up the tick missed since the last recorded one
     claim_old_tick(project, 60.0)
     run = project.hurtle("worker", "tasks:app", "--burst", EVERY="60")
@@ -145,10 +153,13 @@ def test_schedule_list_shows_last_and_next_runs(tmp_path: Path) -> None:
     assert text.returncode == 0, text.stderr
     lines = text.stdout.splitlines()
     assert lines[1].split()[:4] == ["schedule", "task", "when", "last"]
-    assert any(line.startswith("nightly ") and "never" in line
-               and "cron '30 2 * * *' Europe/Paris" in line for line in lines)
-    assert any(line.startswith("tasks.beat ") and "every 60s" in line and "UTC" in line
-               for line in lines)
+    assert any(
+        line.startswith("nightly ") and "never" in line and "cron '30 2 * * *' Europe/Paris" in line
+        for line in lines
+    )
+    assert any(
+        line.startswith("tasks.beat ") and "every 60s" in line and "UTC" in line for line in lines
+    )
 
 
 def test_a_worker_with_no_scheduler_leaves_a_missed_tick_alone(tmp_path: Path) -> None:
@@ -162,8 +173,7 @@ def test_a_worker_with_no_scheduler_leaves_a_missed_tick_alone(tmp_path: Path) -
 
 def test_a_supervisor_passes_no_scheduler_to_its_workers(tmp_path: Path) -> None:
     project = Project(tmp_path, TASKS, [])
-    proc = project.popen("worker", "tasks:app", "--processes", "2", "--no-scheduler",
-                         EVERY="0.2")
+    proc = project.popen("worker", "tasks:app", "--processes", "2", "--no-scheduler", EVERY="0.2")
     try:
         project.wait_for(lambda: project.output(proc).count("consuming default") >= 2, 60)
     finally:

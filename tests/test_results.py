@@ -87,6 +87,7 @@ def _clients(url: str) -> int:
 def test_two_hundred_waiters_on_redis_share_a_few_connections(redis_url: str) -> None:
     app = Hurtle(redis_url)
     try:
+
         @app.task(store_result=True)
         def square(x: int) -> int:
             return x * x
@@ -330,6 +331,7 @@ def _gets(url: str) -> int:
 def test_waiting_on_redis_does_not_poll(redis_url: str) -> None:
     app = Hurtle(redis_url)
     try:
+
         @app.task(store_result=True)
         def never() -> None:
             pass

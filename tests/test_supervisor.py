@@ -28,19 +28,28 @@ def test_processes_share_the_queue_and_stop_cleanly_on_sigterm(
     assert project.stop(supervisor) == 0, project.output(supervisor)
     started, finished = project.lines("start"), project.lines("done")
     assert sorted(started) == sorted(finished)  # running tasks finished
-    assert project.stats() == {"ready": 40 - len(finished), "delayed": 0, "in_flight": 0,
-                               "dead": 0}
+    assert project.stats() == {"ready": 40 - len(finished), "delayed": 0, "in_flight": 0, "dead": 0}
 
 
 def test_burst_with_processes_runs_everything_once_and_exits_0(
     project: Project,  # noqa: F811
 ) -> None:
     project.send_many("w.nap", [(i, 0.002) for i in range(300)])
-    result = project.hurtle("worker", "tasks:app", "--processes", "2", "--pool", "threads",
-                            "--concurrency", "8", "--burst")
+    result = project.hurtle(
+        "worker",
+        "tasks:app",
+        "--processes",
+        "2",
+        "--pool",
+        "threads",
+        "--concurrency",
+        "8",
+        "--burst",
+    )
     assert result.returncode == 0, result.stderr
     assert collections.Counter(project.lines("done")) == collections.Counter(
-        str(i) for i in range(300))
+        str(i) for i in range(300)
+    )
     assert project.stats() == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0}
 
 
@@ -49,14 +58,16 @@ def test_a_killed_process_is_replaced_and_its_tasks_run_elsewhere(
 ) -> None:
     total = 200
     project.send_many("w.nap", [(i, 0.02) for i in range(total)])
-    supervisor = project.popen("worker", "tasks:app", "--processes", "2",
-                               HURTLE_HEARTBEAT_TIMEOUT="1")
+    supervisor = project.popen(
+        "worker", "tasks:app", "--processes", "2", HURTLE_HEARTBEAT_TIMEOUT="1"
+    )
     project.wait_for(lambda: len(project.pids()) == 2)
     victim = int(sorted(project.pids())[0])
     os.kill(victim, signal.SIGKILL)
     project.wait_for(lambda: len(project.pids()) == 3)  # a fresh process took its place
-    project.wait_for(lambda: set(project.lines("done")) == {str(i) for i in range(total)},
-                     timeout=60)
+    project.wait_for(
+        lambda: set(project.lines("done")) == {str(i) for i in range(total)}, timeout=60
+    )
     supervisor.send_signal(signal.SIGTERM)
     assert project.stop(supervisor) == 0, project.output(supervisor)
     assert "died (signal SIGKILL): starting another" in project.output(supervisor)
@@ -75,8 +86,9 @@ def test_a_process_with_an_abandoned_thread_is_replaced(
     project: Project,  # noqa: F811
 ) -> None:
     project.send_many("w.limited", [("stuck", 60.0)])
-    result = project.hurtle("worker", "tasks:app", "--processes", "1", "--pool", "threads",
-                            "--burst", timeout=60)
+    result = project.hurtle(
+        "worker", "tasks:app", "--processes", "1", "--pool", "threads", "--burst", timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert project.lines("start") == ["stuck", "stuck"]  # the first attempt and its retry
     assert len(project.pids()) == 2  # each in its own process: the first was replaced
@@ -95,7 +107,8 @@ def test_sigterm_while_the_supervisor_starts_its_processes_exits_0_every_time(
     for _ in range(4):
         supervisor = project.popen("worker", "tasks:app", "--processes", "4")
         project.wait_for(
-            lambda s=supervisor: f"started worker process {started} " in project.output(s))
+            lambda s=supervisor: f"started worker process {started} " in project.output(s)
+        )
         supervisor.send_signal(signal.SIGTERM)
         assert project.stop(supervisor) == 0, project.output(supervisor)
         assert "stopped with" not in project.output(supervisor)
@@ -159,8 +172,12 @@ def test_sigterm_during_the_start_of_a_process_stops_that_process_too(
     n: int,
 ) -> None:
     supervisor = _SignalledWhileSpawning(
-        n, ["worker", "tasks:app"], 2, env=hurtle_env(**project.env, PYTHONPATH=str(
-            project.root) + os.pathsep + hurtle_env()["PYTHONPATH"]),
+        n,
+        ["worker", "tasks:app"],
+        2,
+        env=hurtle_env(
+            **project.env, PYTHONPATH=str(project.root) + os.pathsep + hurtle_env()["PYTHONPATH"]
+        ),
     )
     supervisor.install_signal_handlers()
     assert _run_with_a_guard(supervisor) == 0
@@ -173,8 +190,12 @@ def test_sigterm_during_the_restart_of_a_process_stops_the_new_process(
 ) -> None:
     project.send_many("w.nap", [(i, 60.0) for i in range(2)])
     supervisor = _SignalledWhileSpawning(
-        3, ["worker", "tasks:app"], 2, env=hurtle_env(**project.env, PYTHONPATH=str(
-            project.root) + os.pathsep + hurtle_env()["PYTHONPATH"]),
+        3,
+        ["worker", "tasks:app"],
+        2,
+        env=hurtle_env(
+            **project.env, PYTHONPATH=str(project.root) + os.pathsep + hurtle_env()["PYTHONPATH"]
+        ),
     )
     supervisor.install_signal_handlers()
 

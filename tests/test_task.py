@@ -62,7 +62,10 @@ def test_send_many_publishes_every_call_in_one_batch_in_order(app: Hurtle) -> No
     got = _ready(app)
     assert [m.id for m in got] == ids
     assert [(m.args, m.kwargs) for m in got] == [
-        ((1, 2), {}), ((3,), {}), ((), {"k": 4}), ((5,), {"k": 6})
+        ((1, 2), {}),
+        ((3,), {}),
+        ((), {"k": 4}),
+        ((5,), {"k": 6}),
     ]
 
 
@@ -161,8 +164,7 @@ def test_two_apps_in_one_process_do_not_share_tasks_or_brokers() -> None:
     assert a.broker.stats(["default"])["default"].ready == 1
 
 
-def test_settings_come_from_hurtle_environment_variables(monkeypatch: pytest.MonkeyPatch
-                                                         ) -> None:
+def test_settings_come_from_hurtle_environment_variables(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HURTLE_BROKER_URL", "memory://")
     monkeypatch.setenv("HURTLE_HEARTBEAT_TIMEOUT", "7.5")
     app = Hurtle()

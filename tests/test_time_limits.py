@@ -101,15 +101,15 @@ def test_overrunning_task_is_stopped_retried_then_dead_lettered_in_a_real_worker
     project.send_many("w.limited", [("slow", 60.0), ("fast", 0.01)])
     if pool == "asyncio":
         project.send_many("w.alimited", [("aslow", 60.0)])
-    result = project.hurtle("worker", "tasks:app", "--pool", pool, "--concurrency", "4",
-                            "--burst", timeout=60)
+    result = project.hurtle(
+        "worker", "tasks:app", "--pool", pool, "--concurrency", "4", "--burst", timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert project.lines("start").count("slow") == 2  # the first attempt and one retry
     assert sorted(project.lines("done")) == ["fast"]
     dead = project.app.broker.dead_letters("default")
     assert len(dead) == (2 if pool == "asyncio" else 1)
-    assert all("TimeLimitExceeded" in d.reason and "time limit of 0.5s" in d.reason
-               for d in dead)
+    assert all("TimeLimitExceeded" in d.reason and "time limit of 0.5s" in d.reason for d in dead)
 
 
 def test_solo_on_the_main_thread_interrupts_an_inline_overrun_with_no_timer_per_task(
@@ -176,14 +176,14 @@ def test_solo_stops_a_task_registered_after_the_worker_started_at_its_limit(
     app.worker(burst=True).run()
     dead = app.broker.dead_letters("default")
     assert len(dead) == 2
-    assert all("TimeLimitExceeded" in d.reason and "time limit of 0.2s" in d.reason
-               for d in dead)
+    assert all("TimeLimitExceeded" in d.reason and "time limit of 0.2s" in d.reason for d in dead)
 
 
 def test_solo_passes_an_alarm_it_did_not_send_to_the_handler_it_replaced(app: Hurtle) -> None:
     got: list[int] = []
     previous = signal.signal(signal.SIGALRM, lambda signum, frame: got.append(signum))
     try:
+
         @app.task(name="t.alarm", time_limit=30)
         def alarm() -> None:
             signal.pthread_kill(threading.get_ident(), signal.SIGALRM)

@@ -30,8 +30,9 @@ def test_burst_worker_runs_every_task_then_exits(app: Hurtle) -> None:
     worker = app.worker(burst=True)
     worker.run()
     assert sorted(seen) == list(range(2500))
-    assert app.broker.stats(["default"])["default"] == type(
-        app.broker.stats(["default"])["default"])()
+    assert (
+        app.broker.stats(["default"])["default"] == type(app.broker.stats(["default"])["default"])()
+    )
 
 
 def test_worker_without_queues_consumes_every_queue_its_tasks_name(app: Hurtle) -> None:

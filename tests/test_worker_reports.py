@@ -51,8 +51,11 @@ def test_a_mixed_batch_is_counted_per_queue_and_task() -> None:
         return Delivery(queue, app.tasks[task].message(args, {}).encode(), 0)
 
     batch = [
-        delivery("a", "add", (1, 2)), delivery("a", "add", (1, 2)),
-        delivery("b", "add", (1, 2)), delivery("a", "boom"), delivery("a", "add", (1, 2)),
+        delivery("a", "add", (1, 2)),
+        delivery("a", "add", (1, 2)),
+        delivery("b", "add", (1, 2)),
+        delivery("a", "boom"),
+        delivery("a", "add", (1, 2)),
         Delivery("a", b"\xffnot a message", 0),
     ]
     acker = _Acker()

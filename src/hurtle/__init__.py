@@ -1,14 +1,14 @@
 """hurtle: a fast distributed task queue that keeps its promises.
 
-    from hurtle import Hurtle
+from hurtle import Hurtle
 
-    app = Hurtle()          # HURTLE_BROKER_URL, else the embedded sqlite:///hurtle.db
+app = Hurtle()          # HURTLE_BROKER_URL, else the embedded sqlite:///hurtle.db
 
-    @app.task(retries=3)
-    def add(x, y):
-        return x + y
+@app.task(retries=3)
+def add(x, y):
+    return x + y
 
-    add.send(5, 6)
+add.send(5, 6)
 """
 
 from .app import Hurtle

@@ -302,7 +302,13 @@ class Hurtle:
                     "with @app.task first (as decorators, @app.periodic goes above @app.task)"
                 )
             schedule = make_schedule(
-                t, name=name, cron=cron, every=every, tz=tz, args=args, kwargs=kwargs,
+                t,
+                name=name,
+                cron=cron,
+                every=every,
+                tz=tz,
+                args=args,
+                kwargs=kwargs,
                 catch_up=catch_up,
             )
             if schedule.name in self.schedules:
@@ -350,8 +356,9 @@ class Hurtle:
     def _channel_url(self) -> str:
         return self._channel_broker_url or self.settings.broker_url
 
-    def channel(self, name: str, *, buffer: int | None = None,
-                flush_interval: float | None = None) -> Channel:
+    def channel(
+        self, name: str, *, buffer: int | None = None, flush_interval: float | None = None
+    ) -> Channel:
         """The channel ``name``: buffered by default (1,000 messages or 5 ms); ``buffer=0``
         sends each ``publish`` at once."""
         from .channels import DEFAULT_BUFFER, DEFAULT_FLUSH_INTERVAL
@@ -366,8 +373,9 @@ class Hurtle:
         """A subscription to channels and glob patterns (``"prices.*"``)."""
         return self._channels.subscribe(names, on_loss=on_loss)
 
-    def subscribe_async(self, *names: str,
-                        on_loss: LossCallback | None = None) -> AsyncSubscription:
+    def subscribe_async(
+        self, *names: str, on_loss: LossCallback | None = None
+    ) -> AsyncSubscription:
         """The same for asyncio: ``async for msg in app.subscribe_async("prices.*")``."""
         return self._channels.subscribe_async(names, on_loss=on_loss)
 

@@ -165,8 +165,7 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
             value: R = record.value
             return value
         name = self.task.name if self.task is not None else "?"
-        raise TaskFailed(self.id, name, record.error_type, record.error_message,
-                         record.traceback)
+        raise TaskFailed(self.id, name, record.error_type, record.error_message, record.traceback)
 
     def _timeout(self, timeout: float) -> ResultTimeout:
         try:

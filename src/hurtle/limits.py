@@ -42,8 +42,16 @@ def parse_rate(task: str, text: object) -> tuple[int, float]:
 class Limits:
     """The checked limit and uniqueness options of one task (``task.limits``)."""
 
-    __slots__ = ("concurrency", "concurrency_key", "name", "rate", "rate_key", "rate_text",
-                 "unique_for", "unique_key")
+    __slots__ = (
+        "concurrency",
+        "concurrency_key",
+        "name",
+        "rate",
+        "rate_key",
+        "rate_text",
+        "unique_for",
+        "unique_key",
+    )
 
     def __init__(
         self,
@@ -59,10 +67,12 @@ class Limits:
         self.name = name
         self.rate_text = rate_limit
         self.rate = None if rate_limit is None else parse_rate(name, rate_limit)
-        self.rate_key = _key_function(name, "rate_limit_key", rate_limit_key, "rate_limit",
-                                      rate_limit)
+        self.rate_key = _key_function(
+            name, "rate_limit_key", rate_limit_key, "rate_limit", rate_limit
+        )
         if concurrency_limit is not None and (
-            not isinstance(concurrency_limit, int) or isinstance(concurrency_limit, bool)
+            not isinstance(concurrency_limit, int)
+            or isinstance(concurrency_limit, bool)
             or concurrency_limit < 1
         ):
             raise ConfigurationError(
@@ -70,19 +80,21 @@ class Limits:
                 f"{concurrency_limit!r}"
             )
         self.concurrency = concurrency_limit
-        self.concurrency_key = _key_function(name, "concurrency_key", concurrency_key,
-                                             "concurrency_limit", concurrency_limit)
+        self.concurrency_key = _key_function(
+            name, "concurrency_key", concurrency_key, "concurrency_limit", concurrency_limit
+        )
         if unique_for is not None and (
-            not isinstance(unique_for, int | float) or isinstance(unique_for, bool)
-            or not math.isfinite(unique_for) or unique_for <= 0
+            not isinstance(unique_for, int | float)
+            or isinstance(unique_for, bool)
+            or not math.isfinite(unique_for)
+            or unique_for <= 0
         ):
             raise ConfigurationError(
                 f"task {name!r}: unique_for must be a finite number of seconds > 0 (how long a "
                 f"lock may be held at most), got {unique_for!r}"
             )
         self.unique_for = None if unique_for is None else float(unique_for)
-        self.unique_key = _key_function(name, "unique_key", unique_key, "unique_for",
-                                        unique_for)
+        self.unique_key = _key_function(name, "unique_key", unique_key, "unique_for", unique_for)
 
     def rate_key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The broker key of this call's rate limit."""
@@ -109,8 +121,9 @@ class Limits:
 _encode = msgspec.msgpack.Encoder().encode
 
 
-def _key_function(task: str, what: str, fn: object, needs: str, given: object
-                  ) -> KeyFunction | None:
+def _key_function(
+    task: str, what: str, fn: object, needs: str, given: object
+) -> KeyFunction | None:
     if fn is None:
         return None
     if not callable(fn):

@@ -176,8 +176,7 @@ def check_messages(messages: Sequence[Message]) -> None:
         problem = message_problem(m)
         if problem is not None:
             raise EncodeError(
-                f"cannot publish message {m.id} of task {m.task!r}: {problem}; "
-                "nothing was enqueued"
+                f"cannot publish message {m.id} of task {m.task!r}: {problem}; nothing was enqueued"
             )
 
 
@@ -220,8 +219,10 @@ def _invalid_field(raw: bytes, err: msgspec.ValidationError) -> str:
     if name == "priority":
         problem = priority_problem(value)
     elif name == "attempt":
-        problem = None if isinstance(value, int) and value >= 0 else (
-            f"attempt {value!r} is not an int >= 0"
+        problem = (
+            None
+            if isinstance(value, int) and value >= 0
+            else (f"attempt {value!r} is not an int >= 0")
         )
     elif name in ("eta", "created"):
         problem = seconds_problem(value, name, "a Unix time in seconds")

@@ -96,7 +96,8 @@ class Schedule:
     def message(self, tick: float) -> Message:
         """The message of ``tick``: the task's call, with the schedule and tick in its headers."""
         return self.task.message(
-            self.args, dict(self.kwargs),
+            self.args,
+            dict(self.kwargs),
             SendOptions(headers={SCHEDULE_HEADER: self.name, TICK_HEADER: tick}),
         )
 
@@ -150,8 +151,14 @@ def make_schedule(
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise ConfigurationError(f"{where}: kwargs must be a dict, got {kwargs!r}")
     schedule = Schedule(
-        name=label, task=task, cron=cron, every=every, tz=zone, args=tuple(args),
-        kwargs=dict(kwargs or {}), catch_up=catch_up,
+        name=label,
+        task=task,
+        cron=cron,
+        every=every,
+        tz=zone,
+        args=tuple(args),
+        kwargs=dict(kwargs or {}),
+        catch_up=catch_up,
     )
     # Arguments that do not fit the task, or cannot be encoded, fail now rather than each tick.
     problem = task.unfit(schedule.args, schedule.kwargs)
@@ -182,8 +189,7 @@ def _zone(where: str, tz: str | tzinfo | None) -> tzinfo:
 
 def _check_cron(where: str, cron: object, zone: tzinfo) -> None:
     if not isinstance(cron, str):
-        raise ConfigurationError(f"{where}: cron must be a str such as '*/5 * * * *', got "
-                                 f"{cron!r}")
+        raise ConfigurationError(f"{where}: cron must be a str such as '*/5 * * * *', got {cron!r}")
     try:
         next(CronSim(cron, datetime.now(zone)))
     except (CronSimError, ValueError) as err:

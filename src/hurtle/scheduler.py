@@ -51,10 +51,13 @@ class Scheduler:
         if not self.schedules:
             return
         self.begin(time.time())
-        log.info("scheduler: %s", "; ".join(
-            f"{s.name} ({s.describe()}) next at {_when(self._next[s.name])}"
-            for s in self.schedules
-        ))
+        log.info(
+            "scheduler: %s",
+            "; ".join(
+                f"{s.name} ({s.describe()}) next at {_when(self._next[s.name])}"
+                for s in self.schedules
+            ),
+        )
         self._thread = threading.Thread(target=self._run, name="hurtle-scheduler", daemon=True)
         self._thread.start()
 
@@ -73,12 +76,17 @@ class Scheduler:
                 try:
                     last = self.app.broker.last_tick(s.queue, s.name)
                 except Exception as err:
-                    log.warning("schedule %s: cannot read its last tick (%s): not catching up",
-                                s.name, err)
+                    log.warning(
+                        "schedule %s: cannot read its last tick (%s): not catching up", s.name, err
+                    )
                     last = None
                 if last is not None and last < due:
-                    log.info("schedule %s: tick %s was missed (last run %s): running it now",
-                             s.name, _when(due), _when(last))
+                    log.info(
+                        "schedule %s: tick %s was missed (last run %s): running it now",
+                        s.name,
+                        _when(due),
+                        _when(last),
+                    )
                     self.claim(s, due)
             self._next[s.name] = s.next_after(now)
 
@@ -98,8 +106,7 @@ class Scheduler:
                 schedule.queue, schedule.name, tick, [schedule.message(tick)]
             )
         except Exception as err:  # another worker may claim it; this one carries on
-            log.warning("schedule %s: could not claim tick %s: %s", schedule.name, _when(tick),
-                        err)
+            log.warning("schedule %s: could not claim tick %s: %s", schedule.name, _when(tick), err)
             return False
         if won:
             self.claimed += 1

@@ -80,8 +80,7 @@ def _check_priority(task: str, priority: object) -> int:
     return priority  # type: ignore[return-value]
 
 
-def _check_seconds(task: str, value: object, what: str, unit: str = "a number of seconds"
-                   ) -> None:
+def _check_seconds(task: str, value: object, what: str, unit: str = "a number of seconds") -> None:
     problem = seconds_problem(value, what, unit)
     if problem is not None:
         raise ConfigurationError(f"task {task!r}: {problem}")
@@ -93,30 +92,43 @@ _MAX_SHAPES = 256
 class _Arity:
     """Which calls a function accepts, precomputed once, for a cheap check at send time."""
 
-    __slots__ = ("bare_max", "bare_min", "keywords", "max_positional", "positional",
-                 "required", "required_keywords", "required_positional_only", "shapes",
-                 "signature", "var_keyword")
+    __slots__ = (
+        "bare_max",
+        "bare_min",
+        "keywords",
+        "max_positional",
+        "positional",
+        "required",
+        "required_keywords",
+        "required_positional_only",
+        "shapes",
+        "signature",
+        "var_keyword",
+    )
 
     def __init__(self, signature: inspect.Signature) -> None:
         kinds = inspect.Parameter
         params = list(signature.parameters.values())
-        positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY,
-                                                      kinds.POSITIONAL_OR_KEYWORD)]
+        positional = [
+            p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
+        ]
         self.signature = signature
         #: names of the positional parameters, in order
         self.positional = [p.name for p in positional]
         self.required = sum(1 for p in positional if p.default is p.empty)
         #: required parameters that only a position can fill
         self.required_positional_only = sum(
-            1 for p in positional if p.default is p.empty and p.kind is kinds.POSITIONAL_ONLY)
-        self.max_positional = (
-            sys.maxsize if any(p.kind is kinds.VAR_POSITIONAL for p in params)
-            else len(positional)
+            1 for p in positional if p.default is p.empty and p.kind is kinds.POSITIONAL_ONLY
         )
-        self.keywords = frozenset(p.name for p in params if p.kind in (
-            kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY))
+        self.max_positional = (
+            sys.maxsize if any(p.kind is kinds.VAR_POSITIONAL for p in params) else len(positional)
+        )
+        self.keywords = frozenset(
+            p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
+        )
         self.required_keywords = frozenset(
-            p.name for p in params if p.kind is kinds.KEYWORD_ONLY and p.default is p.empty)
+            p.name for p in params if p.kind is kinds.KEYWORD_ONLY and p.default is p.empty
+        )
         self.var_keyword = any(p.kind is kinds.VAR_KEYWORD for p in params)
         # a call without keywords fits when bare_min <= len(args) <= bare_max
         self.bare_min = self.required
@@ -148,7 +160,7 @@ class _Arity:
                 return False
         if n < self.required and (
             n < self.required_positional_only
-            or any(name not in kwargs for name in self.positional[n:self.required])
+            or any(name not in kwargs for name in self.positional[n : self.required])
         ):
             return False
         return self.required_keywords.issubset(kwargs)
@@ -163,10 +175,14 @@ class _Arity:
 
     def text(self) -> str:
         """The signature without annotations: ``(x, y=0, *, z)``."""
-        return str(self.signature.replace(
-            parameters=[p.replace(annotation=p.empty) for p in self.signature.parameters.values()],
-            return_annotation=inspect.Signature.empty,
-        ))
+        return str(
+            self.signature.replace(
+                parameters=[
+                    p.replace(annotation=p.empty) for p in self.signature.parameters.values()
+                ],
+                return_annotation=inspect.Signature.empty,
+            )
+        )
 
 
 def _arity_of(fn: Callable[..., Any]) -> _Arity | None:
@@ -225,9 +241,13 @@ class Task(Generic[P, R]):
         self.store_result = store_result
         self.result_ttl = float(result_ttl)
         limits = Limits(
-            name, rate_limit=rate_limit, rate_limit_key=rate_limit_key,
-            concurrency_limit=concurrency_limit, concurrency_key=concurrency_key,
-            unique_for=unique_for, unique_key=unique_key,
+            name,
+            rate_limit=rate_limit,
+            rate_limit_key=rate_limit_key,
+            concurrency_limit=concurrency_limit,
+            concurrency_key=concurrency_key,
+            unique_for=unique_for,
+            unique_key=unique_key,
         )
         #: Rate, concurrency and uniqueness options, or None when the task uses none.
         self.limits: Limits | None = (
@@ -257,8 +277,15 @@ class Task(Generic[P, R]):
         now = time.time()
         queue, priority, eta, headers = self._resolve(options, now)
         return Message(
-            id=new_id(), task=self.name, queue=queue, args=args, kwargs=kwargs,
-            priority=priority, eta=eta, created=now, headers=headers,
+            id=new_id(),
+            task=self.name,
+            queue=queue,
+            args=args,
+            kwargs=kwargs,
+            priority=priority,
+            eta=eta,
+            created=now,
+            headers=headers,
         )
 
     def unfit(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
@@ -306,8 +333,9 @@ class Task(Generic[P, R]):
             return Handle(_publish_unique(self, [message])[0], self.app, self)
         return Handle(self.app._publish([message]), self.app, self)
 
-    def send_many(self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
-                  ) -> list[Handle[R]]:
+    def send_many(
+        self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
+    ) -> list[Handle[R]]:
         """Enqueue many calls in one batch; returns their handles in order.
 
         Each item is a tuple (or list) of positional arguments, a dict of keyword arguments, or an
@@ -359,8 +387,9 @@ class BoundTask(Generic[P, R]):
             return Handle(_publish_unique(task, [message])[0], task.app, task)
         return Handle(task.app._publish([message]), task.app, task)
 
-    def send_many(self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
-                  ) -> list[Handle[R]]:
+    def send_many(
+        self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
+    ) -> list[Handle[R]]:
         return _send_many(self.task, calls, self.opts)
 
     def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
@@ -420,8 +449,20 @@ def _send_many(
         if unique is None:
             append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
         else:  # each names its lock
-            append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now,
-                           {**headers, "unique": unique(args, kwargs)}))
+            append(
+                Message(
+                    new_id(),
+                    name,
+                    queue,
+                    args,
+                    kwargs,
+                    0,
+                    priority,
+                    eta,
+                    now,
+                    {**headers, "unique": unique(args, kwargs)},
+                )
+            )
     app = task.app
     if messages:
         hooks = app._publish_hooks

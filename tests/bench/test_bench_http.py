@@ -47,8 +47,17 @@ def test_a_short_run_enqueues_what_it_counts(tmp_path: Path) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed")
     pytest.importorskip("uvicorn", reason="the dashboard extra is not installed")
-    out = run_hurtle("bench", "http", "--duration", "1", "--connections", "20",
-                     "--json", str(tmp_path / "http.json"), timeout=120)
+    out = run_hurtle(
+        "bench",
+        "http",
+        "--duration",
+        "1",
+        "--connections",
+        "20",
+        "--json",
+        str(tmp_path / "http.json"),
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     rows = {r["name"]: r for r in json.loads((tmp_path / "http.json").read_text())["rows"]}
     enqueue = rows["hurtle-enqueue"]

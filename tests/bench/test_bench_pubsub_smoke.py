@@ -20,9 +20,27 @@ if shutil.which("redis-server") is None:
 def test_bench_pubsub_runs_the_asked_rows_and_reports_deliveries(tmp_path: Path) -> None:
     out = tmp_path / "pubsub.json"
     result = subprocess.run(
-        [sys.executable, "-m", "hurtle", "bench", "pubsub", "--pairs", "1", "--duration", "1",
-         "--channels", "5", "--only", "hurtle-buffered,redis-publish", "--json", str(out)],
-        capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "hurtle",
+            "bench",
+            "pubsub",
+            "--pairs",
+            "1",
+            "--duration",
+            "1",
+            "--channels",
+            "5",
+            "--only",
+            "hurtle-buffered,redis-publish",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
@@ -41,7 +59,10 @@ def test_bench_pubsub_runs_the_asked_rows_and_reports_deliveries(tmp_path: Path)
 def test_bench_pubsub_names_the_rows_it_knows_when_given_an_unknown_one() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "hurtle", "bench", "pubsub", "--only", "no-such-row"],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert result.returncode == 2
     assert "no-such-row" in result.stderr and "hurtle-buffered" in result.stderr

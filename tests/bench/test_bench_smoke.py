@@ -20,9 +20,23 @@ if shutil.which("redis-server") is None:
 def test_bench_tasks_runs_the_asked_rows_and_counts_every_task(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = subprocess.run(
-        [sys.executable, "-m", "hurtle", "bench", "tasks", "--count", "2000",
-         "--only", "raw-batch,hurtle-redis-solo", "--json", str(out)],
-        capture_output=True, text=True, timeout=90, check=False,
+        [
+            sys.executable,
+            "-m",
+            "hurtle",
+            "bench",
+            "tasks",
+            "--count",
+            "2000",
+            "--only",
+            "raw-batch,hurtle-redis-solo",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
@@ -41,7 +55,10 @@ def test_bench_tasks_runs_the_asked_rows_and_counts_every_task(tmp_path: Path) -
 def test_bench_tasks_names_the_rows_it_knows_when_given_an_unknown_one() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "hurtle", "bench", "tasks", "--only", "no-such-row"],
-        capture_output=True, text=True, timeout=30, check=False,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
     )
     assert result.returncode == 2
     assert "no-such-row" in result.stderr and "hurtle-redis-solo" in result.stderr

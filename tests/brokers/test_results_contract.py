@@ -250,6 +250,7 @@ def test_app_store_results_applies_to_every_task_and_result_ttl_to_its_records(
 ) -> None:
     app = Hurtle(broker_url, store_results=True, result_ttl=2.0)
     try:
+
         @app.task
         def one() -> int:
             return 1

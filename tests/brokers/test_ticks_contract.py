@@ -21,8 +21,13 @@ MakeBroker = Callable[..., Broker]
 
 
 def tick_msg(tick: float, queue: str = "q", **fields: object) -> Message:
-    return Message(id=new_id(), task="tests.tick", queue=queue,  # type: ignore[arg-type]
-                   headers={"tick": tick}, **fields)
+    return Message(
+        id=new_id(),
+        task="tests.tick",
+        queue=queue,  # type: ignore[arg-type]
+        headers={"tick": tick},
+        **fields,
+    )
 
 
 def drain(consumer: Consumer) -> list[Delivery]:

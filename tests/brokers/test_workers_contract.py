@@ -32,7 +32,10 @@ def test_a_heartbeat_stores_the_workers_report(broker: Broker) -> None:
 
     (report,) = broker.workers()
     assert (report.id, report.pool, report.concurrency, report.queues) == (
-        "w1", "threads", 4, ("q",)
+        "w1",
+        "threads",
+        4,
+        ("q",),
     )
     assert report.deadline > time.time()
     assert report.counts == (TaskCounts("q", "add", processed=5, failed=1),)

@@ -97,7 +97,10 @@ def test_patterns_receive_matching_channels_only(app: Hurtle) -> None:
         got += take(sub, 1)
     assert sorted(m.data for m in got) == ["last", "news", "prices.a", "prices.b"]
     assert {m.channel: m.data for m in got if m.data != "last"} == {
-        "prices.a": "prices.a", "prices.b": "prices.b", "news": "news"}
+        "prices.a": "prices.a",
+        "prices.b": "prices.b",
+        "news": "news",
+    }
 
 
 def test_every_subscriber_receives_every_message(app: Hurtle) -> None:
@@ -109,8 +112,9 @@ def test_every_subscriber_receives_every_message(app: Hurtle) -> None:
         assert [m.data for m in take(two, 50)] == list(range(50))
 
 
-def test_a_gap_is_counted_logged_and_reported(app: Hurtle,
-                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_a_gap_is_counted_logged_and_reported(
+    app: Hurtle, caplog: pytest.LogCaptureFixture
+) -> None:
     losses: list[tuple[str, int]] = []
     ch = app.channel("gappy", flush_interval=3600)
     with ch.subscribe(on_loss=lambda channel, n: losses.append((channel, n))) as sub:

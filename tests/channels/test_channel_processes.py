@@ -40,8 +40,12 @@ def test_messages_from_other_processes_arrive_and_exit_flushes_them(shared_url: 
     try:
         with app.subscribe("procs") as sub:
             procs = [
-                subprocess.Popen([sys.executable, "-c", PUBLISHER, shared_url, "1500"],
-                                 env=hurtle_env(), stdout=subprocess.PIPE, text=True)
+                subprocess.Popen(
+                    [sys.executable, "-c", PUBLISHER, shared_url, "1500"],
+                    env=hurtle_env(),
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
                 for _ in range(2)
             ]
             got: list[int] = []

@@ -25,8 +25,9 @@ def overflow_subscribers(client: redis.Redis, send: Send) -> None:
     send(20_000, "x" * 100)
 
 
-@pytest.mark.parametrize("cut", [kill_subscribers, overflow_subscribers],
-                         ids=["client-kill", "output-buffer-limit"])
+@pytest.mark.parametrize(
+    "cut", [kill_subscribers, overflow_subscribers], ids=["client-kill", "output-buffer-limit"]
+)
 def test_a_cut_subscriber_reconnects_and_counts_the_loss(
     make_redis_server: Callable[[], object], cut: Callable[[redis.Redis, Send], None]
 ) -> None:

@@ -27,10 +27,15 @@ pytest.importorskip("starlette", reason="the dashboard extra is not installed")
 
 from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
-TASKS = '''
+TASKS = """
 import os
 import time
 
@@ -50,7 +55,7 @@ def fragile(n):
         raise RuntimeError("the fix is not deployed yet")
     with open(os.environ["RUNS_LOG"], "a") as f:
         f.write(f"fragile {n}\\n")
-'''
+"""
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -143,12 +148,19 @@ def test_the_throughput_chart_moves_while_a_worker_runs_tasks(
 
     busy = wait_for(lambda: [p for p in points(page) if p["processed"] > 0], what="throughput")
     seen = page.evaluate("window.hurtleChart.received")
-    wait_for(lambda: page.evaluate("window.hurtleChart.received") >= seen + 2,
-             what="the chart to get new points")
+    wait_for(
+        lambda: page.evaluate("window.hurtleChart.received") >= seen + 2,
+        what="the chart to get new points",
+    )
     assert busy[-1]["processed"] > 0
     assert page.inner_text("#workers-alive") == "1"
-    wait_for(lambda: page.inner_text("#total-processed").replace(",", "").isdigit()
-             and page.inner_text("#total-processed") != "0", what="totals")
+    wait_for(
+        lambda: (
+            page.inner_text("#total-processed").replace(",", "").isdigit()
+            and page.inner_text("#total-processed") != "0"
+        ),
+        what="totals",
+    )
 
     page.screenshot(path=str(tmp_path / "overview.png"))
     if target := os.environ.get("HURTLE_DASHBOARD_SCREENSHOT"):  # a fuller chart
@@ -165,12 +177,15 @@ def test_retrying_a_dead_letter_from_the_page_puts_it_back_and_it_runs(
     project: Project, server: str, page: Page, worker: subprocess.Popen[str], tmp_path: Path
 ) -> None:
     project.send("fragile", 7)
-    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 1,
-             what="a dead letter")
+    wait_for(
+        lambda: project.app.broker.stats(["default"])["default"].dead == 1, what="a dead letter"
+    )
 
     page.goto(server + "/#/dead")
-    button = wait_for(lambda: page.query_selector("#dead-table button.retry-one"),
-                      what="the dead letter on the page")
+    button = wait_for(
+        lambda: page.query_selector("#dead-table button.retry-one"),
+        what="the dead letter on the page",
+    )
     text = page.inner_text("#dead-table")
     assert "fragile" in text and "RuntimeError: the fix is not deployed yet" in text
     page.click("#dead-table summary")
@@ -180,21 +195,26 @@ def test_retrying_a_dead_letter_from_the_page_puts_it_back_and_it_runs(
     (tmp_path / "fixed").touch()  # the fix is deployed
     button.click()
     wait_for(lambda: "fragile 7" in project.runs(), what="the retried task to run")
-    wait_for(lambda: page.query_selector("#dead-table button.retry-one") is None,
-             what="the page to drop the retried dead letter")
+    wait_for(
+        lambda: page.query_selector("#dead-table button.retry-one") is None,
+        what="the page to drop the retried dead letter",
+    )
     assert project.app.broker.stats(["default"])["default"].dead == 0
 
 
 def test_purging_a_queues_dead_letters_from_the_page_asks_first(
-    project: Project, server: str, page: Page, worker: subprocess.Popen[str],
+    project: Project,
+    server: str,
+    page: Page,
+    worker: subprocess.Popen[str],
     dialogs: list[str],
 ) -> None:
     project.send_many("fragile", [(1,), (2,)])
-    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 2,
-             what="two dead letters")
+    wait_for(
+        lambda: project.app.broker.stats(["default"])["default"].dead == 2, what="two dead letters"
+    )
     page.goto(server + "/#/queues")
     wait_for(lambda: "2" in page.inner_text("#queue-table"), what="the queue's dead count")
     page.click("#queue-table button[data-queue=default]")
-    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 0,
-             what="the purge")
+    wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 0, what="the purge")
     assert len(dialogs) == 1 and "Delete all 2 dead letters of queue default" in dialogs[0]

@@ -20,8 +20,15 @@ TASKS = "from hurtle import Hurtle\napp = Hurtle()\n"
 
 def test_an_off_loopback_start_without_a_token_is_refused(tmp_path: Path) -> None:
     project = Project(tmp_path, TASKS, [])
-    out = project.hurtle("dashboard", "tasks:app", "--host", "0.0.0.0",
-                         "--port", str(free_port()), HURTLE_DASHBOARD_TOKEN="")
+    out = project.hurtle(
+        "dashboard",
+        "tasks:app",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(free_port()),
+        HURTLE_DASHBOARD_TOKEN="",
+    )
     assert out.returncode == 2
     assert "refusing to serve the dashboard on '0.0.0.0' without an access token" in out.stderr
     assert "HURTLE_DASHBOARD_TOKEN" in out.stderr
@@ -41,8 +48,15 @@ def _get(url: str, token: str | None = None) -> int:
 def test_with_a_token_it_serves_off_loopback_and_asks_for_the_token(tmp_path: Path) -> None:
     project = Project(tmp_path, TASKS, [])
     port = free_port()
-    proc = project.popen("dashboard", "tasks:app", "--host", "0.0.0.0", "--port", str(port),
-                         HURTLE_DASHBOARD_TOKEN="tok-123")
+    proc = project.popen(
+        "dashboard",
+        "tasks:app",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        HURTLE_DASHBOARD_TOKEN="tok-123",
+    )
     try:
         deadline = time.monotonic() + 30
         while proc.poll() is None and time.monotonic() < deadline:

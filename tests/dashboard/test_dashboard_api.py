@@ -70,8 +70,10 @@ def run_worker(app: Hurtle, until: Callable[[], bool]) -> None:
 def test_enqueue_answers_with_ids_and_the_messages_run(app: Hurtle, client: TestClient) -> None:
     one = client.post("/api/queues/math/messages", json={"task": "add", "args": [5, 6]})
     assert one.status_code == 201, one.text
-    many = client.post("/api/queues/math/messages",
-                       json=[{"task": "add", "args": [1, 2]}, {"task": "add", "args": [3, 4]}])
+    many = client.post(
+        "/api/queues/math/messages",
+        json=[{"task": "add", "args": [1, 2]}, {"task": "add", "args": [3, 4]}],
+    )
     assert many.status_code == 201
     ids = [one.json()["id"], *many.json()["ids"]]
     assert len(set(ids)) == 3
@@ -79,8 +81,14 @@ def test_enqueue_answers_with_ids_and_the_messages_run(app: Hurtle, client: Test
 
     run_worker(app, lambda: sum(r.total("processed") for r in app.broker.workers()) >= 3)
     assert client.get("/api/tasks").json() == [
-        {"queue": "math", "task": "add", "processed": 3, "failed": 0, "retried": 0,
-         "dead_lettered": 0},
+        {
+            "queue": "math",
+            "task": "add",
+            "processed": 3,
+            "failed": 0,
+            "retried": 0,
+            "dead_lettered": 0,
+        },
     ]
 
 
@@ -98,8 +106,9 @@ def test_enqueue_answers_with_ids_and_the_messages_run(app: Hurtle, client: Test
 def test_enqueue_refuses_bad_input_with_a_clear_message(
     app: Hurtle, client: TestClient, body: bytes, needle: str
 ) -> None:
-    r = client.post("/api/queues/math/messages", content=body,
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/api/queues/math/messages", content=body, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400
     assert needle in r.json()["error"]
     assert app.broker.stats(["math"])["math"].ready == 0
@@ -109,10 +118,12 @@ def test_concurrent_enqueues_share_one_broker_call(app: Hurtle) -> None:
     batcher = Batcher(app.broker, window=0.05)
 
     async def main() -> None:
-        await asyncio.gather(*(
-            batcher.publish([Message(id=f"m{i}", task="add", queue="math", args=(i, i))])
-            for i in range(50)
-        ))
+        await asyncio.gather(
+            *(
+                batcher.publish([Message(id=f"m{i}", task="add", queue="math", args=(i, i))])
+                for i in range(50)
+            )
+        )
 
     asyncio.run(main())
     assert (batcher.calls, batcher.published) == (1, 50)
@@ -129,10 +140,12 @@ def test_dead_letters_list_retry_and_delete(app: Hurtle, client: TestClient) -> 
     assert first["task"] == "boom" and first["attempts"] == 1
     assert "no retries left" in first["reason"] and "ValueError: it broke" in first["traceback"]
 
-    assert client.post("/api/queues/math/dead/retry", json={"ids": [first["id"]]}
-                       ).json() == {"retried": 1}
-    assert client.post("/api/queues/math/dead/delete", json={"ids": [rows[1]["id"]]}
-                       ).json() == {"deleted": 1}
+    assert client.post("/api/queues/math/dead/retry", json={"ids": [first["id"]]}).json() == {
+        "retried": 1
+    }
+    assert client.post("/api/queues/math/dead/delete", json={"ids": [rows[1]["id"]]}).json() == {
+        "deleted": 1
+    }
     stats = app.broker.stats(["math"])["math"]
     assert (stats.ready, stats.dead) == (1, 1)
     assert client.post("/api/queues/math/dead/retry", json={"everything": 1}).status_code == 400
@@ -147,15 +160,17 @@ def test_overview_workers_and_metrics_show_what_workers_report(
     worker = app.worker(queues=["math"], pool="threads", concurrency=2)
     thread = worker.run_in_thread()
     try:
-        workers = wait_for(lambda: [w for w in client.get("/api/workers").json()
-                                    if w["processed"] == 6])
+        workers = wait_for(
+            lambda: [w for w in client.get("/api/workers").json() if w["processed"] == 6]
+        )
         assert (workers[0]["pool"], workers[0]["concurrency"], workers[0]["failed"]) == (
-            "threads", 2, 1
+            "threads",
+            2,
+            1,
         )
         overview = client.get("/api/overview").json()
         assert overview["workers_alive"] == 1
-        assert overview["totals"] == {"processed": 6, "failed": 1, "retried": 0,
-                                      "dead_lettered": 1}
+        assert overview["totals"] == {"processed": 6, "failed": 1, "retried": 0, "dead_lettered": 1}
         metrics = client.get("/metrics").text
     finally:
         worker.stop()
@@ -179,9 +194,7 @@ def test_the_throughput_stream_sends_points(client: TestClient) -> None:
 def test_every_route_is_in_the_openapi_document(app: Hurtle, client: TestClient) -> None:
     doc = client.get("/api/openapi.json").json()
     assert doc == json.loads(json.dumps(OPENAPI))
-    routes = {
-        r.path for r in create_app(app, token="").routes if r.path.startswith("/api/")
-    }
+    routes = {r.path for r in create_app(app, token="").routes if r.path.startswith("/api/")}
     assert routes - {"/api/openapi.json"} == set(doc["paths"])
 
 
@@ -193,8 +206,7 @@ def test_with_a_token_a_request_without_it_gets_401(app: Hurtle) -> None:
         assert c.get("/api/queues").status_code == 401
         assert c.get("/metrics").status_code == 401
         assert c.post("/api/queues/math/messages", json={"task": "add"}).status_code == 401
-        assert c.get("/api/queues", headers={"authorization": "Bearer wrong"}
-                     ).status_code == 401
+        assert c.get("/api/queues", headers={"authorization": "Bearer wrong"}).status_code == 401
         page = c.get("/", follow_redirects=False)
         assert (page.status_code, page.headers["location"]) == (303, "/login")
         ok = c.get("/api/queues", headers={"authorization": f"Bearer {TOKEN}"})
@@ -208,8 +220,9 @@ def test_a_login_sets_an_httponly_session_and_changes_need_the_csrf_token(app: H
         assert "hurtle_session" not in bad.headers.get("set-cookie", "")
         r = c.post("/login", data={"token": TOKEN}, follow_redirects=False)
         assert r.status_code == 303
-        session = next(h for h in r.headers.get_list("set-cookie")
-                       if h.startswith("hurtle_session="))
+        session = next(
+            h for h in r.headers.get_list("set-cookie") if h.startswith("hurtle_session=")
+        )
         assert "HttpOnly" in session and TOKEN not in session
         assert c.get("/api/queues").status_code == 200  # the cookie authenticates reads
 
@@ -222,8 +235,11 @@ def test_a_login_sets_an_httponly_session_and_changes_need_the_csrf_token(app: H
 
 
 def test_a_cross_site_change_is_refused(app: Hurtle, client: TestClient) -> None:
-    r = client.post("/api/queues/math/messages", json={"task": "add"},
-                    headers={"origin": "https://evil.example"})
+    r = client.post(
+        "/api/queues/math/messages",
+        json={"task": "add"},
+        headers={"origin": "https://evil.example"},
+    )
     assert r.status_code == 403
     assert app.broker.stats(["math"])["math"].ready == 0
 
@@ -234,12 +250,12 @@ def test_answers_match_the_openapi_document(app: Hurtle, client: TestClient) -> 
 
     def check(path: str, method: str, status: int, body: Any) -> None:
         schema = doc["paths"][path][method]["responses"][str(status)]["content"][
-            "application/json"]["schema"]
+            "application/json"
+        ]["schema"]
         jsonschema.validate(body, {**schema, "components": doc["components"]})
 
     def check_request(path: str, body: Any) -> None:
-        schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"][
-            "schema"]
+        schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         jsonschema.validate(body, {**schema, "components": doc["components"]})
 
     enqueue = [{"task": "add", "args": [1, 2]}, {"task": "boom", "kwargs": {}}]
@@ -254,8 +270,13 @@ def test_answers_match_the_openapi_document(app: Hurtle, client: TestClient) -> 
     thread = worker.run_in_thread()
     try:
         wait_for(lambda: client.get("/api/workers").json())
-        for path in ("/api/overview", "/api/throughput", "/api/queues", "/api/tasks",
-                     "/api/workers"):
+        for path in (
+            "/api/overview",
+            "/api/throughput",
+            "/api/queues",
+            "/api/tasks",
+            "/api/workers",
+        ):
             r = client.get(path)
             check(path, "get", r.status_code, r.json())
     finally:
@@ -279,11 +300,22 @@ def test_retries_are_counted_per_task(app: Hurtle, client: TestClient) -> None:
         raise ValueError("again")
 
     flaky.send()
-    run_worker(app, lambda: app.broker.stats(["math"])["math"].dead == 1
-               and any(w.total("processed") == 2 for w in app.broker.workers()))
+    run_worker(
+        app,
+        lambda: (
+            app.broker.stats(["math"])["math"].dead == 1
+            and any(w.total("processed") == 2 for w in app.broker.workers())
+        ),
+    )
     assert client.get("/api/tasks").json() == [
-        {"queue": "math", "task": "flaky", "processed": 2, "failed": 2, "retried": 1,
-         "dead_lettered": 1},
+        {
+            "queue": "math",
+            "task": "flaky",
+            "processed": 2,
+            "failed": 2,
+            "retried": 1,
+            "dead_lettered": 1,
+        },
     ]
 
 
@@ -299,8 +331,11 @@ def test_an_enqueue_the_broker_fails_answers_503_and_names_the_failure(
 def test_an_oversized_enqueue_body_is_refused(app: Hurtle, client: TestClient) -> None:
     from hurtle.dashboard.web import MAX_BODY
 
-    r = client.post("/api/queues/math/messages", content=b"[" + b" " * MAX_BODY + b"]",
-                    headers={"content-type": "application/json"})
+    r = client.post(
+        "/api/queues/math/messages",
+        content=b"[" + b" " * MAX_BODY + b"]",
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 413
     assert app.broker.stats(["math"])["math"].ready == 0
 
@@ -318,8 +353,11 @@ def test_it_mounts_under_a_prefix_in_another_app(app: Hurtle) -> None:
         page = c.get("/ops/queues/")
         assert page.status_code == 200 and 'src="/ops/queues/static/app.js"' in page.text
         assert c.get("/ops/queues/static/app.js").status_code == 200
-        r = c.post("/ops/queues/api/queues/math/messages", json={"task": "add"},
-                   headers={"x-csrf-token": c.cookies["hurtle_csrf"]})
+        r = c.post(
+            "/ops/queues/api/queues/math/messages",
+            json={"task": "add"},
+            headers={"x-csrf-token": c.cookies["hurtle_csrf"]},
+        )
         assert r.status_code == 201, r.text
         queues = {q["name"]: q for q in c.get("/ops/queues/api/queues").json()}
         assert queues["math"]["ready"] == 1

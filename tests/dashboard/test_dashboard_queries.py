@@ -12,8 +12,15 @@ from hurtle.message import Message
 
 def report(at: float, processed: int, failed: int = 0, worker: str = "w") -> WorkerReport:
     return WorkerReport(
-        id=worker, host="h", pid=1, pool="solo", concurrency=1, queues=("q",), started_at=0.0,
-        at=at, counts=(TaskCounts("q", "t", processed=processed, failed=failed),),
+        id=worker,
+        host="h",
+        pid=1,
+        pool="solo",
+        concurrency=1,
+        queues=("q",),
+        started_at=0.0,
+        at=at,
+        counts=(TaskCounts("q", "t", processed=processed, failed=failed),),
     )
 
 
@@ -39,15 +46,21 @@ def test_a_worker_that_stops_reporting_stops_counting() -> None:
 
 def test_a_dead_letter_shows_its_reason_apart_from_its_traceback() -> None:
     raw = Message(id="m1", task="add", queue="q", args=(1, b"x"), attempt=2).encode()
-    row = dead_letter_row(DeadLetter(
-        id="d1", queue="q", raw=raw, failed_at=time.time(),
-        reason="task add failed on attempt 3 of 3; no retries left:\nTraceback...\nValueError",
-    ))
+    row = dead_letter_row(
+        DeadLetter(
+            id="d1",
+            queue="q",
+            raw=raw,
+            failed_at=time.time(),
+            reason="task add failed on attempt 3 of 3; no retries left:\nTraceback...\nValueError",
+        )
+    )
     assert row["reason"] == "task add failed on attempt 3 of 3; no retries left:"
     assert row["traceback"] == "Traceback...\nValueError"
     assert (row["message_id"], row["task"], row["attempts"]) == ("m1", "add", 3)
     assert row["args"] == [1, "eA=="]  # JSON-safe: bytes as msgspec's base64
 
-    garbage = dead_letter_row(DeadLetter(id="d2", queue="q", raw=b"\xff", reason="bad",
-                                         failed_at=0.0))
+    garbage = dead_letter_row(
+        DeadLetter(id="d2", queue="q", raw=b"\xff", reason="bad", failed_at=0.0)
+    )
     assert (garbage["task"], garbage["message_id"], garbage["size"]) == (None, None, 1)

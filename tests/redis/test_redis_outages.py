@@ -192,8 +192,11 @@ def test_a_solo_worker_rides_out_redis_restarts_and_runs_every_task(
             failures = project.output(worker).count("fetch failed")
             server.kill()
             # wait until the worker has met the dead server, then bring it back on the same port
-            project.wait_for(lambda f=failures: project.output(worker).count("fetch failed") > f
-                             or worker.poll() is not None)
+            project.wait_for(
+                lambda f=failures: (
+                    project.output(worker).count("fetch failed") > f or worker.poll() is not None
+                )
+            )
             assert worker.poll() is None, project.output(worker)
             server.start()
         assert project.stop(worker, timeout=120) == 0, project.output(worker)

@@ -15,31 +15,43 @@ from .scenario import Row
 
 def add_parser(sub: Any) -> None:
     bench: argparse.ArgumentParser = sub.add_parser(
-        "bench", help="benchmarks: hurtle against raw Redis loops and its peers",
+        "bench",
+        help="benchmarks: hurtle against raw Redis loops and its peers",
         description="Benchmarks. Each prints one line per scenario; none is part of the tests.",
     )
     kinds = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     from .scenarios import SCENARIOS
 
     tasks = kinds.add_parser(
-        "tasks", help="publish and consume N add(5, 6) tasks per system; report tasks/s",
+        "tasks",
+        help="publish and consume N add(5, 6) tasks per system; report tasks/s",
         description="Publish N calls of add(5, 6), then consume them in a worker process, for "
-                    "hurtle, the raw redis-py loops and each installed peer. Rows: "
-                    + ", ".join(s.name for s in SCENARIOS),
+        "hurtle, the raw redis-py loops and each installed peer. Rows: "
+        + ", ".join(s.name for s in SCENARIOS),
     )
-    tasks.add_argument("--count", "-n", type=int, default=100_000,
-                       help="tasks per row (default 100,000)")
-    tasks.add_argument("--redis-url", default=None,
-                       help="use this Redis instead of starting one; its database is FLUSHED "
-                            "before every row")
-    tasks.add_argument("--only", default="",
-                       help="comma-separated rows to run (default: all)")
+    tasks.add_argument(
+        "--count", "-n", type=int, default=100_000, help="tasks per row (default 100,000)"
+    )
+    tasks.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis instead of starting one; its database is FLUSHED before every row",
+    )
+    tasks.add_argument("--only", default="", help="comma-separated rows to run (default: all)")
     tasks.add_argument("--json", type=Path, default=None, help="write rows and machine here")
     tasks.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
-    tasks.add_argument("--timeout", type=float, default=900.0,
-                       help="seconds each of a row's publish and consume may take (default 900)")
-    tasks.add_argument("--workdir", type=Path, default=None,
-                       help="keep each row's logs and probe files here (default: a temp dir)")
+    tasks.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="seconds each of a row's publish and consume may take (default 900)",
+    )
+    tasks.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="keep each row's logs and probe files here (default: a temp dir)",
+    )
     tasks.set_defaults(handler=run_tasks)
     from .io import add_parser as add_io_parser  # the worker runtime's own benchmark
 
@@ -71,7 +83,8 @@ def run_tasks(args: argparse.Namespace) -> int:
     unknown = [n for n in wanted if n not in BY_NAME]
     if unknown:
         raise ConfigurationError(
-            f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(BY_NAME)}")
+            f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(BY_NAME)}"
+        )
     chosen = [BY_NAME[n] for n in wanted] if wanted else SCENARIOS
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
@@ -93,9 +106,11 @@ def run_tasks(args: argparse.Namespace) -> int:
         if server is not None:
             server.stop()
     found = [r for r in report.ratios(rows) if r.value is not None]
-    print(f"hurtle bench tasks: {args.count:,} x add(5, 6) per row; {info['cpu']}, "
-          f"{info['cores']} cores, {info['memory_gib']} GiB, Python {info['python']}, "
-          f"Redis {info['redis']}, {info['date']}")
+    print(
+        f"hurtle bench tasks: {args.count:,} x add(5, 6) per row; {info['cpu']}, "
+        f"{info['cores']} cores, {info['memory_gib']} GiB, Python {info['python']}, "
+        f"Redis {info['redis']}, {info['date']}"
+    )
     print(report.table(rows))
     if found:
         print("\nratios (same run):")
@@ -105,15 +120,23 @@ def run_tasks(args: argparse.Namespace) -> int:
     if measured:
         print("\nworker RSS (MB, whole process tree): at first task / peak / at last sample")
         for r in measured:
-            print(f"  {r.name:<22} " + " ".join(
-                "       -" if mb is None else f"{mb:8.1f}"
-                for mb in (r.rss_start_mb, r.rss_peak_mb, r.rss_end_mb)))
+            print(
+                f"  {r.name:<22} "
+                + " ".join(
+                    "       -" if mb is None else f"{mb:8.1f}"
+                    for mb in (r.rss_start_mb, r.rss_peak_mb, r.rss_end_mb)
+                )
+            )
     if args.json:
         report.write_json(args.json, info, args.count, rows, found)
         print(f"\nwrote {args.json}")
     if args.plot:
-        why = plot(rows, args.plot, f"hurtle bench tasks: {args.count:,} x add(5, 6), "
-                                    f"{info['cores']} cores, Redis {info['redis']}")
+        why = plot(
+            rows,
+            args.plot,
+            f"hurtle bench tasks: {args.count:,} x add(5, 6), "
+            f"{info['cores']} cores, Redis {info['redis']}",
+        )
         print(f"plot: {why}" if why else f"wrote {args.plot}")
     complete = all(r.skipped or r.consumed == r.count for r in rows)
     return 0 if complete else 1

@@ -33,8 +33,11 @@ ROWS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
     ("rate_limit", {"rate_limit": _RATE}, ()),
     ("unique_for", {"unique_for": _UNIQUE}, ()),
     ("time_limit", {"time_limit": 10}, ()),
-    ("all", {"store_result": True, "rate_limit": _RATE, "unique_for": _UNIQUE,
-             "time_limit": 10}, ()),
+    (
+        "all",
+        {"store_result": True, "rate_limit": _RATE, "unique_for": _UNIQUE, "time_limit": 10},
+        (),
+    ),
     ("threads-8", {}, ("--pool", "threads", "--concurrency", "8")),
 ]
 
@@ -53,30 +56,55 @@ def scenario(name: str, options: dict[str, Any], worker: tuple[str, ...]) -> Sce
     if worker:
         env["HURTLE_BENCH_PROBE_LOCK"] = "1"  # tasks count from several threads
     return Scenario(
-        name=name, system="hurtle", guarantee="acknowledged",
+        name=name,
+        system="hurtle",
+        guarantee="acknowledged",
         config=(", ".join(f"{k}={v!r}" for k, v in options.items()) or "no option")
         + (f"; {' '.join(worker)}" if worker else "; solo"),
-        publisher=(_PY, "-m", "hurtle.bench.publish",
-                   "hurtle.bench.peers.features_app:publish", "{count}"),
-        worker=(_PY, "-m", "hurtle", "--log-level", "WARNING", "worker",
-                "hurtle.bench.peers.features_app:app", *worker),
-        env=env, modules=("redis",), version_of="hurtle",
+        publisher=(
+            _PY,
+            "-m",
+            "hurtle.bench.publish",
+            "hurtle.bench.peers.features_app:publish",
+            "{count}",
+        ),
+        worker=(
+            _PY,
+            "-m",
+            "hurtle",
+            "--log-level",
+            "WARNING",
+            "worker",
+            "hurtle.bench.peers.features_app:app",
+            *worker,
+        ),
+        env=env,
+        modules=("redis",),
+        version_of="hurtle",
     )
 
 
 def add_parser(kinds: Any) -> None:
     p: argparse.ArgumentParser = kinds.add_parser(
-        "features", help="consume tasks/s with each feature on, as a ratio to none (Redis)",
+        "features",
+        help="consume tasks/s with each feature on, as a ratio to none (Redis)",
         description="Publish then consume N tasks per row on Redis: "
-                    + ", ".join(name for name, _, _ in ROWS)
-                    + ". Each row's ratio is to the bare row of the same run.",
+        + ", ".join(name for name, _, _ in ROWS)
+        + ". Each row's ratio is to the bare row of the same run.",
     )
     p.add_argument("--count", "-n", type=int, default=100_000, help="tasks per row")
-    p.add_argument("--redis-url", default=None,
-                   help="use this Redis instead of starting one; its database is FLUSHED")
+    p.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis instead of starting one; its database is FLUSHED",
+    )
     p.add_argument("--only", default="", help="comma-separated rows (bare always runs)")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="run every row this many times, in turn; report medians (default 3)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="run every row this many times, in turn; report medians (default 3)",
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per phase of a row")
     p.set_defaults(handler=run)
 
@@ -108,9 +136,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-    print(f"hurtle bench features: {args.count:,} x add(i, 6) per row on Redis "
-          f"{info['redis']}; {info['cpu']}, {info['cores']} cores, Python {info['python']}, "
-          f"{info['date']}; median of {len(rounds)} round(s)")
+    print(
+        f"hurtle bench features: {args.count:,} x add(i, 6) per row on Redis "
+        f"{info['redis']}; {info['cpu']}, {info['cores']} cores, Python {info['python']}, "
+        f"{info['date']}; median of {len(rounds)} round(s)"
+    )
     print(table(rounds))
     return 0 if all(r.skipped or r.consumed == r.count for rows in rounds for r in rows) else 1
 
@@ -119,8 +149,9 @@ def table(rounds: list[list[Row]]) -> str:
     """One line per row: the median consume rate over the rounds and its ratio to bare's."""
 
     def median(name: str) -> float | None:
-        rates = [r.consume_rate for rows in rounds for r in rows
-                 if r.name == name and r.consume_rate]
+        rates = [
+            r.consume_rate for rows in rounds for r in rows if r.name == name and r.consume_rate
+        ]
         return statistics.median(rates) if rates else None
 
     bare = median("bare")

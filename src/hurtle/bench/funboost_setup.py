@@ -28,31 +28,42 @@ def prepare(workdir: Path, redis_url: str) -> dict[str, str]:
     url = urlsplit(redis_url)
     db = (url.path or "/0").lstrip("/") or "0"
     text = _package_file("funboost", "funboost_config_deafult.py").read_text(encoding="utf8")
-    for name, value in (("REDIS_HOST", repr(url.hostname or "127.0.0.1")),
-                        ("REDIS_PORT", str(url.port or 6379)),
-                        ("REDIS_DB", db),
-                        ("REDIS_PASSWORD", repr(url.password or "")),
-                        ("SHOW_HOW_FUNBOOST_CONFIG_SETTINGS", "False"),
-                        ("FUNBOOST_PROMPT_LOG_LEVEL", "logging.WARNING")):
-        text = re.sub(rf"^(\s*{name}\s*=\s*)[^#\n]*", rf"\g<1>{value}  ", text, count=1,
-                      flags=re.MULTILINE)
+    for name, value in (
+        ("REDIS_HOST", repr(url.hostname or "127.0.0.1")),
+        ("REDIS_PORT", str(url.port or 6379)),
+        ("REDIS_DB", db),
+        ("REDIS_PASSWORD", repr(url.password or "")),
+        ("SHOW_HOW_FUNBOOST_CONFIG_SETTINGS", "False"),
+        ("FUNBOOST_PROMPT_LOG_LEVEL", "logging.WARNING"),
+    ):
+        text = re.sub(
+            rf"^(\s*{name}\s*=\s*)[^#\n]*", rf"\g<1>{value}  ", text, count=1, flags=re.MULTILINE
+        )
     (workdir / "funboost_config.py").write_text(text, encoding="utf8")
     nb_log = _package_file("nb_log", "nb_log_config_default.py")
-    (workdir / "nb_log_config.py").write_text(nb_log.read_text(encoding="utf8"),
-                                              encoding="utf8")
+    (workdir / "nb_log_config.py").write_text(nb_log.read_text(encoding="utf8"), encoding="utf8")
     path = os.environ.get("PYTHONPATH")
     return {"PYTHONPATH": f"{workdir}{os.pathsep}{path}" if path else str(workdir)}
 
 
 def _row(kind: str, name: str, guarantee: str) -> Scenario:
     return Scenario(
-        name=name, system="funboost", guarantee=guarantee,
+        name=name,
+        system="funboost",
+        guarantee=guarantee,
         config=f"broker kind {kind}, SINGLE_THREAD concurrent mode, 1 process",
-        publisher=("{python}", "-m", "hurtle.bench.publish",
-                   "hurtle.bench.peers.funboost_app:publish", "{count}"),
+        publisher=(
+            "{python}",
+            "-m",
+            "hurtle.bench.publish",
+            "hurtle.bench.peers.funboost_app:publish",
+            "{count}",
+        ),
         worker=("{python}", "-m", "hurtle.bench.peers.funboost_app"),
         env={"HURTLE_BENCH_FUNBOOST_KIND": kind},
-        modules=("funboost", "redis"), version_of="funboost", prepare=prepare,
+        modules=("funboost", "redis"),
+        version_of="funboost",
+        prepare=prepare,
     )
 
 

@@ -56,17 +56,23 @@ class HttpRow:
 
 def add_parser(kinds: Any) -> None:
     http = kinds.add_parser(
-        "http", help="wrk -c 500 against the enqueue endpoint and a plain Redis INCR app",
+        "http",
+        help="wrk -c 500 against the enqueue endpoint and a plain Redis INCR app",
         description=__doc__,
     )
-    http.add_argument("--connections", "-c", type=int, default=500,
-                      help="wrk connections (default 500)")
+    http.add_argument(
+        "--connections", "-c", type=int, default=500, help="wrk connections (default 500)"
+    )
     http.add_argument("--threads", "-t", type=int, default=2, help="wrk threads (default 2)")
-    http.add_argument("--duration", type=int, default=10,
-                      help="measured seconds per row (default 10)")
+    http.add_argument(
+        "--duration", type=int, default=10, help="measured seconds per row (default 10)"
+    )
     http.add_argument("--only", default="", help=f"comma-separated rows of {', '.join(ROWS)}")
-    http.add_argument("--redis-url", default=None,
-                      help="use this Redis instead of starting one (its database is FLUSHED)")
+    http.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis instead of starting one (its database is FLUSHED)",
+    )
     http.add_argument("--json", type=Path, default=None, help="write rows and machine here")
     http.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
     http.set_defaults(handler=run)
@@ -94,10 +100,12 @@ def parse_wrk(output: str) -> dict[str, Any]:
             out[key] = _ms(m.group(1))
     if m := re.search(r"Non-2xx or 3xx responses: (\d+)", output):
         out["non_2xx"] = int(m.group(1))
-    if m := re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
-                      output):
-        out["socket_errors"] = dict(zip(("connect", "read", "write", "timeout"),
-                                        map(int, m.groups()), strict=True))
+    if m := re.search(
+        r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", output
+    ):
+        out["socket_errors"] = dict(
+            zip(("connect", "read", "write", "timeout"), map(int, m.groups()), strict=True)
+        )
     return out
 
 
@@ -110,7 +118,8 @@ def _free_port() -> int:
 def _serve(app: str, redis_url: str, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "hurtle.bench.http_apps", app, redis_url, str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -128,12 +137,23 @@ def _serve(app: str, redis_url: str, port: int) -> subprocess.Popen[bytes]:
 
 
 def _wrk(url: str, args: argparse.Namespace, seconds: int, script: Path | None) -> str:
-    cmd = ["wrk", "-t", str(args.threads), "-c", str(args.connections), "-d", f"{seconds}s",
-           "--latency", "--timeout", "10s"]
+    cmd = [
+        "wrk",
+        "-t",
+        str(args.threads),
+        "-c",
+        str(args.connections),
+        "-d",
+        f"{seconds}s",
+        "--latency",
+        "--timeout",
+        "10s",
+    ]
     if script is not None:
         cmd += ["-s", str(script)]
-    done = subprocess.run([*cmd, url], capture_output=True, text=True, timeout=seconds + 60,
-                          check=False)
+    done = subprocess.run(
+        [*cmd, url], capture_output=True, text=True, timeout=seconds + 60, check=False
+    )
     if done.returncode != 0:
         raise ConfigurationError(f"wrk failed: {done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
@@ -172,10 +192,13 @@ def run_row(name: str, redis_url: str, args: argparse.Namespace, script: Path) -
 
 
 def table(rows: list[HttpRow]) -> str:
-    head = (f"{'row':<16} {'conns':>5} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
-            f"{'non-2xx':>8} {'sock err':>8} {'enqueued':>9}")
+    head = (
+        f"{'row':<16} {'conns':>5} {'req/s':>10} {'p50 ms':>8} {'p99 ms':>8} "
+        f"{'non-2xx':>8} {'sock err':>8} {'enqueued':>9}"
+    )
     lines = [head]
     for r in rows:
+
         def num(v: float | None) -> str:
             return "-" if v is None else f"{v:.1f}"
 
@@ -212,8 +235,9 @@ def run(args: argparse.Namespace) -> int:
     wanted = [n.strip() for n in args.only.split(",") if n.strip()] or list(ROWS)
     unknown = [n for n in wanted if n not in ROWS]
     if unknown:
-        raise ConfigurationError(f"unknown row(s) {', '.join(unknown)}: choose from "
-                                 f"{', '.join(ROWS)}")
+        raise ConfigurationError(
+            f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(ROWS)}"
+        )
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
     rows: list[HttpRow] = []
@@ -234,8 +258,9 @@ def run(args: argparse.Namespace) -> int:
         ratio = by["hurtle-enqueue"].requests_per_s / by["redis-incr"].requests_per_s
         print(f"hurtle-enqueue / redis-incr: {ratio:.2f}x requests/s")
     if args.json:
-        args.json.write_text(json.dumps(
-            {"machine": info, "rows": [dataclasses.asdict(r) for r in rows]}, indent=2))
+        args.json.write_text(
+            json.dumps({"machine": info, "rows": [dataclasses.asdict(r) for r in rows]}, indent=2)
+        )
     if args.plot and rows:
         _plot(args.plot, rows)
     return 0

@@ -36,9 +36,16 @@ def incr_app(redis_url: str) -> Any:
         await client.incr("hits")
         value = await client.get("hits")
         body = b'{"hits": ' + (value if isinstance(value, bytes) else b"0") + b"}"
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
     return app
@@ -56,8 +63,9 @@ def main(argv: list[str]) -> None:
 
     name, redis_url, port = argv
     app = {"incr": incr_app, "enqueue": enqueue_app}[name](redis_url)
-    uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", access_log=False,
-                backlog=4096)
+    uvicorn.run(
+        app, host="127.0.0.1", port=int(port), log_level="warning", access_log=False, backlog=4096
+    )
 
 
 if __name__ == "__main__":

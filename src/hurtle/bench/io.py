@@ -67,24 +67,40 @@ class IoRow:
 
 def add_parser(kinds: Any) -> None:
     io: argparse.ArgumentParser = kinds.add_parser(
-        "io", help="every worker pool at concurrency 500 on Redis I/O, sleeps and CPU work",
+        "io",
+        help="every worker pool at concurrency 500 on Redis I/O, sleeps and CPU work",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    io.add_argument("--count", "-n", type=int, default=20_000,
-                    help="tasks per row (default 20,000)")
-    io.add_argument("--concurrency", "-c", type=int, default=500,
-                    help="tasks in flight per worker process (default 500)")
-    io.add_argument("--redis-url", default=None,
-                    help="use this Redis instead of starting one; its database is FLUSHED "
-                         "before every row")
-    io.add_argument("--variants", default="io,sleep,cpu",
-                    help="comma-separated variants (default: io,sleep,cpu)")
-    io.add_argument("--pools", default=",".join(POOLS),
-                    help="comma-separated pools for io and sleep (default: all)")
+    io.add_argument(
+        "--count", "-n", type=int, default=20_000, help="tasks per row (default 20,000)"
+    )
+    io.add_argument(
+        "--concurrency",
+        "-c",
+        type=int,
+        default=500,
+        help="tasks in flight per worker process (default 500)",
+    )
+    io.add_argument(
+        "--redis-url",
+        default=None,
+        help="use this Redis instead of starting one; its database is FLUSHED before every row",
+    )
+    io.add_argument(
+        "--variants",
+        default="io,sleep,cpu",
+        help="comma-separated variants (default: io,sleep,cpu)",
+    )
+    io.add_argument(
+        "--pools",
+        default=",".join(POOLS),
+        help="comma-separated pools for io and sleep (default: all)",
+    )
     io.add_argument("--json", type=Path, default=None, help="write rows and machine here")
     io.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
-    io.add_argument("--timeout", type=float, default=600.0,
-                    help="seconds one row may take (default 600)")
+    io.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds one row may take (default 600)"
+    )
     io.set_defaults(handler=run)
 
 
@@ -105,9 +121,11 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-    print(f"hurtle bench io: {args.count:,} tasks per row, concurrency {args.concurrency} per "
-          f"process; {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, Python "
-          f"{info['python']}, Redis {info['redis']}, {info['date']}")
+    print(
+        f"hurtle bench io: {args.count:,} tasks per row, concurrency {args.concurrency} per "
+        f"process; {info['cpu']}, {info['cores']} cores, {info['memory_gib']} GiB, Python "
+        f"{info['python']}, Redis {info['redis']}, {info['date']}"
+    )
     print(table(rows))
     lines = ratios(rows)
     if lines:
@@ -115,15 +133,28 @@ def run(args: argparse.Namespace) -> int:
         for line in lines:
             print("  " + line)
     if args.json:
-        args.json.write_text(json.dumps(
-            {"machine": info, "count": args.count, "concurrency": args.concurrency,
-             "rows": [dataclasses.asdict(r) | {"rate": r.rate, "failed": r.failed}
-                      for r in rows],
-             "ratios": lines}, indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "machine": info,
+                    "count": args.count,
+                    "concurrency": args.concurrency,
+                    "rows": [
+                        dataclasses.asdict(r) | {"rate": r.rate, "failed": r.failed} for r in rows
+                    ],
+                    "ratios": lines,
+                },
+                indent=2,
+            )
+        )
         print(f"\nwrote {args.json}")
     if args.plot:
-        why = plot(rows, args.plot, f"hurtle bench io: concurrency {args.concurrency}, "
-                                    f"{info['cores']} cores, Redis {info['redis']}")
+        why = plot(
+            rows,
+            args.plot,
+            f"hurtle bench io: concurrency {args.concurrency}, "
+            f"{info['cores']} cores, Redis {info['redis']}",
+        )
         print(f"plot: {why}" if why else f"wrote {args.plot}")
     return 0 if all(r.skipped or r.failed == 0 for r in rows) else 1
 
@@ -133,7 +164,8 @@ def _choose(text: str, known: tuple[str, ...], what: str) -> list[str]:
     unknown = [v for v in chosen if v not in known]
     if unknown or not chosen:
         raise ConfigurationError(
-            f"unknown {what}(s) {', '.join(unknown) or text!r}: choose from {', '.join(known)}")
+            f"unknown {what}(s) {', '.join(unknown) or text!r}: choose from {', '.join(known)}"
+        )
     return chosen
 
 
@@ -186,8 +218,9 @@ class IoBench:
                 dead = self._wait_drained(variant, row, worker, log)
             finally:
                 _stop(worker)
-            sent_finished = [tuple(p) for f in out.glob("*.json")
-                             for p in json.loads(f.read_text())]
+            sent_finished = [
+                tuple(p) for f in out.glob("*.json") for p in json.loads(f.read_text())
+            ]
         row.dead = dead
         row.ran = len(sent_finished)
         if sent_finished:
@@ -195,18 +228,37 @@ class IoBench:
             latencies = sorted(f - s for s, f in sent_finished)
             row.p50_ms = 1000 * latencies[len(latencies) // 2]
             row.p99_ms = 1000 * latencies[min(int(len(latencies) * 0.99), len(latencies) - 1)]
-        print(f"-- {variant} {row.name}: {row.rate:,.0f} tasks/s, {row.failed} failed",
-              file=sys.stderr, flush=True)
+        print(
+            f"-- {variant} {row.name}: {row.rate:,.0f} tasks/s, {row.failed} failed",
+            file=sys.stderr,
+            flush=True,
+        )
         return row
 
-    def _start_worker(self, pool: str, concurrency: int, processes: int, out: Path, log: Path
-                      ) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-m", "hurtle", "--log-level", "INFO", "worker",
-                "hurtle.bench.io_tasks:app", "--pool", pool, "--concurrency", str(concurrency)]
+    def _start_worker(
+        self, pool: str, concurrency: int, processes: int, out: Path, log: Path
+    ) -> subprocess.Popen[bytes]:
+        argv = [
+            sys.executable,
+            "-m",
+            "hurtle",
+            "--log-level",
+            "INFO",
+            "worker",
+            "hurtle.bench.io_tasks:app",
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+        ]
         if processes > 1:
             argv += ["--processes", str(processes)]
-        env = dict(os.environ, HURTLE_BROKER_URL=self.url, HURTLE_BENCH_IO_REDIS=self.url,
-                   HURTLE_BENCH_IO_OUT=str(out))
+        env = dict(
+            os.environ,
+            HURTLE_BROKER_URL=self.url,
+            HURTLE_BENCH_IO_REDIS=self.url,
+            HURTLE_BENCH_IO_OUT=str(out),
+        )
         with log.open("wb") as f:
             return subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT)
 
@@ -238,8 +290,9 @@ class IoBench:
         app.close()
         return started
 
-    def _wait_drained(self, variant: str, row: IoRow, worker: subprocess.Popen[bytes],
-                      log: Path) -> int:
+    def _wait_drained(
+        self, variant: str, row: IoRow, worker: subprocess.Popen[bytes], log: Path
+    ) -> int:
         """Wait until nothing is ready or in flight; returns the dead-letter count."""
         app = Hurtle(self.url)
         bar = Progress(f"{variant} {row.name}"[:8], row.count)
@@ -255,8 +308,9 @@ class IoBench:
                 if worker.poll() is not None:
                     raise ConfigurationError(f"the bench worker died:\n{log.read_text()}")
                 if time.monotonic() > deadline:
-                    raise ConfigurationError(f"row {variant} {row.name} took over "
-                                             f"{self.timeout:g}s")
+                    raise ConfigurationError(
+                        f"row {variant} {row.name} took over {self.timeout:g}s"
+                    )
                 time.sleep(0.02)
         finally:
             app.close()
@@ -285,15 +339,19 @@ def _calibrate_spins(seconds: float) -> int:
 
 
 def table(rows: list[IoRow]) -> str:
-    head = (f"{'variant':<8} {'pool':<12} {'tasks':>7} {'seconds':>8} {'tasks/s':>9} "
-            f"{'failed':>6} {'p50 ms':>8} {'p99 ms':>8}")
+    head = (
+        f"{'variant':<8} {'pool':<12} {'tasks':>7} {'seconds':>8} {'tasks/s':>9} "
+        f"{'failed':>6} {'p50 ms':>8} {'p99 ms':>8}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r.skipped:
             lines.append(f"{r.variant:<8} {r.name:<12} skipped: {r.skipped}")
             continue
-        lines.append(f"{r.variant:<8} {r.name:<12} {r.count:>7,} {r.seconds:>8.2f} "
-                     f"{r.rate:>9,.0f} {r.failed:>6} {r.p50_ms:>8.1f} {r.p99_ms:>8.1f}")
+        lines.append(
+            f"{r.variant:<8} {r.name:<12} {r.count:>7,} {r.seconds:>8.2f} "
+            f"{r.rate:>9,.0f} {r.failed:>6} {r.p50_ms:>8.1f} {r.p99_ms:>8.1f}"
+        )
     return "\n".join(lines)
 
 
@@ -331,8 +389,9 @@ def plot(rows: list[IoRow], path: Path, title: str) -> str | None:
     ys = range(len(measured))
     ax.barh(list(ys), [r.rate for r in measured], color=[colors[r.variant] for r in measured])
     for y, r in enumerate(measured):
-        ax.text(r.rate * 1.05, y, f"{r.rate:,.0f}  (p99 {r.p99_ms:,.0f} ms)", va="center",
-                fontsize=7)
+        ax.text(
+            r.rate * 1.05, y, f"{r.rate:,.0f}  (p99 {r.p99_ms:,.0f} ms)", va="center", fontsize=7
+        )
     ax.set_yticks(list(ys), [f"{r.variant}: {r.name}" for r in measured], fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("tasks/s (log scale)")

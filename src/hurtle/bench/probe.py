@@ -67,8 +67,13 @@ def done_appending() -> None:
 #: What a task body calls: ``done``; ``done_locked`` when ``HURTLE_BENCH_PROBE_LOCK`` is set
 #: (tasks run on several threads of one process); ``done_appending`` when
 #: ``HURTLE_BENCH_PROBE_APPEND`` is set (a process per task).
-hit = (done_appending if os.environ.get("HURTLE_BENCH_PROBE_APPEND")
-       else done_locked if os.environ.get("HURTLE_BENCH_PROBE_LOCK") else done)
+hit = (
+    done_appending
+    if os.environ.get("HURTLE_BENCH_PROBE_APPEND")
+    else done_locked
+    if os.environ.get("HURTLE_BENCH_PROBE_LOCK")
+    else done
+)
 
 
 def _reset() -> None:
@@ -86,8 +91,7 @@ def _start() -> None:
     if not directory:
         return
     path = Path(directory) / f"{os.getpid()}.json"
-    thread = threading.Thread(target=_report_forever, args=(path,), name="bench-probe",
-                              daemon=True)
+    thread = threading.Thread(target=_report_forever, args=(path,), name="bench-probe", daemon=True)
     thread.start()
     atexit.register(_write, path)
 
@@ -127,7 +131,7 @@ def read(directory: Path) -> dict[str, Any]:
         data = appended.read_bytes()
         records = len(data) // _LINE
         if records:
-            times = [float(data[i * _LINE:(i + 1) * _LINE]) for i in (0, records - 1)]
+            times = [float(data[i * _LINE : (i + 1) * _LINE]) for i in (0, records - 1)]
             count += records
             processes += records
             first = min(first, times[0]) if first else times[0]

@@ -37,8 +37,14 @@ from typing import Any
 from ..errors import ConfigurationError
 from .pubsub_clients import Setup, publisher, subscriber, zmq_proxy
 
-ROWS = ("hurtle-buffered", "hurtle-buffer0", "redis-publish", "redis-pipelined", "zmq-proxy",
-        "nats")
+ROWS = (
+    "hurtle-buffered",
+    "hurtle-buffer0",
+    "redis-publish",
+    "redis-pipelined",
+    "zmq-proxy",
+    "nats",
+)
 
 
 @dataclasses.dataclass
@@ -68,18 +74,22 @@ class PubSubRow:
 
 def add_parser(kinds: Any) -> None:
     pubsub: argparse.ArgumentParser = kinds.add_parser(
-        "pubsub", help="channels against raw Redis pub/sub, a zmq proxy and NATS; msgs/s",
+        "pubsub",
+        help="channels against raw Redis pub/sub, a zmq proxy and NATS; msgs/s",
         description=__doc__.split("\n\n")[1] if __doc__ else None,
     )
-    pubsub.add_argument("--pairs", default="1,2,4",
-                        help="comma-separated publisher/subscriber pair counts (default 1,2,4)")
-    pubsub.add_argument("--duration", type=float, default=5.0,
-                        help="seconds each row publishes (default 5)")
+    pubsub.add_argument(
+        "--pairs",
+        default="1,2,4",
+        help="comma-separated publisher/subscriber pair counts (default 1,2,4)",
+    )
+    pubsub.add_argument(
+        "--duration", type=float, default=5.0, help="seconds each row publishes (default 5)"
+    )
     pubsub.add_argument("--channels", type=int, default=50, help="channels (default 50)")
     pubsub.add_argument("--size", type=int, default=20, help="payload bytes (default 20)")
     pubsub.add_argument("--only", default="", help="comma-separated rows (default: all)")
-    pubsub.add_argument("--redis-url", default=None,
-                        help="use this Redis instead of starting one")
+    pubsub.add_argument("--redis-url", default=None, help="use this Redis instead of starting one")
     pubsub.add_argument("--json", type=Path, default=None, help="write rows and machine here")
     pubsub.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
     pubsub.set_defaults(handler=run)
@@ -97,8 +107,11 @@ class _Nats:
     def __init__(self, binary: str) -> None:
         self.port = _free_port()
         self.url = f"nats://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([binary, "-a", "127.0.0.1", "-p", str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [binary, "-a", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -132,10 +145,13 @@ def run_row(name: str, pairs: int, setup: Setup) -> PubSubRow:
     ctx = multiprocessing.get_context("spawn")
     ready, results = ctx.Queue(), ctx.Queue()
     go, start = ctx.Event(), ctx.Value("d", 0.0)
-    procs = [ctx.Process(target=subscriber, args=(setup, ready, go, start, results))
-             for _ in range(pairs)]
-    procs += [ctx.Process(target=publisher, args=(setup, ready, go, start, results))
-              for _ in range(pairs)]
+    procs = [
+        ctx.Process(target=subscriber, args=(setup, ready, go, start, results))
+        for _ in range(pairs)
+    ]
+    procs += [
+        ctx.Process(target=publisher, args=(setup, ready, go, start, results)) for _ in range(pairs)
+    ]
     for proc in procs:
         proc.start()
     reports: list[dict[str, Any]] = []
@@ -160,8 +176,7 @@ def run_row(name: str, pairs: int, setup: Setup) -> PubSubRow:
     subs = [r for r in reports if r["role"] == "subscriber"]
     pubs = [r for r in reports if r["role"] == "publisher"]
     if len(subs) < pairs or len(pubs) < pairs:
-        row.notes.append(f"only {len(subs)} subscriber and {len(pubs)} publisher reports came "
-                         "back")
+        row.notes.append(f"only {len(subs)} subscriber and {len(pubs)} publisher reports came back")
     samples = [n for r in subs for n in r["per_second"]]
     row.median_rate = float(statistics.median(samples)) if samples else 0.0
     row.sent = sum(r["sent"] for r in pubs)
@@ -178,13 +193,17 @@ def run_row(name: str, pairs: int, setup: Setup) -> PubSubRow:
     return row
 
 
-def _setup(name: str, redis_url: str, args: argparse.Namespace, zmq_ports: tuple[int, int],
-           nats_url: str) -> Setup:
+def _setup(
+    name: str, redis_url: str, args: argparse.Namespace, zmq_ports: tuple[int, int], nats_url: str
+) -> Setup:
     return Setup(
-        system=name, redis_url=redis_url,
+        system=name,
+        redis_url=redis_url,
         channels=tuple(f"ch{i:03d}" for i in range(args.channels)),
-        payload_size=args.size, duration=args.duration,
-        zmq_in=f"tcp://127.0.0.1:{zmq_ports[0]}", zmq_out=f"tcp://127.0.0.1:{zmq_ports[1]}",
+        payload_size=args.size,
+        duration=args.duration,
+        zmq_in=f"tcp://127.0.0.1:{zmq_ports[0]}",
+        zmq_out=f"tcp://127.0.0.1:{zmq_ports[1]}",
         nats_url=nats_url,
     )
 
@@ -194,9 +213,11 @@ def _line(row: PubSubRow) -> str:
         return f"{row.name:<17} C={row.pairs}  skipped: {row.skipped}"
     lost = "-" if row.lost_reported is None else f"{row.lost_reported:,}"
     notes = f"  [{'; '.join(row.notes)}]" if row.notes else ""
-    return (f"{row.name:<17} C={row.pairs}  {row.median_rate:>11,.0f} msgs/s per subscriber  "
-            f"delivered {row.delivered:6.1%}  sent {row.sent:>11,}  reported lost {lost:>11}  "
-            f"unaccounted {row.unaccounted:>11,}  reconnects {row.reconnects}{notes}")
+    return (
+        f"{row.name:<17} C={row.pairs}  {row.median_rate:>11,.0f} msgs/s per subscriber  "
+        f"delivered {row.delivered:6.1%}  sent {row.sent:>11,}  reported lost {lost:>11}  "
+        f"unaccounted {row.unaccounted:>11,}  reconnects {row.reconnects}{notes}"
+    )
 
 
 def table(rows: list[PubSubRow]) -> str:
@@ -205,6 +226,7 @@ def table(rows: list[PubSubRow]) -> str:
 
 def ratios(rows: list[PubSubRow]) -> list[str]:
     """The issue's targets, from this run: hurtle buffered against zmq at C=1 and Redis rows."""
+
     def rate(name: str, pairs: int) -> float | None:
         for r in rows:
             if r.name == name and r.pairs == pairs and not r.skipped and r.median_rate:
@@ -216,16 +238,20 @@ def ratios(rows: list[PubSubRow]) -> list[str]:
         mine = rate("hurtle-buffered", pairs)
         if mine is None:
             continue
-        for other, target in (("zmq-proxy", 1.0 if pairs == 1 else None),
-                              ("redis-publish", 1.0), ("redis-pipelined", 1.0)):
+        for other, target in (
+            ("zmq-proxy", 1.0 if pairs == 1 else None),
+            ("redis-publish", 1.0),
+            ("redis-pipelined", 1.0),
+        ):
             theirs = rate(other, pairs)
             if theirs is None:
                 continue
             value = mine / theirs
             verdict = "" if target is None else ("met" if value >= target else "MISSED")
             goal = f"target >= {target:g}x" if target is not None else "for information"
-            lines.append(f"C={pairs} hurtle-buffered / {other:<16} {value:8.2f}x  {goal:<16} "
-                         f"{verdict}")
+            lines.append(
+                f"C={pairs} hurtle-buffered / {other:<16} {value:8.2f}x  {goal:<16} {verdict}"
+            )
     return lines
 
 
@@ -245,12 +271,13 @@ def plot(rows: list[PubSubRow], path: Path, title: str) -> str | None:
     width = 0.8 / len(pairs)
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=90)
     for k, c in enumerate(pairs):
-        values = [next((r.median_rate for r in measured if r.name == n and r.pairs == c), 0.0)
-                  for n in names]
+        values = [
+            next((r.median_rate for r in measured if r.name == n and r.pairs == c), 0.0)
+            for n in names
+        ]
         xs = [i + k * width for i in range(len(names))]
         ax.bar(xs, values, width, label=f"C={c}")
-    ax.set_xticks([i + width * (len(pairs) - 1) / 2 for i in range(len(names))], names,
-                  fontsize=8)
+    ax.set_xticks([i + width * (len(pairs) - 1) / 2 for i in range(len(names))], names, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("median msgs/s per subscriber (log)")
     ax.set_title(title, fontsize=9)
@@ -275,7 +302,8 @@ def run(args: argparse.Namespace) -> int:
     unknown = [n for n in wanted if n not in ROWS]
     if unknown:
         raise ConfigurationError(
-            f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(ROWS)}")
+            f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(ROWS)}"
+        )
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
     rows: list[PubSubRow] = []
@@ -292,10 +320,12 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             server.stop()
-    print(f"hurtle bench pubsub: {args.channels} channels, {args.size}-byte payloads, "
-          f"{args.duration:g} s per row, C publisher + C subscriber processes; {info['cpu']}, "
-          f"{info['cores']} cores, {info['memory_gib']} GiB, Python {info['python']}, Redis "
-          f"{info['redis']}, {info['date']}")
+    print(
+        f"hurtle bench pubsub: {args.channels} channels, {args.size}-byte payloads, "
+        f"{args.duration:g} s per row, C publisher + C subscriber processes; {info['cpu']}, "
+        f"{info['cores']} cores, {info['memory_gib']} GiB, Python {info['python']}, Redis "
+        f"{info['redis']}, {info['date']}"
+    )
     print(table(rows))
     lines = ratios(rows)
     if lines:
@@ -303,16 +333,32 @@ def run(args: argparse.Namespace) -> int:
         for line in lines:
             print("  " + line)
     if args.json:
-        args.json.write_text(json.dumps(
-            {"benchmark": "hurtle bench pubsub", "machine": info, "channels": args.channels,
-             "payload_bytes": args.size, "duration": args.duration,
-             "rows": [dataclasses.asdict(r) | {"delivered": r.delivered,
-                                               "unaccounted": r.unaccounted} for r in rows],
-             "ratios": lines}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "hurtle bench pubsub",
+                    "machine": info,
+                    "channels": args.channels,
+                    "payload_bytes": args.size,
+                    "duration": args.duration,
+                    "rows": [
+                        dataclasses.asdict(r)
+                        | {"delivered": r.delivered, "unaccounted": r.unaccounted}
+                        for r in rows
+                    ],
+                    "ratios": lines,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
         print(f"\nwrote {args.json}")
     if args.plot:
-        why: str | None = plot(rows, args.plot, f"hurtle bench pubsub: {args.channels} channels, "
-                                    f"{args.size} B, {info['cores']} cores")
+        why: str | None = plot(
+            rows,
+            args.plot,
+            f"hurtle bench pubsub: {args.channels} channels, {args.size} B, {info['cores']} cores",
+        )
         print(f"plot: {why}" if why else f"wrote {args.plot}")
     return 0 if all(r.skipped or r.received for r in rows) else 1
 
@@ -323,8 +369,10 @@ def _run_with_broker(name: str, pairs: int, redis_url: str, args: argparse.Names
     if name == "zmq-proxy":
         setup = _setup(name, redis_url, args, ports, "")
         proxy = multiprocessing.get_context("spawn").Process(
-            target=zmq_proxy, args=(f"tcp://127.0.0.1:{ports[0]}",
-                                    f"tcp://127.0.0.1:{ports[1]}"), daemon=True)
+            target=zmq_proxy,
+            args=(f"tcp://127.0.0.1:{ports[0]}", f"tcp://127.0.0.1:{ports[1]}"),
+            daemon=True,
+        )
         proxy.start()
         try:
             return run_row(name, pairs, setup)

@@ -61,8 +61,9 @@ class Counter:
 
     def done(self) -> bool:
         now = time.time()
-        return now > self.stop and (now - self.last_seen > _IDLE_AFTER_STOP
-                                    or now > self.stop + _DRAIN_MAX)
+        return now > self.stop and (
+            now - self.last_seen > _IDLE_AFTER_STOP or now > self.stop + _DRAIN_MAX
+        )
 
 
 def _ready_and_wait(ready: Any, go: Any, start: Any) -> float:
@@ -77,6 +78,7 @@ def _choices(n_channels: int) -> list[int]:
 
 
 # -- publishers ---------------------------------------------------------------------------------
+
 
 def publisher(setup: Setup, ready: Any, go: Any, start: Any, results: Any) -> None:
     publish, finish = _PUBLISHERS[setup.system.split("-")[0]](setup)
@@ -124,6 +126,7 @@ def _redis_publisher(setup: Setup) -> tuple[Callable[[int], None], Callable[[], 
     names = [c.encode() for c in setup.channels]
     payload = b"x" * setup.payload_size
     if setup.system == "redis-publish":
+
         def publish(i: int) -> None:
             client.publish(names[i], payload)
 
@@ -215,6 +218,7 @@ _PUBLISHERS: dict[str, Callable[[Setup], tuple[Callable[[int], None], Callable[[
 
 # -- subscribers --------------------------------------------------------------------------------
 
+
 def subscriber(setup: Setup, ready: Any, go: Any, start: Any, results: Any) -> None:
     kind = setup.system.split("-")[0]
     report = _SUBSCRIBERS[kind](setup, ready, go, start)
@@ -240,8 +244,12 @@ def _hurtle_subscriber(setup: Setup, ready: Any, go: Any, start: Any) -> dict[st
     count.add(n)
     sub.close()
     app.close()
-    return {"received": count.total, "per_second": count.buckets, "lost": sub.lost,
-            "reconnects": sub.reconnects}
+    return {
+        "received": count.total,
+        "per_second": count.buckets,
+        "lost": sub.lost,
+        "reconnects": sub.reconnects,
+    }
 
 
 def _redis_subscriber(setup: Setup, ready: Any, go: Any, start: Any) -> dict[str, Any]:
@@ -270,8 +278,12 @@ def _redis_subscriber(setup: Setup, ready: Any, go: Any, start: Any) -> dict[str
     count.add(n)
     pubsub.close()
     client.close()
-    return {"received": count.total, "per_second": count.buckets, "lost": None,
-            "reconnects": errors}
+    return {
+        "received": count.total,
+        "per_second": count.buckets,
+        "lost": None,
+        "reconnects": errors,
+    }
 
 
 def _zmq_subscriber(setup: Setup, ready: Any, go: Any, start: Any) -> dict[str, Any]:
@@ -303,8 +315,7 @@ def _zmq_subscriber(setup: Setup, ready: Any, go: Any, start: Any) -> dict[str, 
     count.add(n)
     sub.close(linger=0)
     context.term()
-    return {"received": count.total, "per_second": count.buckets, "lost": None,
-            "reconnects": 0}
+    return {"received": count.total, "per_second": count.buckets, "lost": None, "reconnects": 0}
 
 
 def _nats_subscriber(setup: Setup, ready: Any, go: Any, start: Any) -> dict[str, Any]:
@@ -334,8 +345,13 @@ def _nats_subscriber(setup: Setup, ready: Any, go: Any, start: Any) -> dict[str,
                 count.add(seen[0])
                 seen[0] = 0
         await nc.close()
-        return {"received": count.total, "per_second": count.buckets, "lost": None,
-                "reconnects": 0, "slow_consumer_errors": slow}
+        return {
+            "received": count.total,
+            "per_second": count.buckets,
+            "lost": None,
+            "reconnects": 0,
+            "slow_consumer_errors": slow,
+        }
 
     return asyncio.run(main())
 

@@ -112,8 +112,9 @@ def main(argv: list[str]) -> int:
         consume(kind, count)
         while True:  # stay up, like a worker, until the driver stops it (and reads our RSS)
             time.sleep(3600)
-    raise SystemExit(f"unknown command {command!r}: use consume (publish goes through "
-                     "hurtle.bench.publish)")
+    raise SystemExit(
+        f"unknown command {command!r}: use consume (publish goes through hurtle.bench.publish)"
+    )
 
 
 if __name__ == "__main__":

@@ -44,9 +44,11 @@ def row_line(row: Row, width: int) -> str:
     ran = f"ran {row.consumed:,}/{row.count:,}"
     left = "" if row.leftover is None else f", {row.leftover:,} left"
     notes = f"  [{'; '.join(row.notes)}]" if row.notes else ""
-    return (f"{row.name:<{width}}  publish {_rate(row.publish_rate):>11}  "
-            f"consume {_rate(row.consume_rate):>11}  {rss:>11}  {row.guarantee:<16}  "
-            f"{ran}{left}  {row.system} {row.version}: {row.config}{notes}")
+    return (
+        f"{row.name:<{width}}  publish {_rate(row.publish_rate):>11}  "
+        f"consume {_rate(row.consume_rate):>11}  {rss:>11}  {row.guarantee:<16}  "
+        f"{ran}{left}  {row.system} {row.version}: {row.config}{notes}"
+    )
 
 
 def table(rows: list[Row]) -> str:
@@ -84,25 +86,43 @@ def ratios(rows: list[Row]) -> list[Ratio]:
     funboost = [r for r in (_get(rows, "funboost-redis"), _get(rows, "funboost-ack")) if r]
     fastest = max(funboost, key=lambda r: r.consume_rate or 0.0, default=None)
     return [
-        Ratio("consume: hurtle solo / raw LPOP-count loop",
-              _over(hurtle.consume_rate, _consume(raw)), 0.5),
-        Ratio("publish: hurtle send_many / raw pipelined LPUSH",
-              _over(hurtle.publish_rate, _publish(raw)), 0.5),
-        Ratio("publish: hurtle send_many / raw one LPUSH of 1,000 values",
-              _over(hurtle.publish_rate, _publish(multi)), None),
-        Ratio("consume: hurtle solo / Celery prefork",
-              _over(hurtle.consume_rate, _consume(celery)), 50),
-        Ratio("publish: hurtle send_many / Celery delay()",
-              _over(hurtle.publish_rate, _publish(celery)), None),
-        Ratio(f"consume: hurtle solo / funboost fastest ({fastest.name if fastest else '-'})",
-              _over(hurtle.consume_rate, _consume(fastest)), 3),
-        Ratio("consume: hurtle solo / Sidekiq",
-              _over(hurtle.consume_rate, _consume(sidekiq)), 10),
+        Ratio(
+            "consume: hurtle solo / raw LPOP-count loop",
+            _over(hurtle.consume_rate, _consume(raw)),
+            0.5,
+        ),
+        Ratio(
+            "publish: hurtle send_many / raw pipelined LPUSH",
+            _over(hurtle.publish_rate, _publish(raw)),
+            0.5,
+        ),
+        Ratio(
+            "publish: hurtle send_many / raw one LPUSH of 1,000 values",
+            _over(hurtle.publish_rate, _publish(multi)),
+            None,
+        ),
+        Ratio(
+            "consume: hurtle solo / Celery prefork",
+            _over(hurtle.consume_rate, _consume(celery)),
+            50,
+        ),
+        Ratio(
+            "publish: hurtle send_many / Celery delay()",
+            _over(hurtle.publish_rate, _publish(celery)),
+            None,
+        ),
+        Ratio(
+            f"consume: hurtle solo / funboost fastest ({fastest.name if fastest else '-'})",
+            _over(hurtle.consume_rate, _consume(fastest)),
+            3,
+        ),
+        Ratio("consume: hurtle solo / Sidekiq", _over(hurtle.consume_rate, _consume(sidekiq)), 10),
     ]
 
 
-def write_json(path: Path, machine: dict[str, Any], count: int, rows: list[Row],
-               found: list[Ratio]) -> None:
+def write_json(
+    path: Path, machine: dict[str, Any], count: int, rows: list[Row], found: list[Ratio]
+) -> None:
     document = {
         "benchmark": "hurtle bench tasks",
         "count": count,

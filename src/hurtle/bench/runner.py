@@ -109,9 +109,14 @@ class Runner:
         asked = count
         if scenario.max_count is not None and count > scenario.max_count:
             count = scenario.max_count
-        row = Row(name=scenario.name, system=scenario.system, guarantee=scenario.guarantee,
-                  config=scenario.config, count=count,
-                  version=scenario.version())
+        row = Row(
+            name=scenario.name,
+            system=scenario.system,
+            guarantee=scenario.guarantee,
+            config=scenario.config,
+            count=count,
+            version=scenario.version(),
+        )
         missing = scenario.missing()
         if missing:
             row.skipped = missing
@@ -119,8 +124,9 @@ class Runner:
         workdir = self.root / scenario.name
         shutil.rmtree(workdir, ignore_errors=True)
         (workdir / "probe").mkdir(parents=True)
-        broker_url = (self.redis_url if scenario.store == "redis"
-                      else f"sqlite:///{workdir / 'bench.db'}")
+        broker_url = (
+            self.redis_url if scenario.store == "redis" else f"sqlite:///{workdir / 'bench.db'}"
+        )
         env = dict(os.environ)
         if count != asked:
             row.notes.append(f"capped at {count:,} tasks (this row is too slow for {asked:,})")
@@ -136,8 +142,12 @@ class Runner:
         )
         if scenario.prepare is not None:
             env.update(scenario.prepare(workdir, self.redis_url))
-        values = {"python": sys.executable, "count": str(count), "workdir": str(workdir),
-                  "redis_url": self.redis_url}
+        values = {
+            "python": sys.executable,
+            "count": str(count),
+            "workdir": str(workdir),
+            "redis_url": self.redis_url,
+        }
         self.flush()
         if not self._publish(scenario, row, workdir, env, values):
             return row
@@ -153,14 +163,25 @@ class Runner:
 
     # -- publishing ------------------------------------------------------------------------
 
-    def _publish(self, scenario: Scenario, row: Row, workdir: Path, env: dict[str, str],
-                 values: Mapping[str, str]) -> bool:
+    def _publish(
+        self,
+        scenario: Scenario,
+        row: Row,
+        workdir: Path,
+        env: dict[str, str],
+        values: Mapping[str, str],
+    ) -> bool:
         log = workdir / "publish.log"
         bar = Progress(f"{scenario.name} publish", row.count)
         with log.open("wb") as out:
-            proc = subprocess.Popen(_fill(scenario.publisher, values), env=env, cwd=workdir,
-                                    stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                _fill(scenario.publisher, values),
+                env=env,
+                cwd=workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             deadline = time.monotonic() + self.timeout
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(POLL)
@@ -188,8 +209,14 @@ class Runner:
 
     # -- consuming -------------------------------------------------------------------------
 
-    def _consume(self, scenario: Scenario, row: Row, workdir: Path, env: dict[str, str],
-                 values: Mapping[str, str]) -> None:
+    def _consume(
+        self,
+        scenario: Scenario,
+        row: Row,
+        workdir: Path,
+        env: dict[str, str],
+        values: Mapping[str, str],
+    ) -> None:
         try:
             import psutil
         except ImportError:
@@ -200,9 +227,14 @@ class Runner:
         count = row.count
         bar = Progress(f"{scenario.name} consume", count)
         with log.open("wb") as out:
-            proc = subprocess.Popen(_fill(scenario.worker, values), env=env, cwd=workdir,
-                                    stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                _fill(scenario.worker, values),
+                env=env,
+                cwd=workdir,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
             ps = psutil.Process(proc.pid) if psutil is not None else None
             started = time.monotonic()
             last_change, last_count, last_rss = started, 0, 0.0
@@ -223,15 +255,15 @@ class Runner:
                         self._sample_rss(row, ps, seen["count"], step)
                     break
                 if proc.poll() is not None:
-                    row.notes.append(f"the worker exited early ({proc.returncode}): "
-                                     f"{_tail(log)}")
+                    row.notes.append(f"the worker exited early ({proc.returncode}): {_tail(log)}")
                     break
                 if now - started > self.timeout:
                     row.notes.append(f"stopped after {self.timeout:.0f}s")
                     break
                 idle = now - last_change
                 if (last_count and idle > STALL_TIMEOUT) or (
-                        not last_count and idle > STARTUP_TIMEOUT):
+                    not last_count and idle > STARTUP_TIMEOUT
+                ):
                     row.notes.append(f"no progress for {idle:.0f}s: stopped; {_tail(log, 2)}")
                     break
             _stop(proc)

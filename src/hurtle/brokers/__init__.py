@@ -9,7 +9,13 @@ from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats, StoredResult
 
 __all__ = [
-    "Broker", "Consumer", "DeadLetter", "Delivery", "QueueStats", "StoredResult", "make_broker",
+    "Broker",
+    "Consumer",
+    "DeadLetter",
+    "Delivery",
+    "QueueStats",
+    "StoredResult",
+    "make_broker",
 ]
 
 SCHEMES = ("sqlite", "memory", "redis", "rediss")

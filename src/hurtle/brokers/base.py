@@ -311,9 +311,7 @@ class Broker(abc.ABC):
         """Let go of connections and files."""
 
     @abc.abstractmethod
-    def claim_tick(
-        self, queue: str, name: str, tick: float, messages: Sequence[Message]
-    ) -> bool:
+    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         """Claim ``tick`` of the schedule ``name`` and publish ``messages`` (all of ``queue``):
         in one atomic step, if the schedule's last claimed tick is older than ``tick`` (or there
         is none), record ``tick`` as its last and store the messages; else change nothing.
@@ -396,8 +394,10 @@ class Broker(abc.ABC):
 
 def check_dead_letter_limits(dead_letter_max: int, dead_letter_ttl: float) -> tuple[int, float]:
     """The limits, checked: a whole number and a finite number of seconds, each ``>= 0``."""
-    if isinstance(dead_letter_max, bool) or not isinstance(dead_letter_max, int) or (
-        dead_letter_max < 0
+    if (
+        isinstance(dead_letter_max, bool)
+        or not isinstance(dead_letter_max, int)
+        or (dead_letter_max < 0)
     ):
         raise ConfigurationError(
             f"dead_letter_max must be a whole number >= 0 (0: keep every dead letter), "
@@ -421,13 +421,17 @@ def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
     if expired:
         log.info(
             "dropped %d dead letters of queue %r older than dead_letter_ttl (%g s)",
-            expired, queue, broker.dead_letter_ttl,
+            expired,
+            queue,
+            broker.dead_letter_ttl,
         )
     if dropped:
         log.warning(
             "dropped the %d oldest dead letters of queue %r to keep dead_letter_max (%d); "
             "raise it, or retry or purge them sooner, to keep more",
-            dropped, queue, broker.dead_letter_max,
+            dropped,
+            queue,
+            broker.dead_letter_max,
         )
 
 
@@ -443,8 +447,11 @@ def check_tick_claim(queue: str, tick: float, messages: Sequence[Message]) -> No
                 f"a tick claim of queue {queue!r} holds a message of queue {m.queue!r}: the "
                 "schedule's record and its messages must share one queue"
             )
-def gcra(tat: float, now: float, limit: int, period: float, wanted: int
-         ) -> tuple[int, float, float]:
+
+
+def gcra(
+    tat: float, now: float, limit: int, period: float, wanted: int
+) -> tuple[int, float, float]:
     """Generic cell rate: ``(granted, wait, new tat)`` for ``wanted`` tokens of a key whose
     theoretical arrival time is ``tat``. Tokens come evenly, one every ``period / limit``
     seconds, and at most ``burst(limit)`` are taken at once, so any period holds at most about

@@ -210,9 +210,7 @@ class MemoryBroker(Broker):
                 self._put(queue, bytes(raw), 0, 0.0)
             self._wake.notify_all()
 
-    def claim_tick(
-        self, queue: str, name: str, tick: float, messages: Sequence[Message]
-    ) -> bool:
+    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         check_tick_claim(queue, tick, messages)
         check_messages(messages)
         payloads = encode_many(list(messages))
@@ -287,7 +285,10 @@ class MemoryBroker(Broker):
                 del q.deaths[raw]
                 dead_id = new_id()
                 q.dead[dead_id] = DeadLetter(
-                    id=dead_id, queue=queue, raw=raw, failed_at=now,
+                    id=dead_id,
+                    queue=queue,
+                    raw=raw,
+                    failed_at=now,
                     reason=f"its worker died {deaths} times while holding it (max_recoveries "
                     f"is {self.max_recoveries})",
                 )
@@ -466,7 +467,10 @@ class _MemoryConsumer(Consumer):
             q = b._queue(delivery.queue)
             now = time.time()
             q.dead[dead_id] = DeadLetter(
-                id=dead_id, queue=delivery.queue, reason=reason, raw=delivery.raw,
+                id=dead_id,
+                queue=delivery.queue,
+                reason=reason,
+                raw=delivery.raw,
                 failed_at=now,
             )
             expired, dropped = b._trim_dead_locked(q, now)
@@ -551,5 +555,3 @@ class _MemoryConsumer(Consumer):
             b._requeue_locked(b._held.pop(self.worker_id, {}).values())
             b._deadline.pop(self.worker_id, None)
             b._wake.notify_all()
-
-

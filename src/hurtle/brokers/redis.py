@@ -375,7 +375,8 @@ class RedisBroker(Broker):
                         f"int from 0 to {MAX_PRIORITY}; nothing was enqueued"
                     )
                 group = groups[(m.queue, m.priority, m.eta)] = (
-                    [], [ttl, priority, repr(float(m.eta))]
+                    [],
+                    [ttl, priority, repr(float(m.eta))],
                 )
             group[0].append(i)
             group[1].extend((lock, m.id, raw))
@@ -383,10 +384,13 @@ class RedisBroker(Broker):
         commands: list[_Command] = [(("SADD", QUEUES, *queues), None)]
         for (name, _, _), (_, args) in groups.items():
             k = queue_keys(name)
-            commands.append(self._call(
-                self._scripts.publish_unique, (*_publish_keys(name), k.unique, k.unique_sweep),
-                args,
-            ))
+            commands.append(
+                self._call(
+                    self._scripts.publish_unique,
+                    (*_publish_keys(name), k.unique, k.unique_sweep),
+                    args,
+                )
+            )
         results = self._pipeline(commands, f"publishing {len(batch)} unique messages")
         out = [m.id for m in batch]
         for (positions, _), skipped in zip(groups.values(), results[1:], strict=True):
@@ -409,8 +413,9 @@ class RedisBroker(Broker):
         ]
         return [
             (int(granted), float(wait))
-            for granted, wait in self._pipeline(commands, f"taking tokens of {len(requests)} "
-                                                "rate limits")
+            for granted, wait in self._pipeline(
+                commands, f"taking tokens of {len(requests)} rate limits"
+            )
         ]
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
@@ -425,9 +430,7 @@ class RedisBroker(Broker):
             f"publishing {len(payloads)} raw payloads to {queue!r}",
         )
 
-    def claim_tick(
-        self, queue: str, name: str, tick: float, messages: Sequence[Message]
-    ) -> bool:
+    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         check_tick_claim(queue, tick, messages)
         check_messages(messages)
         payloads = encode_many(list(messages))
@@ -524,7 +527,10 @@ class RedisBroker(Broker):
         return [TaskCounts(q, t, *row) for (q, t), row in sorted(rows.items())]
 
     def _heartbeat(
-        self, queues: Sequence[str], worker_id: str, timeout: float,
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        timeout: float,
         report: WorkerReport | None = None,
     ) -> tuple[int, bool]:
         """Push ``worker_id``'s deadline to now + ``timeout`` (unless it is ``""``) and recover
@@ -537,8 +543,16 @@ class RedisBroker(Broker):
         if report is not None:
             now = time.time()
             commands += [
-                (("SET", WORKER_REPORT + worker_id, encode_report(report),
-                  "PX", max(int(timeout * 1000), 1)), None),
+                (
+                    (
+                        "SET",
+                        WORKER_REPORT + worker_id,
+                        encode_report(report),
+                        "PX",
+                        max(int(timeout * 1000), 1),
+                    ),
+                    None,
+                ),
                 (("ZADD", WORKER_DEADLINES, repr(now + timeout), worker_id), None),
                 # dead workers' entries; their reports expire by themselves
                 (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
@@ -553,8 +567,17 @@ class RedisBroker(Broker):
             k = queue_keys(name)
             args = (worker_id, repr(float(timeout)), k.inflight_prefix, self.max_recoveries)
             keys = (
-                *k.ready, k.workers, k.wake, k.quarantine, k.deaths, k.probes, k.probe, k.dead,
-                k.dead_raw, k.dead_reason, k.seq,
+                *k.ready,
+                k.workers,
+                k.wake,
+                k.quarantine,
+                k.deaths,
+                k.probes,
+                k.probe,
+                k.dead,
+                k.dead_raw,
+                k.dead_reason,
+                k.seq,
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
         results = self._pipeline(commands, "recording a heartbeat and recovering")[n_report:]
@@ -695,8 +718,12 @@ class _ResultListener:
             except Exception as err:  # redis-py's errors, or its state after a disconnect
                 if self._closed:
                     return
-                log.warning("lost the result announcements of Redis at %s (%s); "
-                            "subscribing again in %.1fs", self._url, err, backoff)
+                log.warning(
+                    "lost the result announcements of Redis at %s (%s); subscribing again in %.1fs",
+                    self._url,
+                    err,
+                    backoff,
+                )
                 self._wake(None)  # waiters re-read meanwhile
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -783,12 +810,18 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
     commands = []
     for ttl, group in by_ttl.items():
         ids = [r.id for r in group]
-        commands.append(broker._call(
-            script,
-            [result_key(i) for i in ids],
-            [RESULTS_CHANNEL, " ".join(ids), max(int(ttl * 1000), 1),
-             *[r.payload for r in group]],
-        ))
+        commands.append(
+            broker._call(
+                script,
+                [result_key(i) for i in ids],
+                [
+                    RESULTS_CHANNEL,
+                    " ".join(ids),
+                    max(int(ttl * 1000), 1),
+                    *[r.payload for r in group],
+                ],
+            )
+        )
     return commands
 
 
@@ -804,8 +837,16 @@ class _Target:
         self.inflight = k.inflight(worker_id)
         self.fetched = k.fetched(worker_id)
         self.fetch_keys = (
-            *k.ready, k.delayed, self.inflight, k.workers, k.wake, k.seq, self.fetched,
-            k.dead, k.dead_raw, k.dead_reason,
+            *k.ready,
+            k.delayed,
+            self.inflight,
+            k.workers,
+            k.wake,
+            k.seq,
+            self.fetched,
+            k.dead,
+            k.dead_raw,
+            k.dead_reason,
         )
         #: The token of the next fetch from this queue: a new one once a reply has been read.
         self.token = new_id()
@@ -865,8 +906,15 @@ class RedisConsumer(Consumer):
 
     def _fetch_command(self, target: _Target, want: int) -> tuple[Any, ...]:
         return (
-            "EVALSHA", self._fetch.sha, len(target.fetch_keys), *target.fetch_keys,
-            want, self.worker_id, max(PROMOTE_LIMIT, want), target.token, self._timeout_arg,
+            "EVALSHA",
+            self._fetch.sha,
+            len(target.fetch_keys),
+            *target.fetch_keys,
+            want,
+            self.worker_id,
+            max(PROMOTE_LIMIT, want),
+            target.token,
+            self._timeout_arg,
         )
 
     def _collect(self) -> list[Delivery]:
@@ -927,8 +975,13 @@ class RedisConsumer(Consumer):
                 res = self.broker._eval(
                     self._fetch,
                     target.fetch_keys,
-                    (max_count - len(out), self.worker_id, max(PROMOTE_LIMIT, max_count),
-                     target.token, self._timeout_arg),
+                    (
+                        max_count - len(out),
+                        self.worker_id,
+                        max(PROMOTE_LIMIT, max_count),
+                        target.token,
+                        self._timeout_arg,
+                    ),
                     f"fetching from {target.name!r}",
                 )
             except BrokerError:
@@ -1031,8 +1084,13 @@ class RedisConsumer(Consumer):
             b._scripts.dead_letter,
             (target.inflight, k.dead, k.dead_raw, k.dead_reason),
             (
-                receipt >> BATCH_BITS, receipt & BATCH_MASK, new_id(), reason, delivery.raw,
-                repr(b.dead_letter_ttl), b.dead_letter_max,
+                receipt >> BATCH_BITS,
+                receipt & BATCH_MASK,
+                new_id(),
+                reason,
+                delivery.raw,
+                repr(b.dead_letter_ttl),
+                b.dead_letter_max,
             ),
             f"dead-lettering a message of {delivery.queue!r}",
         )
@@ -1050,15 +1108,18 @@ class RedisConsumer(Consumer):
         for delivery, eta in items:
             k = self._target(delivery.queue)
             batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
-            commands.append(b._call(
-                b._scripts.retry,
-                (*k.keys.ready, k.keys.delayed, k.inflight, k.keys.wake, k.keys.seq),
-                (batch, index, batch % 10, repr(float(eta)), delivery.raw),
-            ))
+            commands.append(
+                b._call(
+                    b._scripts.retry,
+                    (*k.keys.ready, k.keys.delayed, k.inflight, k.keys.wake, k.keys.seq),
+                    (batch, index, batch % 10, repr(float(eta)), delivery.raw),
+                )
+            )
         b._pipeline(commands, f"deferring {len(items)} deliveries")
 
-    def _slot_commands(self, broker: RedisBroker, changes: Iterable[tuple[str, int, int]]
-                       ) -> list[_Command]:
+    def _slot_commands(
+        self, broker: RedisBroker, changes: Iterable[tuple[str, int, int]]
+    ) -> list[_Command]:
         script = broker._scripts.slots
         return [
             broker._call(script, slot_keys(key), (self.worker_id, self._timeout_arg, limit, n))
@@ -1135,7 +1196,8 @@ class RedisConsumer(Consumer):
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = RedisBroker(
-            self.broker._url, heartbeat_timeout=self.heartbeat_timeout,
+            self.broker._url,
+            heartbeat_timeout=self.heartbeat_timeout,
             max_recoveries=self.broker.max_recoveries,
         )
 

@@ -166,8 +166,13 @@ class Reporter:
             if any(diff):
                 delta.append(TaskCounts(key[0], key[1], *diff))
         return WorkerReport(
-            id=self.worker_id, host=self.host, pid=self.pid, pool=self.pool,
-            concurrency=self.concurrency, queues=self.queues, started_at=self.started_at,
+            id=self.worker_id,
+            host=self.host,
+            pid=self.pid,
+            pool=self.pool,
+            concurrency=self.concurrency,
+            queues=self.queues,
+            started_at=self.started_at,
             at=time.time(),
             counts=tuple(TaskCounts(q, t, *row) for (q, t), row in sorted(now.items())),
             delta=tuple(delta),

@@ -192,7 +192,8 @@ CREATE TABLE uniques (
 CREATE INDEX uniques_expires ON uniques (expires);
 """
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE messages (
     queue    TEXT    NOT NULL,
     priority INTEGER NOT NULL,
@@ -239,7 +240,10 @@ CREATE TABLE dead (
 );
 CREATE INDEX dead_queue ON dead (queue);
 CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
-""" + _POISON_SCHEMA + _LIMITS_SCHEMA
+"""
+    + _POISON_SCHEMA
+    + _LIMITS_SCHEMA
+)
 
 # Schema version -> the statements that turn it into the next one.
 _UPGRADES = {
@@ -624,8 +628,7 @@ class SQLiteBroker(Broker):
                 )
         else:
             items = [
-                (m.queue, m.priority, m.eta, raw)
-                for m, raw in zip(messages, payloads, strict=True)
+                (m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, payloads, strict=True)
             ]
             with self._write() as conn:
                 new = self._store(conn, items, now)
@@ -642,7 +645,8 @@ class SQLiteBroker(Broker):
             now = time.time()
             conn.execute(  # a bounded sweep of expired locks
                 "DELETE FROM uniques WHERE (queue, key) IN (SELECT queue, key FROM uniques "
-                "WHERE expires <= ? LIMIT 1000)", (now,),
+                "WHERE expires <= ? LIMIT 1000)",
+                (now,),
             )
             for m, key, raw in zip(messages, keys, payloads, strict=True):
                 row = conn.execute(
@@ -686,15 +690,14 @@ class SQLiteBroker(Broker):
         self._known.update(new)
         self._notify()
 
-    def claim_tick(
-        self, queue: str, name: str, tick: float, messages: Sequence[Message]
-    ) -> bool:
+    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         check_tick_claim(queue, tick, messages)
         check_messages(messages)
         payloads = encode_many(list(messages))
         now = time.time()
-        items = [(m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, payloads,
-                                                                      strict=True)]
+        items = [
+            (m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, payloads, strict=True)
+        ]
         with self._write() as conn:
             conn.execute(_SCHEDULES)
             won = conn.execute(_CLAIM_TICK, (queue, name, float(tick))).fetchone() is not None
@@ -834,16 +837,16 @@ class SQLiteBroker(Broker):
                 (queue, digest),
             ).fetchone()[0]
             if is_probe and lone and deaths > self.max_recoveries:
-                conn.execute(
-                    "DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest)
-                )
+                conn.execute("DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest))
                 conn.execute(
                     "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)",
                     (
-                        new_id(), queue,
+                        new_id(),
+                        queue,
                         f"its worker died {deaths} times while holding it (max_recoveries is "
                         f"{self.max_recoveries})",
-                        body, now,
+                        body,
+                        now,
                     ),
                 )
             elif deaths >= 2:
@@ -1113,9 +1116,7 @@ class _SQLiteConsumer(Consumer):
             if results:
                 now = time.time()
                 conn.execute(_EXPIRE_RESULTS, (now,))
-                conn.executemany(
-                    _PUT_RESULT, [(r.id, now + r.ttl, r.payload) for r in results]
-                )
+                conn.executemany(_PUT_RESULT, [(r.id, now + r.ttl, r.payload) for r in results])
             self._ack_in(conn, groups)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
@@ -1194,9 +1195,7 @@ class _SQLiteConsumer(Consumer):
 
     def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
         with self.broker._write() as conn:
-            conn.executemany(
-                "DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?", locks
-            )
+            conn.executemany("DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?", locks)
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """Give them back, under new ids: at the back of their priority (see the module doc)."""
@@ -1226,8 +1225,10 @@ class _SQLiteConsumer(Consumer):
                 )
                 conn.executemany(
                     _ADD_TOTALS,
-                    [(c.queue, c.task, c.processed, c.failed, c.retried, c.dead_lettered)
-                     for c in report.delta],
+                    [
+                        (c.queue, c.task, c.processed, c.failed, c.retried, c.dead_lettered)
+                        for c in report.delta
+                    ],
                 )
             conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved, released, pending = b._recover_in(conn, now)
@@ -1239,7 +1240,8 @@ class _SQLiteConsumer(Consumer):
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = SQLiteBroker(
-            self.broker.url, heartbeat_timeout=self.heartbeat_timeout,
+            self.broker.url,
+            heartbeat_timeout=self.heartbeat_timeout,
             max_recoveries=self.broker.max_recoveries,
         )
         try:

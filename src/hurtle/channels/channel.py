@@ -70,8 +70,14 @@ def check_name(name: object) -> str:
 class Channel:
     """A named channel of one app: publish to it, or subscribe to it."""
 
-    def __init__(self, hub: ChannelHub, name: str, *, buffer: int = DEFAULT_BUFFER,
-                 flush_interval: float = DEFAULT_FLUSH_INTERVAL) -> None:
+    def __init__(
+        self,
+        hub: ChannelHub,
+        name: str,
+        *,
+        buffer: int = DEFAULT_BUFFER,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+    ) -> None:
         if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 0:
             raise ConfigurationError(
                 f"buffer={buffer!r} for channel {name!r}: give a number of messages >= 0 "
@@ -155,9 +161,15 @@ class Channel:
         end = seq + len(pending)
         if len(pending) <= MAX_FRAME:
             return [OutFrame(name, frame.pack(pub, seq, pending), publisher, end)]
-        return [OutFrame(name, frame.pack(pub, seq + i, pending[i:i + MAX_FRAME]), publisher,
-                         min(seq + i + MAX_FRAME, end))
-                for i in range(0, len(pending), MAX_FRAME)]
+        return [
+            OutFrame(
+                name,
+                frame.pack(pub, seq + i, pending[i : i + MAX_FRAME]),
+                publisher,
+                min(seq + i + MAX_FRAME, end),
+            )
+            for i in range(0, len(pending), MAX_FRAME)
+        ]
 
     def tail(self) -> list[OutFrame]:
         """An empty frame with the next number (none while messages wait: a flush is due)."""
@@ -167,8 +179,9 @@ class Channel:
             if self._pending or not self._seq:
                 return []
             seq = self._seq
-        return [OutFrame(self.name, frame.pack(self._publisher_bytes, seq, []), self.publisher,
-                         seq)]
+        return [
+            OutFrame(self.name, frame.pack(self._publisher_bytes, seq, []), self.publisher, seq)
+        ]
 
     def subscribe(self, *, on_loss: LossCallback | None = None) -> Subscription:
         """A subscription to this channel: ``with ch.subscribe() as sub: for msg in sub: ...``."""
@@ -220,24 +233,32 @@ class ChannelHub:
                 backend = self._backend
         return backend
 
-    def channel(self, name: str, *, buffer: int = DEFAULT_BUFFER,
-                flush_interval: float = DEFAULT_FLUSH_INTERVAL) -> Channel:
+    def channel(
+        self,
+        name: str,
+        *,
+        buffer: int = DEFAULT_BUFFER,
+        flush_interval: float = DEFAULT_FLUSH_INTERVAL,
+    ) -> Channel:
         key = (name, buffer, flush_interval)
         with self._lock:
             found = self._channels.get(key)
             if found is None:
                 found = self._channels[key] = Channel(
-                    self, name, buffer=buffer, flush_interval=flush_interval)
+                    self, name, buffer=buffer, flush_interval=flush_interval
+                )
             return found
 
-    def subscribe(self, names: Sequence[str], *,
-                  on_loss: LossCallback | None = None) -> Subscription:
+    def subscribe(
+        self, names: Sequence[str], *, on_loss: LossCallback | None = None
+    ) -> Subscription:
         from .subscription import Subscription
 
         return Subscription(self.backend, names, on_loss=on_loss)
 
-    def subscribe_async(self, names: Sequence[str], *,
-                        on_loss: LossCallback | None = None) -> AsyncSubscription:
+    def subscribe_async(
+        self, names: Sequence[str], *, on_loss: LossCallback | None = None
+    ) -> AsyncSubscription:
         from .subscription import AsyncSubscription
 
         return AsyncSubscription(self.subscribe(names, on_loss=on_loss))
@@ -277,7 +298,8 @@ class ChannelHub:
 
     def _start_thread(self) -> None:
         self._thread = threading.Thread(
-            target=self._run, name="hurtle-channel-flusher", daemon=True)
+            target=self._run, name="hurtle-channel-flusher", daemon=True
+        )
         self._thread.start()
 
     def flush_all(self) -> None:
@@ -286,8 +308,9 @@ class ChannelHub:
         try:
             self.flush(channels)
         except Exception:
-            log.exception("channels: the last flush failed; subscribers will count those "
-                          "messages as lost")
+            log.exception(
+                "channels: the last flush failed; subscribers will count those messages as lost"
+            )
 
     def schedule(self, channel: Channel) -> None:
         """Arrange for ``channel`` to be flushed ``flush_interval`` seconds from now."""
@@ -333,8 +356,9 @@ class ChannelHub:
                         if frames:
                             self.backend.publish(frames)
             except Exception:
-                log.exception("channels: a flush failed; subscribers will count those messages "
-                              "as lost")
+                log.exception(
+                    "channels: a flush failed; subscribers will count those messages as lost"
+                )
 
     def close(self) -> None:
         """Flush every channel, stop the flusher and close the backend."""

@@ -44,9 +44,7 @@ def _array_header(n: int) -> bytes:
 
 def pack(publisher: bytes, seq: int, payloads: list[bytes]) -> bytes:
     """A frame from the publisher's encoded id, the first sequence number and encoded payloads."""
-    return b"".join(
-        (b"\x93", publisher, _encode(seq), _array_header(len(payloads)), *payloads)
-    )
+    return b"".join((b"\x93", publisher, _encode(seq), _array_header(len(payloads)), *payloads))
 
 
 def decode(frame: bytes) -> tuple[str, int, list[Any]]:

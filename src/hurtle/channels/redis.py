@@ -64,8 +64,9 @@ def _client(url: str) -> redis.Redis:
 
 
 class _RedisFeed:
-    def __init__(self, backend: RedisBackend, channels: Sequence[str],
-                 patterns: Sequence[str]) -> None:
+    def __init__(
+        self, backend: RedisBackend, channels: Sequence[str], patterns: Sequence[str]
+    ) -> None:
         self.reconnects = 0
         self.known: Callable[[], list[tuple[str, str]]] = list
         self._backend = backend
@@ -120,7 +121,9 @@ class _RedisFeed:
             log.warning(
                 "channel subscription to Redis at %s lost its connection (%s); subscribing "
                 "again: messages published meanwhile are counted as lost when their "
-                "publishers' next frames arrive", self._backend.url, err,
+                "publishers' next frames arrive",
+                self._backend.url,
+                err,
             )
         delay = _BACKOFF_FIRST
         while not self._closed:
@@ -142,8 +145,11 @@ class _RedisFeed:
         if not pairs:
             return []
         found = self._client.mget([seq_key(p, c) for c, p in pairs])
-        return [(c, frames_.pack(frames_.publisher_bytes(p), int(n), []))
-                for (c, p), n in zip(pairs, found, strict=True) if n is not None]
+        return [
+            (c, frames_.pack(frames_.publisher_bytes(p), int(n), []))
+            for (c, p), n in zip(pairs, found, strict=True)
+            if n is not None
+        ]
 
     def receive(self, timeout: float) -> list[tuple[str, bytes]]:
         until = time.monotonic() + timeout

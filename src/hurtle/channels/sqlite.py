@@ -80,8 +80,12 @@ _PRUNE_MARKS = "DELETE FROM channel_seq WHERE at < ?"
 def _connect(backend: SQLiteBackend) -> sqlite3.Connection:
     try:
         backend.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(backend.path, timeout=_BUSY_TIMEOUT_MS / 1000,
-                               isolation_level=None, check_same_thread=False)
+        conn = sqlite3.connect(
+            backend.path,
+            timeout=_BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+        )
         try:
             conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
             if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
@@ -145,15 +149,20 @@ class _SQLiteFeed:
     def _pruned(self, first: int) -> list[tuple[str, bytes]]:
         """Ids after the cursor and before ``first`` were pruned unread: empty frames carrying
         the next number of each known publisher whose last frame was among them."""
-        log.warning("SQLite channels %r: %d frame(s) were pruned before this subscriber read "
-                    "them (it is more than %g s behind)", self._backend.url,
-                    first - self._cursor - 1, RETENTION)
+        log.warning(
+            "SQLite channels %r: %d frame(s) were pruned before this subscriber read "
+            "them (it is more than %g s behind)",
+            self._backend.url,
+            first - self._cursor - 1,
+            RETENTION,
+        )
         marks = []
         for channel, publisher in self.known():
             row = self._conn.execute(_MARKS_OF, (channel, publisher)).fetchone()
             if row is not None and self._cursor < row[1] < first:
-                marks.append((channel, frames_.pack(frames_.publisher_bytes(publisher), row[0],
-                                                    [])))
+                marks.append(
+                    (channel, frames_.pack(frames_.publisher_bytes(publisher), row[0], []))
+                )
         return marks
 
     def close(self) -> None:
@@ -191,8 +200,13 @@ class SQLiteBackend:
                     # Ids of one transaction are contiguous: the last is last_insert_rowid().
                     first = conn.execute("SELECT last_insert_rowid()").fetchone()[0] - len(frames)
                     wall = time.time()
-                    conn.executemany(_MARK, [(f.channel, f.publisher, f.next_seq, first + i, wall)
-                                             for i, f in enumerate(frames, 1)])
+                    conn.executemany(
+                        _MARK,
+                        [
+                            (f.channel, f.publisher, f.next_seq, first + i, wall)
+                            for i, f in enumerate(frames, 1)
+                        ],
+                    )
                     conn.execute("COMMIT")
                 except BaseException:
                     if conn.in_transaction:

@@ -61,15 +61,18 @@ class ChannelMessage(msgspec.Struct, frozen=True, gc=False):
 class Subscription:
     """Messages of some channels and patterns; see the module docstring."""
 
-    def __init__(self, backend: Backend, names: Sequence[str], *,
-                 on_loss: LossCallback | None = None) -> None:
+    def __init__(
+        self, backend: Backend, names: Sequence[str], *, on_loss: LossCallback | None = None
+    ) -> None:
         if isinstance(names, str) or not names:
             raise ConfigurationError(
-                f"subscribe to one or more channel names or patterns, got {names!r}")
+                f"subscribe to one or more channel names or patterns, got {names!r}"
+            )
         for name in names:
             if not isinstance(name, str) or not name:
                 raise ConfigurationError(
-                    f"a channel name or pattern must be a non-empty string, got {name!r}")
+                    f"a channel name or pattern must be a non-empty string, got {name!r}"
+                )
         self.channels = tuple(n for n in names if not is_pattern(n))
         self.patterns = tuple(n for n in names if is_pattern(n))
         self.on_loss = on_loss
@@ -109,8 +112,12 @@ class Subscription:
     def __enter__(self) -> Subscription:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
     def __iter__(self) -> Subscription:
@@ -172,8 +179,9 @@ class Subscription:
             try:
                 publisher, seq, values = frame.decode(raw)
             except DecodeError as err:
-                log.warning("channel %r: skipped a message that is not a hurtle frame: %s",
-                            channel, err)
+                log.warning(
+                    "channel %r: skipped a message that is not a hurtle frame: %s", channel, err
+                )
                 continue
             key = (channel, publisher)
             want = expected.get(key)
@@ -182,9 +190,15 @@ class Subscription:
                     losses.append((channel, seq - want))
                     log.warning(
                         "channel %r: %d message(s) from publisher %s never arrived (expected "
-                        "number %d, got %d)", channel, seq - want, publisher, want, seq)
+                        "number %d, got %d)",
+                        channel,
+                        seq - want,
+                        publisher,
+                        want,
+                        seq,
+                    )
                 else:
-                    values = values[want - seq:]
+                    values = values[want - seq :]
                     seq = want
             expected[key] = seq + len(values)
             heard[key] = now
@@ -261,8 +275,12 @@ class AsyncSubscription:
     async def __aenter__(self) -> AsyncSubscription:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:

@@ -20,8 +20,15 @@ from . import dashboard, dead, demo, schedule, status, worker
 EXIT_USAGE = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: Optional packages: a command that needs one that is missing says which extra installs it.
-OPTIONAL = {"redis": "redis", "hiredis": "redis", "gevent": "gevent", "eventlet": "eventlet",
-            "starlette": "dashboard", "uvicorn": "dashboard", "prometheus_client": "dashboard"}
+OPTIONAL = {
+    "redis": "redis",
+    "hiredis": "redis",
+    "gevent": "gevent",
+    "eventlet": "eventlet",
+    "starlette": "dashboard",
+    "uvicorn": "dashboard",
+    "prometheus_client": "dashboard",
+}
 
 
 def _log_level(text: str) -> str:
@@ -34,9 +41,14 @@ def _log_level(text: str) -> str:
 
 
 def _add_log_level(parser: argparse.ArgumentParser, default: object) -> None:
-    parser.add_argument("--log-level", type=_log_level, default=default, metavar="LEVEL",
-                        help="DEBUG, INFO, WARNING or ERROR (default: INFO); at DEBUG a worker "
-                             "logs one line per batch it fetches")
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default=default,
+        metavar="LEVEL",
+        help="DEBUG, INFO, WARNING or ERROR (default: INFO); at DEBUG a worker "
+        "logs one line per batch it fetches",
+    )
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -86,8 +98,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         top = (err.name or "").partition(".")[0]
         if top not in OPTIONAL:
             raise
-        print(f"hurtle: error: this needs the {top} package, which is not installed: "
-              f"pip install 'hurtle[{OPTIONAL[top]}]'", file=sys.stderr)
+        print(
+            f"hurtle: error: this needs the {top} package, which is not installed: "
+            f"pip install 'hurtle[{OPTIONAL[top]}]'",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -32,7 +32,5 @@ def load_app(path: str) -> Hurtle:
     if app is None:
         raise ConfigurationError(f"module {module_name!r} has no attribute {attr!r}")
     if not isinstance(app, Hurtle):
-        raise ConfigurationError(
-            f"{path!r} is a {type(app).__name__}, not a hurtle.Hurtle app"
-        )
+        raise ConfigurationError(f"{path!r} is a {type(app).__name__}, not a hurtle.Hurtle app")
     return app

@@ -19,9 +19,11 @@ def add_parser(sub: Any) -> None:
         "dashboard", help="serve the web dashboard, JSON API and /metrics"
     )
     p.add_argument("app", help="the app, as module:attribute")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default: 127.0.0.1; any other needs "
-                        "HURTLE_DASHBOARD_TOKEN)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default: 127.0.0.1; any other needs HURTLE_DASHBOARD_TOKEN)",
+    )
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.set_defaults(handler=run)
 
@@ -37,8 +39,17 @@ def run(args: argparse.Namespace) -> int:
 
     app = load_app(args.app)
     where = f"[{args.host}]" if ":" in args.host else args.host
-    print(f"hurtle dashboard for {app.broker.url} on http://{where}:{args.port}/"
-          + (" (access token required)" if token else ""), file=sys.stderr, flush=True)
-    uvicorn.run(create_app(app, token=token), host=args.host, port=args.port,
-                log_level="warning", access_log=False)
+    print(
+        f"hurtle dashboard for {app.broker.url} on http://{where}:{args.port}/"
+        + (" (access token required)" if token else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    uvicorn.run(
+        create_app(app, token=token),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+    )
     return 0

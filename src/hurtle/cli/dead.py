@@ -38,8 +38,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("action", choices=("list", "retry", "purge"))
     p.add_argument("ids", nargs="*", metavar="ID", help="only these dead letters (see below)")
     p.add_argument("--queue", "-q", default=None, help="one queue (default: every queue)")
-    p.add_argument("--limit", type=int, default=50,
-                   help="how many to list per queue (default 50; ignored with IDs)")
+    p.add_argument(
+        "--limit",
+        type=int,
+        default=50,
+        help="how many to list per queue (default 50; ignored with IDs)",
+    )
     p.add_argument("--json", action="store_true", help="list as JSON")
     p.set_defaults(handler=run)
 
@@ -79,10 +83,16 @@ def _named(
 def _row(d: DeadLetter) -> dict[str, object]:
     m = d.message()
     return {
-        "id": d.id, "queue": d.queue, "reason": d.reason, "failed_at": d.failed_at,
-        "message_id": m.id if m else None, "task": m.task if m else None,
-        "args": list(m.args) if m else None, "kwargs": dict(m.kwargs) if m else None,
-        "attempt": m.attempt if m else None, "raw": None if m else d.raw.hex(),
+        "id": d.id,
+        "queue": d.queue,
+        "reason": d.reason,
+        "failed_at": d.failed_at,
+        "message_id": m.id if m else None,
+        "task": m.task if m else None,
+        "args": list(m.args) if m else None,
+        "kwargs": dict(m.kwargs) if m else None,
+        "attempt": m.attempt if m else None,
+        "raw": None if m else d.raw.hex(),
     }
 
 
@@ -117,9 +127,11 @@ def run(args: argparse.Namespace) -> int:
     if args.ids:
         chosen, missing = _named(broker, queues, args.ids)
         for i in missing:
-            print(f"hurtle: no dead letter in {', '.join(map(repr, queues)) or 'any queue'} has "
-                  f"the id {i!r} (neither as its own id nor as its message's id)",
-                  file=sys.stderr)
+            print(
+                f"hurtle: no dead letter in {', '.join(map(repr, queues)) or 'any queue'} has "
+                f"the id {i!r} (neither as its own id nor as its message's id)",
+                file=sys.stderr,
+            )
     if args.action == "list":
         more: dict[str, int] = {}
         if not args.ids:

@@ -30,8 +30,11 @@ def add_parser(sub: Any) -> None:
         "demo", help="send and run N tasks on the embedded queue and report tasks/s"
     )
     p.add_argument("--count", "-n", type=int, default=100_000, help="tasks (default 100,000)")
-    p.add_argument("--broker", default=None,
-                   help="broker URL (default: a fresh SQLite file in a temporary directory)")
+    p.add_argument(
+        "--broker",
+        default=None,
+        help="broker URL (default: a fresh SQLite file in a temporary directory)",
+    )
     p.add_argument("--batch", type=int, default=1000, help="calls per send_many (default 1000)")
     p.set_defaults(handler=run)
 

@@ -32,17 +32,19 @@ def run(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     for name in sorted(app.schedules):
         s = app.schedules[name]
-        rows.append({
-            "name": name,
-            "task": s.task.name,
-            "queue": s.queue,
-            "cron": s.cron,
-            "every": s.every,
-            "tz": str(s.tz),
-            "catch_up": s.catch_up,
-            "last_run": broker.last_tick(s.queue, name),
-            "next_run": s.next_after(now),
-        })
+        rows.append(
+            {
+                "name": name,
+                "task": s.task.name,
+                "queue": s.queue,
+                "cron": s.cron,
+                "every": s.every,
+                "tz": str(s.tz),
+                "catch_up": s.catch_up,
+                "last_run": broker.last_tick(s.queue, name),
+                "next_run": s.next_after(now),
+            }
+        )
     if args.json:
         doc = {"broker": broker.url, "time": now, "schedules": rows}
         print(json.dumps(doc, indent=2, sort_keys=True))
@@ -53,8 +55,15 @@ def run(args: argparse.Namespace) -> int:
     table = [("schedule", "task", "when", "last run", "next run")]
     for r in rows:
         s = app.schedules[r["name"]]
-        table.append((r["name"], r["task"], s.describe(), _local(r["last_run"], s.tz),
-                      _local(r["next_run"], s.tz)))
+        table.append(
+            (
+                r["name"],
+                r["task"],
+                s.describe(),
+                _local(r["last_run"], s.tz),
+                _local(r["next_run"], s.tz),
+            )
+        )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     print(f"broker: {broker.url}")
     for row in table:

@@ -28,8 +28,12 @@ def run(args: argparse.Namespace) -> int:
             "broker": broker.url,
             "time": time.time(),
             "queues": {
-                name: {"ready": s.ready, "delayed": s.delayed, "in_flight": s.in_flight,
-                       "dead": s.dead}
+                name: {
+                    "ready": s.ready,
+                    "delayed": s.delayed,
+                    "in_flight": s.in_flight,
+                    "dead": s.dead,
+                }
                 for name, s in stats.items()
             },
         }

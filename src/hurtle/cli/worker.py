@@ -29,20 +29,45 @@ def add_parser(sub: Any) -> None:
         "worker", help="consume tasks", description="Run a worker for APP (module:attribute)."
     )
     p.add_argument("app", help="the app, as module:attribute (e.g. tasks:app)")
-    p.add_argument("--queues", "-Q", default="",
-                   help="comma-separated queues (default: every queue the app's tasks name)")
+    p.add_argument(
+        "--queues",
+        "-Q",
+        default="",
+        help="comma-separated queues (default: every queue the app's tasks name)",
+    )
     p.add_argument("--pool", "-P", default="solo", choices=POOLS, help="concurrency mode")
-    p.add_argument("--concurrency", "-c", default=None, metavar="N|MIN,MAX",
-                   help="tasks at once per process; MIN,MAX scales with the backlog (default: "
-                   "1 for solo, 10 for threads, 100 for asyncio, gevent and eventlet)")
-    p.add_argument("--processes", "-p", type=int, default=None,
-                   help="run this many worker processes under a supervisor that restarts them")
-    p.add_argument("--burst", action="store_true",
-                   help="exit 0 once the queues have nothing ready, delayed or in flight")
-    p.add_argument("--shutdown-timeout", type=_seconds, default=None, metavar="S",
-                   help="seconds running tasks get to finish on SIGTERM (default 30)")
-    p.add_argument("--no-scheduler", action="store_true",
-                   help="do not enqueue the app's periodic tasks (other workers still do)")
+    p.add_argument(
+        "--concurrency",
+        "-c",
+        default=None,
+        metavar="N|MIN,MAX",
+        help="tasks at once per process; MIN,MAX scales with the backlog (default: "
+        "1 for solo, 10 for threads, 100 for asyncio, gevent and eventlet)",
+    )
+    p.add_argument(
+        "--processes",
+        "-p",
+        type=int,
+        default=None,
+        help="run this many worker processes under a supervisor that restarts them",
+    )
+    p.add_argument(
+        "--burst",
+        action="store_true",
+        help="exit 0 once the queues have nothing ready, delayed or in flight",
+    )
+    p.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="seconds running tasks get to finish on SIGTERM (default 30)",
+    )
+    p.add_argument(
+        "--no-scheduler",
+        action="store_true",
+        help="do not enqueue the app's periodic tasks (other workers still do)",
+    )
     p.add_argument("--supervised-by", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
@@ -87,10 +112,13 @@ def run(args: argparse.Namespace) -> int:
     concurrency, min_concurrency = parse_concurrency(args.concurrency, args.pool)
     ignored = args.pool == "solo" and args.concurrency is not None and int(args.concurrency) > 1
     if ignored and args.supervised_by is None:  # the supervisor warned: not once per child
-        log.warning("--concurrency %s is ignored: the solo pool runs one task at a time; use "
-                    "--pool threads (or asyncio, gevent, eventlet) to run several at once, or "
-                    "--processes %s for that many solo processes", args.concurrency,
-                    args.concurrency)
+        log.warning(
+            "--concurrency %s is ignored: the solo pool runs one task at a time; use "
+            "--pool threads (or asyncio, gevent, eventlet) to run several at once, or "
+            "--processes %s for that many solo processes",
+            args.concurrency,
+            args.concurrency,
+        )
     if args.processes is not None:
         return _supervise(args)
     from ..worker.executors.greenlets import patch
@@ -99,16 +127,25 @@ def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     queues = [q.strip() for q in args.queues.split(",") if q.strip()] or None
     worker = app.worker(
-        queues=queues, pool=args.pool, concurrency=concurrency, min_concurrency=min_concurrency,
-        burst=args.burst, shutdown_timeout=args.shutdown_timeout,
-        recycle_abandoned=args.supervised_by is not None, parent_pid=args.supervised_by,
+        queues=queues,
+        pool=args.pool,
+        concurrency=concurrency,
+        min_concurrency=min_concurrency,
+        burst=args.burst,
+        shutdown_timeout=args.shutdown_timeout,
+        recycle_abandoned=args.supervised_by is not None,
+        parent_pid=args.supervised_by,
         scheduler=not args.no_scheduler,
     )
     broker = app.broker  # connect now, so a bad URL fails before anything starts
     where = getattr(broker, "path", None)  # a file broker: say which file, wherever we run
-    log.info("app %s: %d tasks (%s); broker %s", args.app, len(app.tasks),
-             ", ".join(sorted(app.tasks)) or "none",
-             f"file {Path(where).resolve()}" if where is not None else broker.url)
+    log.info(
+        "app %s: %d tasks (%s); broker %s",
+        args.app,
+        len(app.tasks),
+        ", ".join(sorted(app.tasks)) or "none",
+        f"file {Path(where).resolve()}" if where is not None else broker.url,
+    )
     worker.install_signal_handlers()
     worker.run()
     return EXIT_RECYCLE if worker.recycle else 0
@@ -117,8 +154,16 @@ def run(args: argparse.Namespace) -> int:
 def _supervise(args: argparse.Namespace) -> int:
     if args.processes < 1:
         raise ConfigurationError(f"--processes must be at least 1, got {args.processes}")
-    command = ["--log-level", str(args.log_level), "worker", args.app, "--pool", args.pool,
-               "--supervised-by", str(os.getpid())]
+    command = [
+        "--log-level",
+        str(args.log_level),
+        "worker",
+        args.app,
+        "--pool",
+        args.pool,
+        "--supervised-by",
+        str(os.getpid()),
+    ]
     if args.queues:
         command += ["--queues", args.queues]
     if args.concurrency is not None:

@@ -41,23 +41,25 @@ class BrokerCollector:
 
     def collect(self) -> Iterator[Metric]:
         families = {
-            kind: CounterMetricFamily(f"hurtle_tasks_{kind}", _HELP[kind],
-                                      labels=["queue", "task"])
+            kind: CounterMetricFamily(f"hurtle_tasks_{kind}", _HELP[kind], labels=["queue", "task"])
             for kind in KINDS
         }
         for c in self.broker.totals():
             for kind in KINDS:
                 families[kind].add_metric([c.queue, c.task], getattr(c, kind))
         yield from families.values()
-        depth = GaugeMetricFamily("hurtle_queue_messages", "Messages per queue and state.",
-                                  labels=["queue", "state"])
+        depth = GaugeMetricFamily(
+            "hurtle_queue_messages", "Messages per queue and state.", labels=["queue", "state"]
+        )
         for name, s in queries.queue_stats(self.broker, self.declared).items():
             for state in ("ready", "delayed", "in_flight", "dead"):
                 depth.add_metric([name, state], getattr(s, state))
         yield depth
-        yield GaugeMetricFamily("hurtle_workers_alive",
-                                "Workers whose heartbeat deadline has not passed.",
-                                value=len(self.broker.workers()))
+        yield GaugeMetricFamily(
+            "hurtle_workers_alive",
+            "Workers whose heartbeat deadline has not passed.",
+            value=len(self.broker.workers()),
+        )
 
 
 def registry(broker: Broker, declared: Iterable[str] = ()) -> CollectorRegistry:

@@ -30,8 +30,7 @@ def _obj(props: dict[str, Any], nullable: tuple[str, ...] = ()) -> dict[str, Any
         "type": "object",
         "required": sorted(props),
         "properties": {
-            k: ({"anyOf": [v, {"type": "null"}]} if k in nullable else v)
-            for k, v in props.items()
+            k: ({"anyOf": [v, {"type": "null"}]} if k in nullable else v) for k, v in props.items()
         },
     }
 
@@ -62,83 +61,145 @@ OPENAPI: dict[str, Any] = {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         "schemas": {
             "Error": _obj({"error": _STR}),
-            "Queue": _obj({"name": _STR, "ready": _INT, "delayed": _INT, "in_flight": _INT,
-                           "dead": _INT}),
+            "Queue": _obj(
+                {"name": _STR, "ready": _INT, "delayed": _INT, "in_flight": _INT, "dead": _INT}
+            ),
             "Point": _obj({"t": _NUM, "processed": _NUM, "failed": _NUM}),
             "Counts": _obj(_COUNTS),
             "TaskCounts": _obj({"queue": _STR, "task": _STR, **_COUNTS}),
-            "Worker": _obj({
-                "id": _STR, "host": _STR, "pid": _INT, "pool": _STR, "concurrency": _INT,
-                "queues": {"type": "array", "items": _STR}, "started_at": _NUM,
-                "last_heartbeat": _NUM, "deadline": _NUM, **_COUNTS,
-            }),
+            "Worker": _obj(
+                {
+                    "id": _STR,
+                    "host": _STR,
+                    "pid": _INT,
+                    "pool": _STR,
+                    "concurrency": _INT,
+                    "queues": {"type": "array", "items": _STR},
+                    "started_at": _NUM,
+                    "last_heartbeat": _NUM,
+                    "deadline": _NUM,
+                    **_COUNTS,
+                }
+            ),
             "DeadLetter": _obj(
-                {"id": _STR, "queue": _STR, "reason": _STR, "traceback": _STR,
-                 "failed_at": _NUM, "message_id": _STR, "task": _STR, "attempts": _INT,
-                 "args": {"type": "array"}, "kwargs": {"type": "object"}, "size": _INT},
+                {
+                    "id": _STR,
+                    "queue": _STR,
+                    "reason": _STR,
+                    "traceback": _STR,
+                    "failed_at": _NUM,
+                    "message_id": _STR,
+                    "task": _STR,
+                    "attempts": _INT,
+                    "args": {"type": "array"},
+                    "kwargs": {"type": "object"},
+                    "size": _INT,
+                },
                 nullable=("message_id", "task", "attempts", "args", "kwargs"),
             ),
-            "Overview": _obj({
-                "broker": _STR, "time": _NUM, "totals": _ref("Counts"),
-                "throughput": _ref("Point"), "workers_alive": _INT,
-                "queues": {"type": "array", "items": _ref("Queue")},
-            }),
+            "Overview": _obj(
+                {
+                    "broker": _STR,
+                    "time": _NUM,
+                    "totals": _ref("Counts"),
+                    "throughput": _ref("Point"),
+                    "workers_alive": _INT,
+                    "queues": {"type": "array", "items": _ref("Queue")},
+                }
+            ),
         },
     },
     "security": [{"bearer": []}],
     "paths": {
-        "/api/overview": {"get": {
-            "summary": "Totals, throughput, queue depths, workers alive",
-            "responses": _ok(_ref("Overview")),
-        }},
-        "/api/throughput": {"get": {
-            "summary": "Recent throughput points (tasks per second)",
-            "responses": _ok(_obj({"every": _NUM,
-                                   "points": {"type": "array", "items": _ref("Point")}})),
-        }},
-        "/api/throughput/stream": {"get": {
-            "summary": "Throughput points as server-sent events (event: throughput)",
-            "responses": {"200": {"description": "An event stream",
-                                  "content": {"text/event-stream": {"schema": _STR}}}},
-        }},
-        "/api/queues": {"get": {
-            "summary": "Messages per queue and state",
-            "responses": _ok({"type": "array", "items": _ref("Queue")}),
-        }},
-        "/api/tasks": {"get": {
-            "summary": "The cluster's counters per queue and task",
-            "responses": _ok({"type": "array", "items": _ref("TaskCounts")}),
-        }},
-        "/api/workers": {"get": {
-            "summary": "Live workers, as of their last heartbeat",
-            "responses": _ok({"type": "array", "items": _ref("Worker")}),
-        }},
-        "/api/queues/{queue}/messages": {"post": {
-            "summary": "Enqueue one message or a list of them; answers with their ids",
-            "parameters": [_QUEUE],
-            "requestBody": {"required": True, "content": {"application/json": {"schema": {
-                "oneOf": [_MESSAGE_IN,
-                          {"type": "array", "items": _MESSAGE_IN, "minItems": 1}],
-            }}}},
-            "responses": {
-                **_ok({"type": "object", "required": ["ids"], "properties": {
-                    "id": _STR, "ids": {"type": "array", "items": _STR}}},
-                    "201", "Enqueued"),
-                "400": _ERROR,
-            },
-        }},
+        "/api/overview": {
+            "get": {
+                "summary": "Totals, throughput, queue depths, workers alive",
+                "responses": _ok(_ref("Overview")),
+            }
+        },
+        "/api/throughput": {
+            "get": {
+                "summary": "Recent throughput points (tasks per second)",
+                "responses": _ok(
+                    _obj({"every": _NUM, "points": {"type": "array", "items": _ref("Point")}})
+                ),
+            }
+        },
+        "/api/throughput/stream": {
+            "get": {
+                "summary": "Throughput points as server-sent events (event: throughput)",
+                "responses": {
+                    "200": {
+                        "description": "An event stream",
+                        "content": {"text/event-stream": {"schema": _STR}},
+                    }
+                },
+            }
+        },
+        "/api/queues": {
+            "get": {
+                "summary": "Messages per queue and state",
+                "responses": _ok({"type": "array", "items": _ref("Queue")}),
+            }
+        },
+        "/api/tasks": {
+            "get": {
+                "summary": "The cluster's counters per queue and task",
+                "responses": _ok({"type": "array", "items": _ref("TaskCounts")}),
+            }
+        },
+        "/api/workers": {
+            "get": {
+                "summary": "Live workers, as of their last heartbeat",
+                "responses": _ok({"type": "array", "items": _ref("Worker")}),
+            }
+        },
+        "/api/queues/{queue}/messages": {
+            "post": {
+                "summary": "Enqueue one message or a list of them; answers with their ids",
+                "parameters": [_QUEUE],
+                "requestBody": {
+                    "required": True,
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "oneOf": [
+                                    _MESSAGE_IN,
+                                    {"type": "array", "items": _MESSAGE_IN, "minItems": 1},
+                                ],
+                            }
+                        }
+                    },
+                },
+                "responses": {
+                    **_ok(
+                        {
+                            "type": "object",
+                            "required": ["ids"],
+                            "properties": {"id": _STR, "ids": {"type": "array", "items": _STR}},
+                        },
+                        "201",
+                        "Enqueued",
+                    ),
+                    "400": _ERROR,
+                },
+            }
+        },
         "/api/queues/{queue}/dead": {
             "get": {
                 "summary": "Dead letters of a queue, oldest first",
                 "parameters": [
                     _QUEUE,
-                    {"name": "limit", "in": "query",
-                     "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
-                    {"name": "offset", "in": "query",
-                     "schema": {"type": "integer", "minimum": 0}},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 500},
+                    },
+                    {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
                 ],
                 "responses": {
-                    **_ok({"type": "array", "items": _ref("DeadLetter")}), "400": _ERROR,
+                    **_ok({"type": "array", "items": _ref("DeadLetter")}),
+                    "400": _ERROR,
                 },
             },
             "delete": {
@@ -147,19 +208,27 @@ OPENAPI: dict[str, Any] = {
                 "responses": _ok(_obj({"purged": _INT})),
             },
         },
-        "/api/queues/{queue}/dead/retry": {"post": {
-            "summary": "Put dead letters back in their queue (a selection, or all)",
-            "parameters": [_QUEUE],
-            "requestBody": {"required": True,
-                            "content": {"application/json": {"schema": _SELECTION}}},
-            "responses": {**_ok(_obj({"retried": _INT})), "400": _ERROR},
-        }},
-        "/api/queues/{queue}/dead/delete": {"post": {
-            "summary": "Delete dead letters (a selection, or all)",
-            "parameters": [_QUEUE],
-            "requestBody": {"required": True,
-                            "content": {"application/json": {"schema": _SELECTION}}},
-            "responses": {**_ok(_obj({"deleted": _INT})), "400": _ERROR},
-        }},
+        "/api/queues/{queue}/dead/retry": {
+            "post": {
+                "summary": "Put dead letters back in their queue (a selection, or all)",
+                "parameters": [_QUEUE],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _SELECTION}},
+                },
+                "responses": {**_ok(_obj({"retried": _INT})), "400": _ERROR},
+            }
+        },
+        "/api/queues/{queue}/dead/delete": {
+            "post": {
+                "summary": "Delete dead letters (a selection, or all)",
+                "parameters": [_QUEUE],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": _SELECTION}},
+                },
+                "responses": {**_ok(_obj({"deleted": _INT})), "400": _ERROR},
+            }
+        },
     },
 }

@@ -40,8 +40,13 @@ def queue_stats(broker: Broker, declared: Iterable[str] = ()) -> dict[str, Queue
 
 def queue_rows(stats: dict[str, QueueStats]) -> list[dict[str, Any]]:
     return [
-        {"name": name, "ready": s.ready, "delayed": s.delayed, "in_flight": s.in_flight,
-         "dead": s.dead}
+        {
+            "name": name,
+            "ready": s.ready,
+            "delayed": s.delayed,
+            "in_flight": s.in_flight,
+            "dead": s.dead,
+        }
         for name, s in stats.items()
     ]
 
@@ -143,7 +148,8 @@ class Throughput:
             elif r.at > last[0]:
                 span = self._spans[r.id] = r.at - last[0]
                 self._rates[r.id] = (
-                    max(processed - last[1], 0) / span, max(failed - last[2], 0) / span
+                    max(processed - last[1], 0) / span,
+                    max(failed - last[2], 0) / span,
                 )
                 self._last[r.id] = (r.at, processed, failed)
                 self._seen[r.id] = now
@@ -154,9 +160,11 @@ class Throughput:
             self._seen.pop(gone, None)
         # a worker that missed two reports (stuck, or dead and not yet expired) counts for 0;
         # judged by this process's clock, since workers' clocks may be set differently
-        live = [rate for worker_id, rate in self._rates.items()
-                if now - self._seen[worker_id]
-                <= 2 * self._spans.get(worker_id, math.inf) + self.every]
+        live = [
+            rate
+            for worker_id, rate in self._rates.items()
+            if now - self._seen[worker_id] <= 2 * self._spans.get(worker_id, math.inf) + self.every
+        ]
         return sum(p for p, _ in live), sum(f for _, f in live)
 
     def sample(self) -> tuple[dict[str, float], list[WorkerReport]]:
@@ -167,8 +175,11 @@ class Throughput:
                 return self.history[-1], self._workers
             self._workers = self.broker.workers()
             processed, failed = self.rates(self._workers, now)
-            point = {"t": round(now, 3), "processed": round(processed, 3),
-                     "failed": round(failed, 3)}
+            point = {
+                "t": round(now, 3),
+                "processed": round(processed, 3),
+                "failed": round(failed, 3),
+            }
             self.history.append(point)
             self._sampled = now
             return point, self._workers

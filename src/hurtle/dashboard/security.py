@@ -95,7 +95,7 @@ class Guard:
         jar = cookies(headers)
         path = scope.get("path", "")
         root = scope.get("root_path", "")
-        local = path[len(root):] if root and path.startswith(root) else path
+        local = path[len(root) :] if root and path.startswith(root) else path
         by_cookie = False
         if self.token and local not in OPEN_PATHS:
             bearer = headers.get("authorization", "")
@@ -124,14 +124,22 @@ class Guard:
             local.startswith("/api/") or local == "/metrics"
         )
         if wants_page:
-            await send({"type": "http.response.start", "status": 303,
-                        "headers": [(b"location", f"{root}/login".encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 303,
+                    "headers": [(b"location", f"{root}/login".encode())],
+                }
+            )
             await send({"type": "http.response.body", "body": b""})
             return
         await _send_json(
-            send, 401,
-            {"error": "this dashboard needs its access token: send the header "
-                      "'Authorization: Bearer <token>' or log in at /login"},
+            send,
+            401,
+            {
+                "error": "this dashboard needs its access token: send the header "
+                "'Authorization: Bearer <token>' or log in at /login"
+            },
             [(b"www-authenticate", b'Bearer realm="hurtle"')],
         )
 
@@ -158,9 +166,15 @@ async def _send_json(
     send: Any, status: int, doc: dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     body = json.dumps(doc).encode()
-    await send({
-        "type": "http.response.start", "status": status,
-        "headers": [(b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()), *(extra or [])],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(extra or []),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

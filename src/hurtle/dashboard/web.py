@@ -76,26 +76,28 @@ def create_app(
         broker, declared = target, []
     dash = _Dashboard(broker, declared, token, sample_every, batch_window)
     static = resources.files("hurtle.dashboard") / "static"
-    app = Starlette(routes=[
-        Route("/", dash.page),
-        Route("/login", dash.login_page, methods=["GET"]),
-        Route("/login", dash.login, methods=["POST"]),
-        Route("/logout", dash.logout, methods=["POST"]),
-        Route("/metrics", dash.metrics),
-        Route("/api/openapi.json", dash.openapi),
-        Route("/api/overview", dash.overview),
-        Route("/api/throughput", dash.throughput),
-        Route("/api/throughput/stream", dash.stream),
-        Route("/api/queues", dash.queues),
-        Route("/api/tasks", dash.tasks),
-        Route("/api/workers", dash.workers),
-        Route("/api/queues/{queue}/messages", dash.enqueue, methods=["POST"]),
-        Route("/api/queues/{queue}/dead", dash.dead_letters, methods=["GET"]),
-        Route("/api/queues/{queue}/dead", dash.purge_dead, methods=["DELETE"]),
-        Route("/api/queues/{queue}/dead/retry", dash.retry_dead, methods=["POST"]),
-        Route("/api/queues/{queue}/dead/delete", dash.delete_dead, methods=["POST"]),
-        Mount("/static", StaticFiles(directory=str(static)), name="static"),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/", dash.page),
+            Route("/login", dash.login_page, methods=["GET"]),
+            Route("/login", dash.login, methods=["POST"]),
+            Route("/logout", dash.logout, methods=["POST"]),
+            Route("/metrics", dash.metrics),
+            Route("/api/openapi.json", dash.openapi),
+            Route("/api/overview", dash.overview),
+            Route("/api/throughput", dash.throughput),
+            Route("/api/throughput/stream", dash.stream),
+            Route("/api/queues", dash.queues),
+            Route("/api/tasks", dash.tasks),
+            Route("/api/workers", dash.workers),
+            Route("/api/queues/{queue}/messages", dash.enqueue, methods=["POST"]),
+            Route("/api/queues/{queue}/dead", dash.dead_letters, methods=["GET"]),
+            Route("/api/queues/{queue}/dead", dash.purge_dead, methods=["DELETE"]),
+            Route("/api/queues/{queue}/dead/retry", dash.retry_dead, methods=["POST"]),
+            Route("/api/queues/{queue}/dead/delete", dash.delete_dead, methods=["POST"]),
+            Mount("/static", StaticFiles(directory=str(static)), name="static"),
+        ]
+    )
     app.add_middleware(_EnqueueLane, dashboard=dash)
     app.add_middleware(Guard, token=token)  # added last: runs first
     app.state.dashboard = dash
@@ -137,9 +139,9 @@ class _EnqueueLane:
             path: str = scope["path"]
             root: str = scope.get("root_path", "")
             if root and path.startswith(root):
-                path = path[len(root):]
+                path = path[len(root) :]
             if path.startswith("/api/queues/") and path.endswith("/messages"):
-                queue = path[len("/api/queues/"):-len("/messages")]
+                queue = path[len("/api/queues/") : -len("/messages")]
                 if queue and "/" not in queue:
                     await self._enqueue(queue, receive, send)
                     return
@@ -156,16 +158,25 @@ class _EnqueueLane:
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > MAX_BODY:
-                status, body = 413, _encode_json(
-                    {"error": f"the request body exceeds {MAX_BODY} bytes"})
+                status, body = (
+                    413,
+                    _encode_json({"error": f"the request body exceeds {MAX_BODY} bytes"}),
+                )
                 break
             chunks.append(chunk)
             more = message.get("more_body", False)
         else:
             status, body = await self.dashboard.enqueue_body(queue, b"".join(chunks))
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": body})
 
 
@@ -191,28 +202,42 @@ def _messages(queue: str, doc: Any) -> list[Message]:
     for n, item in enumerate(items):
         where = f"message {n}" if isinstance(doc, list) else "the message"
         if not isinstance(item, dict):
-            raise BadRequest(f"{where} is not an object: expected {{\"task\": \"name\", ...}}")
+            raise BadRequest(f'{where} is not an object: expected {{"task": "name", ...}}')
         unknown = set(item) - {"task", "args", "kwargs", "priority", "eta"}
         if unknown:
-            raise BadRequest(f"{where} has unknown fields {sorted(unknown)}: use task, args, "
-                             "kwargs, priority, eta")
+            raise BadRequest(
+                f"{where} has unknown fields {sorted(unknown)}: use task, args, "
+                "kwargs, priority, eta"
+            )
         task, args, kwargs = item.get("task"), item.get("args", []), item.get("kwargs", {})
         if not isinstance(task, str) or not task:
-            raise BadRequest(f"{where} needs \"task\": the task's name, a non-empty string")
+            raise BadRequest(f'{where} needs "task": the task\'s name, a non-empty string')
         if not isinstance(args, list):
-            raise BadRequest(f"{where}: \"args\" must be a list, got {type(args).__name__}")
+            raise BadRequest(f'{where}: "args" must be a list, got {type(args).__name__}')
         if not isinstance(kwargs, dict):
-            raise BadRequest(f"{where}: \"kwargs\" must be an object")
-        out.append(Message(
-            id=new_id(), task=task, queue=queue, args=tuple(args), kwargs=kwargs,
-            priority=item.get("priority", 0), eta=item.get("eta", 0.0), created=now,
-        ))
+            raise BadRequest(f'{where}: "kwargs" must be an object')
+        out.append(
+            Message(
+                id=new_id(),
+                task=task,
+                queue=queue,
+                args=tuple(args),
+                kwargs=kwargs,
+                priority=item.get("priority", 0),
+                eta=item.get("eta", 0.0),
+                created=now,
+            )
+        )
     return out
 
 
 class _Dashboard:
     def __init__(
-        self, broker: Broker, declared: list[str], token: str | None, sample_every: float,
+        self,
+        broker: Broker,
+        declared: list[str],
+        token: str | None,
+        sample_every: float,
         batch_window: float,
     ) -> None:
         self.broker = broker
@@ -232,8 +257,12 @@ class _Dashboard:
         html = (resources.files("hurtle.dashboard") / "static" / "index.html").read_text()
         response = HTMLResponse(html.replace("{{root}}", request.scope.get("root_path", "")))
         if not request.cookies.get(CSRF_COOKIE):
-            response.set_cookie(CSRF_COOKIE, new_csrf(), samesite="strict",
-                                path=request.scope.get("root_path", "") or "/")
+            response.set_cookie(
+                CSRF_COOKIE,
+                new_csrf(),
+                samesite="strict",
+                path=request.scope.get("root_path", "") or "/",
+            )
         return response
 
     async def login_page(self, request: Request) -> Response:
@@ -248,8 +277,13 @@ class _Dashboard:
         if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):
             return RedirectResponse(f"{root}/login?failed=1", status_code=303)
         response = RedirectResponse(f"{root}/", status_code=303)
-        response.set_cookie(SESSION_COOKIE, session_value(self.token), httponly=True,
-                            samesite="strict", path=root or "/")
+        response.set_cookie(
+            SESSION_COOKIE,
+            session_value(self.token),
+            httponly=True,
+            samesite="strict",
+            path=root or "/",
+        )
         response.set_cookie(CSRF_COOKIE, new_csrf(), samesite="strict", path=root or "/")
         return response
 
@@ -265,9 +299,7 @@ class _Dashboard:
         return _json(OPENAPI)
 
     async def overview(self, request: Request) -> Response:
-        return _json(await self._run(
-            queries.overview, self.broker, self.rates, self.declared
-        ))
+        return _json(await self._run(queries.overview, self.broker, self.rates, self.declared))
 
     async def throughput(self, request: Request) -> Response:
         await self._run(self.rates.sample)
@@ -284,7 +316,8 @@ class _Dashboard:
                 await asyncio.sleep(self.sample_every)
 
         return StreamingResponse(
-            events(), media_type="text/event-stream",
+            events(),
+            media_type="text/event-stream",
             headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
         )
 
@@ -328,8 +361,9 @@ class _Dashboard:
         except BrokerError as err:  # nothing acknowledged: the client may send again
             return 503, _encode_json({"error": f"the broker failed; nothing was enqueued: {err}"})
         ids = [m.id for m in messages]
-        return 201, _encode_json({"ids": ids} if isinstance(doc, list) else
-                                 {"id": ids[0], "ids": ids})
+        return 201, _encode_json(
+            {"ids": ids} if isinstance(doc, list) else {"id": ids[0], "ids": ids}
+        )
 
     async def purge_dead(self, request: Request) -> Response:
         n = await self._run(self.broker.purge_dead, request.path_params["queue"])

@@ -71,8 +71,12 @@ class RateLimitMiddleware(Middleware):
 
     def applies_to(self, task: Task[Any, Any]) -> bool:
         limits = task.limits
-        return (limits is not None and limits.rate is not None and limits.concurrency is None
-                and limits.rate_key is None)
+        return (
+            limits is not None
+            and limits.rate is not None
+            and limits.concurrency is None
+            and limits.rate_key is None
+        )
 
     def worker_start(self, worker: Worker) -> None:
         self._broker = worker.app.broker
@@ -134,8 +138,10 @@ class RateLimitMiddleware(Middleware):
                     if i < got:
                         self._held[id(job.delivery)] = (job.delivery, _Slot(key, 1))
                     else:
-                        job.defer(CONCURRENCY_PAUSE * random.uniform(0.5, 1.5),
-                                  f"concurrency limit of {key!r}")
+                        job.defer(
+                            CONCURRENCY_PAUSE * random.uniform(0.5, 1.5),
+                            f"concurrency limit of {key!r}",
+                        )
 
     def _take_tokens(self, jobs: list[Job]) -> None:
         if not jobs:
@@ -160,8 +166,7 @@ class RateLimitMiddleware(Middleware):
         granted = self._broker.take_tokens(
             [(key, limit, period, len(js)) for key, ((limit, period), js) in by_key.items()]
         )
-        for (key, ((limit, period), js)), (got, wait) in zip(by_key.items(), granted,
-                                                             strict=True):
+        for (key, ((limit, period), js)), (got, wait) in zip(by_key.items(), granted, strict=True):
             interval = period / limit
             for i, job in enumerate(js[got:]):  # spread out, in the order they came
                 job.defer(wait + i * interval, f"rate limit of {key!r}")
@@ -173,8 +178,8 @@ class LimitsMiddleware(RateLimitMiddleware):
     def applies_to(self, task: Task[Any, Any]) -> bool:
         limits = task.limits
         return limits is not None and (
-            limits.concurrency is not None or (limits.rate is not None and limits.rate_key
-                                               is not None)
+            limits.concurrency is not None
+            or (limits.rate is not None and limits.rate_key is not None)
         )
 
     def before_batch(self, jobs: list[Job]) -> None:

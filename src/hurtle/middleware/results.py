@@ -76,10 +76,14 @@ def encode_value(value: Any, job: Job) -> bytes:
 
 def encode_failure(state: str, error: BaseException) -> bytes:
     """A ``failed`` or ``dead`` record of ``error``."""
-    return _encode(Record(
-        state, error_type=type(error).__name__, error_message=safe_str(error),
-        traceback=trace(error),
-    ))
+    return _encode(
+        Record(
+            state,
+            error_type=type(error).__name__,
+            error_message=safe_str(error),
+            traceback=trace(error),
+        )
+    )
 
 
 def decode(payload: bytes) -> Record:

@@ -81,7 +81,12 @@ class Retries(Middleware):
                 delay = backoff(message.attempt, task.retry_delay, self.max_retry_delay)
             log.warning(
                 "task %s[%s] attempt %d of %d failed (%s); retrying in %.2fs",
-                task.name, message.id, message.attempt + 1, task.retries + 1, summary, delay,
+                task.name,
+                message.id,
+                message.attempt + 1,
+                task.retries + 1,
+                summary,
+                delay,
             )
             return Outcome("retry", error=err, message=next_attempt(message, delay, summary))
         reason = (

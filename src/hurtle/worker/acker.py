@@ -75,8 +75,9 @@ class _Op:
 
     __slots__ = ("arg", "deliveries", "kind", "refusals")
 
-    def __init__(self, kind: str, deliveries: list[Delivery],
-                 arg: Message | str | float | None = None) -> None:
+    def __init__(
+        self, kind: str, deliveries: list[Delivery], arg: Message | str | float | None = None
+    ) -> None:
         self.kind = kind  # "retry", "dead", "defer" or "release"
         self.deliveries = deliveries
         self.arg = arg
@@ -97,8 +98,9 @@ class _Op:
 
 
 class Acker:
-    def __init__(self, consumer: Consumer, *, batch_size: int = 1000, interval: float = 0.005
-                 ) -> None:
+    def __init__(
+        self, consumer: Consumer, *, batch_size: int = 1000, interval: float = 0.005
+    ) -> None:
         self.consumer = consumer
         self.batch_size = batch_size
         self.interval = interval
@@ -201,8 +203,13 @@ class Acker:
     def pending(self) -> int:
         with self._lock:
             return (
-                len(self._acks) + len(self._with_results) + len(self._records) + len(self._ops)
-                + len(self._defers) + len(self._slots) + len(self._uniques)
+                len(self._acks)
+                + len(self._with_results)
+                + len(self._records)
+                + len(self._ops)
+                + len(self._defers)
+                + len(self._slots)
+                + len(self._uniques)
             )
 
     @property
@@ -243,8 +250,12 @@ class Acker:
                     with self._lock:
                         self._records[:0] = records
                 else:  # a record is not an outcome: the messages' fates are settled anyway
-                    log.error("the broker refused to store %d results (%s); their handles "
-                              "will not see these failures", len(records), err)
+                    log.error(
+                        "the broker refused to store %d results (%s); their handles "
+                        "will not see these failures",
+                        len(records),
+                        err,
+                    )
         for i, op in enumerate(ops):
             try:
                 op.apply(self.consumer)
@@ -286,8 +297,11 @@ class Acker:
             settled += self._flush_limits()
         self.settled += settled
         if error is not None:
-            log.warning("could not settle %d outcomes, will retry: %s",
-                        len(kept) + len(acks) + len(with_results), error)
+            log.warning(
+                "could not settle %d outcomes, will retry: %s",
+                len(kept) + len(acks) + len(with_results),
+                error,
+            )
         return not kept and not acks and not with_results and not self._defers
 
     def _flush_limits(self) -> int:
@@ -315,8 +329,7 @@ class Acker:
                     log.warning("could not flush %d %s, will retry: %s", len(items), what, err)
                     return settled
                 self.dropped += len(items)
-                log.error("the broker refused %d %s (%s): giving up on them", len(items),
-                          what, err)
+                log.error("the broker refused %d %s (%s): giving up on them", len(items), what, err)
                 continue
             if pending is self._defers:
                 settled += len(items)
@@ -326,8 +339,13 @@ class Acker:
         """Handle an outcome the broker refused; True when it is off the acker's hands."""
         op.refusals += 1
         if isinstance(err, BrokerError) and op.refusals < REFUSALS:
-            log.warning("the broker refused to settle one outcome (%s, try %d of %d): %s",
-                        op.kind, op.refusals, REFUSALS, err)
+            log.warning(
+                "the broker refused to settle one outcome (%s, try %d of %d): %s",
+                op.kind,
+                op.refusals,
+                REFUSALS,
+                err,
+            )
             return False
         delivery = op.deliveries[0]
         if op.kind == "retry":
@@ -336,8 +354,12 @@ class Acker:
                 f"the broker refused to schedule the retry of this message ({err}); it is "
                 f"kept here instead. The task had failed with: {op.arg.headers.get('error')}"
             )
-            log.error("could not schedule a retry of message %s of %r: %s; dead-lettering it",
-                      op.arg.id, delivery.queue, err)
+            log.error(
+                "could not schedule a retry of message %s of %r: %s; dead-lettering it",
+                op.arg.id,
+                delivery.queue,
+                err,
+            )
             dead = _Op("dead", [delivery], reason)
             try:
                 dead.apply(self.consumer)
@@ -354,16 +376,23 @@ class Acker:
         log.error(
             "the broker refused to settle %d deliveries of %r (%s: %s): giving up on them; they "
             "stay held by this worker and go back to their queue when it stops, so their tasks "
-            "run again", len(op.deliveries), delivery.queue,
-            "a dead letter" if op.kind in ("dead", "retry") else
-            "a deferral" if op.kind == "defer" else "a hand-back", err,
+            "run again",
+            len(op.deliveries),
+            delivery.queue,
+            "a dead letter"
+            if op.kind in ("dead", "retry")
+            else "a deferral"
+            if op.kind == "defer"
+            else "a hand-back",
+            err,
         )
         return True
 
     def _ack_one_by_one(self, acks: list[Delivery], err: Exception) -> list[Delivery]:
         """A batch of acknowledgements was refused: find which; return those to try again."""
-        log.warning("the broker refused %d acknowledgements (%s): trying them one by one",
-                    len(acks), err)
+        log.warning(
+            "the broker refused %d acknowledgements (%s): trying them one by one", len(acks), err
+        )
         again: list[Delivery] = []
         for i, delivery in enumerate(acks):
             try:
@@ -373,9 +402,13 @@ class Acker:
                     again += acks[i:]
                     break
                 self.dropped += 1
-                log.error("the broker refused to acknowledge a delivery of %r (%s): giving up "
-                          "on it; it goes back to its queue when this worker stops, so its "
-                          "task runs again", delivery.queue, one_err)
+                log.error(
+                    "the broker refused to acknowledge a delivery of %r (%s): giving up "
+                    "on it; it goes back to its queue when this worker stops, so its "
+                    "task runs again",
+                    delivery.queue,
+                    one_err,
+                )
             else:
                 self.settled += 1
         return again
@@ -393,9 +426,13 @@ class Acker:
                     again += items[i:]
                     break
                 self.dropped += 1
-                log.error("the broker refused to acknowledge a delivery of %r with its result "
-                          "(%s): giving up on it; it goes back to its queue when this worker "
-                          "stops, so its task runs again", delivery.queue, one_err)
+                log.error(
+                    "the broker refused to acknowledge a delivery of %r with its result "
+                    "(%s): giving up on it; it goes back to its queue when this worker "
+                    "stops, so its task runs again",
+                    delivery.queue,
+                    one_err,
+                )
             else:
                 self.settled += 1
         return again
@@ -439,18 +476,28 @@ class Acker:
         with self._lock:
             acks, ops = len(self._acks) + len(self._with_results), list(self._ops)
         if self._defers:  # still held: they go back with the session, like the rest
-            log.error("could not defer %d throttled messages within the shutdown's %gs: they go "
-                      "back to their queues when this worker's session closes",
-                      len(self._defers), timeout)
+            log.error(
+                "could not defer %d throttled messages within the shutdown's %gs: they go "
+                "back to their queues when this worker's session closes",
+                len(self._defers),
+                timeout,
+            )
         if acks or ops:
-            kinds = {k: sum(len(o.deliveries) for o in ops if o.kind == k)
-                     for k in ("retry", "dead", "defer", "release")}
+            kinds = {
+                k: sum(len(o.deliveries) for o in ops if o.kind == k)
+                for k in ("retry", "dead", "defer", "release")
+            }
             self.dropped += acks + sum(kinds.values())
             log.error(
                 "could not settle %d outcomes within the shutdown's %gs (%d acknowledgements, "
                 "%d retries, %d dead letters, %d deferrals, %d hand-backs): those messages stay "
                 "held by this worker in the broker and go back to their queues when its session "
                 "closes or its heartbeat lapses, so their tasks run again",
-                acks + sum(kinds.values()), timeout, acks, kinds["retry"], kinds["dead"],
-                kinds["defer"], kinds["release"],
+                acks + sum(kinds.values()),
+                timeout,
+                acks,
+                kinds["retry"],
+                kinds["dead"],
+                kinds["defer"],
+                kinds["release"],
             )

@@ -62,8 +62,9 @@ class Fetcher:
                 self.acker.give_back(acks)
             self.failures += 1
             delay = min(0.1 * 2 ** min(self.failures, 6), 5.0)
-            log.warning("fetch failed (%d in a row), retrying in %.1fs: %s",
-                        self.failures, delay, err)
+            log.warning(
+                "fetch failed (%d in a row), retrying in %.1fs: %s", self.failures, delay, err
+            )
             self._stopping.wait(delay)
             return None
         if self.failures:

@@ -112,7 +112,8 @@ class Heartbeat:
                         "it again: a task held the GIL in one long call (or the process was "
                         "paused, or the broker slow); set HURTLE_HEARTBEAT_TIMEOUT above the "
                         "longest such call",
-                        now - last_beat, timeout,
+                        now - last_beat,
+                        timeout,
                     )
                 last_beat = now
         finally:

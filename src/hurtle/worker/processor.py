@@ -43,6 +43,7 @@ pipeline: the others stay inline.
 Time limits are the executor's business (``Limit``): only it knows how a running call can be
 stopped.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -79,8 +80,15 @@ _decode = Message.decode
 BEFORE_BATCH_PAUSE = 1.0
 
 __all__ = [
-    "BatchState", "Job", "Limit", "Pipeline", "Processor", "describe", "late_limit",
-    "safe_repr", "safe_str",
+    "BatchState",
+    "Job",
+    "Limit",
+    "Pipeline",
+    "Processor",
+    "describe",
+    "late_limit",
+    "safe_repr",
+    "safe_str",
 ]
 
 
@@ -116,26 +124,40 @@ class Pipeline:
     """
 
     __slots__ = (
-        "after_batch", "after_outcome", "after_process", "batched", "before_batch",
-        "before_process", "inline", "middleware", "per_call", "task",
+        "after_batch",
+        "after_outcome",
+        "after_process",
+        "batched",
+        "before_batch",
+        "before_process",
+        "inline",
+        "middleware",
+        "per_call",
+        "task",
     )
 
-    def __init__(self, task: Task[Any, Any], middleware: Sequence[Middleware],
-                 inline_limits: bool = False) -> None:
-        used = [m for m in middleware
-                if any(overrides(m, h) for h in JOB_HOOKS) and m.applies_to(task)]
+    def __init__(
+        self, task: Task[Any, Any], middleware: Sequence[Middleware], inline_limits: bool = False
+    ) -> None:
+        used = [
+            m for m in middleware if any(overrides(m, h) for h in JOB_HOOKS) and m.applies_to(task)
+        ]
         self.task = task
         self.middleware = used
         self.before_batch = [m for m in used if overrides(m, "before_batch")]
         self.after_batch = [m for m in used if overrides(m, "after_batch")]
         self.before_process = [m.before_process for m in used if overrides(m, "before_process")]
-        self.after_process = [m.after_process for m in reversed(used)
-                              if overrides(m, "after_process")]
+        self.after_process = [
+            m.after_process for m in reversed(used) if overrides(m, "after_process")
+        ]
         self.after_outcome = [m.after_outcome for m in used if overrides(m, "after_outcome")]
         self.batched = bool(self.before_batch or self.after_batch)
         #: False when only batch hooks apply: the batch path then calls the task inline too.
         self.per_call = bool(
-            self.before_process or self.after_process or self.after_outcome or task.is_async
+            self.before_process
+            or self.after_process
+            or self.after_outcome
+            or task.is_async
             or (task.time_limit is not None and not inline_limits)
         )
         self.inline = not used and not self.per_call
@@ -222,8 +244,9 @@ class Processor:
         self.tasks = app.tasks
         self.acker = acker
         self.middleware = list(middleware)
-        self.retries = next((m for m in self.middleware if isinstance(m, Retries)), None) or \
-            Retries(app.settings.max_retry_delay)
+        self.retries = next(
+            (m for m in self.middleware if isinstance(m, Retries)), None
+        ) or Retries(app.settings.max_retry_delay)
         self.limit = limit
         self._local = threading.local()
         self._loops: list[asyncio.AbstractEventLoop] = []
@@ -420,8 +443,9 @@ class Processor:
         finally:
             self._after_batch(groups)
 
-    def _run_items(self, runnable: list[Delivery], items: list[Message | Job],
-                   state: BatchState) -> None:
+    def _run_items(
+        self, runnable: list[Delivery], items: list[Message | Job], state: BatchState
+    ) -> None:
         inline = self._inline
         done: list[Delivery] = []
         started = 0
@@ -485,9 +509,14 @@ class Processor:
             try:
                 m.before_batch(jobs)
             except Exception as err:  # (the broker is unreachable...) run none of them now
-                log.error("middleware %s failed in before_batch: %s; its %d jobs go back to "
-                          "their queue for %gs", safe_repr(m), describe(err), len(jobs),
-                          BEFORE_BATCH_PAUSE)
+                log.error(
+                    "middleware %s failed in before_batch: %s; its %d jobs go back to "
+                    "their queue for %gs",
+                    safe_repr(m),
+                    describe(err),
+                    len(jobs),
+                    BEFORE_BATCH_PAUSE,
+                )
                 for job in jobs:
                     if not job.deferred:
                         job.defer(BEFORE_BATCH_PAUSE, "before_batch failed")
@@ -502,8 +531,7 @@ class Processor:
             try:
                 m.after_batch(settled)
             except Exception as err:
-                log.error("middleware %s failed in after_batch: %s", safe_repr(m),
-                          describe(err))
+                log.error("middleware %s failed in after_batch: %s", safe_repr(m), describe(err))
 
     # -- the steps -------------------------------------------------------------------------
 
@@ -595,8 +623,11 @@ class Processor:
                     if error is None and isinstance(err, HurtleError):
                         error = err  # a refusal (a result that cannot be stored): it failed
                         continue
-                    log.error("middleware %s failed in after_process: %s",
-                              safe_repr(getattr(hook, "__self__", hook)), describe(err))
+                    log.error(
+                        "middleware %s failed in after_process: %s",
+                        safe_repr(getattr(hook, "__self__", hook)),
+                        describe(err),
+                    )
         if error is None:
             stored = job.stored
             if stored is None:
@@ -612,8 +643,13 @@ class Processor:
 
     def _defer(self, job: Job) -> None:
         """Put a deferred job back in its queue, unchanged, due after its delay."""
-        log.debug("task %s[%s] deferred for %.3gs: %s", job.task.name, job.message.id,
-                  job.defer_delay, job.defer_reason)
+        log.debug(
+            "task %s[%s] deferred for %.3gs: %s",
+            job.task.name,
+            job.message.id,
+            job.defer_delay,
+            job.defer_reason,
+        )
         self.acker.defer(job.delivery, time.time() + job.defer_delay)
         job.outcome = Outcome("deferred")
         self._after_outcome(job)
@@ -626,8 +662,11 @@ class Processor:
             try:
                 hook(job, outcome)
             except Exception as err:
-                log.error("middleware %s failed in after_outcome: %s",
-                          safe_repr(getattr(hook, "__self__", hook)), describe(err))
+                log.error(
+                    "middleware %s failed in after_outcome: %s",
+                    safe_repr(getattr(hook, "__self__", hook)),
+                    describe(err),
+                )
 
     def crashed(self, delivery: Delivery, err: BaseException) -> None:
         """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
@@ -640,8 +679,11 @@ class Processor:
             f"the worker could not handle this message ({describe(err)}); it is kept here "
             f"instead of being retried, since it would fail the same way:\n{trace(err)}"
         )
-        log.error("dead-lettering a message of %r that could not be handled: %s",
-                  delivery.queue, describe(err))
+        log.error(
+            "dead-lettering a message of %r that could not be handled: %s",
+            delivery.queue,
+            describe(err),
+        )
         self._count_lost(delivery, DEAD_LETTERED)
         self.acker.dead_letter(delivery, reason)
 

@@ -86,11 +86,11 @@ class Supervisor:
         self._signals += 1
         name = signal.Signals(signum).name
         if self._signals == 1:
-            log.info("%s received: stopping %d worker processes gracefully", name,
-                     self.processes)
+            log.info("%s received: stopping %d worker processes gracefully", name, self.processes)
         elif self._signals == 2:
-            log.warning("%s received again: worker processes hand back their tasks and stop "
-                        "now", name)
+            log.warning(
+                "%s received again: worker processes hand back their tasks and stop now", name
+            )
         else:
             return
         self._forward()
@@ -142,8 +142,11 @@ class Supervisor:
         if self.stopping:
             child.done = True
             if code == -signal.SIGTERM and child.sent:
-                log.info("worker process pid %d stopped by the signal before it could handle "
-                         "it (it was still starting)", proc.pid)
+                log.info(
+                    "worker process pid %d stopped by the signal before it could handle "
+                    "it (it was still starting)",
+                    proc.pid,
+                )
             elif code != 0:
                 self._failed = True
                 log.warning("worker process pid %d stopped with %s", proc.pid, how)
@@ -152,8 +155,7 @@ class Supervisor:
             child.done = True
             return
         if code == EXIT_USAGE:
-            log.error("worker process pid %d exited with a configuration error: stopping",
-                      proc.pid)
+            log.error("worker process pid %d exited with a configuration error: stopping", proc.pid)
             self._usage_error = True
             child.done = True
             self.stop()
@@ -161,8 +163,12 @@ class Supervisor:
         if code == EXIT_RECYCLE:
             log.info("worker process pid %d asked to be replaced", proc.pid)
         else:
-            log.error("worker process pid %d died (%s): starting another; what it held "
-                      "comes back once its heartbeat lapses", proc.pid, how)
+            log.error(
+                "worker process pid %d died (%s): starting another; what it held "
+                "comes back once its heartbeat lapses",
+                proc.pid,
+                how,
+            )
             lived = time.monotonic() - child.started
             child.restarts = child.restarts + 1 if lived < 5.0 else 0
             if child.restarts:

@@ -95,7 +95,9 @@ class Worker:
         # take its dead predecessor's id and keep that one's deliveries alive with its beats
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{token_hex(4)}"
         self.executor: Executor = make_executor(
-            pool, concurrency, min_concurrency=min_concurrency,
+            pool,
+            concurrency,
+            min_concurrency=min_concurrency,
             max_batch=self.settings.fetch_batch_size,
         )
         self._extra_middleware = list(middleware)
@@ -143,8 +145,10 @@ class Worker:
         if self._overdue:  # sent by the deadline thread, not by a user
             self._overdue = False
             if not self._hard.is_set():
-                log.warning("tasks still running after the shutdown timeout of %gs: handing "
-                            "them back", self.shutdown_timeout)
+                log.warning(
+                    "tasks still running after the shutdown timeout of %gs: handing them back",
+                    self.shutdown_timeout,
+                )
                 self.stop_now()
                 if self.executor.interrupts_caller():
                     raise _HardStop()
@@ -186,12 +190,19 @@ class Worker:
         executor = self.executor
         self.middleware = self.app.middleware + self._extra_middleware
         processor = self.processor = Processor(
-            self.app, acker, self.middleware, limit=executor.limit,
-            loops_take_turns=executor.greenlets, inline_limits=executor.watches_time_limits(),
+            self.app,
+            acker,
+            self.middleware,
+            limit=executor.limit,
+            loops_take_turns=executor.greenlets,
+            inline_limits=executor.watches_time_limits(),
         )
         consumer.reporter = Reporter(
-            processor.tally, worker_id=self.worker_id, pool=self.pool,
-            concurrency=executor.concurrency, queues=self.queues,
+            processor.tally,
+            worker_id=self.worker_id,
+            pool=self.pool,
+            concurrency=executor.concurrency,
+            queues=self.queues,
         )
         heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
         heartbeat.beat()
@@ -205,14 +216,21 @@ class Worker:
             and threading.current_thread() is threading.main_thread()
         ):
             threading.Thread(
-                target=self._keep_deadline, args=(threading.get_ident(),),
-                name="hurtle-shutdown-deadline", daemon=True,
+                target=self._keep_deadline,
+                args=(threading.get_ident(),),
+                name="hurtle-shutdown-deadline",
+                daemon=True,
             ).start()
         if self.scheduler is not None:
             self.scheduler.start()
-        log.info("worker %s consuming %s with the %s pool (concurrency %d) on %s",
-                 self.worker_id, ", ".join(self.queues), self.pool, executor.concurrency,
-                 broker.url)
+        log.info(
+            "worker %s consuming %s with the %s pool (concurrency %d) on %s",
+            self.worker_id,
+            ", ".join(self.queues),
+            self.pool,
+            executor.concurrency,
+            broker.url,
+        )
         self.started.set()
         try:
             try:
@@ -260,8 +278,10 @@ class Worker:
 
     def _must_leave(self, executor: Executor) -> bool:
         if self.recycle_abandoned and executor.abandoned():
-            log.warning("a task overran its time limit in a thread that cannot be interrupted: "
-                        "stopping this worker so that a fresh process replaces it")
+            log.warning(
+                "a task overran its time limit in a thread that cannot be interrupted: "
+                "stopping this worker so that a fresh process replaces it"
+            )
             self.recycle = True
             return True
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
@@ -293,8 +313,10 @@ class Worker:
             if self._hard.is_set():
                 break
             if time.monotonic() >= deadline:
-                log.warning("tasks still running after the shutdown timeout of %gs: handing "
-                            "them back", self.shutdown_timeout)
+                log.warning(
+                    "tasks still running after the shutdown timeout of %gs: handing them back",
+                    self.shutdown_timeout,
+                )
                 break
         return unstarted + executor.abort()
 
@@ -344,8 +366,12 @@ class Worker:
         if not fetcher.failures:
             self._unreachable_since = None
             if batch and log.isEnabledFor(logging.DEBUG):
-                log.debug("fetched %d deliveries from %s: %s", len(batch),
-                          ", ".join(sorted({d.queue for d in batch})), _summary(batch))
+                log.debug(
+                    "fetched %d deliveries from %s: %s",
+                    len(batch),
+                    ", ".join(sorted({d.queue for d in batch})),
+                    _summary(batch),
+                )
             return
         if not self.burst:
             return  # a long-running worker rides out the outage

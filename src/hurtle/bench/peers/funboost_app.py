@@ -25,14 +25,16 @@ from ..probe import hit
 KIND = os.environ.get("HURTLE_BENCH_FUNBOOST_KIND", "REDIS")
 
 
-@boost(BoosterParams(
-    queue_name=f"bench_funboost_{KIND.lower()}",
-    broker_kind=getattr(BrokerEnum, KIND),
-    concurrent_mode=ConcurrentModeEnum.SINGLE_THREAD,
-    concurrent_num=1,
-    log_level=logging.WARNING,
-    create_logger_file=False,
-))
+@boost(
+    BoosterParams(
+        queue_name=f"bench_funboost_{KIND.lower()}",
+        broker_kind=getattr(BrokerEnum, KIND),
+        concurrent_mode=ConcurrentModeEnum.SINGLE_THREAD,
+        concurrent_num=1,
+        log_level=logging.WARNING,
+        create_logger_file=False,
+    )
+)
 def add(x: int, y: int) -> int:
     hit()
     return x + y

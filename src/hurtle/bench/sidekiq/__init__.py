@@ -26,8 +26,13 @@ def sidekiq_version() -> str:
     if ruby is None:
         return ""
     try:
-        out = subprocess.run([ruby, "-e", 'require "sidekiq"; print Sidekiq::VERSION'],
-                             capture_output=True, text=True, timeout=30, check=False)
+        out = subprocess.run(
+            [ruby, "-e", 'require "sidekiq"; print Sidekiq::VERSION'],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip() if out.returncode == 0 else ""
@@ -46,11 +51,15 @@ class _SidekiqScenario(Scenario):
 
 SCENARIOS: list[Scenario] = [
     _SidekiqScenario(
-        name="sidekiq", system="Sidekiq", guarantee="not acknowledged",
+        name="sidekiq",
+        system="Sidekiq",
+        guarantee="not acknowledged",
         config="sidekiq -r bench_worker.rb, concurrency 10 (default), basic fetch; "
-               "published with perform_async",
+        "published with perform_async",
         publisher=("ruby", str(HERE / "bench_publish.rb"), "{count}"),
         worker=("sidekiq", "-r", str(HERE / "bench_worker.rb")),
-        programs=("ruby", "sidekiq"), install=INSTALL, version_of=None,
+        programs=("ruby", "sidekiq"),
+        install=INSTALL,
+        version_of=None,
     ),
 ]

@@ -58,12 +58,13 @@ class AsyncioExecutor(Executor):
         self._processor = processor
         loop = self._loop = asyncio.new_event_loop()
         self._threads = RunnerPool(
-            self._run_sync, max_size=self.concurrency, min_size=0, name="hurtle-asyncio-sync",
+            self._run_sync,
+            max_size=self.concurrency,
+            min_size=0,
+            name="hurtle-asyncio-sync",
             on_expire=self._expired,
         )
-        self._thread = threading.Thread(
-            target=loop.run_forever, name="hurtle-asyncio", daemon=True
-        )
+        self._thread = threading.Thread(target=loop.run_forever, name="hurtle-asyncio", daemon=True)
         self._thread.start()
 
     def _in_loop(self, fn: Callable[[], R]) -> R:
@@ -85,9 +86,7 @@ class AsyncioExecutor(Executor):
     def wait_for_capacity(self, timeout: float) -> int:
         window = self.concurrency + self.prefetch
         with self._cond:
-            self._cond.wait_for(
-                lambda: self._stopping or window > self._outstanding, timeout
-            )
+            self._cond.wait_for(lambda: self._stopping or window > self._outstanding, timeout)
             return 0 if self._stopping else max(window - self._outstanding, 0)
 
     def submit(self, deliveries: list[Delivery]) -> None:

@@ -78,8 +78,9 @@ def patch(pool: str) -> None:
 class GreenletExecutor(PooledExecutor):
     greenlets = True
 
-    def __init__(self, backend: Backend, concurrency: int, *, min_concurrency: int | None = None
-                 ) -> None:
+    def __init__(
+        self, backend: Backend, concurrency: int, *, min_concurrency: int | None = None
+    ) -> None:
         backend.load()
         if not backend.patched():
             raise ConfigurationError(

@@ -51,8 +51,12 @@ class PooledExecutor(Executor):
 
     def start(self, processor: Processor) -> None:
         self._pool = RunnerPool(
-            processor.process, max_size=self.concurrency, min_size=self.min_concurrency,
-            spawn=self.spawn, name=self.runner_name, on_expire=processor.expire,
+            processor.process,
+            max_size=self.concurrency,
+            min_size=self.min_concurrency,
+            spawn=self.spawn,
+            name=self.runner_name,
+            on_expire=processor.expire,
             on_error=processor.crashed,
         )
         self._pool.start()

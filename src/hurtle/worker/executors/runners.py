@@ -54,8 +54,16 @@ class _Slot:
     """What one runner holds; in chunk mode also the ``BatchState`` of its chunk."""
 
     __slots__ = (
-        "abandoned", "current", "deadline", "item", "job", "overran", "pending", "stopping",
-        "time_limit", "unstarted",
+        "abandoned",
+        "current",
+        "deadline",
+        "item",
+        "job",
+        "overran",
+        "pending",
+        "stopping",
+        "time_limit",
+        "unstarted",
     )
 
     def __init__(self) -> None:
@@ -210,8 +218,9 @@ class RunnerPool(Generic[T]):
                     try:
                         self.on_error(item, err)
                     except BaseException:
-                        log.exception("%s: could not record the outcome of a failed item",
-                                      self.name)
+                        log.exception(
+                            "%s: could not record the outcome of a failed item", self.name
+                        )
             with cond:
                 if slot.abandoned:  # given up by abort(): the pool no longer counts it
                     self._abandoned -= 1
@@ -348,9 +357,13 @@ class RunnerPool(Generic[T]):
                     self._grow(self.min_size - self._live)
                     self.cond.notify_all()
             for job in expired:
-                log.error("task %s[%s] overran its time limit of %gs; its thread cannot be "
-                          "interrupted, so it is abandoned and replaced", job.task.name,
-                          job.message.id, job.task.time_limit)
+                log.error(
+                    "task %s[%s] overran its time limit of %gs; its thread cannot be "
+                    "interrupted, so it is abandoned and replaced",
+                    job.task.name,
+                    job.message.id,
+                    job.task.time_limit,
+                )
                 if self.on_expire is not None:
                     self.on_expire(job)
             wait = self._tick if nearest is None else min(self._tick, nearest - now)
@@ -397,7 +410,8 @@ class RunnerPool(Generic[T]):
                     slot.stopping = True
                     current = slot.current
                     out += ([current] if current is not None else []) + _take_right(
-                        slot.pending, len(slot.pending))
+                        slot.pending, len(slot.pending)
+                    )
                 out += self._buffer
             else:
                 out = list(self._running.values()) + list(self._buffer)

@@ -186,8 +186,10 @@ class SoloExecutor(Executor):
                 what = f"task {m.task}[{m.id}]"
             except Exception:
                 what = "a task"
-            self._stop_text = (slow, f"{what} ran longer than its time limit of {limit:g}s "
-                                     "and was stopped")
+            self._stop_text = (
+                slow,
+                f"{what} ran longer than its time limit of {limit:g}s and was stopped",
+            )
         if self._main is not None and self.current is slow:
             self._signalled = True
             signal.pthread_kill(self._main, signal.SIGALRM)
@@ -229,8 +231,12 @@ class SoloExecutor(Executor):
                 return
             self.handed_back += len(rest)
             acker.release(rest)
-        log.debug("a task has run for over %gs: %d messages held behind it go back to the "
-                  "broker for idle workers", self.handback_after, len(rest))
+        log.debug(
+            "a task has run for over %gs: %d messages held behind it go back to the "
+            "broker for idle workers",
+            self.handback_after,
+            len(rest),
+        )
 
     def limit(self, job: Job, call: Callable[[], Any]) -> Any:
         """A time-limited call outside the inline path: the watchdog interrupts it (on the main

@@ -38,8 +38,12 @@ class ThreadsExecutor(PooledExecutor):
 
     def start(self, processor: Processor) -> None:
         self._pool = RunnerPool(
-            processor.process, max_size=self.concurrency, min_size=self.min_concurrency,
-            name=self.runner_name, on_expire=processor.expire, on_error=processor.crashed,
+            processor.process,
+            max_size=self.concurrency,
+            min_size=self.min_concurrency,
+            name=self.runner_name,
+            on_expire=processor.expire,
+            on_error=processor.crashed,
             work_many=processor.process_many,
         )
         self._pool.start()
