@@ -9,7 +9,7 @@ import pytest
 
 from hurtle.brokers import Broker, make_broker
 
-BROKER_KINDS = ["memory", "sqlite", "redis"]
+BROKER_KINDS = ["memory", "sqlite", "redis", "redis-cluster"]
 
 MakeBroker = Callable[..., Broker]
 
@@ -23,6 +23,8 @@ def broker_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'hurtle.db'}"
     if kind == "redis":
         return str(request.getfixturevalue("redis_url"))
+    if kind == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
     raise AssertionError(kind)
 
 

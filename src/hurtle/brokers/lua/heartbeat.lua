@@ -34,13 +34,15 @@
     KEYS[18]     dead raw hash (id -> payload)
     KEYS[19]     dead reason hash (id -> reason)
     KEYS[20]     seq counter (dead-letter ids)
+    KEYS[21]     in-flight key prefix of this queue (no key of that name exists): a dead
+                 worker's in-flight index is prefix .. worker id, its batches index .. ':' ..
+                 batch id. Those names are only known here (the dead are found in KEYS[11]),
+                 so they are derived from this declared key: a suffix after the hash tag
+                 keeps the slot, and a cluster routes the script by its declared keys.
 
     ARGV[1]      worker id to mark alive ('' = only recover)
     ARGV[2]      that worker's heartbeat timeout in seconds (its deadline is now + this)
-    ARGV[3]      in-flight key prefix of this queue; a worker's in-flight index is
-                 prefix .. worker id, its batches index .. ':' .. batch id
-                 (same hash tag as KEYS, so still one slot)
-    ARGV[4]      max_recoveries: deaths a probe may survive
+    ARGV[3]      max_recoveries: deaths a probe may survive
 
   Output:
     { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
@@ -57,12 +59,12 @@ local now = server_now()
 if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[11], now + tonumber(ARGV[2]), ARGV[1])
 end
-local max_recoveries = tonumber(ARGV[4])
+local max_recoveries = tonumber(ARGV[3])
 local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', now))
 local moved = 0
 local back = {}
 for _, worker in ipairs(dead) do
-  local held = take_unsettled(ARGV[3] .. worker)
+  local held = take_unsettled(KEYS[21] .. worker)
   redis.call('ZREM', KEYS[11], worker)
   local digests = {}
   local probes = 0
@@ -85,7 +87,7 @@ for _, worker in ipairs(dead) do
       redis.call('ZADD', KEYS[17], now, id)
       redis.call('HSET', KEYS[18], id, item[2])
       redis.call('HSET', KEYS[19], id, 'its worker died ' .. string.format('%d', deaths)
-        .. ' times while holding it (max_recoveries is ' .. ARGV[4] .. ')')
+        .. ' times while holding it (max_recoveries is ' .. ARGV[3] .. ')')
       redis.call('ZREM', KEYS[14], digest)
     elseif deaths >= 2 then
       redis.call('RPUSH', KEYS[13], string.format('%d', item[1]) .. item[2])

@@ -22,6 +22,13 @@ log = logging.getLogger(__name__)
 
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
     """One ``results.lua`` call per distinct ttl (most batches have one)."""
+    if broker._sharded:
+        # A cluster: each record has a slot of its own (a reader knows only the id), so no
+        # one script stores them; one SET each, in the same pipeline, then one announcement.
+        return [
+            (("SET", result_key(r.id), r.payload, "PX", max(int(r.ttl * 1000), 1)), None)
+            for r in results
+        ] + [(("SPUBLISH", RESULTS_CHANNEL, " ".join(r.id for r in results)), None)]
     by_ttl: dict[float, list[StoredResult]] = {}
     for r in results:
         by_ttl.setdefault(r.ttl, []).append(r)
@@ -53,9 +60,16 @@ class _ResultListener:
     forked child starts a listener of its own (the parent's thread did not come along).
     """
 
-    def __init__(self, client: Any, url: str) -> None:
+    def __init__(
+        self, client: Any, url: str, *, sharded: bool = False, on_error: Callable[[], None] = str
+    ) -> None:
         self._client = client
         self._url = url
+        #: On a cluster: ``SSUBSCRIBE`` on the node serving the channel's slot.
+        self._sharded = sharded
+        #: Called after a lost subscription, before subscribing again (a cluster refreshes
+        #: its map of slots: the node may have failed over).
+        self._on_error = on_error
         self._lock = threading.Lock()
         self._watchers: dict[str, list[Callable[[], None]]] = {}
         self._thread: threading.Thread | None = None
@@ -102,14 +116,19 @@ class _ResultListener:
         while not self._closed:
             pubsub = self._client.pubsub()
             try:
-                pubsub.subscribe(RESULTS_CHANNEL)
+                if self._sharded:
+                    pubsub.ssubscribe(RESULTS_CHANNEL)
+                    read = pubsub.get_sharded_message
+                else:
+                    pubsub.subscribe(RESULTS_CHANNEL)
+                    read = pubsub.get_message
                 while not self._closed:
-                    message = pubsub.get_message(timeout=1.0)
+                    message = read(timeout=1.0)
                     if message is None:
                         continue
-                    if message["type"] == "message":
+                    if message["type"] in ("message", "smessage"):
                         self._wake(message["data"].decode("ascii", "replace").split())
-                    elif message["type"] == "subscribe":
+                    elif message["type"] in ("subscribe", "ssubscribe"):
                         self._wake(None)
                     backoff = 0.1
             except Exception as err:  # redis-py's errors, or its state after a disconnect
@@ -123,6 +142,8 @@ class _ResultListener:
                 )
                 self._wake(None)  # waiters re-read meanwhile
                 time.sleep(backoff)
+                with contextlib.suppress(Exception):
+                    self._on_error()
                 backoff = min(backoff * 2, 5.0)
             finally:
                 with contextlib.suppress(Exception):

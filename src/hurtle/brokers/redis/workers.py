@@ -91,7 +91,7 @@ class _Workers(_ScriptRunner):
         n_report = len(commands)
         for name in queues:
             k = queue_keys(name)
-            args = (worker_id, repr(float(timeout)), k.inflight_prefix, self.max_recoveries)
+            args = (worker_id, repr(float(timeout)), self.max_recoveries)
             keys = (
                 *k.ready,
                 k.workers,
@@ -104,6 +104,7 @@ class _Workers(_ScriptRunner):
                 k.dead_raw,
                 k.dead_reason,
                 k.seq,
+                k.inflight_prefix,
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
         results = self._pipeline(commands, "recording a heartbeat and recovering")[n_report:]

@@ -1,0 +1,231 @@
+"""``redis+cluster://host:port`` (and ``rediss+cluster://``): the Redis broker on a Redis Cluster.
+
+Same scripts, same keys, same guarantees as ``RedisBroker``, through redis-py's cluster client
+(``redis.cluster.RedisCluster``), which routes each command to the master serving its slot and
+follows the cluster when slots move or a replica is promoted. Any node's address will do: the
+client learns the others from it.
+
+What makes that possible, and what differs from one server:
+
+* Slots. Every key of a queue carries the hash tag ``{queue}`` (``keys.py``), so each script call
+  touches one slot; every key a script touches is in its ``KEYS`` or derived from one of them
+  by a suffix after the hash tag (``lua/_lib.lua``), which keeps the slot. Worker-wide keys
+  (reports, deadlines, counters, the set of queues, results, limits) are written by plain
+  commands or by scripts of their own slot, never from a queue's script. A pipeline goes out as
+  one batch per master (redis-py's cluster pipeline), not as one round trip.
+* Waiting for messages. One ``BLPOP`` cannot wait on the wake lists of several queues (several
+  slots). A consumer keeps one connection per queue, to the master serving that queue, sends a
+  ``BLPOP`` on each, and waits on their sockets together (``select``): the first token that
+  arrives, on any queue, wakes it, as on one server; the other ``BLPOP`` stay where they are
+  for the next wait rather than being sent again. Waking costs what it costs on one server
+  (no polling), at the price of one idle connection per queue and consumer.
+* Results. A record's key has a slot of its own (its reader knows only the id), so a batch of
+  records is one ``SET`` each in the ack's pipeline rather than one script, announced on a
+  sharded channel (``SPUBLISH``/``SSUBSCRIBE``): the announcement goes to the one shard that
+  serves ``hurtle:results``, not to every node as a plain ``PUBLISH`` would.
+* Failover. When a master dies, its replica takes over once the cluster declares it failed
+  (``cluster-node-timeout``). Until then commands to its slots fail: the client retries a few
+  times with backoff, then ``BrokerError`` is raised (a worker's fetch loop backs off and tries
+  again, so consumption goes on after the promotion). Replication is asynchronous: a publish
+  acknowledged by the master just before it died may not have reached the replica, and is then
+  lost. ``?wait_replicas=N`` closes that window: each publish ends with ``WAIT N`` on the
+  connection of every master it wrote to, and raises ``BrokerError`` unless N replicas of each
+  acknowledged every write within ``?wait_timeout=`` seconds (default 1). What ran before the
+  error stays stored (at least once, as for every publish that raised).
+* Databases: a cluster has only database 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import NoScriptError
+from redis.retry import Retry
+
+import redis
+
+from ...errors import BrokerError, ConfigurationError
+from ..keys import RESULTS_CHANNEL
+from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
+from .consumer import MAX_BLOCK, RedisConsumer, _Target
+from .results import _ResultListener
+from .scripts import _Command
+
+SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+#: Retries of a command that failed on a connection, a timeout or a cluster in failover.
+RETRIES = 6
+
+
+class RedisClusterConsumer(RedisConsumer):
+    """A consumer whose fetches go to the master of each queue, and whose idle waits watch
+    every queue's wake list at once (one connection per queue)."""
+
+    def __init__(self, broker: RedisBroker, queues: tuple[str, ...], worker_id: str) -> None:
+        super().__init__(broker, queues, worker_id)
+        #: wake list -> a connection to the master serving it, with a BLPOP sent or not
+        self._waiting: dict[str, Any] = {}
+        self._sent: set[str] = set()
+
+    def _pool_of(self, target: _Target) -> Any:
+        node = self.broker._client.get_node_from_key(target.keys.wake)
+        return self.broker._client.get_redis_connection(node).connection_pool
+
+    def _wait_connection(self, key: str) -> Any:
+        conn = self._waiting.get(key)
+        if conn is None:
+            pool = self._pool_of(self._targets_by_wake[key])
+            kwargs = {**pool.connection_kwargs, "socket_timeout": BLOCKING_SOCKET_TIMEOUT}
+            conn = self._waiting[key] = pool.connection_class(**kwargs)
+        return conn
+
+    @property
+    def _targets_by_wake(self) -> dict[str, _Target]:
+        return {t.keys.wake: t for t in self._reading}
+
+    def _drop_waits(self) -> None:
+        for conn in self._waiting.values():
+            with contextlib.suppress(Exception):
+                conn.disconnect()
+        self._waiting.clear()
+        self._sent.clear()
+
+    def _block(self, seconds: float) -> None:
+        try:
+            for key in self._wake_keys:
+                if key not in self._sent:
+                    self._wait_connection(key).send_command("BLPOP", key, MAX_BLOCK)
+                    self._sent.add(key)
+            # a reply read in part earlier, or whole in the parser's buffer
+            ready = [k for k in self._wake_keys if self._waiting[k].can_read(0)]
+            if not ready:
+                with selectors.DefaultSelector() as sel:
+                    for key in self._wake_keys:
+                        sel.register(self._waiting[key]._sock, selectors.EVENT_READ, key)
+                    ready = [k.data for k, _ in sel.select(seconds)]
+            for key in ready:
+                self._sent.discard(key)
+                self._waiting[key].read_response()
+        except (redis.RedisError, OSError) as err:
+            # a node failed over, or a slot moved: new connections, to the masters the
+            # cluster names now
+            self._drop_waits()
+            with contextlib.suppress(Exception):
+                self.broker._client.nodes_manager.initialize()
+            if isinstance(err, OSError):
+                err = redis.ConnectionError(str(err))
+            raise err from None
+
+    def close(self) -> None:
+        self._drop_waits()
+        super().close()
+
+
+class RedisClusterBroker(RedisBroker):
+    """The broker contract on a Redis Cluster (7.0 or later: sharded pub/sub)."""
+
+    _consumer_class = RedisClusterConsumer
+    _sharded = True
+
+    def _connect(self, url: str, options: dict[str, Any]) -> None:
+        parts = urlsplit(url)
+        scheme = SCHEMES.get(parts.scheme.lower())
+        if scheme is None:
+            raise ConfigurationError(
+                f"bad Redis Cluster URL {self.url!r}: expected redis+cluster://host:port or "
+                "rediss+cluster://host:port (any node of the cluster)"
+            )
+        if parts.path.strip("/") not in ("", "0"):
+            raise ConfigurationError(
+                f"bad Redis Cluster URL {self.url!r}: a Redis Cluster has only database 0; "
+                "leave the database out of the URL"
+            )
+        plain = parts._replace(scheme=scheme, path="").geturl()
+        options = {
+            **options,
+            "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), RETRIES),
+        }
+        try:
+            self._client = RedisCluster.from_url(plain, **options)
+            self._results = RedisCluster.from_url(plain, **options)
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(
+                f"bad Redis Cluster URL {self.url!r}: {err}; expected "
+                "redis+cluster://[user:password@]host:port"
+            ) from err
+        except redis.RedisError as err:
+            self._fail(err, "learning the cluster's nodes")
+        self._blocking = None  # consumers wait on connections of their own
+
+        def refresh() -> None:
+            self._results.nodes_manager.initialize()
+
+        self._listener = _ResultListener(self._results, self.url, sharded=True, on_error=refresh)
+
+    def _pipeline(self, commands: list[_Command], doing: str) -> list[Any]:
+        try:
+            return super()._pipeline(commands, doing)
+        except BrokerError as err:
+            if isinstance(err.__cause__, redis.ConnectionError | redis.TimeoutError):
+                with contextlib.suppress(Exception):
+                    self._client.nodes_manager.initialize()
+            raise
+
+    def _publishing(self, commands: list[_Command], doing: str) -> list[Any]:
+        """With ``?wait_replicas=N``: the commands grouped by master, each group one pipeline on
+        one connection ending with ``WAIT``, so that it covers exactly those writes."""
+        if not self.wait_replicas:
+            return self._pipeline(commands, doing)
+        client = self._client
+        wait = ("WAIT", self.wait_replicas, max(int(self.wait_timeout * 1000), 1))
+        try:
+            by_node: dict[str, tuple[Any, list[int]]] = {}
+            for i, (cmd, _) in enumerate(commands):
+                node = client.get_node_from_key(_first_key(cmd))
+                by_node.setdefault(node.name, (node, []))[1].append(i)
+            results: list[Any] = [None] * len(commands)
+            for node, positions in by_node.values():
+                pipe = client.get_redis_connection(node).pipeline(transaction=False)
+                for i in positions:
+                    pipe.execute_command(*commands[i][0])
+                pipe.execute_command(*wait)
+                replies = pipe.execute(raise_on_error=False)
+                if any(isinstance(r, NoScriptError) for r in replies):
+                    for _, script in commands:
+                        if script is not None:
+                            client.get_redis_connection(node).script_load(script.source)
+                    pipe = client.get_redis_connection(node).pipeline(transaction=False)
+                    for i in positions:
+                        pipe.execute_command(*commands[i][0])
+                    pipe.execute_command(*wait)
+                    replies = pipe.execute(raise_on_error=False)
+                for r in replies:
+                    if isinstance(r, redis.RedisError):
+                        raise r
+                for i, r in zip(positions, replies, strict=False):
+                    results[i] = r
+                _check_replicas(replies[-1], self.wait_replicas, self.url, doing)
+        except redis.RedisError as err:
+            # MOVED (a slot moved) or a dead master: nothing of this group ran, or it ran
+            # and is stored at least once; the next publish uses the cluster's new map
+            with contextlib.suppress(Exception):
+                client.nodes_manager.initialize()
+            self._fail(err, doing)
+        return results
+
+    def close(self) -> None:
+        self._listener.close()
+        self._client.close()
+        self._results.close()
+
+
+def _first_key(cmd: Sequence[Any]) -> Any:
+    """The key a command of hurtle's is routed by: its first key."""
+    if cmd[0] == "EVALSHA":
+        return cmd[3]
+    return cmd[1]
