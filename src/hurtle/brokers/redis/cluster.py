@@ -51,7 +51,6 @@ from redis.retry import Retry
 import redis
 
 from ...errors import BrokerError, ConfigurationError
-from ..keys import RESULTS_CHANNEL
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
 from .consumer import MAX_BLOCK, RedisConsumer, _Target
 from .results import _ResultListener
