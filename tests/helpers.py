@@ -130,6 +130,8 @@ class RedisClusterServer:
             str(node_dir / "nodes.conf"),
             "--cluster-node-timeout",
             str(self.NODE_TIMEOUT),
+            "--repl-diskless-sync-delay",
+            "0",
             "--logfile",
             str(node_dir / "redis.log"),
         ]
@@ -170,14 +172,28 @@ class RedisClusterServer:
         ).stdout
         return dict(line.split(":", 1) for line in out.split() if ":" in line)
 
+    def replication(self, port: int) -> dict[str, str]:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(port), "info", "replication"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+        return dict(line.split(":", 1) for line in out.split() if ":" in line)
+
     def wait_ok(self, timeout: float = 30) -> None:
-        """Until every live node sees the cluster as ok with all slots served."""
+        """Until every live node sees the cluster as ok with all slots served, and every
+        replica is in sync with its master."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             infos = [self.cluster_info(p) for p in self.procs]
             if all(
                 i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384"
                 for i in infos
+            ) and all(
+                r.get("role") == "master" or r.get("master_link_status") == "up"
+                for r in map(self.replication, self.procs)
             ):
                 return
             time.sleep(0.1)

@@ -1,4 +1,5 @@
-"""Crash recovery with real worker processes killed by SIGKILL, on SQLite and on Redis."""
+"""Crash recovery with real worker processes killed by SIGKILL, on SQLite, Redis and a Redis
+Cluster."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ from helpers import Project
 from test_cli import TASKS
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
-    url = str(request.getfixturevalue("redis_url")) if request.param == "redis" else None
+    url = None
+    if request.param == "redis":
+        url = str(request.getfixturevalue("redis_url"))
+    elif request.param == "redis-cluster":
+        url = str(request.getfixturevalue("redis_cluster_url"))
     p = Project(tmp_path, TASKS, ("tasks.add", "tasks.slow", "tasks.broken"), url)
     yield p
     p.app.close()
