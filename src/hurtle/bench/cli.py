@@ -37,6 +37,12 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="use this Redis instead of starting one; its database is FLUSHED before every row",
     )
+    tasks.add_argument(
+        "--broker-url",
+        default=None,
+        help="a Redis Cluster (redis+cluster://host:port, any node) for the hurtle-cluster-* "
+        "rows, which are skipped without it; it is FLUSHED before every row",
+    )
     tasks.add_argument("--only", default="", help="comma-separated rows to run (default: all)")
     tasks.add_argument("--json", type=Path, default=None, help="write rows and machine here")
     tasks.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
@@ -86,6 +92,11 @@ def run_tasks(args: argparse.Namespace) -> int:
             f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(BY_NAME)}"
         )
     chosen = [BY_NAME[n] for n in wanted] if wanted else SCENARIOS
+    if args.broker_url and "+cluster://" not in args.broker_url:
+        raise ConfigurationError(
+            f"--broker-url {args.broker_url!r}: expected redis+cluster://host:port (or "
+            "rediss+cluster://); a single Redis is --redis-url"
+        )
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
     rows: list[Row] = []
@@ -94,7 +105,7 @@ def run_tasks(args: argparse.Namespace) -> int:
         tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="hurtle-bench-")
         root = args.workdir or Path(tmp.name if tmp else ".")
         root.mkdir(parents=True, exist_ok=True)
-        runner = Runner(url, root, timeout=args.timeout)
+        runner = Runner(url, root, timeout=args.timeout, cluster_url=args.broker_url)
         try:
             for scenario in chosen:
                 print(f"-- {scenario.name}", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..cli._progress import Progress
 from . import probe
@@ -93,17 +94,29 @@ def _tail(path: Path, lines: int = 5) -> str:
 class Runner:
     """Runs scenarios against one Redis URL, each in a fresh work directory under ``root``."""
 
-    def __init__(self, redis_url: str, root: Path, *, timeout: float = 900.0) -> None:
+    def __init__(
+        self, redis_url: str, root: Path, *, timeout: float = 900.0, cluster_url: str | None = None
+    ) -> None:
         self.redis_url = redis_url
         self.root = root
         self.timeout = timeout
+        #: ``redis+cluster://…``: where the ``cluster`` rows run (skipped without it)
+        self.cluster_url = cluster_url
 
     def flush(self) -> None:
+        from redis.cluster import RedisCluster
+
         import redis
 
         client = redis.Redis.from_url(self.redis_url)
         client.flushdb()
         client.close()
+        if self.cluster_url:
+            parts = urlsplit(self.cluster_url)
+            plain = parts._replace(scheme=parts.scheme.split("+")[0], query="").geturl()
+            cluster = RedisCluster.from_url(plain)
+            cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
+            cluster.close()
 
     def run(self, scenario: Scenario, count: int) -> Row:
         asked = count
@@ -121,12 +134,18 @@ class Runner:
         if missing:
             row.skipped = missing
             return row
+        if scenario.store == "cluster" and not self.cluster_url:
+            row.skipped = f"needs {scenario.install}"
+            return row
         workdir = self.root / scenario.name
         shutil.rmtree(workdir, ignore_errors=True)
         (workdir / "probe").mkdir(parents=True)
-        broker_url = (
-            self.redis_url if scenario.store == "redis" else f"sqlite:///{workdir / 'bench.db'}"
-        )
+        if scenario.store == "cluster":
+            broker_url = f"{self.cluster_url}{scenario.url_query}"
+        elif scenario.store == "redis":
+            broker_url = f"{self.redis_url}{scenario.url_query}"
+        else:
+            broker_url = f"sqlite:///{workdir / 'bench.db'}"
         env = dict(os.environ)
         if count != asked:
             row.notes.append(f"capped at {count:,} tasks (this row is too slow for {asked:,})")

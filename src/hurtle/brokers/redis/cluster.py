@@ -151,7 +151,8 @@ class RedisClusterBroker(RedisBroker):
         }
         try:
             self._client = RedisCluster.from_url(plain, **options)
-            self._results = RedisCluster.from_url(plain, **options)
+            results: Any = RedisCluster.from_url(plain, **options)
+            self._results = results
         except (ValueError, TypeError) as err:
             raise ConfigurationError(
                 f"bad Redis Cluster URL {self.url!r}: {err}; expected "
@@ -162,7 +163,7 @@ class RedisClusterBroker(RedisBroker):
         self._blocking = None  # consumers wait on connections of their own
 
         def refresh() -> None:
-            self._results.nodes_manager.initialize()
+            results.nodes_manager.initialize()
 
         self._listener = _ResultListener(self._results, self.url, sharded=True, on_error=refresh)
 

@@ -61,7 +61,12 @@ class _ResultListener:
     """
 
     def __init__(
-        self, client: Any, url: str, *, sharded: bool = False, on_error: Callable[[], None] = str
+        self,
+        client: Any,
+        url: str,
+        *,
+        sharded: bool = False,
+        on_error: Callable[[], None] | None = None,
     ) -> None:
         self._client = client
         self._url = url
@@ -142,8 +147,9 @@ class _ResultListener:
                 )
                 self._wake(None)  # waiters re-read meanwhile
                 time.sleep(backoff)
-                with contextlib.suppress(Exception):
-                    self._on_error()
+                if self._on_error is not None:
+                    with contextlib.suppress(Exception):
+                        self._on_error()
                 backoff = min(backoff * 2, 5.0)
             finally:
                 with contextlib.suppress(Exception):
