@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 import redis
@@ -59,6 +59,51 @@ from .scripts import _Command
 SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: Retries of a command that failed on a connection, a timeout or a cluster in failover.
 RETRIES = 6
+
+
+class _Cluster(RedisCluster):
+    """redis-py's cluster client, whose own errors (``RedisClusterException``: no node
+    reachable, a slot no master serves) are ``redis.ConnectionError``, like every other
+    failure to reach the store, so that they become ``BrokerError`` where those do."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        parent: Any = super()
+        try:
+            return parent.execute_command(*args, **kwargs)
+        except RedisClusterException as err:
+            raise _unreachable(err) from err
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        parent: Any = super()
+        return _Pipeline(parent.pipeline(transaction, shard_hint))
+
+    def get_node_from_key(self, key: Any, replica: bool = False) -> Any:
+        parent: Any = super()
+        try:
+            return parent.get_node_from_key(key, replica)
+        except RedisClusterException as err:
+            raise _unreachable(err) from err
+
+
+class _Pipeline:
+    """A cluster pipeline whose ``execute`` raises ``redis.ConnectionError`` rather than
+    ``RedisClusterException``."""
+
+    def __init__(self, pipe: Any) -> None:
+        self._pipe = pipe
+
+    def execute_command(self, *args: Any) -> None:
+        self._pipe.execute_command(*args)
+
+    def execute(self, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return list(self._pipe.execute(raise_on_error=raise_on_error))
+        except RedisClusterException as err:
+            raise _unreachable(err) from err
+
+
+def _unreachable(err: Exception) -> redis.ConnectionError:
+    return redis.ConnectionError(f"{type(err).__name__}: {err}")
 
 
 class RedisClusterConsumer(RedisConsumer):
@@ -150,15 +195,17 @@ class RedisClusterBroker(RedisBroker):
             "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), RETRIES),
         }
         try:
-            self._client = RedisCluster.from_url(plain, **options)
-            results: Any = RedisCluster.from_url(plain, **options)
+            self._client = _Cluster.from_url(plain, **options)
+            results: Any = _Cluster.from_url(plain, **options)
             self._results = results
         except (ValueError, TypeError) as err:
             raise ConfigurationError(
                 f"bad Redis Cluster URL {self.url!r}: {err}; expected "
                 "redis+cluster://[user:password@]host:port"
             ) from err
-        except redis.RedisError as err:
+        except (redis.RedisError, RedisClusterException) as err:
+            if not isinstance(err, redis.RedisError):
+                err = _unreachable(err)
             self._fail(err, "learning the cluster's nodes")
         self._blocking = None  # consumers wait on connections of their own
 
