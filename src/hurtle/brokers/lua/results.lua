@@ -2,8 +2,8 @@
   Store a batch of task results, each with its expiry, and announce their ids.
 
   Run in the same pipeline as the acknowledgements, before them: one command per batch rather
-  than one SET per result. The keys have one hash tag each (a reader knows only the id): on a
-  Redis Cluster this script would have to be split by slot.
+  than one SET per result. The keys have one hash tag each (a reader knows only the id), so on a
+  Redis Cluster this script is not used: each result is a SET of its own there (cluster.py).
 
   Input:
     KEYS         the result keys (keys.result_key)
