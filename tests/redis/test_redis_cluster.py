@@ -46,7 +46,7 @@ def _queues_on_every_master(cluster: RedisClusterServer) -> list[str]:
     raise AssertionError("no three queues on three masters")
 
 
-def test_a_consumer_of_queues_on_several_masters_waits_on_each_and_wakes_on_any(
+def test_a_consumer_of_queues_on_several_masters_waits_on_each_while_idle_only(
     redis_cluster: RedisClusterServer, redis_cluster_url: str
 ) -> None:
     queues = _queues_on_every_master(redis_cluster)
@@ -66,15 +66,26 @@ def test_a_consumer_of_queues_on_several_masters_waits_on_each_and_wakes_on_any(
         fetching.join(60)
         assert not fetching.is_alive()
         assert got == [b"last queue"]
+        # awake, it waits on no queue: a busy consumer must not take tokens meant for idle ones
+        for port in masters:
+            deadline = time.monotonic() + 10
+            while _blocked_on(port):
+                assert time.monotonic() < deadline, "a wait outlived the consumer's idleness"
+                time.sleep(0.05)
+        # idle again: it waits on every queue again
+        fetching = threading.Thread(target=lambda: got.extend(d.raw for d in consumer.fetch(1, 60)))
+        fetching.start()
+        deadline = time.monotonic() + 30
+        while not all(_blocked_on(port) for port in masters):
+            assert time.monotonic() < deadline, "the consumer never blocked on every master"
+            time.sleep(0.05)
+        broker.publish_raw(queues[0], [b"first queue"])
+        fetching.join(60)
+        assert not fetching.is_alive()
+        assert got == [b"last queue", b"first queue"]
     finally:
         consumer.close()
         broker.close()
-    # closing the consumer ends its waits
-    for port in masters:
-        deadline = time.monotonic() + 10
-        while _blocked_on(port):
-            assert time.monotonic() < deadline, "a wait outlived its consumer"
-            time.sleep(0.05)
 
 
 def test_a_cluster_url_with_a_database_is_refused(redis_cluster: RedisClusterServer) -> None:

@@ -16,9 +16,12 @@ What makes that possible, and what differs from one server:
 * Waiting for messages. One ``BLPOP`` cannot wait on the wake lists of several queues (several
   slots). A consumer keeps one connection per queue, to the master serving that queue, sends a
   ``BLPOP`` on each, and waits on their sockets together (``select``): the first token that
-  arrives, on any queue, wakes it, as on one server; the other ``BLPOP`` stay where they are
-  for the next wait rather than being sent again. Waking costs what it costs on one server
-  (no polling), at the price of one idle connection per queue and consumer.
+  arrives, on any queue, wakes it, as on one server (no polling). A ``BLPOP`` that timed out
+  is sent again at once; when one wakes the consumer, the others are cut (their connections
+  closed), so that a busy consumer takes no token meant for an idle one, and are sent again on
+  new connections at its next wait. The price: one connection per queue and idle consumer,
+  and a reconnection per queue each time a consumer of several queues wakes from idle (none
+  while messages keep coming: it only waits when nothing is ready).
 * Results. A record's key has a slot of its own (its reader knows only the id), so a batch of
   records is one ``SET`` each in the ack's pipeline rather than one script, announced on a
   sharded channel (``SPUBLISH``/``SSUBSCRIBE``): the announcement goes to the one shard that
@@ -155,6 +158,12 @@ class RedisClusterConsumer(RedisConsumer):
             for key in ready:
                 self._sent.discard(key)
                 self._waiting[key].read_response()
+            if ready:
+                # Cut the other waits: left in place, they would pop tokens meant for idle
+                # consumers while this one is busy. Sent again at the next wait.
+                for key in list(self._sent):
+                    self._sent.discard(key)
+                    self._waiting.pop(key).disconnect()
         except (redis.RedisError, OSError) as err:
             # a node failed over, or a slot moved: new connections, to the masters the
             # cluster names now
