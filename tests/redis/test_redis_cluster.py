@@ -17,6 +17,7 @@ import pytest
 from helpers import Project, RedisClusterServer
 from hurtle.brokers import make_broker
 from hurtle.brokers.keys import queue_keys
+from hurtle.brokers.redis import RedisClusterConsumer
 from hurtle.errors import BrokerError, ConfigurationError
 from test_cli import TASKS
 
@@ -24,7 +25,7 @@ pytest.importorskip("redis")
 
 
 def _blocked_on(port: int) -> list[str]:
-    """The keys the clients blocked on the node at ``port`` wait for (``CLIENT LIST``)."""
+    """The clients blocked in a ``BLPOP`` on the node at ``port`` (``CLIENT LIST``)."""
     out = subprocess.run(
         ["redis-cli", "-p", str(port), "client", "list"],
         capture_output=True,
@@ -32,7 +33,12 @@ def _blocked_on(port: int) -> list[str]:
         timeout=10,
         check=True,
     ).stdout
-    return [line for line in out.splitlines() if "cmd=blpop" in line]
+    # ``cmd`` is a client's last command; the flag ``b`` says it is blocked in it now
+    return [
+        line
+        for line in out.splitlines()
+        if "cmd=blpop" in line and "b" in line.split(" flags=")[1].split()[0]
+    ]
 
 
 def _queues_on_every_master(cluster: RedisClusterServer) -> list[str]:
@@ -67,6 +73,8 @@ def test_a_consumer_of_queues_on_several_masters_waits_on_each_while_idle_only(
         assert not fetching.is_alive()
         assert got == [b"last queue"]
         # awake, it waits on no queue: a busy consumer must not take tokens meant for idle ones
+        assert isinstance(consumer, RedisClusterConsumer)
+        assert not consumer._sent  # no BLPOP of its is outstanding
         for port in masters:
             deadline = time.monotonic() + 10
             while _blocked_on(port):
