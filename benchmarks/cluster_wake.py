@@ -32,7 +32,11 @@ def main(url: str, rounds: int) -> None:
             woke: list[float] = []
             started = threading.Event()
 
-            def wait(got: list[Delivery] = got, woke: list[float] = woke) -> None:
+            def wait(
+                got: list[Delivery] = got,
+                woke: list[float] = woke,
+                started: threading.Event = started,
+            ) -> None:
                 started.set()
                 got.extend(consumer.fetch(1, 30))
                 woke.append(time.perf_counter())
