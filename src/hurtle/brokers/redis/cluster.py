@@ -17,7 +17,7 @@ What makes that possible, and what differs from one server:
   slots). A consumer keeps one connection per queue, to the master serving that queue, sends a
   ``BLPOP`` on each, and waits on their sockets together (``select``): the first token that
   arrives, on any queue, wakes it, as on one server (no polling). A ``BLPOP`` that timed out
-  is sent again at once; when one wakes the consumer, the others are cut (their connections
+  is sent again at the next wait; when one pops a token, the others are cut (their connections
   closed), so that a busy consumer takes no token meant for an idle one, and are sent again on
   new connections at its next wait. The price: one connection per queue and idle consumer,
   and a reconnection per queue each time a consumer of several queues wakes from idle (none
@@ -155,10 +155,11 @@ class RedisClusterConsumer(RedisConsumer):
                     for key in self._wake_keys:
                         sel.register(self._waiting[key]._sock, selectors.EVENT_READ, key)
                     ready = [k.data for k, _ in sel.select(seconds)]
+            woke = False
             for key in ready:
                 self._sent.discard(key)
-                self._waiting[key].read_response()
-            if ready:
+                woke |= self._waiting[key].read_response() is not None  # None: timed out
+            if woke:
                 # Cut the other waits: left in place, they would pop tokens meant for idle
                 # consumers while this one is busy. Sent again at the next wait.
                 for key in list(self._sent):
