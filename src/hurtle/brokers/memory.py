@@ -35,9 +35,11 @@ from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from .base import (
     Broker,
+    ChordStep,
     Consumer,
     DeadLetter,
     Delivery,
+    FlowStep,
     QueueStats,
     StoredResult,
     check_dead_letter_limits,
@@ -110,6 +112,8 @@ class MemoryBroker(Broker):
         self._tat: dict[str, float] = {}  # rate key -> theoretical arrival time
         self._slots: dict[str, dict[str, int]] = {}  # concurrency key -> worker id -> slots
         self._unique: dict[tuple[str, str], tuple[str, float]] = {}  # -> (message id, expiry)
+        # chords: id -> (member index -> payload, fired, expires at)
+        self._chords: dict[str, tuple[dict[int, bytes], bool, float]] = {}
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
@@ -150,6 +154,28 @@ class MemoryBroker(Broker):
                             del self._watchers[id_]
 
         return stop
+
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        with self._lock:
+            chord = self._chords.get(id)
+            if chord is None or chord[2] <= time.time():
+                return None
+            members = chord[0]
+            if len(members) < total:
+                return None
+            return [members[i] for i in range(total)]
+
+    def _chord_step_locked(self, step: ChordStep, now: float) -> bool:
+        """Count a chord member; True when this step completes the chord (publish its callback)."""
+        chords = self._chords
+        chord = chords.get(step.id)
+        if chord is None or chord[2] <= now:
+            chord = ({}, False, 0.0)
+        members, fired, _ = chord
+        members.setdefault(step.index, step.payload)
+        complete = not fired and len(members) >= step.total
+        chords[step.id] = (members, fired or complete, now + step.ttl)
+        return complete
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -446,6 +472,43 @@ class _MemoryConsumer(Consumer):
             held = self._held()
             for d in deliveries:
                 held.pop(d.receipt, None)
+        for wake in wakes:
+            wake()
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        # encoded first: a message that cannot be encoded settles nothing
+        encoded = [
+            (
+                [(m, m.encode()) for m in step.publish],
+                None if step.chord is None else step.chord.callback.encode(),
+            )
+            for step in steps
+        ]
+        for step in steps:
+            check_messages(step.publish)
+            if step.chord is not None:
+                check_messages([step.chord.callback])
+        b = self.broker
+        wakes: list[Callable[[], None]] = []
+        with b._lock:
+            held = self._held()
+            now = time.time()
+            for step, (publish, callback) in zip(steps, encoded, strict=True):
+                if step.delivery.receipt not in held:
+                    continue  # settled already, or recovered: the live copy sets it off
+                if step.results:
+                    wakes += b._store_results_locked(step.results)
+                for m, raw in publish:
+                    b._put(m.queue, raw, m.priority, m.eta)
+                chord = step.chord
+                if chord is not None and b._chord_step_locked(chord, now):
+                    assert callback is not None
+                    c = chord.callback
+                    b._put(c.queue, callback, c.priority, c.eta)
+                if step.forget:
+                    b._chords.pop(step.forget, None)
+                del held[step.delivery.receipt]
+            b._wake.notify_all()
         for wake in wakes:
             wake()
 
