@@ -157,15 +157,19 @@ class Signature(Generic[R]):
             return self.task.send(*self.args, **self.kwargs)
         return self.task.options(**_opts_kwargs(self.opts)).send(*self.args, **self.kwargs)
 
-    def _link(self, extra: int) -> Link:
-        """This signature as a link whose call gets ``extra`` arguments before its own."""
+    def _check(self, extra: int) -> None:
+        """Refuse a call that would not fit once given ``extra`` arguments before its own."""
         task = self.task
         _check_member(task)
-        placeholder = (None,) * extra
-        problem = task.unfit((*placeholder, *self.args), self.kwargs)
+        problem = task.unfit((*(None,) * extra, *self.args), self.kwargs)
         if problem is not None:
             what = "" if not extra else " (after the result it is given first)"
             raise ConfigurationError(f"cannot build the workflow: {problem}{what}")
+
+    def _link(self, extra: int) -> Link:
+        """This signature as a link whose call gets ``extra`` arguments before its own."""
+        task = self.task
+        self._check(extra)
         queue, priority, _, headers = task._resolve(self.opts, 0.0)
         opts = self.opts
         return Link(
@@ -235,6 +239,8 @@ class chain:
         self.signatures = _signatures(signatures, "chain")
         if not self.signatures:
             raise ConfigurationError("a chain needs at least one signature")
+        for i, s in enumerate(self.signatures):
+            s._check(0 if i == 0 else 1)
 
     def send(self) -> FlowHandle[Any]:
         sigs = self.signatures
@@ -281,6 +287,9 @@ class chord:
         members = header.signatures if isinstance(header, group) else _signatures(header, "chord")
         self.members = members
         self.callback = _signatures([callback], "chord")[0]
+        for s in members:
+            s._check(0)
+        self.callback._check(1)
 
     def send(self) -> FlowHandle[Any]:
         members, callback = self.members, self.callback
