@@ -264,6 +264,8 @@ class group:
         else:
             items = signatures
         self.signatures = _signatures(items, "group")
+        for s in self.signatures:
+            s._check(0)
 
     def send(self) -> GroupHandle:
         sigs = self.signatures
