@@ -157,3 +157,31 @@ def test_a_chord_of_ten_thousand_members_counts_in_batches_and_reads_its_results
     assert results is not None and len(results) == total
     assert results[0] == b"r0" and results[-1] == f"r{total - 1}".encode()
     c.close()
+
+
+def test_a_member_the_broker_dead_letters_itself_fails_its_workflow_at_once(
+    make: MakeBroker,
+) -> None:
+    """A member whose workers keep dying becomes a dead letter in recovery, not in a worker:
+    the broker records its workflow's failure in the same step, naming it."""
+    from hurtle.middleware.results import DEAD, decode
+    from hurtle.workflows import FLOW, Flow
+
+    broker = make(heartbeat_timeout=0.2)
+    flow_id = new_id()
+    poison = Message(id=new_id(), task="tests.member", queue="q", headers={FLOW: Flow(id=flow_id)})
+    broker.publish([poison])
+    for _ in range(60):
+        if broker.stats(["q"])["q"].dead:
+            break
+        broker.recover()
+        consumer = broker.consumer(["q"])
+        if consumer.fetch(1, 0):
+            time.sleep(0.3)  # its worker dies holding it
+    [dead] = broker.dead_letters("q")
+    assert "its worker died" in dead.reason
+    payload = broker.get_result(flow_id)
+    assert payload is not None
+    record = decode(payload)
+    assert (record.state, record.value) == (DEAD, ["tests.member", poison.id])
+    assert "its worker died" in record.error_message

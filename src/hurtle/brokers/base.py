@@ -537,6 +537,28 @@ def unique_key_of(message: Message) -> str:
     return key
 
 
+#: Seconds the failure of a workflow a broker dead-lettered itself is kept (a day, as results).
+FLOW_FAILURE_TTL = 86400.0
+
+
+def flow_failure(raw: bytes, reason: str) -> StoredResult | None:
+    """The ``dead`` record of the workflow whose member ``raw`` the broker dead-letters itself
+    (its workers kept dying), to store in the same step: its handle then raises at once. None
+    when ``raw`` is not a workflow's message."""
+    from ..workflows import FLOW, read_flow  # the workflows import the brokers
+
+    try:
+        message = Message.decode(raw)
+        if not message.headers or FLOW not in message.headers:
+            return None
+        flow = read_flow(message)
+    except Exception:  # not a message, or not a workflow's: nothing to fail
+        return None
+    from ..worker.flows import dead_record
+
+    return dead_record(flow.id, message, None, reason, FLOW_FAILURE_TTL)
+
+
 def _nothing() -> None:
     return None
 

@@ -44,6 +44,7 @@ from .base import (
     StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
+    flow_failure,
     gcra,
     log_trimmed,
     unique_key_of,
@@ -318,6 +319,10 @@ class MemoryBroker(Broker):
                     reason=f"its worker died {deaths} times while holding it (max_recoveries "
                     f"is {self.max_recoveries})",
                 )
+                failed = flow_failure(raw, q.dead[dead_id].reason)
+                if failed is not None:  # a workflow's member: its workflow fails now
+                    for wake in self._store_results_locked([failed]):
+                        wake()  # sets an event: takes no lock of this broker
             elif deaths >= 2:
                 q.quarantine.append((priority, raw))
             else:
