@@ -19,11 +19,14 @@ from typing import Any
 import redis
 
 from ..message import MAX_PRIORITY, Message, check_messages
-from .base import FlowStep
+from .base import FLOW_FAILURE_TTL, FlowStep
 from .keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULTS_CHANNEL, chord_key, queue_keys, result_key
 from .redis import _Script
 
 _script: _Script | None = None
+
+#: The extra ``heartbeat.lua`` arguments with which a member it dead-letters fails its workflow.
+HEARTBEAT_FLOW_ARGS = (result_key("")[:-2], int(FLOW_FAILURE_TTL * 1000), RESULTS_CHANNEL)
 
 
 def _ack_flow_script() -> _Script:
