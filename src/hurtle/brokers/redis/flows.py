@@ -18,27 +18,20 @@ from typing import Any
 
 import redis
 
-from ..message import MAX_PRIORITY, Message, check_messages
-from .base import FLOW_FAILURE_TTL, FlowStep
-from .keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULTS_CHANNEL, chord_key, queue_keys, result_key
-from .redis import _Script
-
-_script: _Script | None = None
+from ...message import MAX_PRIORITY, Message, check_messages
+from ..base import FLOW_FAILURE_TTL, FlowStep
+from ..keys import (
+    BATCH_BITS,
+    BATCH_MASK,
+    QUEUES,
+    RESULTS_CHANNEL,
+    chord_key,
+    result_key,
+)
+from .scripts import _publish_keys
 
 #: The extra ``heartbeat.lua`` arguments with which a member it dead-letters fails its workflow.
 HEARTBEAT_FLOW_ARGS = (result_key("")[:-2], int(FLOW_FAILURE_TTL * 1000), RESULTS_CHANNEL)
-
-
-def _ack_flow_script() -> _Script:
-    global _script
-    if _script is None:
-        _script = _Script("ack_flow")
-    return _script
-
-
-def _publish_keys(name: str) -> tuple[str, ...]:
-    k = queue_keys(name)
-    return (*k.ready, k.delayed, k.wake, k.seq)
 
 
 def _message_args(m: Message) -> list[Any]:
@@ -85,7 +78,7 @@ def ack_flow(consumer: Any, steps: Sequence[FlowStep]) -> None:
     if not steps:
         return
     b = consumer.broker
-    script = _ack_flow_script()
+    script = b._scripts.ack_flow
     commands = [b._call(script, *_step_call(consumer, step)) for step in steps]
     b._pipeline(commands, f"acknowledging {len(steps)} workflow steps")
 

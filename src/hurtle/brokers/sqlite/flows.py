@@ -16,8 +16,9 @@ import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..message import MAX_PRIORITY, MIN_PRIORITY, Message, check_messages
-from .base import FlowStep
+from ...message import Message, check_messages
+from ..base import FlowStep
+from .schema import _PUT_RESULT, _clamp
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -29,7 +30,6 @@ _FLOW_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS chord_members (chord TEXT NOT NULL, idx INTEGER NOT NULL,"
     " body BLOB NOT NULL, PRIMARY KEY (chord, idx)) WITHOUT ROWID;"
 )
-_PUT_RESULT = "INSERT OR REPLACE INTO results (id, expires, body) VALUES (?, ?, ?)"
 _ADD_MEMBER = "INSERT OR IGNORE INTO chord_members (chord, idx, body) VALUES (?, ?, ?)"
 _COUNT = (
     "INSERT INTO chords (id, count, fired, expires) VALUES (?, 1, 0, ?) ON CONFLICT (id) DO"
@@ -40,10 +40,6 @@ _FIRE = "UPDATE chords SET fired = 1 WHERE id = ?"
 _EXPIRED = "SELECT id FROM chords WHERE expires <= ? LIMIT 100"
 _MEMBERS = "SELECT idx, body FROM chord_members WHERE chord = ? ORDER BY idx"
 _CHORD = "SELECT expires FROM chords WHERE id = ?"
-
-
-def _clamp(priority: int) -> int:
-    return min(max(priority, MIN_PRIORITY), MAX_PRIORITY)
 
 
 def _item(m: Message) -> tuple[str, int, float, bytes]:
