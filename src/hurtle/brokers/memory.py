@@ -115,6 +115,7 @@ class MemoryBroker(Broker):
         self._unique: dict[tuple[str, str], tuple[str, float]] = {}  # -> (message id, expiry)
         # chords: id -> (member index -> payload, fired, expires at)
         self._chords: dict[str, tuple[dict[int, bytes], bool, float]] = {}
+        self._next_chord_prune = 0.0
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
@@ -169,6 +170,10 @@ class MemoryBroker(Broker):
     def _chord_step_locked(self, step: ChordStep, now: float) -> bool:
         """Count a chord member; True when this step completes the chord (publish its callback)."""
         chords = self._chords
+        if now >= self._next_chord_prune:  # at most once a second, like results
+            self._next_chord_prune = now + 1.0
+            for id_ in [i for i, (_, _, expires) in chords.items() if expires <= now]:
+                del chords[id_]
         chord = chords.get(step.id)
         if chord is None or chord[2] <= now:
             chord = ({}, False, 0.0)
