@@ -19,14 +19,16 @@ What makes them hold (``hurtle.worker.flows`` is the worker side):
   broker, one entry per member index) counts the member and the member that completes it
   publishes the callback, once. A worker killed at any point neither loses the next step nor
   runs it twice.
-* A member that fails for good (retries spent, rejected, dead-lettered by its worker) records
-  the failure under the workflow's id at once: the handle raises ``TaskFailed`` naming the
-  member, and the callback or next link never runs.
+* A member that fails for good (retries spent, rejected, dead-lettered by its worker, or by the
+  broker's recovery once its workers kept dying) records the failure under the workflow's id at
+  once: the handle raises ``TaskFailed`` naming the member, and the callback or next link never
+  runs.
 * The callback reads its chord's results once, in one broker call, when it starts: no member is
   polled, a chord of 10,000 members costs 10,000 counter updates (batched with the members'
   acknowledgements) and one read.
 
-Messages outside workflows carry no such header and pay nothing for any of this.
+Messages outside workflows carry no such header and pay nothing for any of this but one check
+of their (empty) headers on the processor's inline path.
 
 Not supported (``ConfigurationError`` when built): workflows nested in one another, and tasks
 with ``unique_for`` (a link published by a worker takes no unique lock).
