@@ -243,6 +243,7 @@ def test_a_worker_killed_while_it_runs_chord_members_still_leads_to_exactly_one_
     victim.wait(10)
     assert victim.returncode == -signal.SIGKILL
     assert not [r for r in project.runs() if r.startswith("total")]
+    assert project.status()["default"]["in_flight"] > 0  # it died holding members
 
     rescuers = [project.popen("worker", "tasks:app", "--burst", **env) for _ in range(2)]
     for rescuer in rescuers:
