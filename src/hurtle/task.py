@@ -34,6 +34,7 @@ from .message import CheckedBatch, Message, priority_problem, seconds_problem
 
 if TYPE_CHECKING:
     from .app import Hurtle
+    from .workflows import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -349,6 +350,16 @@ class Task(Generic[P, R]):
         """One call's arguments for ``send_many``, type-checked against the function."""
         return Args(*args, **kwargs)
 
+    def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
+        """A signature of this call, for workflows: ``chain(add.s(1, 2), add.s(10))``.
+
+        Not typed against the function: in a chain or chord, the result of the step before is
+        put before these arguments when the call is made.
+        """
+        from .workflows import Signature
+
+        return Signature(self, args, kwargs)
+
     def options(
         self,
         *,
@@ -395,6 +406,12 @@ class BoundTask(Generic[P, R]):
     def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
         """One call's arguments for ``send_many``, type-checked against the function."""
         return Args(*args, **kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
+        """A signature of this call with these options, for workflows (``Task.s``)."""
+        from .workflows import Signature
+
+        return Signature(self.task, args, kwargs, self.opts)
 
 
 def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:

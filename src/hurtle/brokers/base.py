@@ -23,6 +23,10 @@ Results: ``Consumer.ack(deliveries, results)`` stores task results (``StoredResu
 opaque bytes, a ttl) in the same step as the acknowledgements; ``Broker.get_result`` reads one;
 ``Broker.watch_results`` wakes waiters where the store can notify (``tests/brokers/
 test_results_contract.py``).
+Workflows: ``Consumer.ack_flow`` acknowledges a chain link or chord member together with what
+it sets off (the next link's message; the chord's counter, and its callback when the counter
+completes) in one atomic step; ``Broker.chord_results`` reads a chord's member results once, for
+its callback (``tests/brokers/test_workflows_contract.py``).
 Limits and unique locks live in the broker too, so that every worker sharing it sees them:
 
 * rate limits: ``Broker.take_tokens`` takes tokens of several keys in one call (GCRA in the
@@ -81,6 +85,40 @@ class StoredResult(msgspec.Struct, frozen=True, gc=False):
     id: str
     payload: bytes
     ttl: float
+
+
+class ChordStep(msgspec.Struct, frozen=True, gc=False):
+    """A chord member's part of a ``FlowStep``: count member ``index`` of chord ``id`` as done.
+
+    ``payload`` (the member's result record, opaque to brokers) is kept at ``index`` of the
+    chord's record, which lives ``ttl`` seconds from its last change. The member whose step makes
+    ``total`` distinct indexes publishes ``callback``, once: a member counted twice (a message
+    delivered twice) counts once, and a chord whose callback was published never publishes again.
+    """
+
+    id: str
+    index: int
+    total: int
+    payload: bytes
+    ttl: float
+    callback: Message
+
+
+class FlowStep(msgspec.Struct, frozen=True, gc=False):
+    """The acknowledgement of one workflow member with everything it sets off, in one step.
+
+    ``Consumer.ack_flow`` applies it only while ``delivery`` is still held by that consumer (a
+    copy redelivered elsewhere applies its own): store ``results``, publish ``publish`` (a
+    chain's next link), apply ``chord``, drop the chord record named by ``forget`` (a callback
+    done with it), and acknowledge ``delivery`` — all or nothing, so that a worker killed at any
+    point neither loses the next step nor sets it off twice.
+    """
+
+    delivery: Delivery
+    results: tuple[StoredResult, ...] = ()
+    publish: tuple[Message, ...] = ()
+    chord: ChordStep | None = None
+    forget: str = ""
 
 
 class QueueStats(msgspec.Struct, frozen=True):
@@ -169,6 +207,14 @@ class Consumer(abc.ABC):
         the acknowledgements take effect, each for its ``ttl``: a message never counts as done
         while its record is missing. Waiters of ``Broker.watch_results`` are woken.
         """
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        """Settle workflow members (chains, chords): each ``FlowStep`` in one atomic step of
+        the store with its acknowledgement (see ``FlowStep``, ``ChordStep``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support workflows (chains and chords): its "
+            "ack_flow is missing"
+        )
 
     @abc.abstractmethod
     def retry(self, delivery: Delivery, message: Message) -> None:
@@ -357,6 +403,14 @@ class Broker(abc.ABC):
         """
         return None
 
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        """The payloads of the ``total`` members of chord ``id`` (``ChordStep``), in member
+        order, read in one step; None when the chord's record is missing, expired or short."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support workflows (chains and chords): its "
+            "chord_results is missing"
+        )
+
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.
 
@@ -487,6 +541,28 @@ def unique_key_of(message: Message) -> str:
             "publish_unique needs headers['unique'] (a non-empty str) on every message"
         )
     return key
+
+
+#: Seconds the failure of a workflow a broker dead-lettered itself is kept (a day, as results).
+FLOW_FAILURE_TTL = 86400.0
+
+
+def flow_failure(raw: bytes, reason: str) -> StoredResult | None:
+    """The ``dead`` record of the workflow whose member ``raw`` the broker dead-letters itself
+    (its workers kept dying), to store in the same step: its handle then raises at once. None
+    when ``raw`` is not a workflow's message."""
+    from ..workflows import FLOW, read_flow  # the workflows import the brokers
+
+    try:
+        message = Message.decode(raw)
+        if not message.headers or FLOW not in message.headers:
+            return None
+        flow = read_flow(message)
+    except Exception:  # not a message, or not a workflow's: nothing to fail
+        return None
+    from ..worker.flows import dead_record
+
+    return dead_record(flow.id, message, None, reason, FLOW_FAILURE_TTL)
 
 
 def _nothing() -> None:

@@ -148,3 +148,9 @@ def queue_keys(name: str) -> QueueKeys:
 #: A receipt is ``batch_id << BATCH_BITS | index``: a batch holds fewer than 2**20 messages.
 BATCH_BITS = 20
 BATCH_MASK = (1 << BATCH_BITS) - 1
+
+
+def chord_key(id: str) -> str:
+    """The hash of chord ``id``: its members' results by index, and ``fired`` once its
+    callback is published."""
+    return f"{PREFIX}:chord:{{{id}}}"

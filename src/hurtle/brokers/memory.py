@@ -35,13 +35,16 @@ from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from .base import (
     Broker,
+    ChordStep,
     Consumer,
     DeadLetter,
     Delivery,
+    FlowStep,
     QueueStats,
     StoredResult,
     check_dead_letter_limits,
     check_tick_claim,
+    flow_failure,
     gcra,
     log_trimmed,
     unique_key_of,
@@ -110,6 +113,9 @@ class MemoryBroker(Broker):
         self._tat: dict[str, float] = {}  # rate key -> theoretical arrival time
         self._slots: dict[str, dict[str, int]] = {}  # concurrency key -> worker id -> slots
         self._unique: dict[tuple[str, str], tuple[str, float]] = {}  # -> (message id, expiry)
+        # chords: id -> (member index -> payload, fired, expires at)
+        self._chords: dict[str, tuple[dict[int, bytes], bool, float]] = {}
+        self._next_chord_prune = 0.0
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
@@ -150,6 +156,32 @@ class MemoryBroker(Broker):
                             del self._watchers[id_]
 
         return stop
+
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        with self._lock:
+            chord = self._chords.get(id)
+            if chord is None or chord[2] <= time.time():
+                return None
+            members = chord[0]
+            if len(members) < total:
+                return None
+            return [members[i] for i in range(total)]
+
+    def _chord_step_locked(self, step: ChordStep, now: float) -> bool:
+        """Count a chord member; True when this step completes the chord (publish its callback)."""
+        chords = self._chords
+        if now >= self._next_chord_prune:  # at most once a second, like results
+            self._next_chord_prune = now + 1.0
+            for id_ in [i for i, (_, _, expires) in chords.items() if expires <= now]:
+                del chords[id_]
+        chord = chords.get(step.id)
+        if chord is None or chord[2] <= now:
+            chord = ({}, False, 0.0)
+        members, fired, _ = chord
+        members.setdefault(step.index, step.payload)
+        complete = not fired and len(members) >= step.total
+        chords[step.id] = (members, fired or complete, now + step.ttl)
+        return complete
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -292,6 +324,10 @@ class MemoryBroker(Broker):
                     reason=f"its worker died {deaths} times while holding it (max_recoveries "
                     f"is {self.max_recoveries})",
                 )
+                failed = flow_failure(raw, q.dead[dead_id].reason)
+                if failed is not None:  # a workflow's member: its workflow fails now
+                    for wake in self._store_results_locked([failed]):
+                        wake()  # sets an event: takes no lock of this broker
             elif deaths >= 2:
                 q.quarantine.append((priority, raw))
             else:
@@ -453,6 +489,43 @@ class _MemoryConsumer(Consumer):
             held = self._held()
             for d in deliveries:
                 held.pop(d.receipt, None)
+        for wake in wakes:
+            wake()
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        # encoded first: a message that cannot be encoded settles nothing
+        encoded = [
+            (
+                [(m, m.encode()) for m in step.publish],
+                None if step.chord is None else step.chord.callback.encode(),
+            )
+            for step in steps
+        ]
+        for step in steps:
+            check_messages(step.publish)
+            if step.chord is not None:
+                check_messages([step.chord.callback])
+        b = self.broker
+        wakes: list[Callable[[], None]] = []
+        with b._lock:
+            held = self._held()
+            now = time.time()
+            for step, (publish, callback) in zip(steps, encoded, strict=True):
+                if step.delivery.receipt not in held:
+                    continue  # settled already, or recovered: the live copy sets it off
+                if step.results:
+                    wakes += b._store_results_locked(step.results)
+                for m, raw in publish:
+                    b._put(m.queue, raw, m.priority, m.eta)
+                chord = step.chord
+                if chord is not None and b._chord_step_locked(chord, now):
+                    assert callback is not None
+                    c = chord.callback
+                    b._put(c.queue, callback, c.priority, c.eta)
+                if step.forget:
+                    b._chords.pop(step.forget, None)
+                del held[step.delivery.receipt]
+            b._wake.notify_all()
         for wake in wakes:
             wake()
 

@@ -65,6 +65,8 @@ from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
 from ..middleware.retries import Retries
+from ..workflows import FLOW
+from . import flows
 from .acker import Acker
 
 # Counter indexes of a ``Tally`` (``brokers/reports.py``).
@@ -189,6 +191,8 @@ class Job(msgspec.Struct, eq=False):
     outcome: Outcome | None = None
     #: The result to store with the acknowledgement (set by the results middleware).
     stored: StoredResult | None = None
+    #: The workflow header (``hurtle.workflows.Flow``) of a chain link or chord member.
+    flow: Any = None
     #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
     deferrals: ClassVar[int] = 0
 
@@ -298,7 +302,7 @@ class Processor:
             self._undecodable(delivery, err)
             return
         task = self._inline.get(message.task)
-        if task is None:
+        if task is None or (message.headers and FLOW in message.headers):
             job = self._job(delivery, message)
             if job is not None:
                 self.run(job)
@@ -358,6 +362,8 @@ class Processor:
                 try:
                     message = decode(delivery.raw)
                     task = inline.get(message.task)
+                    if task is not None and message.headers and FLOW in message.headers:
+                        task = None  # a workflow's: its outcome sets off the next step
                 except Exception:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
@@ -436,7 +442,7 @@ class Processor:
             except Exception:
                 self.process(delivery)  # dead-letters it with the reason
                 continue
-            if message.task in inline:
+            if message.task in inline and not (message.headers and FLOW in message.headers):
                 items.append(message)
             else:
                 pipeline = pipelines.get(message.task) or self.pipeline(message.task)
@@ -497,7 +503,7 @@ class Processor:
                 if type(item) is Job:
                     self.tally.add(delivery.queue, item.task.name, PROCESSED)
                     job = item
-                    if job.pipeline is None or job.pipeline.per_call:
+                    if job.pipeline is None or job.pipeline.per_call or flows.is_flow(job.message):
                         state.time_limit = None
                         self.run(job, state)
                         state.current = None
@@ -641,6 +647,8 @@ class Processor:
 
     def _start(self, job: Job) -> None:
         """The ``before_process`` hooks (they may raise ``Retry``/``Reject``), then the clock."""
+        if job.message.headers and FLOW in job.message.headers:
+            flows.prepare(job, self.app)
         if job.pipeline is not None:
             for hook in job.pipeline.before_process:
                 hook(job)
@@ -665,9 +673,17 @@ class Processor:
                         safe_repr(getattr(hook, "__self__", hook)),
                         describe(err),
                     )
+        stepped = False
+        if error is None and job.flow is not None:
+            try:  # its acknowledgement carries what it sets off
+                self.acker.ack_flow(flows.step(job, result, self.app))
+                stepped = True
+            except Exception as err:  # a result that cannot be encoded: the call failed
+                error = err
         if error is None:
-            stored = job.stored
-            if stored is None:
+            if stepped:
+                pass  # acknowledged with its workflow step
+            elif (stored := job.stored) is None:
                 self.acker.ack(job.delivery)
             else:
                 self.acker.ack_with_result(job.delivery, stored.id, stored.payload, stored.ttl)
@@ -747,6 +763,8 @@ class Processor:
             "name; deploy the code that defines it, then retry the dead letter"
         )
         log.error("dead-lettering message %s: %s", message.id, reason)
+        if flows.is_flow(message) and (record := flows.unknown_failure(message, reason, self.app)):
+            self.acker.store_result(record.id, record.payload, record.ttl)
         self.acker.dead_letter(delivery, reason)
 
     def _run_coroutine(self, job: Job) -> Any:
@@ -767,11 +785,14 @@ class Processor:
         except Exception as inner:  # formatting or deciding failed: still an outcome
             job.outcome = Outcome("dead", error=inner, reason="crashed")
             self._after_outcome(job)
+            self._flow_failed(job, inner, "crashed")
             self._crashed(job.delivery, inner)
             return
         # the hooks run before the hand-off: what they give the acker goes out no later
         job.outcome = outcome
         self._after_outcome(job)
+        if outcome.kind == "dead":
+            self._flow_failed(job, outcome.error, outcome.reason)
         try:
             if outcome.kind == "retry":
                 assert outcome.message is not None
@@ -782,6 +803,19 @@ class Processor:
                 self.acker.dead_letter(job.delivery, outcome.reason)
         except Exception as inner:  # recording failed: still an outcome
             self._crashed(job.delivery, inner)
+
+    def _flow_failed(self, job: Job, error: BaseException | None, reason: str) -> None:
+        """A workflow member failed for good: its workflow fails now (recorded before the
+        dead letter is handed to the acker, so it goes out no later)."""
+        if job.flow is None and not flows.is_flow(job.message):
+            return
+        try:
+            record = flows.failure(job, error, reason)
+        except Exception as err:  # never in the way of the dead letter itself
+            log.error("could not record the failure of workflow member %s: %s", job.message.id, err)
+            return
+        if record is not None:
+            self.acker.store_result(record.id, record.payload, record.ttl)
 
     def _count_lost(self, delivery: Delivery, kind: int) -> None:
         """Count an outcome of a delivery whose task is not at hand (a rare, slow path)."""

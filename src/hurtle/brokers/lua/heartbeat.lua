@@ -41,6 +41,9 @@
                  prefix .. worker id, its batches index .. ':' .. batch id
                  (same hash tag as KEYS, so still one slot)
     ARGV[4]      max_recoveries: deaths a probe may survive
+    ARGV[5]      result key prefix (keys.result_key without the id's braces), ARGV[6] the ttl in
+                 ms and ARGV[7] the results channel: a workflow member dead-lettered here fails
+                 its workflow (a ``dead`` record under the workflow's id, naming the member)
 
   Output:
     { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
@@ -58,6 +61,25 @@ if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[11], now + tonumber(ARGV[2]), ARGV[1])
 end
 local max_recoveries = tonumber(ARGV[4])
+
+-- A dead-lettered workflow member (headers["flow"], see hurtle/workflows.py) fails its workflow:
+-- a Record (middleware/results.py) {state, value = {task, id}, error type, message, traceback}.
+local function fail_workflow(payload, reason)
+  if not ARGV[5] then
+    return
+  end
+  local ok, m = pcall(cmsgpack.unpack, payload)
+  if not ok or type(m) ~= 'table' or type(m[10]) ~= 'table' then
+    return
+  end
+  local flow = m[10]['flow']
+  if type(flow) ~= 'table' or type(flow[1]) ~= 'string' then
+    return
+  end
+  local record = cmsgpack.pack({ 'dead', { m[2], m[1] }, 'WorkerLost', reason, '' })
+  redis.call('SET', ARGV[5] .. '{' .. flow[1] .. '}', record, 'PX', ARGV[6])
+  redis.call('PUBLISH', ARGV[7], flow[1])
+end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', now))
 local moved = 0
 local back = {}
@@ -84,8 +106,10 @@ for _, worker in ipairs(dead) do
       local id = 'recovered-' .. string.format('%d', redis.call('INCR', KEYS[20]))
       redis.call('ZADD', KEYS[17], now, id)
       redis.call('HSET', KEYS[18], id, item[2])
-      redis.call('HSET', KEYS[19], id, 'its worker died ' .. string.format('%d', deaths)
-        .. ' times while holding it (max_recoveries is ' .. ARGV[4] .. ')')
+      local reason = 'its worker died ' .. string.format('%d', deaths)
+        .. ' times while holding it (max_recoveries is ' .. ARGV[4] .. ')'
+      redis.call('HSET', KEYS[19], id, reason)
+      fail_workflow(item[2], reason)
       redis.call('ZREM', KEYS[14], digest)
     elseif deaths >= 2 then
       redis.call('RPUSH', KEYS[13], string.format('%d', item[1]) .. item[2])

@@ -28,6 +28,7 @@ from ..base import (
     unique_key_of,
 )
 from ..keys import QUEUES, queue_keys, rate_key, result_key
+from . import flows
 from .consumer import MAX_BLOCK, RedisConsumer
 from .results import _ResultListener
 from .scripts import _PRIORITIES, _PRIORITY_ARG, _Command, _get_scripts, _publish_keys
@@ -324,6 +325,9 @@ class RedisBroker(_Workers, Broker):
                 f"purging dead letters of {queue!r}",
             )
         )
+
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        return flows.chord_results(self, id, total)
 
     def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
         try:

@@ -20,8 +20,9 @@ import redis
 from ...errors import BrokerError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message
-from ..base import Consumer, Delivery, StoredResult, log_trimmed
+from ..base import Consumer, Delivery, FlowStep, StoredResult, log_trimmed
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
+from . import flows
 from .limits import _Limits
 from .results import _results_commands
 from .scripts import _PRIORITY_ARG, _Command, _publish_keys
@@ -282,6 +283,9 @@ class RedisConsumer(_Limits, Consumer):
             for q, receipts in groups.items()
         ]
         self.broker._pipeline(commands, f"acknowledging {len(deliveries)} deliveries")
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        flows.ack_flow(self, steps)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         problem = _unstorable(message)

@@ -44,6 +44,7 @@ class _Scripts:
         self.publish = _Script("publish")
         self.fetch = _Script("fetch")
         self.ack = _Script("ack")
+        self.ack_flow = _Script("ack_flow")
         self.retry = _Script("retry")
         self.dead_letter = _Script("dead_letter")
         self.release = _Script("release")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..keys import TOTALS, WORKER_DEADLINES, WORKER_REPORT, queue_keys
 from ..reports import KINDS, TaskCounts, WorkerReport, decode_report, encode_report
+from .flows import HEARTBEAT_FLOW_ARGS
 from .scripts import _Command, _ScriptRunner, _Scripts
 
 if TYPE_CHECKING:
@@ -91,7 +92,13 @@ class _Workers(_ScriptRunner):
         n_report = len(commands)
         for name in queues:
             k = queue_keys(name)
-            args = (worker_id, repr(float(timeout)), k.inflight_prefix, self.max_recoveries)
+            args = (
+                worker_id,
+                repr(float(timeout)),
+                k.inflight_prefix,
+                self.max_recoveries,
+                *HEARTBEAT_FLOW_ARGS,
+            )
             keys = (
                 *k.ready,
                 k.workers,

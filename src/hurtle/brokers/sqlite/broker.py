@@ -23,6 +23,7 @@ from ..base import (
     unique_key_of,
 )
 from ..reports import TaskCounts, WorkerReport, decode_report
+from . import flows
 from .connection import _path_of, _synchronous_of
 from .consumer import _SQLiteConsumer
 from .recovery import _Recovery
@@ -325,6 +326,9 @@ class SQLiteBroker(_Recovery, Broker):
             _report_tables(conn)
             rows = conn.execute("SELECT * FROM worker_totals ORDER BY queue, task").fetchall()
         return [TaskCounts(*row) for row in rows]
+
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        return flows.chord_results(self, id, total)
 
     def get_result(self, id: str) -> bytes | None:
         with self._read() as conn:

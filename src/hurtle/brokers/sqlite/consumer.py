@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 from ...errors import BrokerError
 from ...ids import new_id
 from ...message import Message
-from ..base import Consumer, Delivery, StoredResult, log_trimmed
+from ..base import Consumer, Delivery, FlowStep, StoredResult, log_trimmed
 from ..reports import encode_report
+from . import flows
 from .schema import (
     _ADD_CLAIM,
     _ADD_TOTALS,
@@ -208,6 +209,9 @@ class _SQLiteConsumer(Consumer):
                 conn.execute(_EXPIRE_RESULTS, (now,))
                 conn.executemany(_PUT_RESULT, [(r.id, now + r.ttl, r.payload) for r in results])
             self._ack_in(conn, groups)
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        flows.ack_flow(self, steps)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()
