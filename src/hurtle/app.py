@@ -177,6 +177,7 @@ class Hurtle:
         concurrency_key: KeyFunction | None = None,
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
+        expires: float | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -198,6 +199,7 @@ class Hurtle:
         concurrency_key: KeyFunction | None = None,
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
+        expires: float | None = None,
     ) -> Any:
         """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
 
@@ -207,6 +209,9 @@ class Hurtle:
         Limits and uniqueness (``hurtle.limits``): ``rate_limit="50/s"`` (``/m``, ``/h``),
         ``rate_limit_key=``, ``concurrency_limit=N``, ``concurrency_key=``, ``unique_for=``
         seconds, ``unique_key=``; each key option is a callable of the task's arguments.
+
+        ``expires=`` seconds: a message not started that long after its send is not run; it
+        becomes a dead letter with the reason ``expired`` (its handle's state: ``expired``).
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -236,6 +241,7 @@ class Hurtle:
                 concurrency_key=concurrency_key,
                 unique_for=unique_for,
                 unique_key=unique_key,
+                expires=expires,
             )
             self.tasks[task_name] = t
             self._middleware_changed()  # built-ins may depend on task options

@@ -208,6 +208,13 @@ class Consumer(abc.ABC):
         ``dead_letter_ttl``, then the oldest beyond its ``dead_letter_max`` (``log_trimmed``).
         """
 
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """``dead_letter`` each ``(delivery, reason)``; brokers that can do it in one step of
+        the store override this (the worker gathers the dead letters of messages it does not
+        run, expired or cancelled, into one call)."""
+        for delivery, reason in items:
+            self.dead_letter(delivery, reason)
+
     @abc.abstractmethod
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """Give held deliveries back, unchanged and ready, to be fetched again (graceful stop)."""

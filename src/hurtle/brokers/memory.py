@@ -459,22 +459,30 @@ class _MemoryConsumer(Consumer):
             b._wake.notify_all()
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.dead_letter_many([(delivery, reason)])
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
         b = self.broker
+        trimmed: dict[str, tuple[int, int]] = {}
         with b._lock:
-            if self._take(delivery) is None:
-                return  # settled already, or recovered: the copy in the queue is the one alive
-            dead_id = new_id()
-            q = b._queue(delivery.queue)
             now = time.time()
-            q.dead[dead_id] = DeadLetter(
-                id=dead_id,
-                queue=delivery.queue,
-                reason=reason,
-                raw=delivery.raw,
-                failed_at=now,
-            )
-            expired, dropped = b._trim_dead_locked(q, now)
-        log_trimmed(b, delivery.queue, expired, dropped)
+            for delivery, reason in items:
+                if self._take(delivery) is None:
+                    continue  # settled already, or recovered: the copy in the queue lives
+                dead_id = new_id()
+                q = b._queue(delivery.queue)
+                q.dead[dead_id] = DeadLetter(
+                    id=dead_id,
+                    queue=delivery.queue,
+                    reason=reason,
+                    raw=delivery.raw,
+                    failed_at=now,
+                )
+                expired, dropped = b._trim_dead_locked(q, now)
+                was = trimmed.get(delivery.queue, (0, 0))
+                trimmed[delivery.queue] = (was[0] + expired, was[1] + dropped)
+        for queue, (expired, dropped) in trimmed.items():
+            log_trimmed(b, queue, expired, dropped)
 
     def defer(self, delivery: Delivery, eta: float) -> None:
         b = self.broker

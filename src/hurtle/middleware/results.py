@@ -9,7 +9,10 @@ What a record holds, encoded with msgspec msgpack (never pickle), and when it is
 * ``failed`` — an attempt failed and another is scheduled; the record holds the error's type
   name, message and traceback text. The next attempt's record replaces it;
 * ``dead`` — the message failed for good (no retries left, rejected, time limit, arguments that
-  do not fit): the same fields, so a waiter raises at once rather than at its timeout.
+  do not fit): the same fields, so a waiter raises at once rather than at its timeout;
+* ``expired`` / ``cancelled`` — the message was not run: its expiry time passed before it
+  started, or it was cancelled (``Hurtle.cancel``); the worker writes the record when it skips
+  the message, and a waiter raises ``TaskFailed`` at once.
 
 ``pending`` (no record) is what a handle reports before any of these. There is no ``running``
 record: writing one for every message on fetch would double the result writes of each batch,
@@ -42,8 +45,12 @@ RUNNING = "running"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 DEAD = "dead"
+EXPIRED = "expired"
+CANCELLED = "cancelled"
 #: Every state ``Handle.state`` may return.
-STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD)
+STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD, EXPIRED, CANCELLED)
+#: The states after which nothing more happens to a message.
+FINAL = frozenset((SUCCEEDED, DEAD, EXPIRED, CANCELLED))
 
 
 class Record(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -84,6 +91,11 @@ def encode_failure(state: str, error: BaseException) -> bytes:
             traceback=trace(error),
         )
     )
+
+
+def encode_skipped(state: str, why: str) -> bytes:
+    """The record of a message that was not run: ``expired`` or ``cancelled``."""
+    return _encode(Record(state, error_type=state.capitalize(), error_message=why))
 
 
 def decode(payload: bytes) -> Record:

@@ -1,0 +1,165 @@
+"""Celery-style aliases (``delay``, ``apply_async``) and ``expires=``: a message not started in
+time is not run, it becomes a dead letter with the reason ``expired`` and its handle says so."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hurtle import Hurtle, TaskFailed
+from hurtle.brokers import Delivery
+from hurtle.errors import ConfigurationError
+from hurtle.message import Message
+
+
+@pytest.fixture(params=["memory", "sqlite", "redis"])
+def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Hurtle]:
+    if request.param == "memory":
+        url = "memory://"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'hurtle.db'}"
+    else:
+        url = str(request.getfixturevalue("redis_url"))
+    a = Hurtle(url)
+    yield a
+    a.close()
+
+
+def _fetch_all(app: Hurtle, queue: str) -> list[Message]:
+    consumer = app.broker.consumer([queue])
+    try:
+        got = consumer.fetch(100, 0.5)
+        consumer.ack(got)
+        return [Message.decode(d.raw) for d in got]
+    finally:
+        consumer.close()
+
+
+def test_delay_is_send_and_apply_async_maps_each_option() -> None:
+    app = Hurtle("memory://")
+    runs: list[tuple[int, int]] = []
+
+    @app.task(queue="q")
+    def add(x: int, y: int = 0) -> None:
+        runs.append((x, y))
+
+    add.delay(1, y=2)
+    add.apply_async((3,), {"y": 4}, queue="other", priority=7, expires=60)
+    before = time.time()
+    add.apply_async([5], countdown=30)
+    add.apply_async((6,), eta=datetime.now(UTC) + timedelta(seconds=100))
+    add.apply_async((7,), eta=before + 200.0, expires=datetime.now(UTC))
+    (first,) = _fetch_all(app, "q")
+    assert (first.args, first.kwargs, first.priority, first.expires) == ((1,), {"y": 2}, 0, 0.0)
+    (other,) = _fetch_all(app, "other")
+    assert (other.args, other.kwargs, other.priority) == ((3,), {"y": 4}, 7)
+    assert before + 59 < other.expires < time.time() + 61
+    stats = app.broker.stats(["q"])["q"]
+    assert stats.delayed == 3
+    with pytest.raises(ConfigurationError, match="args must be a tuple or list"):
+        add.apply_async("12")
+    with pytest.raises(ConfigurationError, match="kwargs must be a dict"):
+        add.apply_async((1,), [("y", 2)])  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="expires must be >= 0"):
+        add.options(expires=-1)
+    with pytest.raises(ConfigurationError, match="expires must be a number"):
+        app.task(name="bad", expires="soon")(lambda: None)  # type: ignore[arg-type]
+
+
+def test_apply_async_delays_by_countdown_and_eta() -> None:
+    app = Hurtle("memory://")
+
+    @app.task(queue="q")
+    def noop(n: int) -> None:
+        pass
+
+    now = time.time()
+    noop.apply_async((1,), countdown=30)
+    noop.apply_async((2,), eta=datetime.fromtimestamp(now + 100, UTC))
+    noop.apply_async((3,), eta=now + 200)
+    b = app.broker
+    # the memory broker keeps delayed messages by eta: read them back through a retry-free peek
+    q = b._queue("q")  # type: ignore[attr-defined]
+    etas = sorted(eta for eta, *_ in q.delayed)
+    assert etas[0] == pytest.approx(now + 30, abs=2)
+    assert etas[1] == pytest.approx(now + 100, abs=0.01)
+    assert etas[2] == pytest.approx(now + 200, abs=0.01)
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads"])
+def test_expired_messages_are_not_run_and_are_dead_lettered(app: Hurtle, pool: str) -> None:
+    runs: list[str] = []
+
+    @app.task(name="t.keep", queue="exp", store_result=True, expires=3600)
+    def keep(tag: str) -> str:
+        runs.append(tag)
+        return tag
+
+    @app.task(name="t.plain", queue="exp")
+    def plain(tag: str) -> None:
+        runs.append(tag)
+
+    fresh = keep.send("fresh")
+    stale = keep.options(expires=0).send("stale")
+    plain.options(expires=0).send("stale-plain")
+    plain.send("plain")
+    app.worker(pool=pool, concurrency=2, burst=True).run()
+    assert sorted(runs) == ["fresh", "plain"]
+    assert fresh.result(5) == "fresh"
+    assert stale.state() == "expired"
+    with pytest.raises(TaskFailed, match="Expired"):
+        stale.result(5)
+    dead = app.broker.dead_letters("exp")
+    assert sorted(d.reason for d in dead) == ["expired", "expired"]
+    assert sorted(m.args[0] for d in dead if (m := d.message()) is not None) == [
+        "stale",
+        "stale-plain",
+    ]
+
+
+def test_an_expiring_message_due_after_its_expiry_never_runs(app: Hurtle) -> None:
+    runs: list[int] = []
+
+    @app.task(name="t.late", queue="exp2")
+    def late(n: int) -> None:
+        runs.append(n)
+
+    late.options(delay=0.3, expires=0.1).send(1)
+    late.options(delay=0.3, expires=60).send(2)
+    app.worker(burst=True).run()
+    assert runs == [2]
+    assert [d.reason for d in app.broker.dead_letters("exp2")] == ["expired"]
+
+
+def test_expired_messages_of_a_batch_cost_one_dead_letter_call() -> None:
+    app = Hurtle("memory://")
+    calls: list[int] = []
+
+    @app.task(name="t.x", queue="many")
+    def x(n: int) -> None:
+        pass
+
+    x.options(expires=0).send_many([(i,) for i in range(50)])
+    worker = app.worker(burst=True)
+    original = app.broker.consumer
+
+    def consumer(queues: Sequence[str], worker_id: str | None = None) -> Any:
+        c = original(queues, worker_id)
+        many = c.dead_letter_many
+
+        def counted(items: Sequence[tuple[Delivery, str]]) -> None:
+            calls.append(len(items))
+            many(items)
+
+        c.dead_letter_many = counted  # type: ignore[method-assign]
+        return c
+
+    app.broker.consumer = consumer  # type: ignore[method-assign]
+    worker.run()
+    assert calls == [50]
+    assert len(app.broker.dead_letters("many")) == 50
