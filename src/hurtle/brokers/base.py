@@ -361,7 +361,8 @@ class Broker(abc.ABC):
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.
 
-        A message that decodes goes back as attempt 0; bytes that never were a message go back
+        A message that decodes goes back as attempt 0, due now and without its expiry time (a
+        message that expired is run when retried); bytes that never were a message go back
         as they are (and will be dead-lettered again unless something changed).
         """
         wanted = set(ids) if ids is not None else None
@@ -380,7 +381,9 @@ class Broker(abc.ABC):
                 if message is None:
                     raw.append(dead.raw)
                 else:
-                    fresh.append(msgspec.structs.replace(message, attempt=0, eta=0.0))
+                    fresh.append(
+                        msgspec.structs.replace(message, attempt=0, eta=0.0, expires=0.0)
+                    )
             if fresh:
                 self.publish(fresh)
             if raw:
