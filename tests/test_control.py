@@ -163,3 +163,106 @@ def test_expired_messages_of_a_batch_cost_one_dead_letter_call() -> None:
     worker.run()
     assert calls == [50]
     assert len(app.broker.dead_letters("many")) == 50
+
+
+def test_cancelled_messages_are_not_run_and_say_so(app: Hurtle) -> None:
+    runs: list[int] = []
+
+    @app.task(name="t.c", queue="cq", store_result=True)
+    def c(n: int) -> int:
+        runs.append(n)
+        return n
+
+    handles = c.send_many([(i,) for i in range(6)])
+    # another client (another process, for SQLite and Redis) cancels, before any worker runs
+    other = Hurtle(app.broker.url if not app.broker.url.startswith("memory") else app.broker)
+    other.cancel(handles[1].id, handles[4])
+    app.worker(burst=True).run()
+    assert sorted(runs) == [0, 2, 3, 5]
+    assert [h.state() for h in handles] == [
+        "succeeded",
+        "cancelled",
+        "succeeded",
+        "succeeded",
+        "cancelled",
+        "succeeded",
+    ]
+    with pytest.raises(TaskFailed, match="Cancelled"):
+        handles[1].result(5)
+    dead = app.broker.dead_letters("cq")
+    assert sorted(d.reason for d in dead) == ["cancelled", "cancelled"]
+    assert sorted(m.id for d in dead if (m := d.message()) is not None) == sorted(
+        [handles[1].id, handles[4].id]
+    )
+
+
+def test_the_worker_asks_for_cancelled_ids_only_while_some_are_live(app: Hurtle) -> None:
+    asked: list[int] = []
+
+    @app.task(name="t.n", queue="nq")
+    def n(i: int) -> None:
+        pass
+
+    broker = app.broker
+    original = broker.cancelled
+
+    def counted(ids: Sequence[str]) -> set[str]:
+        asked.append(len(ids))
+        return original(ids)
+
+    broker.cancelled = counted  # type: ignore[method-assign]
+    n.send_many([(i,) for i in range(20)])
+    app.worker(burst=True).run()
+    assert asked == []
+    handles = n.send_many([(i,) for i in range(20)])
+    app.cancel(handles[0])
+    app.worker(burst=True).run()
+    assert asked and all(size > 1 for size in asked)  # whole batches, not single messages
+    assert [d.reason for d in broker.dead_letters("nq")] == ["cancelled"]
+
+
+def test_a_paused_queue_is_not_consumed_until_resumed(app: Hurtle) -> None:
+    runs: list[str] = []
+
+    @app.task(name="t.p", queue="pq")
+    def p(tag: str) -> None:
+        runs.append(tag)
+
+    @app.task(name="t.o", queue="oq")
+    def o(tag: str) -> None:
+        runs.append(tag)
+
+    p.send("paused")
+    app.pause("pq")
+    o.send("other")
+    worker = app.worker(queues=["pq", "oq"])
+    thread = worker.run_in_thread()
+    deadline = time.monotonic() + 30
+    while "other" not in runs:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert runs == ["other"]
+    assert app.broker.stats(["pq"])["pq"].ready == 1
+    app.resume("pq")
+    while "paused" not in runs:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    worker.stop()
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+def test_a_burst_worker_leaves_a_paused_queue_for_later(app: Hurtle) -> None:
+    runs: list[str] = []
+
+    @app.task(name="t.b", queue="bq")
+    def b(tag: str) -> None:
+        runs.append(tag)
+
+    b.send("waits")
+    app.pause("bq")
+    app.worker(burst=True).run()  # returns: nothing it may fetch is left
+    assert runs == []
+    app.resume("bq")
+    app.worker(burst=True).run()
+    assert runs == ["waits"]

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from .periodic import Schedule
     from .worker import Worker
 
+#: Seconds a cancellation is kept by default (``Hurtle.cancel``): a week.
+CANCEL_TTL = 7 * 86400.0
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -332,6 +335,32 @@ class Hurtle:
             return t
 
         return decorate
+
+    # -- control ---------------------------------------------------------------------------
+
+    def cancel(self, *ids: str | Handle[Any], ttl: float = CANCEL_TTL) -> None:
+        """Cancel messages by id (or handle): one not started yet is never run, by any worker,
+        for ``ttl`` seconds (a week by default; raise it for messages due later than that).
+
+        A cancelled message becomes a dead letter with the reason ``cancelled`` when a worker
+        fetches it, and its handle reads ``cancelled`` if its task keeps results. A task
+        already running is not stopped. The cancellations live in the broker: they survive
+        worker restarts."""
+        wanted = [i.id if isinstance(i, Handle) else i for i in ids]
+        for i in wanted:
+            if not isinstance(i, str) or not i:
+                raise ConfigurationError(f"cancel takes message ids (str) or handles, got {i!r}")
+        if wanted:
+            self.broker.cancel(wanted, ttl)
+
+    def pause(self, queue: str) -> None:
+        """Stop every worker from fetching ``queue`` until ``resume``; tasks already fetched
+        finish. The flag lives in the broker, so workers started later see it too."""
+        self.broker.pause(queue)
+
+    def resume(self, queue: str) -> None:
+        """Let workers fetch ``queue`` again."""
+        self.broker.resume(queue)
 
     def queues(self) -> list[str]:
         """The queues this app's tasks name, and the default queue."""

@@ -86,6 +86,22 @@ class Message(msgspec.Struct, frozen=True, array_like=True, gc=False):
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
 
+
+class _Id(msgspec.Struct, array_like=True, gc=False):
+    id: str
+
+
+_id_decoder = msgspec.msgpack.Decoder(_Id)
+
+
+def message_id(raw: bytes) -> str:
+    """The id of the message in ``raw`` without decoding the rest, or ``""`` when the bytes
+    are not a message."""
+    try:
+        return _id_decoder.decode(raw).id
+    except Exception:
+        return ""
+
 #: Decode without wrapping errors, for hot loops that fall back to ``Message.decode`` (and its
 #: clear ``DecodeError``) on any exception.
 decode_unchecked = _decoder.decode

@@ -40,7 +40,9 @@ from .base import (
     Delivery,
     QueueStats,
     StoredResult,
+    check_cancel_ttl,
     check_dead_letter_limits,
+    check_queue_name,
     check_tick_claim,
     gcra,
     log_trimmed,
@@ -110,6 +112,11 @@ class MemoryBroker(Broker):
         self._tat: dict[str, float] = {}  # rate key -> theoretical arrival time
         self._slots: dict[str, dict[str, int]] = {}  # concurrency key -> worker id -> slots
         self._unique: dict[tuple[str, str], tuple[str, float]] = {}  # -> (message id, expiry)
+        # cancelled message id -> until when; ``_cancel_until`` is the latest of those times, so
+        # that a fetch knows in one compare whether any may still be live
+        self._cancelled: dict[str, float] = {}
+        self._cancel_until = 0.0
+        self._paused: set[str] = set()
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
@@ -204,6 +211,46 @@ class MemoryBroker(Broker):
                 out.append((granted, wait))
         return out
 
+    def cancel(self, ids: Sequence[str], ttl: float) -> None:
+        ttl = check_cancel_ttl(ttl)
+        with self._lock:
+            now = time.time()
+            if self._cancel_until <= now:
+                self._cancelled.clear()
+            elif len(self._cancelled) > MAX_UNIQUE:
+                self._cancelled = {k: v for k, v in self._cancelled.items() if v > now}
+            until = now + ttl
+            for id_ in ids:
+                self._cancelled[str(id_)] = until
+            self._cancel_until = max(self._cancel_until, until)
+
+    def cancelled(self, ids: Sequence[str]) -> set[str]:
+        with self._lock:
+            now = time.time()
+            get = self._cancelled.get
+            return {id_ for id_ in ids if get(id_, 0.0) > now}
+
+    def uncancel(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            for id_ in ids:
+                self._cancelled.pop(id_, None)
+
+    def pause(self, queue: str) -> None:
+        check_queue_name(queue)
+        with self._lock:
+            self._paused.add(queue)
+            self._queue(queue)
+
+    def resume(self, queue: str) -> None:
+        check_queue_name(queue)
+        with self._lock:
+            self._paused.discard(queue)
+            self._wake.notify_all()
+
+    def paused(self) -> set[str]:
+        with self._lock:
+            return set(self._paused)
+
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         with self._lock:
             for raw in payloads:
@@ -250,6 +297,7 @@ class MemoryBroker(Broker):
                     delayed=len(q.delayed),
                     in_flight=in_flight.get(name, 0),
                     dead=len(q.dead),
+                    paused=name in self._paused,
                 )
             return out
 
@@ -411,9 +459,10 @@ class _MemoryConsumer(Consumer):
                 now = time.time()
                 out: list[Delivery] = []
                 held = self._held()
+                paused = b._paused
                 for name in self.queues:
                     q = b._queues.get(name)
-                    if q is None:
+                    if q is None or (paused and name in paused):
                         continue
                     b._promote_locked(q, now)
                     for priority in range(MAX_PRIORITY, -1, -1):
@@ -426,6 +475,7 @@ class _MemoryConsumer(Consumer):
                     if len(out) >= max_count:
                         break
                 if out:
+                    self.cancellations = b._cancel_until > now
                     return out
                 left = deadline - time.monotonic()
                 if left <= 0:

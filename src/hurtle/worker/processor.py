@@ -70,7 +70,7 @@ from ..brokers.reports import UNDECODABLE, Tally
 from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
-from ..middleware.results import EXPIRED, encode_skipped
+from ..middleware.results import CANCELLED, EXPIRED, encode_skipped
 from ..middleware.retries import Retries
 from .acker import Acker
 
@@ -755,6 +755,29 @@ class Processor:
             self.acker.dead_letter_many([(delivery, EXPIRED)])
         else:
             late.append((delivery, EXPIRED))
+
+    def cancelled(self, deliveries: list[Delivery]) -> None:
+        """Record cancelled deliveries without running them: dead letters ``cancelled`` (one
+        broker call for all) and, for tasks that keep results, ``cancelled`` records."""
+        for delivery in deliveries:
+            self.processed += 1
+            try:
+                message = _decode(delivery.raw)
+            except Exception:  # its id was read, the rest is not a message: counted as such
+                name = UNDECODABLE
+            else:
+                name = message.task
+                task = self.tasks.get(name)
+                if task is not None and task.store_result:
+                    self.acker.store_result(
+                        message.id,
+                        encode_skipped(CANCELLED, "cancelled before it started"),
+                        task.result_ttl,
+                    )
+            self.tally.add(delivery.queue, name, PROCESSED)
+            self.tally.add(delivery.queue, name, DEAD_LETTERED)
+        log.info("%d cancelled messages not run", len(deliveries))
+        self.acker.dead_letter_many([(d, CANCELLED) for d in deliveries])
 
     def _unknown(self, delivery: Delivery, message: Message) -> None:
         self.failed += 1
