@@ -102,6 +102,7 @@ def message_id(raw: bytes) -> str:
     except Exception:
         return ""
 
+
 #: Decode without wrapping errors, for hot loops that fall back to ``Message.decode`` (and its
 #: clear ``DecodeError``) on any exception.
 decode_unchecked = _decoder.decode

@@ -86,6 +86,7 @@ class QueueKeys:
     """The keys of one queue; made once per name by ``queue_keys``."""
 
     __slots__ = (
+        "cancels",
         "dead",
         "dead_raw",
         "dead_reason",
@@ -93,6 +94,7 @@ class QueueKeys:
         "delayed",
         "inflight_prefix",
         "name",
+        "paused",
         "probe",
         "probes",
         "quarantine",
@@ -100,8 +102,6 @@ class QueueKeys:
         "seq",
         "unique",
         "unique_sweep",
-        "paused",
-        "cancels",
         "wake",
         "workers",
     )
