@@ -9,11 +9,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from hurtle import Hurtle, TaskFailed
 from hurtle.brokers import Delivery
-from hurtle.errors import ConfigurationError
+from hurtle.errors import ConfigurationError, DecodeError, EncodeError
 from hurtle.message import Message
 
 
@@ -266,3 +267,20 @@ def test_a_burst_worker_leaves_a_paused_queue_for_later(app: Hurtle) -> None:
     app.resume("bq")
     app.worker(burst=True).run()
     assert runs == ["waits"]
+
+
+def test_an_expiry_that_is_no_time_is_refused_at_both_ends() -> None:
+    app = Hurtle("memory://")
+    bad = Message(id="x", task="t", queue="q", expires=-1.0)
+    with pytest.raises(EncodeError, match="expires must be >= 0"):
+        app.broker.publish([bad])
+    raw = msgspec.msgpack.encode(["x", "t", "q", [], {}, 0, 0, 0.0, 0.0, {}, float("nan")])
+    with pytest.raises(DecodeError, match="expires"):
+        Message.decode(raw)
+    # no expiry costs one byte on the wire; an old message without the field reads as none
+    plain = Message(id="x", task="t", queue="q")
+    assert (
+        len(plain.encode())
+        == len(msgspec.msgpack.encode(["x", "t", "q", [], {}, 0, 0, 0.0, 0.0, {}])) + 1
+    )
+    assert Message.decode(msgspec.msgpack.encode(["x", "t", "q"])).expires == 0

@@ -328,7 +328,7 @@ class Task(Generic[P, R]):
         expires in ten minutes never runs."""
         expires = self.expires
         if options is None:
-            return self.queue, self.priority, 0.0, {}, 0.0 if expires is None else now + expires
+            return self.queue, self.priority, 0.0, {}, 0 if expires is None else now + expires
         eta = 0.0
         if options.eta is not None:
             eta = options.eta
@@ -341,7 +341,7 @@ class Task(Generic[P, R]):
             self.priority if options.priority is None else options.priority,
             eta,
             dict(options.headers) if options.headers else {},
-            0.0 if expires is None else now + expires,
+            0 if expires is None else now + expires,
         )
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:

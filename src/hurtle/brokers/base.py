@@ -428,7 +428,7 @@ class Broker(abc.ABC):
                 if message is None:
                     raw.append(dead.raw)
                 else:
-                    fresh.append(msgspec.structs.replace(message, attempt=0, eta=0.0, expires=0.0))
+                    fresh.append(msgspec.structs.replace(message, attempt=0, eta=0.0, expires=0))
             if fresh:
                 self.publish(fresh)
             if raw:
