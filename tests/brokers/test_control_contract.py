@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import msgspec
 import pytest
 
 from hurtle.brokers import Broker
@@ -147,5 +148,25 @@ def test_retrying_a_cancelled_dead_letter_lifts_its_cancellation(broker: Broker)
         again = consumer.fetch(10, 1.0)
         assert [Message.decode(d.raw).expires for d in again] == [0.0]
         consumer.ack(again)
+    finally:
+        consumer.close()
+
+
+def test_a_messages_expiry_survives_publish_retry_and_deferral(broker: Broker) -> None:
+    until = time.time() + 3600
+    m = msg("q", expires=until)
+    broker.publish([m])
+    consumer = broker.consumer(["q"])
+    try:
+        (first,) = consumer.fetch(10, 1.0)
+        assert Message.decode(first.raw).expires == until
+        retried = msgspec.structs.replace(Message.decode(first.raw), attempt=1)
+        consumer.retry(first, retried)
+        (second,) = consumer.fetch(10, 1.0)
+        assert Message.decode(second.raw).expires == until
+        consumer.defer(second, time.time())
+        (third,) = consumer.fetch(10, 1.0)
+        assert Message.decode(third.raw) == retried
+        consumer.ack([third])
     finally:
         consumer.close()
