@@ -14,6 +14,7 @@ import pytest
 
 from hurtle import Hurtle, TaskFailed
 from hurtle.brokers import Delivery
+from hurtle.dashboard.queries import task_lookup
 from hurtle.errors import ConfigurationError, DecodeError, EncodeError
 from hurtle.message import Message
 
@@ -117,10 +118,16 @@ def test_expired_messages_are_not_run_and_are_dead_lettered(app: Hurtle, pool: s
         stale.result(5)
     dead = app.broker.dead_letters("exp")
     assert sorted(d.reason for d in dead) == ["expired", "expired"]
-    assert sorted(m.args[0] for d in dead if (m := d.message()) is not None) == [
-        "stale",
-        "stale-plain",
-    ]
+    looked_up = task_lookup(app.broker, stale.id, ["exp"])  # the dashboard's task page
+    assert (looked_up["state"], looked_up["task"], looked_up["dead_letter_id"] is not None) == (
+        "expired",
+        "t.keep",
+        True,
+    )
+    messages = [m for d in dead if (m := d.message()) is not None]
+    plain_id = next(m.id for m in messages if m.task == "t.plain")
+    assert task_lookup(app.broker, plain_id, ["exp"])["state"] == "expired"
+    assert sorted(m.args[0] for m in messages) == ["stale", "stale-plain"]
 
 
 def test_an_expiring_message_due_after_its_expiry_never_runs(app: Hurtle) -> None:

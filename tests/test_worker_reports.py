@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
 
 import pytest
 
 from hurtle import Hurtle
 from hurtle.brokers import Delivery
+from hurtle.brokers.reports import (
+    RUNTIME_BUCKETS,
+    Reporter,
+    Tally,
+    Timings,
+    decode_report,
+    encode_report,
+)
 from hurtle.worker.processor import Processor
 
 
@@ -79,3 +89,90 @@ def test_an_empty_or_single_batch_counts_what_ran(n: int) -> None:
     processor = Processor(app, _Acker())  # type: ignore[arg-type]
     processor.process_many(batch, _State())
     assert processor.tally.snapshot() == ({("q", "t"): (1, 0, 0, 0)} if n else {})
+
+
+def test_run_times_are_bucketed_per_queue_and_task_once_per_batch() -> None:
+    app = Hurtle("memory://")
+
+    @app.task(name="nap", retries=0)
+    def nap(seconds: float) -> None:
+        time.sleep(seconds)
+
+    @app.task(name="boom", retries=0)
+    def boom() -> None:
+        raise ValueError("no")
+
+    def delivery(queue: str, task: str, args: tuple[float, ...] = ()) -> Delivery:
+        return Delivery(queue, app.tasks[task].message(args, {}).encode(), 0)
+
+    batch = [
+        delivery("a", "nap", (0.0,)),
+        delivery("a", "nap", (0.03,)),
+        delivery("b", "nap", (0.0,)),
+        delivery("a", "boom"),
+        delivery("a", "nap", (0.0,)),
+    ]
+    processor = Processor(app, _Acker())  # type: ignore[arg-type]
+    processor.process_many(batch, _State())
+
+    runtimes = {(r.queue, r.task): r for r in processor.timings.snapshot()}
+    assert set(runtimes) == {("a", "nap"), ("b", "nap"), ("a", "boom")}
+    assert [sum(r.counts) for r in runtimes.values()] == [1, 3, 1]  # sorted by (queue, task)
+    slow = runtimes[("a", "nap")]
+    assert len(slow.counts) == len(RUNTIME_BUCKETS) + 1
+    # the 30 ms nap lands in a bucket whose bound is at least 30 ms; the sum holds it
+    at_least_30ms = sum(n for n, b in zip(slow.counts, RUNTIME_BUCKETS, strict=False) if b >= 0.03)
+    assert at_least_30ms + slow.counts[-1] >= 1
+    assert slow.total >= 0.03
+
+
+def test_a_report_carries_run_times_and_the_calls_running_now() -> None:
+    timings = Timings()
+    timings.add_batch({("q", "t"): [0.0001, 0.2, 100.0, 1000.0]})
+    reporter = Reporter(
+        Tally(),
+        worker_id="w",
+        pool="solo",
+        concurrency=1,
+        queues=["q"],
+        timings=timings,
+        running=lambda: 1,
+    )
+    report = reporter.report()
+    assert report.running == 1
+    (hist,) = report.runtimes
+    assert hist.counts[0] == 1  # <= 0.5 ms
+    assert hist.counts[RUNTIME_BUCKETS.index(0.25)] == 1
+    assert hist.counts[RUNTIME_BUCKETS.index(300.0)] == 1
+    assert hist.counts[-1] == 1  # beyond every bound
+    assert hist.total == pytest.approx(1100.2001)
+    stored = decode_report(encode_report(report), deadline=1.0)
+    assert stored is not None and stored.runtimes == report.runtimes and stored.running == 1
+
+
+def test_a_worker_reports_the_task_running_now_and_its_run_time() -> None:
+    app = Hurtle("memory://", heartbeat_interval=0.05)
+    started, release = threading.Event(), threading.Event()
+
+    @app.task(name="hold", retries=0)
+    def hold() -> None:
+        started.set()
+        release.wait(30)
+
+    hold.send()
+    worker = app.worker(queues=["default"])
+    thread = worker.run_in_thread()
+    try:
+        assert started.wait(30)
+        deadline = time.monotonic() + 30
+        while not [r for r in app.broker.workers() if r.running == 1]:
+            assert time.monotonic() < deadline, "no report said a task runs"
+            time.sleep(0.02)
+        release.set()
+        while not [r for r in app.broker.workers() if r.running == 0 and r.runtimes]:
+            assert time.monotonic() < deadline, "no report carried the run time"
+            time.sleep(0.02)
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(30)

@@ -126,6 +126,18 @@ def test_delayed_message_is_not_fetched_before_its_eta(broker: Broker) -> None:
     assert ids_of(got) == [m.id]
 
 
+def test_next_delayed_lists_the_soonest_first_with_their_bytes(broker: Broker) -> None:
+    now = time.time()
+    ms = [msg("q", i, eta=now + d) for i, d in enumerate((300, 100, 200))]
+    broker.publish(ms)
+    broker.publish([msg("other", eta=now + 50), msg("q")])  # another queue, a ready one
+    listed = broker.next_delayed("q", 2)
+    assert listed is not None, "every broker of the suite lists its delayed messages"
+    assert [Message.decode(raw).id for _, raw in listed] == [ms[1].id, ms[2].id]
+    assert [round(eta - now) for eta, _ in listed] == [100, 200]
+    assert broker.next_delayed("empty", 5) == []
+
+
 def test_delayed_message_whose_eta_has_passed_is_ready(broker: Broker) -> None:
     m = msg("q", eta=time.time() - 5)
     broker.publish([m])

@@ -55,6 +55,14 @@ def fragile(n):
         raise RuntimeError("the fix is not deployed yet")
     with open(os.environ["RUNS_LOG"], "a") as f:
         f.write(f"fragile {n}\\n")
+
+
+@app.task(name="square", store_result=True)
+def square(n):
+    return n * n
+
+
+app.periodic(work, every=3600, args=(0,), name="hourly-work")
 """
 
 pytestmark = pytest.mark.timeout(180)
@@ -78,7 +86,7 @@ def _listening(port: int) -> bool:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    p = Project(tmp_path, TASKS, ["work", "fragile"])
+    p = Project(tmp_path, TASKS, ["work", "fragile", "square"])
     p.env["FIXED_FLAG"] = str(tmp_path / "fixed")
     p.env["HURTLE_HEARTBEAT_INTERVAL"] = "0.2"  # workers report often: a lively chart
     return p
@@ -218,3 +226,42 @@ def test_purging_a_queues_dead_letters_from_the_page_asks_first(
     page.click("#queue-table button[data-queue=default]")
     wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 0, what="the purge")
     assert len(dialogs) == 1 and "Delete all 2 dead letters of queue default" in dialogs[0]
+
+
+def test_looking_a_task_up_by_id_shows_its_result_and_arguments(
+    project: Project, server: str, page: Page, worker: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    message_id = project.send("square", 12)
+    wait_for(lambda: project.app.broker.get_result(message_id), what="the stored result")
+
+    page.goto(server + "/#/task")
+    page.fill("#task-id", message_id)
+    page.click("#task-form button")
+    wait_for(lambda: page.inner_text("#task-state") == "succeeded", what="the task's state")
+    text = page.inner_text("#task-table")
+    assert "square" in text and "144" in text and "12" in text
+    assert "Started" in text and "Finished" in text and " ms" in text
+    page.screenshot(path=str(tmp_path / "task.png"))
+
+    # an id with no record: the page says so, and why there may be none
+    page.fill("#task-id", "no-such-message")
+    page.click("#task-form button")
+    wait_for(lambda: page.inner_text("#task-state") == "unknown", what="an unknown state")
+    assert "keep no result" in page.inner_text("#task-note")
+    assert "square" in page.inner_text("#task-note")  # the tasks that do keep results
+
+
+def test_the_scheduled_page_shows_periodic_tasks_and_delayed_messages(
+    project: Project, server: str, page: Page, tmp_path: Path
+) -> None:
+    project.app.tasks["work"].options(delay=900).send(1)
+    page.goto(server + "/#/scheduled")
+    row = wait_for(
+        lambda: page.query_selector("#schedule-table tr:nth-child(2)"), what="the schedule"
+    )
+    text = row.inner_text()
+    assert "hourly-work" in text and "every 3600s" in text and "never" in text
+    wait_for(lambda: "default" in page.inner_text("#delayed-table"), what="the delayed count")
+    delayed = page.inner_text("#delayed-table")
+    assert "counts only" not in delayed  # SQLite lists the ETAs of the soonest ones
+    page.screenshot(path=str(tmp_path / "scheduled.png"))

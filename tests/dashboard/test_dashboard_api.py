@@ -179,6 +179,8 @@ def test_overview_workers_and_metrics_show_what_workers_report(
     assert 'hurtle_tasks_dead_lettered_total{queue="math",task="boom"} 1.0' in metrics
     assert 'hurtle_queue_messages{queue="math",state="dead"} 1.0' in metrics
     assert "hurtle_workers_alive 1.0" in metrics
+    assert 'hurtle_task_runtime_seconds_count{queue="math",task="add"} 5.0' in metrics
+    assert 'hurtle_task_runtime_seconds_bucket{le="+Inf",queue="math",task="boom"} 1.0' in metrics
 
 
 def test_the_throughput_stream_sends_points(client: TestClient) -> None:
@@ -258,6 +260,9 @@ def test_answers_match_the_openapi_document(app: Hurtle, client: TestClient) -> 
         schema = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         jsonschema.validate(body, {**schema, "components": doc["components"]})
 
+    app.periodic(app.tasks["add"], every=60, args=(1, 1))
+    mul = app.task(name="mul", queue="math", store_result=True)(lambda a, b: a * b)
+    kept = mul.send(2, 3)
     enqueue = [{"task": "add", "args": [1, 2]}, {"task": "boom", "kwargs": {}}]
     check_request("/api/queues/{queue}/messages", enqueue)
     r = client.post("/api/queues/math/messages", json=enqueue)
@@ -276,15 +281,22 @@ def test_answers_match_the_openapi_document(app: Hurtle, client: TestClient) -> 
             "/api/queues",
             "/api/tasks",
             "/api/workers",
+            "/api/schedules",
+            "/api/delayed",
         ):
             r = client.get(path)
             check(path, "get", r.status_code, r.json())
+
     finally:
         worker.stop()
         thread.join(30)
     dead = client.get("/api/queues/math/dead")
     assert dead.json()
     check("/api/queues/{queue}/dead", "get", 200, dead.json())
+    # lookups of an unknown id, of a dead letter, of a stored result
+    for message_id in ("no-such-id", dead.json()[0]["message_id"], kept.id):
+        r = client.get(f"/api/tasks/{message_id}")
+        check("/api/tasks/{id}", "get", r.status_code, r.json())
     for verb in ("retry", "delete"):
         path = f"/api/queues/{{queue}}/dead/{verb}"
         check_request(path, {"all": True})
@@ -361,3 +373,103 @@ def test_it_mounts_under_a_prefix_in_another_app(app: Hurtle) -> None:
         assert r.status_code == 201, r.text
         queues = {q["name"]: q for q in c.get("/ops/queues/api/queues").json()}
         assert queues["math"]["ready"] == 1
+
+
+# -- task lookup, schedules, delayed ---------------------------------------------------------
+
+
+def test_a_task_lookup_shows_the_result_arguments_and_timings(
+    app: Hurtle, client: TestClient
+) -> None:
+    @app.task(name="mul", queue="math", store_result=True)
+    def mul(a: int, b: int) -> int:
+        return a * b
+
+    before = time.time()
+    handle = mul.send(6, 7)
+    run_worker(app, lambda: handle.state() == "succeeded")
+    row = client.get(f"/api/tasks/{handle.id}").json()
+    assert (row["state"], row["source"], row["result"], row["error"]) == (
+        "succeeded",
+        "result",
+        42,
+        None,
+    )
+    assert (row["task"], row["queue"], row["args"], row["kwargs"], row["attempt"]) == (
+        "mul",
+        "math",
+        [6, 7],
+        {},
+        1,
+    )
+    assert row["keeps_result"] is True
+    assert before <= row["enqueued_at"] <= row["started_at"] <= row["finished_at"] <= time.time()
+
+
+def test_a_task_lookup_of_a_failure_shows_the_error(app: Hurtle, client: TestClient) -> None:
+    @app.task(name="crash", queue="math", store_result=True, retries=0)
+    def crash(x: int) -> None:
+        raise KeyError(x)
+
+    handle = crash.send(3)
+    run_worker(app, lambda: handle.state() == "dead")
+    row = client.get(f"/api/tasks/{handle.id}").json()
+    assert (row["state"], row["args"], row["result"]) == ("dead", [3], None)
+    assert row["error"]["type"] == "KeyError" and "KeyError: 3" in row["error"]["traceback"]
+    assert row["dead_letter_id"] is not None  # its dead letter, for a retry from the page
+
+
+def test_a_task_that_keeps_no_result_is_found_in_the_dead_letters_and_says_so(
+    app: Hurtle, client: TestClient
+) -> None:
+    handle = app.tasks["boom"].send()
+    run_worker(app, lambda: app.broker.stats(["math"])["math"].dead == 1)
+    row = client.get(f"/api/tasks/{handle.id}").json()
+    assert (row["state"], row["source"], row["task"], row["keeps_result"]) == (
+        "dead",
+        "dead_letter",
+        "boom",
+        False,
+    )
+    assert "it broke" in row["error"]["traceback"]
+    assert "keeps no result" in row["note"]
+
+
+def test_a_task_lookup_of_an_id_with_no_record_says_why_there_may_be_none(
+    app: Hurtle, client: TestClient
+) -> None:
+    handle = app.tasks["add"].send(1, 2)  # waits in its queue: no worker runs
+    row = client.get(f"/api/tasks/{handle.id}").json()
+    assert (row["state"], row["source"], row["result"]) == ("unknown", None, None)
+    assert "keep no result" in row["note"] and "No task of this app keeps results" in row["note"]
+
+
+def test_schedules_show_last_and_next_run_and_delayed_messages_their_count(
+    app: Hurtle, client: TestClient
+) -> None:
+    app.periodic(app.tasks["add"], every=3600, args=(1, 1), name="hourly")
+    app.tasks["add"].options(delay=600).send(2, 2)
+    doc = client.get("/api/schedules").json()
+    (row,) = doc["schedules"]
+    assert (row["name"], row["task"], row["when"], row["last_run"]) == (
+        "hourly",
+        "add",
+        "every 3600s",
+        None,
+    )
+    assert row["next_run"] % 3600 == 0 and doc["time"] < row["next_run"] <= doc["time"] + 3600
+    delayed = {d["queue"]: d for d in client.get("/api/delayed").json()}
+    assert delayed["math"]["delayed"] == 1
+    assert delayed["math"]["listed"] is True and len(delayed["math"]["next"]) == 1
+
+
+def test_delayed_messages_are_listed_soonest_first_where_the_broker_can() -> None:
+    app = Hurtle("memory://")
+    task = app.task(name="later", queue="q")(lambda: None)
+    now = time.time()
+    ids = [task.options(eta=now + d).send().id for d in (300, 100, 200)]
+    with TestClient(create_app(app, token="")) as c:
+        row = {d["queue"]: d for d in c.get("/api/delayed").json()}["q"]
+    assert (row["delayed"], row["listed"]) == (3, True)
+    assert [n["id"] for n in row["next"]] == [ids[1], ids[2], ids[0]]
+    assert {n["task"] for n in row["next"]} == {"later"}

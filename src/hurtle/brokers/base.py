@@ -387,6 +387,12 @@ class Broker(abc.ABC):
         """The payload last stored under message ``id`` (``Consumer.ack``), or None when there
         is none or it expired."""
 
+    def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
+        """The ``limit`` delayed messages of ``queue`` due first, as ``(eta, raw bytes)``, soonest
+        first; None when this broker cannot list them cheaply (the dashboard then shows counts
+        only)."""
+        return None
+
     def watch_results(
         self, ids: Sequence[str], wake: Callable[[], None]
     ) -> Callable[[], None] | None:

@@ -417,6 +417,13 @@ class MemoryBroker(Broker):
             q.dead.clear()
             return n
 
+    def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
+        with self._lock:
+            q = self._queues.get(queue)
+            if q is None:
+                return []
+            return [(eta, raw) for eta, _, _, raw in heapq.nsmallest(limit, q.delayed)]
+
     def workers(self) -> list[WorkerReport]:
         now = time.time()
         with self._lock:

@@ -15,6 +15,13 @@ task:
 Counters per queue and task: ``processed`` (taken in hand, whatever the outcome), ``failed``
 (the call raised, or the message could not run), ``retried`` and ``dead_lettered`` (the outcome
 of a failure).
+
+Run times per queue and task (``RunTimes``): how many calls took up to each of the fixed
+``RUNTIME_BUCKETS`` (seconds), and their sum, cumulative since the worker started. The
+processor times each call with one clock read and buckets a batch's times once the batch is done
+(``Timings.add_batch``); the report carries them as they are, so ``/metrics`` shows the live
+workers' histograms (a worker that stops takes its own with it, which Prometheus reads as a
+counter reset). A report also says how many calls run ``running`` at the time it was taken.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -31,6 +39,26 @@ import msgspec
 KINDS = ("processed", "failed", "retried", "dead_lettered")
 #: Task name counted for bytes that were no message at all.
 UNDECODABLE = "(undecodable)"
+#: Upper bounds (seconds, inclusive) of the run-time buckets; a last bucket holds the rest.
+RUNTIME_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+)
 
 
 class TaskCounts(msgspec.Struct, frozen=True):
@@ -44,13 +72,25 @@ class TaskCounts(msgspec.Struct, frozen=True):
     dead_lettered: int = 0
 
 
+class RunTimes(msgspec.Struct, frozen=True):
+    """Run times of one task on one queue: ``counts[i]`` calls took at most
+    ``RUNTIME_BUCKETS[i]`` seconds and more than the bound before (the last: more than every
+    bound); ``total`` is the sum of their run times in seconds."""
+
+    queue: str
+    task: str
+    counts: tuple[int, ...] = ()
+    total: float = 0.0
+
+
 class WorkerReport(msgspec.Struct, frozen=True):
     """One worker, as it described itself at its last heartbeat.
 
     ``at`` is the worker's clock when it took the report; ``deadline`` the time after which the
     broker counts it dead (filled in by ``Broker.workers()``, 0 in a report being sent).
     ``counts`` are cumulative since the worker started; ``delta`` is what the broker adds to the
-    cluster totals (empty in what ``workers()`` returns).
+    cluster totals (empty in what ``workers()`` returns). ``running`` is how many calls ran when
+    the report was taken, ``runtimes`` the run-time histograms since the worker started.
     """
 
     id: str
@@ -64,6 +104,8 @@ class WorkerReport(msgspec.Struct, frozen=True):
     counts: tuple[TaskCounts, ...] = ()
     delta: tuple[TaskCounts, ...] = ()
     deadline: float = 0.0
+    running: int = 0
+    runtimes: tuple[RunTimes, ...] = ()
 
     def total(self, kind: str) -> int:
         return sum(getattr(c, kind) for c in self.counts)
@@ -132,8 +174,54 @@ class Tally:
             return {key: (r[0], r[1], r[2], r[3]) for key, r in self._counts.items()}
 
 
+class Timings:
+    """A worker's run-time histograms per (queue, task), safe to add to from several threads.
+
+    The processor keeps a batch's run times in a local list per (queue, task) and adds them here
+    once per batch (``add_batch``): one lock and one pass over the times per batch.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hist: dict[tuple[str, str], list[int]] = {}
+        self._sums: dict[tuple[str, str], float] = {}
+
+    def add_batch(self, times: dict[tuple[str, str], list[float]]) -> None:
+        """Add run times (seconds), keyed by (queue, task)."""
+        width = len(RUNTIME_BUCKETS) + 1
+        bounds = RUNTIME_BUCKETS
+        with self._lock:
+            for key, seconds in times.items():
+                row = self._hist.get(key)
+                if row is None:
+                    row = self._hist[key] = [0] * width
+                    self._sums[key] = 0.0
+                # most calls fall in the first bucket: find the others in one C-speed pass
+                first = bounds[0]
+                slower = [t for t in seconds if t > first]
+                row[0] += len(seconds) - len(slower)
+                for t in slower:
+                    row[bisect_left(bounds, t)] += 1
+                self._sums[key] += sum(seconds)
+
+    def add(self, queue: str, task: str, seconds: float) -> None:
+        """Add one run time (for calls timed one by one, on paths that cost more already)."""
+        self.add_batch({(queue, task): [seconds]})
+
+    def snapshot(self) -> tuple[RunTimes, ...]:
+        with self._lock:
+            return tuple(
+                RunTimes(q, t, tuple(row), self._sums[(q, t)])
+                for (q, t), row in sorted(self._hist.items())
+            )
+
+
 class Reporter:
-    """Makes a worker's reports from its tally; ``confirm`` once the broker stored one."""
+    """Makes a worker's reports from its tally; ``confirm`` once the broker stored one.
+
+    ``timings`` and ``running`` (a function, asked once per report, that says how many calls run
+    now) are optional: without them a report has no run times and says 0 running.
+    """
 
     def __init__(
         self,
@@ -143,8 +231,12 @@ class Reporter:
         pool: str,
         concurrency: int,
         queues: Iterable[str],
+        timings: Timings | None = None,
+        running: Callable[[], int] | None = None,
     ) -> None:
         self.tally = tally
+        self.timings = timings
+        self.running = running
         self.worker_id = worker_id
         self.pool = pool
         self.concurrency = concurrency
@@ -176,7 +268,17 @@ class Reporter:
             at=time.time(),
             counts=tuple(TaskCounts(q, t, *row) for (q, t), row in sorted(now.items())),
             delta=tuple(delta),
+            running=self._running(),
+            runtimes=self.timings.snapshot() if self.timings is not None else (),
         )
+
+    def _running(self) -> int:
+        if self.running is None:
+            return 0
+        try:
+            return max(int(self.running()), 0)
+        except Exception:  # a report is worth more than this one figure
+            return 0
 
     def confirm(self, report: WorkerReport) -> None:
         """The broker stored ``report``: later deltas start from its counts."""

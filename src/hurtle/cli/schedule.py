@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 from typing import Any
 
+from ..dashboard.queries import schedule_rows
 from ._app import load_app
 
 
@@ -29,22 +30,7 @@ def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     broker = app.broker
     now = time.time()
-    rows: list[dict[str, Any]] = []
-    for name in sorted(app.schedules):
-        s = app.schedules[name]
-        rows.append(
-            {
-                "name": name,
-                "task": s.task.name,
-                "queue": s.queue,
-                "cron": s.cron,
-                "every": s.every,
-                "tz": str(s.tz),
-                "catch_up": s.catch_up,
-                "last_run": broker.last_tick(s.queue, name),
-                "next_run": s.next_after(now),
-            }
-        )
+    rows = [{k: v for k, v in row.items() if k != "when"} for row in schedule_rows(app, now)]
     if args.json:
         doc = {"broker": broker.url, "time": now, "schedules": rows}
         print(json.dumps(doc, indent=2, sort_keys=True))

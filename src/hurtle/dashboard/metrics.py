@@ -7,10 +7,11 @@ A custom collector reads the broker on each scrape (no state in the dashboard pr
   totals as workers report them with their heartbeats (``brokers/reports.py``);
 * ``hurtle_queue_messages`` — a gauge labelled ``queue`` and ``state`` (ready, delayed,
   in_flight, dead);
-* ``hurtle_workers_alive`` — workers whose heartbeat deadline has not passed.
-
-Task run-time histograms are not there: workers do not time tasks one by one (that would put a
-clock read per task on the hot path), and a per-batch sum cannot be split per task honestly.
+* ``hurtle_workers_alive`` — workers whose heartbeat deadline has not passed;
+* ``hurtle_task_runtime_seconds`` — a histogram labelled ``queue`` and ``task``: the run times of
+  the calls of the live workers, summed over them (each worker sends its own with its heartbeats,
+  bucketed by ``RUNTIME_BUCKETS``). A worker that stops takes its share with it: the sum drops,
+  which ``rate()`` reads as a counter reset.
 """
 
 from __future__ import annotations
@@ -19,11 +20,16 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..brokers import Broker
-from ..brokers.reports import KINDS
+from ..brokers.reports import KINDS, RUNTIME_BUCKETS
 from . import queries
 
 _HELP = {
@@ -55,11 +61,29 @@ class BrokerCollector:
             for state in ("ready", "delayed", "in_flight", "dead"):
                 depth.add_metric([name, state], getattr(s, state))
         yield depth
+        workers = self.broker.workers()
         yield GaugeMetricFamily(
             "hurtle_workers_alive",
             "Workers whose heartbeat deadline has not passed.",
-            value=len(self.broker.workers()),
+            value=len(workers),
         )
+        runtime = HistogramMetricFamily(
+            "hurtle_task_runtime_seconds",
+            "Run time of task calls on live workers, in seconds.",
+            labels=["queue", "task"],
+        )
+        bounds = [f"{b:g}" for b in RUNTIME_BUCKETS] + ["+Inf"]
+        for h in queries.runtime_histograms(workers):
+            cumulative, running = [], 0
+            for n in h["counts"]:
+                running += n
+                cumulative.append(running)
+            runtime.add_metric(
+                [h["queue"], h["task"]],
+                list(zip(bounds, cumulative, strict=True)),
+                h["sum"],
+            )
+        yield runtime
 
 
 def registry(broker: Broker, declared: Iterable[str] = ()) -> CollectorRegistry:

@@ -78,7 +78,82 @@ OPENAPI: dict[str, Any] = {
                     "started_at": _NUM,
                     "last_heartbeat": _NUM,
                     "deadline": _NUM,
+                    "running": _INT,
                     **_COUNTS,
+                }
+            ),
+            "TaskLookup": _obj(
+                {
+                    "id": _STR,
+                    "state": {
+                        "type": "string",
+                        "enum": [
+                            "unknown",
+                            "pending",
+                            "running",
+                            "succeeded",
+                            "failed",
+                            "dead",
+                            "expired",
+                            "cancelled",
+                        ],
+                    },
+                    "source": {"type": "string", "enum": ["result", "dead_letter"]},
+                    "task": _STR,
+                    "queue": _STR,
+                    "attempt": _INT,
+                    "args": {"type": "array"},
+                    "kwargs": {"type": "object"},
+                    "result": {},
+                    "error": _obj({"type": _STR, "message": _STR, "traceback": _STR}),
+                    "enqueued_at": _NUM,
+                    "started_at": _NUM,
+                    "finished_at": _NUM,
+                    "keeps_result": {"type": "boolean"},
+                    "dead_letter_id": _STR,
+                    "note": _STR,
+                },
+                nullable=(
+                    "source",
+                    "task",
+                    "queue",
+                    "attempt",
+                    "args",
+                    "kwargs",
+                    "error",
+                    "enqueued_at",
+                    "started_at",
+                    "finished_at",
+                    "keeps_result",
+                    "dead_letter_id",
+                ),
+            ),
+            "Schedule": _obj(
+                {
+                    "name": _STR,
+                    "task": _STR,
+                    "queue": _STR,
+                    "cron": _STR,
+                    "every": _NUM,
+                    "tz": _STR,
+                    "when": _STR,
+                    "catch_up": {"type": "boolean"},
+                    "last_run": _NUM,
+                    "next_run": _NUM,
+                },
+                nullable=("cron", "every", "last_run"),
+            ),
+            "Delayed": _obj(
+                {
+                    "queue": _STR,
+                    "delayed": _INT,
+                    "listed": {"type": "boolean"},
+                    "next": {
+                        "type": "array",
+                        "items": _obj(
+                            {"eta": _NUM, "id": _STR, "task": _STR}, nullable=("id", "task")
+                        ),
+                    },
                 }
             ),
             "DeadLetter": _obj(
@@ -146,6 +221,45 @@ OPENAPI: dict[str, Any] = {
             "get": {
                 "summary": "The cluster's counters per queue and task",
                 "responses": _ok({"type": "array", "items": _ref("TaskCounts")}),
+            }
+        },
+        "/api/tasks/{id}": {
+            "get": {
+                "summary": "Look a message up by id: state, arguments, result or error, timings",
+                "description": (
+                    "From the record a task that keeps results stores at each outcome, else "
+                    "from the message's dead letter. With neither, the state is unknown and "
+                    "note says why that may be (waiting or running: records are written at "
+                    "the outcome; a task that keeps no result; an expired record)."
+                ),
+                "parameters": [
+                    {"name": "id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {**_ok(_ref("TaskLookup")), "400": _ERROR},
+            }
+        },
+        "/api/schedules": {
+            "get": {
+                "summary": "Periodic tasks: when, last run (from the broker), next run",
+                "description": "known is false when the dashboard was made from a broker, "
+                "not an app: schedules live in the app's code.",
+                "responses": _ok(
+                    _obj(
+                        {
+                            "time": _NUM,
+                            "known": {"type": "boolean"},
+                            "schedules": {"type": "array", "items": _ref("Schedule")},
+                        }
+                    )
+                ),
+            }
+        },
+        "/api/delayed": {
+            "get": {
+                "summary": "Delayed messages per queue, and the next few ETAs where listed",
+                "description": "listed is false when the broker cannot list delayed messages "
+                "cheaply: then only their count is known.",
+                "responses": _ok({"type": "array", "items": _ref("Delayed")}),
             }
         },
         "/api/workers": {

@@ -17,12 +17,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from ..brokers import Broker, DeadLetter, QueueStats
-from ..brokers.reports import KINDS, TaskCounts, WorkerReport, merge
+from ..brokers.reports import KINDS, RUNTIME_BUCKETS, TaskCounts, WorkerReport, merge
+from ..errors import DecodeError
+from ..message import Message
+
+if TYPE_CHECKING:
+    from ..app import Hurtle
 
 #: Points of throughput history the dashboard keeps (one a second at most).
 HISTORY = 300
@@ -62,8 +67,30 @@ def worker_row(report: WorkerReport) -> dict[str, Any]:
         "started_at": report.started_at,
         "last_heartbeat": report.at,
         "deadline": report.deadline,
+        "running": report.running,
         **{kind: report.total(kind) for kind in KINDS},
     }
+
+
+def runtime_histograms(reports: Iterable[WorkerReport]) -> list[dict[str, Any]]:
+    """Run-time histograms per (queue, task), summed over the workers' reports:
+    ``{"queue", "task", "counts", "sum"}``, ``counts`` per bucket of ``RUNTIME_BUCKETS`` and a
+    last one beyond them (not cumulative). A report whose buckets differ (a worker of another
+    version) is left out rather than mixed in."""
+    width = len(RUNTIME_BUCKETS) + 1
+    sums: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+    for report in reports:
+        for r in report.runtimes:
+            if len(r.counts) != width:
+                continue
+            counts, total = sums.setdefault((r.queue, r.task), ([0] * width, [0.0]))
+            for i, n in enumerate(r.counts):
+                counts[i] += n
+            total[0] += r.total
+    return [
+        {"queue": q, "task": t, "counts": counts, "sum": total[0]}
+        for (q, t), (counts, total) in sorted(sums.items())
+    ]
 
 
 def count_rows(counts: Iterable[TaskCounts]) -> list[dict[str, Any]]:
@@ -204,3 +231,179 @@ def overview(
 def tasks(broker: Broker) -> list[dict[str, Any]]:
     """The cluster's counters per queue and task."""
     return count_rows(merge(broker.totals()))
+
+
+#: Most dead letters per queue a task lookup reads through, looking for a message id.
+LOOKUP_DEAD_SCAN = 10_000
+
+
+def task_lookup(
+    broker: Broker, message_id: str, queues: Iterable[str] = (), keeps_results: Any = None
+) -> dict[str, Any]:
+    """What is known of the message ``message_id``: its stored record (tasks that keep results,
+    ``hurtle.middleware.results``), else its dead letter, else nothing — then ``state`` is
+    ``unknown`` and ``note`` says why that may be.
+
+    ``queues`` are the queues whose dead letters are searched (up to ``LOOKUP_DEAD_SCAN`` each);
+    ``keeps_results`` maps task names to whether they keep results (the app's tasks), to say so.
+    """
+    from ..middleware.results import decode as decode_record
+
+    known = dict(keeps_results or {})
+    row: dict[str, Any] = {
+        "id": message_id,
+        "state": "unknown",
+        "source": None,
+        "task": None,
+        "queue": None,
+        "attempt": None,
+        "args": None,
+        "kwargs": None,
+        "result": None,
+        "error": None,
+        "enqueued_at": None,
+        "started_at": None,
+        "finished_at": None,
+        "keeps_result": None,
+        "dead_letter_id": None,
+        "note": "",
+    }
+    payload = broker.get_result(message_id)
+    if payload is not None:
+        try:
+            record = decode_record(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            record = None
+        if record is not None:
+            row.update(state=record.state, source="result", keeps_result=True)
+            if record.task:
+                row.update(task=record.task, queue=record.queue, attempt=record.attempt + 1)
+            if record.args_kept:
+                row.update(args=_json_safe(list(record.args)), kwargs=_json_safe(record.kwargs))
+            if record.state == "succeeded":
+                row["result"] = _json_safe(record.value)
+            else:
+                row["error"] = {
+                    "type": record.error_type,
+                    "message": record.error_message,
+                    "traceback": record.traceback,
+                }
+            for field, value in (
+                ("enqueued_at", record.enqueued),
+                ("started_at", record.started),
+                ("finished_at", record.finished),
+            ):
+                row[field] = value or None
+            if record.task and not record.args_kept:
+                row["note"] = "the arguments were too large to keep with the result"
+            elif not record.task:
+                row["note"] = "a record of an older version: no arguments or timings"
+            if record.state == "failed":
+                row["note"] = "an attempt failed and another is scheduled"
+    final = row["state"] in ("succeeded", "failed")
+    dead = None if final else _find_dead(broker, message_id, queues)
+    if dead is not None:
+        summary, _, trace = dead.reason.partition("\n")
+        message = dead.message()
+        if row["source"] is None:
+            error = {"type": "", "message": summary, "traceback": trace}
+            state = dead.reason if dead.reason in ("expired", "cancelled") else "dead"
+            row.update(state=state, source="dead_letter", error=error, finished_at=dead.failed_at)
+        row["queue"] = dead.queue
+        if message is not None:
+            row.update(
+                task=message.task,
+                attempt=message.attempt + 1,
+                args=_json_safe(list(message.args)),
+                kwargs=_json_safe(message.kwargs),
+                enqueued_at=message.created or None,
+            )
+        row["dead_letter_id"] = dead.id
+    if row["task"] is not None and row["keeps_result"] is None:
+        row["keeps_result"] = known.get(row["task"])
+    if row["source"] == "dead_letter" and row["keeps_result"] is False:
+        row["note"] = (
+            f"task {row['task']} keeps no result: what is shown comes from its dead letter"
+        )
+    if row["source"] is None:
+        keeping = sorted(name for name, keeps in known.items() if keeps)
+        row["note"] = (
+            "nothing is recorded under this id: the message may wait in its queue or run now "
+            "(records are written at the outcome), its task may keep no result "
+            "(store_result=False), or its record expired (result_ttl). "
+            + (
+                f"Tasks that keep results: {', '.join(keeping)}."
+                if keeping
+                else "No task of this app keeps results."
+            )
+        )
+    return row
+
+
+def _find_dead(broker: Broker, message_id: str, queues: Iterable[str]) -> DeadLetter | None:
+    for queue in queues:
+        offset = 0
+        while offset < LOOKUP_DEAD_SCAN:
+            page = broker.dead_letters(queue, limit=500, offset=offset)
+            for dead in page:
+                message = dead.message()
+                if message is not None and message.id == message_id:
+                    return dead
+            if len(page) < 500:
+                break
+            offset += len(page)
+    return None
+
+
+#: Delayed messages per queue whose ETAs the scheduled page lists, where the broker can.
+NEXT_DELAYED = 5
+
+
+def schedule_rows(app: Hurtle, now: float | None = None) -> list[dict[str, Any]]:
+    """Each periodic task of ``app``: what it sends, when, its last run (the last tick claimed,
+    from the broker, whichever worker claimed it) and its next (computed here)."""
+    now = time.time() if now is None else now
+    rows: list[dict[str, Any]] = []
+    for name in sorted(app.schedules):
+        s = app.schedules[name]
+        rows.append(
+            {
+                "name": name,
+                "task": s.task.name,
+                "queue": s.queue,
+                "cron": s.cron,
+                "every": s.every,
+                "tz": str(s.tz),
+                "when": s.describe(),
+                "catch_up": s.catch_up,
+                "last_run": app.broker.last_tick(s.queue, name),
+                "next_run": s.next_after(now),
+            }
+        )
+    return rows
+
+
+def delayed_rows(broker: Broker, declared: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Delayed messages per queue: how many, and the next ``NEXT_DELAYED`` (ETA, id, task) where
+    the broker can list them cheaply (``Broker.next_delayed``); ``listed`` says whether it did."""
+    rows = []
+    for name, s in queue_stats(broker, declared).items():
+        upcoming = broker.next_delayed(name, NEXT_DELAYED) if s.delayed else []
+        next_rows = None
+        if upcoming is not None:
+            next_rows = []
+            for eta, raw in upcoming:
+                try:
+                    m = Message.decode(raw)
+                    next_rows.append({"eta": eta, "id": m.id, "task": m.task})
+                except DecodeError:
+                    next_rows.append({"eta": eta, "id": None, "task": None})
+        rows.append(
+            {
+                "queue": name,
+                "delayed": s.delayed,
+                "listed": next_rows is not None,
+                "next": next_rows or [],
+            }
+        )
+    return rows

@@ -75,6 +75,7 @@ def create_app(
     else:
         broker, declared = target, []
     dash = _Dashboard(broker, declared, token, sample_every, batch_window)
+    dash.app = target if isinstance(target, Hurtle) else None
     static = resources.files("hurtle.dashboard") / "static"
     app = Starlette(
         routes=[
@@ -89,6 +90,9 @@ def create_app(
             Route("/api/throughput/stream", dash.stream),
             Route("/api/queues", dash.queues),
             Route("/api/tasks", dash.tasks),
+            Route("/api/tasks/{id}", dash.task),
+            Route("/api/schedules", dash.schedules),
+            Route("/api/delayed", dash.delayed),
             Route("/api/workers", dash.workers),
             Route("/api/queues/{queue}/messages", dash.enqueue, methods=["POST"]),
             Route("/api/queues/{queue}/dead", dash.dead_letters, methods=["GET"]),
@@ -247,6 +251,8 @@ class _Dashboard:
         self.rates = queries.Throughput(broker, every=sample_every)
         self.batcher = Batcher(broker, window=batch_window)
         self._registry: Any = None
+        #: The app, when the dashboard was made from one: its schedules, which tasks keep results.
+        self.app: Hurtle | None = None
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await anyio.to_thread.run_sync(fn, *args)
@@ -327,6 +333,28 @@ class _Dashboard:
 
     async def tasks(self, request: Request) -> Response:
         return _json(await self._run(queries.tasks, self.broker))
+
+    async def task(self, request: Request) -> Response:
+        message_id = request.path_params["id"]
+        if not message_id or len(message_id) > 200:
+            return _error(400, "a message id is 1 to 200 characters")
+        keeps = (
+            {name: t.store_result for name, t in self.app.tasks.items()}
+            if self.app is not None
+            else None
+        )
+        queues = await self._run(queries.queue_names, self.broker, self.declared)
+        row = await self._run(queries.task_lookup, self.broker, message_id, queues, keeps)
+        return _json(row)
+
+    async def schedules(self, request: Request) -> Response:
+        if self.app is None:
+            return _json({"time": time.time(), "known": False, "schedules": []})
+        rows = await self._run(queries.schedule_rows, self.app)
+        return _json({"time": time.time(), "known": True, "schedules": rows})
+
+    async def delayed(self, request: Request) -> Response:
+        return _json(await self._run(queries.delayed_rows, self.broker, self.declared))
 
     async def workers(self, request: Request) -> Response:
         _, reports = await self._run(self.rates.sample)

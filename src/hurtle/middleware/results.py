@@ -14,6 +14,13 @@ What a record holds, encoded with msgspec msgpack (never pickle), and when it is
   started, or it was cancelled (``Hurtle.cancel``); the worker writes the record when it skips
   the message, and a waiter raises ``TaskFailed`` at once.
 
+Each record also says what ran and when, for task lookups (the dashboard's ``/api/tasks/{id}``):
+the task and queue, the attempt, the arguments when the message was at most ``ARGS_KEPT_UP_TO``
+bytes (larger ones are not copied into every record; ``args_kept`` says which), and the wall
+times it was enqueued, started and finished (the call's monotonic run time, set back from one
+``time.time()`` read when the record is made). Records written before these fields existed
+decode with them empty.
+
 ``pending`` (no record) is what a handle reports before any of these. There is no ``running``
 record: writing one for every message on fetch would double the result writes of each batch,
 for a state that a waiter cannot act on; a message being run reads as ``pending``.
@@ -24,6 +31,7 @@ The handle side (``hurtle.handles``) decodes what this module encodes. Records a
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -35,6 +43,7 @@ from . import Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from ..message import Message
     from ..task import Task
     from ..worker.acker import Acker
     from ..worker.processor import Job
@@ -51,26 +60,61 @@ CANCELLED = "cancelled"
 STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD, EXPIRED, CANCELLED)
 #: The states after which nothing more happens to a message.
 FINAL = frozenset((SUCCEEDED, DEAD, EXPIRED, CANCELLED))
+#: Messages up to this many bytes have their arguments copied into their records.
+ARGS_KEPT_UP_TO = 4096
 
 
 class Record(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One stored outcome; ``value`` on success, the error's fields otherwise."""
+    """One stored outcome; ``value`` on success, the error's fields otherwise; then what ran
+    and when (0 and empty when unknown: records of older versions)."""
 
     state: str
     value: Any = None
     error_type: str = ""
     error_message: str = ""
     traceback: str = ""
+    task: str = ""
+    queue: str = ""
+    attempt: int = 0
+    args_kept: bool = False
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = {}
+    enqueued: float = 0.0
+    started: float = 0.0
+    finished: float = 0.0
 
 
 _encode = msgspec.msgpack.Encoder().encode
 _decoder = msgspec.msgpack.Decoder(Record)
 
 
+def _about(job: Job) -> tuple[Any, ...]:
+    """The fields of a record after the error's: what ran, and when (wall-clock seconds)."""
+    m = job.message
+    kept = len(job.delivery.raw) <= ARGS_KEPT_UP_TO
+    started = finished = 0.0
+    if job.started:
+        finished = time.time()
+        if job.finished >= job.started:
+            started = finished - (job.finished - job.started)
+    return (
+        job.task.name,
+        m.queue,
+        m.attempt,
+        kept,
+        m.args if kept else (),
+        m.kwargs if kept else {},
+        m.created,
+        started,
+        finished,
+    )
+
+
 def encode_value(value: Any, job: Job) -> bytes:
     """The ``succeeded`` record of ``value``; ``ResultError`` when msgpack cannot encode it."""
     try:
-        return _encode((SUCCEEDED, value))  # the bytes of Record(SUCCEEDED, value), made faster
+        # the bytes of Record(SUCCEEDED, value, ...), made faster
+        return _encode((SUCCEEDED, value, "", "", "", *_about(job)))
     except (TypeError, ValueError, OverflowError) as err:
         task = job.task.name
         raise ResultError(
@@ -81,21 +125,31 @@ def encode_value(value: Any, job: Job) -> bytes:
         ) from err
 
 
-def encode_failure(state: str, error: BaseException) -> bytes:
-    """A ``failed`` or ``dead`` record of ``error``."""
+def encode_failure(state: str, error: BaseException, job: Job | None = None) -> bytes:
+    """A ``failed`` or ``dead`` record of ``error`` (with what ran and when, given the job)."""
+    fields = (state, None, type(error).__name__, safe_str(error), trace(error))
+    if job is not None:
+        try:
+            return _encode((*fields, *_about(job)))
+        except (TypeError, ValueError, OverflowError):
+            pass  # arguments msgpack cannot encode (a message from elsewhere): leave them out
+    return _encode(Record(*fields))
+
+
+def encode_skipped(state: str, why: str, message: Message) -> bytes:
+    """The record of a message that was not run: ``expired`` or ``cancelled``."""
     return _encode(
         Record(
             state,
-            error_type=type(error).__name__,
-            error_message=safe_str(error),
-            traceback=trace(error),
+            error_type=state.capitalize(),
+            error_message=why,
+            task=message.task,
+            queue=message.queue,
+            attempt=message.attempt,
+            enqueued=message.created,
+            finished=time.time(),
         )
     )
-
-
-def encode_skipped(state: str, why: str) -> bytes:
-    """The record of a message that was not run: ``expired`` or ``cancelled``."""
-    return _encode(Record(state, error_type=state.capitalize(), error_message=why))
 
 
 def decode(payload: bytes) -> Record:
@@ -126,5 +180,5 @@ class Results(Middleware):
             assert self.acker is not None, "worker_start was not called"
             state = FAILED if outcome.kind == "retry" else DEAD
             self.acker.store_result(
-                job.message.id, encode_failure(state, outcome.error), job.task.result_ttl
+                job.message.id, encode_failure(state, outcome.error, job), job.task.result_ttl
             )

@@ -66,7 +66,7 @@ import msgspec
 
 from .._text import describe, safe_repr, safe_str, trace
 from ..brokers import Delivery, StoredResult
-from ..brokers.reports import UNDECODABLE, Tally
+from ..brokers.reports import UNDECODABLE, Tally, Timings
 from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
@@ -83,6 +83,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _decode = Message.decode
+_clock = time.perf_counter
 #: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
 BEFORE_BATCH_PAUSE = 1.0
 
@@ -181,7 +182,9 @@ class Job(msgspec.Struct, eq=False):
     message: Message
     task: Task[Any, Any]
     pipeline: Pipeline | None = None
+    #: ``time.monotonic()`` when the call started and when it ended (0 until then).
     started: float = 0.0
+    finished: float = 0.0
     deferred: bool = False
     defer_delay: float = 0.0
     defer_reason: str = ""
@@ -276,6 +279,8 @@ class Processor:
         self.failed = 0
         #: The same per queue and task, with retries and dead letters: sent with heartbeats.
         self.tally = Tally()
+        #: Run times per queue and task (one clock read per call, bucketed once per batch).
+        self.timings = Timings()
 
     def pipeline(self, name: str) -> Pipeline | None:
         """The pipeline of the task called ``name`` (composed on first sight), None if unknown."""
@@ -310,11 +315,14 @@ class Processor:
                 self.run(job)
             return
         self.tally.add(delivery.queue, task.name, PROCESSED)
+        begin = _clock()
         try:
             task.fn(*message.args, **message.kwargs)
         except Exception as err:
+            self.timings.add(delivery.queue, task.name, _clock() - begin)
             self._failed(Job(delivery, message, task), err)
             return
+        self.timings.add(delivery.queue, task.name, _clock() - begin)
         self.acker.ack(delivery)
 
     def process_many(self, deliveries: list[Delivery], state: BatchState) -> None:
@@ -339,8 +347,14 @@ class Processor:
         run_queue = ""
         run_start = 0
         late: list[tuple[Delivery, str]] = []  # expired: dead-lettered together at the end
+        # Run times, per (queue, task): one clock read per call (the end of one call starts the
+        # next), bucketed once the batch is done.
+        clock = _clock
+        runtimes: dict[tuple[str, str], list[float]] = {}
+        run_times: list[float] = []
         pending = state.pending = deque(deliveries)
         take = pending.popleft
+        last = clock()
         try:
             while True:
                 try:
@@ -359,31 +373,41 @@ class Processor:
                 except Exception:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
+                    last = clock()
                     continue
                 if message.expires and message.expires <= time.time():
                     state.current = None
                     self._too_late(delivery, message, late)
+                    last = clock()
                     continue
                 if task is not run_task or delivery.queue != run_queue:
                     if run_task is not None:
                         key = (run_queue, run_task.name)
                         counts[key] = counts.get(key, 0) + started - run_start
                     run_task, run_queue, run_start = task, delivery.queue, started
+                    if task is not None:
+                        run_times = runtimes.setdefault((run_queue, task.name), [])
                 started += 1
-                if task is None:  # not inline (or unknown: dead-lettered)
+                if task is None:  # not inline (or unknown: dead-lettered); timed in ``finish``
                     state.time_limit = None
                     if (job := self._job(delivery, message)) is not None:
                         self.run(job, state)
                     state.current = None
+                    last = clock()
                     continue
                 state.time_limit = task.time_limit
                 try:
                     task.fn(*message.args, **message.kwargs)
                 except Exception as err:
                     state.current = None
+                    run_times.append(clock() - last)
                     self._failed(Job(delivery, message, task), err)
+                    last = clock()
                     continue
                 state.current = None  # before the outcome: a hard stop now hands nothing back
+                now = clock()
+                run_times.append(now - last)
+                last = now
                 done.append(delivery)
         except BaseException:  # a hard stop raised in a task: the rest goes back unstarted
             state.unstarted.extend(_take_all(pending))
@@ -394,6 +418,8 @@ class Processor:
                 key = (run_queue, run_task.name)
                 counts[key] = counts.get(key, 0) + started - run_start
                 self.tally.add_many(counts)
+            if runtimes:
+                self.timings.add_batch(runtimes)
             if state.overran:
                 self._overran(done, state.overran)
             if done:
@@ -473,6 +499,7 @@ class Processor:
         inline = self._inline
         done: list[Delivery] = []
         started = 0
+        runtimes: dict[tuple[str, str], list[float]] = {}
         pending = state.pending = deque(runnable)
         take = pending.popleft
         index = -1  # ``pending`` is taken from the left in order: its index into ``items``
@@ -506,12 +533,18 @@ class Processor:
                     message, task = item, inline[item.task]
                     self.tally.add(delivery.queue, task.name, PROCESSED)
                 state.time_limit = task.time_limit
+                times = runtimes.get((delivery.queue, task.name))
+                if times is None:
+                    times = runtimes[(delivery.queue, task.name)] = []
+                begin = _clock()
                 try:
                     result = task.fn(*message.args, **message.kwargs)
                 except Exception as err:
+                    times.append(_clock() - begin)
                     state.current = None
                     self._failed(job or Job(delivery, message, task), err)
                     continue
+                times.append(_clock() - begin)
                 if job is not None:
                     job.outcome = Outcome("ack", result)
                 state.current = None
@@ -521,6 +554,8 @@ class Processor:
             raise
         finally:
             self.processed += started
+            if runtimes:
+                self.timings.add_batch(runtimes)
             if state.overran:
                 self._overran(done, state.overran)
             if done:
@@ -642,6 +677,9 @@ class Processor:
 
     def finish(self, job: Job, result: Any, error: Exception | None) -> None:
         """Run the ``after_process`` hooks and record the outcome with the acker."""
+        if job.started:
+            job.finished = time.monotonic()
+            self.timings.add(job.delivery.queue, job.task.name, job.finished - job.started)
         pipeline = job.pipeline
         if pipeline is not None:
             for hook in pipeline.after_process:
@@ -748,7 +786,7 @@ class Processor:
         if task is not None and task.store_result:
             self.acker.store_result(
                 message.id,
-                encode_skipped(EXPIRED, "not started before its expiry time"),
+                encode_skipped(EXPIRED, "not started before its expiry time", message),
                 task.result_ttl,
             )
         if late is None:
@@ -771,7 +809,7 @@ class Processor:
                 if task is not None and task.store_result:
                     self.acker.store_result(
                         message.id,
-                        encode_skipped(CANCELLED, "cancelled before it started"),
+                        encode_skipped(CANCELLED, "cancelled before it started", message),
                         task.result_ttl,
                     )
             self.tally.add(delivery.queue, name, PROCESSED)

@@ -203,6 +203,8 @@ class Worker:
             pool=self.pool,
             concurrency=executor.concurrency,
             queues=self.queues,
+            timings=processor.timings,
+            running=executor.running,
         )
         heartbeat = self.heartbeat = Heartbeat(consumer, s.effective_heartbeat_interval)
         heartbeat.beat()

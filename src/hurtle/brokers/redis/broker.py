@@ -398,6 +398,16 @@ class RedisBroker(_Workers, Broker):
             )
         )
 
+    def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
+        try:
+            members: Any = self._client.zrange(
+                queue_keys(queue).delayed, 0, limit - 1, withscores=True
+            )
+        except redis.RedisError as err:
+            self._fail(err, f"listing the delayed messages of {queue!r}")
+        # A member is "P:SEQ:" + the message's bytes (see keys.py): strip the two fields.
+        return [(float(eta), bytes(m).split(b":", 2)[2]) for m, eta in members]
+
     def get_result(self, id: str) -> bytes | None:
         try:
             payload: Any = self._results.get(result_key(id))

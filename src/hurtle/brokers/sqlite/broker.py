@@ -334,6 +334,13 @@ class SQLiteBroker(_Recovery, Broker):
             dropped = conn.execute(_CAP_DEAD, (queue, self.dead_letter_max)).rowcount
         return expired, dropped
 
+    def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
+        with self._read() as conn:  # the delayed_due index: (queue, eta)
+            rows = conn.execute(
+                "SELECT eta, body FROM delayed WHERE queue = ? ORDER BY eta LIMIT ?", (queue, limit)
+            ).fetchall()
+        return [(float(r[0]), bytes(r[1])) for r in rows]
+
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         with self._read() as conn:
             rows = conn.execute(

@@ -167,6 +167,7 @@ async function loadWorkers() {
     { title: "PID", value: (w) => w.pid, numeric: true },
     { title: "Pool", value: (w) => w.pool },
     { title: "Concurrency", value: (w) => w.concurrency, numeric: true },
+    { title: "Running now", value: (w) => w.running, numeric: true },
     { title: "Queues", value: (w) => w.queues.join(", ") },
     { title: "Last heartbeat", value: (w) => ago(w.last_heartbeat) },
     { title: "Processed", value: (w) => fmt(w.processed), numeric: true },
@@ -192,7 +193,7 @@ async function loadDead() {
     { title: "", value: (d) => el("input", { type: "checkbox", "data-id": d.id }) },
     { title: "Failed at", value: (d) => when(d.failed_at) },
     { title: "Task", value: (d) => d.task ?? "(not a message)" },
-    { title: "Message id", value: (d) => d.message_id ?? "–" },
+    { title: "Message id", value: (d) => (d.message_id ? taskLink(d.message_id) : "–") },
     { title: "Attempts", value: (d) => d.attempts ?? "–", numeric: true },
     { title: "Reason", value: (d) => {
       const cell = el("div", {}, d.reason);
@@ -237,10 +238,92 @@ document.getElementById("retry-all").onclick = () => act("retry", null);
 document.getElementById("delete-all").onclick = () => act("delete", null);
 document.getElementById("dead-queue").onchange = () => loadDead();
 
+// -- scheduled -------------------------------------------------------------------------------
+
+const stamp = (t) => (t ? new Date(t * 1000).toLocaleString() : "–");
+
+async function loadScheduled() {
+  const doc = await api("/api/schedules");
+  const delayed = await api("/api/delayed");
+  if (!doc || !delayed) return;
+  const note = document.getElementById("schedules-note");
+  note.hidden = doc.known && doc.schedules.length > 0;
+  note.textContent = doc.known ? "This app has no periodic tasks (app.periodic)."
+    : "The dashboard was started from a broker, not an app: schedules live in the app's code.";
+  table(document.getElementById("schedule-table"), [
+    { title: "Schedule", value: (s) => s.name },
+    { title: "Task", value: (s) => s.task },
+    { title: "Queue", value: (s) => s.queue },
+    { title: "When", value: (s) => s.when },
+    { title: "Last run", value: (s) => (s.last_run ? stamp(s.last_run) : "never") },
+    { title: "Next run", value: (s) => stamp(s.next_run) },
+  ], doc.schedules);
+  table(document.getElementById("delayed-table"), [
+    { title: "Queue", value: (d) => d.queue },
+    { title: "Delayed", value: (d) => fmt(d.delayed), numeric: true },
+    { title: "Next due", value: (d) => (!d.listed ? "(this broker shows counts only)"
+      : d.next.length ? el("span", {}, ...d.next.flatMap((n, i) => [i ? el("br") : "",
+        `${stamp(n.eta)} — ${n.task ?? "?"} `, taskLink(n.id)])) : "–") },
+  ], delayed);
+}
+
+function taskLink(id) {
+  return id ? el("a", { href: `#/task/${encodeURIComponent(id)}` }, id) : "";
+}
+
+// -- task lookup -----------------------------------------------------------------------------
+
+async function loadTask() {
+  const id = decodeURIComponent(location.hash.split("/")[2] || "");
+  const input = document.getElementById("task-id");
+  if (document.activeElement !== input) input.value = id;
+  const box = document.getElementById("task-result");
+  if (!id) { box.hidden = true; return; }
+  const row = await api(`/api/tasks/${encodeURIComponent(id)}`);
+  if (!row) return;
+  box.hidden = false;
+  const state = document.getElementById("task-state");
+  state.textContent = row.state;
+  state.className = "state-" + row.state;
+  document.getElementById("task-source").textContent = row.source === "result"
+    ? "(from its stored result)" : row.source === "dead_letter" ? "(from its dead letter)" : "";
+  const note = document.getElementById("task-note");
+  note.hidden = !row.note;
+  note.textContent = row.note;
+  const json = (v) => el("pre", {}, JSON.stringify(v, null, 2));
+  const fields = [
+    ["Message id", row.id],
+    ["Task", row.task ?? "–"],
+    ["Queue", row.queue ?? "–"],
+    ["Attempt", row.attempt ?? "–"],
+    ["Keeps its result", row.keeps_result === null ? "–" : row.keeps_result ? "yes" : "no"],
+    ["Arguments", row.args === null ? "–" : json(row.args)],
+    ["Keyword arguments", row.kwargs === null ? "–" : json(row.kwargs)],
+    ["Result", row.state === "succeeded" ? json(row.result) : "–"],
+    ["Error", row.error ? el("div", {}, el("div", { class: "error-line" },
+      `${row.error.type}${row.error.type ? ": " : ""}${row.error.message}`),
+      row.error.traceback ? el("pre", {}, row.error.traceback) : "") : "–"],
+    ["Enqueued", stamp(row.enqueued_at)],
+    ["Started", stamp(row.started_at)],
+    ["Finished", stamp(row.finished_at)],
+    ["Run time", row.started_at && row.finished_at
+      ? `${((row.finished_at - row.started_at) * 1000).toFixed(1)} ms` : "–"],
+  ];
+  table(document.getElementById("task-table"), [
+    { title: "", value: (f) => f[0] }, { title: "", value: (f) => f[1] },
+  ], fields);
+}
+
+document.getElementById("task-form").onsubmit = (e) => {
+  e.preventDefault();
+  const id = document.getElementById("task-id").value.trim();
+  if (id) location.hash = `#/task/${encodeURIComponent(id)}`;
+};
+
 // -- navigation ------------------------------------------------------------------------------
 
 const LOADERS = { overview: loadOverview, queues: loadQueues, workers: loadWorkers,
-                  dead: loadDead };
+                  dead: loadDead, scheduled: loadScheduled, task: loadTask };
 let current = "overview";
 
 function route() {
@@ -262,6 +345,6 @@ async function refresh() {
 
 window.addEventListener("hashchange", route);
 // every page but the dead letters (where a refresh would drop a selection) follows live
-setInterval(() => { if (current !== "dead") refresh(); }, 2000);
+setInterval(() => { if (current !== "dead" && current !== "task") refresh(); }, 2000);
 startStream();
 route();

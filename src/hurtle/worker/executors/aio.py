@@ -52,6 +52,10 @@ class AsyncioExecutor(Executor):
         self._processor: Processor | None = None
         self._threads: RunnerPool[Job] | None = None
 
+    def running(self) -> int:
+        # read from the heartbeat thread: the size of a dict the loop changes, a snapshot
+        return len(self._running)
+
     # -- starting --------------------------------------------------------------------------
 
     def start(self, processor: Processor) -> None:

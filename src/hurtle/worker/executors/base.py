@@ -82,6 +82,11 @@ class Executor(abc.ABC):
         """Calls given up at their time limit that are still running somewhere in this process."""
         return 0
 
+    def running(self) -> int:
+        """How many calls run now: read from another thread once per heartbeat report, without a
+        lock (a snapshot that may be a moment old)."""
+        return 0
+
     def interrupts_caller(self) -> bool:
         """True while a task runs on the fetch loop's own thread (solo), so that a hard stop must
         raise in it to interrupt it."""

@@ -89,5 +89,8 @@ class PooledExecutor(Executor):
     def abort(self) -> list[Delivery]:
         return self.pool.abort()
 
+    def running(self) -> int:
+        return 0 if self._pool is None else self._pool.running()
+
     def abandoned(self) -> int:
         return self.pool.abandoned()

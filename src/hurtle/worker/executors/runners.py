@@ -151,6 +151,10 @@ class RunnerPool(Generic[T]):
             return len(self._buffer) + sum(slot.held() for slot in self._running)
         return len(self._buffer) + len(self._running)
 
+    def running(self) -> int:
+        """Runners in a call now (a snapshot, read without the lock)."""
+        return len(self._running)
+
     @property
     def stopping(self) -> bool:
         return self._stopping

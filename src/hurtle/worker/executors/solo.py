@@ -149,6 +149,9 @@ class SoloExecutor(Executor):
             self.current = None
         return out
 
+    def running(self) -> int:
+        return 0 if self.current is None else 1
+
     def interrupts_caller(self) -> bool:
         return self.current is not None
 
