@@ -70,6 +70,9 @@ class Link(msgspec.Struct, array_like=True, frozen=True, gc=False):
     delay: float = 0.0
     eta: float = 0.0
     headers: dict[str, Any] = {}
+    #: Seconds from the moment this link is sent (its previous step settled) after which it is
+    #: no longer started; 0: never expires.
+    expires: float = 0.0
 
     def message(self, first: tuple[Any, ...], flow: Flow) -> Message:
         """The message of this link, ``first`` put before its own arguments."""
@@ -85,6 +88,7 @@ class Link(msgspec.Struct, array_like=True, frozen=True, gc=False):
             eta=eta,
             created=now,
             headers={**self.headers, FLOW: flow},
+            expires=now + self.expires if self.expires else 0,
         )
 
 
@@ -172,7 +176,7 @@ class Signature(Generic[R]):
         """This signature as a link whose call gets ``extra`` arguments before its own."""
         task = self.task
         self._check(extra)
-        queue, priority, _, headers = task._resolve(self.opts, 0.0)
+        queue, priority, _, headers, expires = task._resolve(self.opts, 0.0)  # relative expiry
         opts = self.opts
         return Link(
             task=task.name,
@@ -184,6 +188,7 @@ class Signature(Generic[R]):
             delay=0.0 if opts is None or opts.delay is None else float(opts.delay),
             eta=0.0 if opts is None or opts.eta is None else float(opts.eta),
             headers=headers,
+            expires=expires,
         )
 
 
@@ -194,6 +199,7 @@ def _opts_kwargs(opts: SendOptions) -> dict[str, Any]:
         "eta": opts.eta,
         "priority": opts.priority,
         "headers": opts.headers,
+        "expires": opts.expires,
     }
 
 

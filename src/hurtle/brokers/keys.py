@@ -5,6 +5,11 @@ and every Lua script touches a single slot. The only key outside a queue is the 
 set of known queue names, which scripts never touch, and the three keys of workers' reports
 (``reports.py``), written by plain commands in the heartbeat's round trip.
 
+Cancellations live outside any queue too (who cancels knows only message ids):
+``hurtle:cancelled`` (a ZSET of ids scored by when each cancellation ends); each queue's
+``cancels`` flag tells its fetch script, under the queue's own hash tag, that the set may hold a
+live id.
+
 Results live outside any queue: ``hurtle:result:{ID}`` (a STRING per message id, with its
 expiry; its own hash tag, since who reads it knows only the id) and the pub/sub channel
 ``hurtle:results``, on which each batch of stored results announces its ids (space-separated).
@@ -36,6 +41,9 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
                                           END (server seconds)
     hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
+    hurtle:{q}:paused             STRING  present while q is paused: fetches take nothing from q
+    hurtle:{q}:cancels            STRING  present while some cancellation may be live (its value:
+                                          the latest end of one, in ms; it expires then)
 
 Limits shared by every worker, each key under a hash tag of its own (``L`` = a limit's key)::
 
@@ -65,6 +73,8 @@ TOTALS = f"{PREFIX}:totals"
 
 #: The channel that announces stored results (their ids, space-separated).
 RESULTS_CHANNEL = f"{PREFIX}:results"
+#: Cancelled message ids, each scored by the end of its cancellation (Unix seconds).
+CANCELLED = f"{PREFIX}:cancelled"
 
 
 def result_key(id: str) -> str:
@@ -76,6 +86,7 @@ class QueueKeys:
     """The keys of one queue; made once per name by ``queue_keys``."""
 
     __slots__ = (
+        "cancels",
         "dead",
         "dead_raw",
         "dead_reason",
@@ -83,6 +94,7 @@ class QueueKeys:
         "delayed",
         "inflight_prefix",
         "name",
+        "paused",
         "probe",
         "probes",
         "quarantine",
@@ -112,6 +124,8 @@ class QueueKeys:
         self.probe = f"{base}probe"
         self.unique = f"{base}unique"
         self.unique_sweep = f"{base}unique:sweep"
+        self.paused = f"{base}paused"
+        self.cancels = f"{base}cancels"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
 

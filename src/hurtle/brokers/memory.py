@@ -42,7 +42,9 @@ from .base import (
     FlowStep,
     QueueStats,
     StoredResult,
+    check_cancel_ttl,
     check_dead_letter_limits,
+    check_queue_name,
     check_tick_claim,
     flow_failure,
     gcra,
@@ -116,6 +118,11 @@ class MemoryBroker(Broker):
         # chords: id -> (member index -> payload, fired, expires at)
         self._chords: dict[str, tuple[dict[int, bytes], bool, float]] = {}
         self._next_chord_prune = 0.0
+        # cancelled message id -> until when; ``_cancel_until`` is the latest of those times, so
+        # that a fetch knows in one compare whether any may still be live
+        self._cancelled: dict[str, float] = {}
+        self._cancel_until = 0.0
+        self._paused: set[str] = set()
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
@@ -236,6 +243,46 @@ class MemoryBroker(Broker):
                 out.append((granted, wait))
         return out
 
+    def cancel(self, ids: Sequence[str], ttl: float) -> None:
+        ttl = check_cancel_ttl(ttl)
+        with self._lock:
+            now = time.time()
+            if self._cancel_until <= now:
+                self._cancelled.clear()
+            elif len(self._cancelled) > MAX_UNIQUE:
+                self._cancelled = {k: v for k, v in self._cancelled.items() if v > now}
+            until = now + ttl
+            for id_ in ids:
+                self._cancelled[str(id_)] = until
+            self._cancel_until = max(self._cancel_until, until)
+
+    def cancelled(self, ids: Sequence[str]) -> set[str]:
+        with self._lock:
+            now = time.time()
+            get = self._cancelled.get
+            return {id_ for id_ in ids if get(id_, 0.0) > now}
+
+    def uncancel(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            for id_ in ids:
+                self._cancelled.pop(id_, None)
+
+    def pause(self, queue: str) -> None:
+        check_queue_name(queue)
+        with self._lock:
+            self._paused.add(queue)
+            self._queue(queue)
+
+    def resume(self, queue: str) -> None:
+        check_queue_name(queue)
+        with self._lock:
+            self._paused.discard(queue)
+            self._wake.notify_all()
+
+    def paused(self) -> set[str]:
+        with self._lock:
+            return set(self._paused)
+
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         with self._lock:
             for raw in payloads:
@@ -282,6 +329,7 @@ class MemoryBroker(Broker):
                     delayed=len(q.delayed),
                     in_flight=in_flight.get(name, 0),
                     dead=len(q.dead),
+                    paused=name in self._paused,
                 )
             return out
 
@@ -454,9 +502,10 @@ class _MemoryConsumer(Consumer):
                 now = time.time()
                 out: list[Delivery] = []
                 held = self._held()
+                paused = b._paused
                 for name in self.queues:
                     q = b._queues.get(name)
-                    if q is None:
+                    if q is None or (paused and name in paused):
                         continue
                     b._promote_locked(q, now)
                     for priority in range(MAX_PRIORITY, -1, -1):
@@ -469,6 +518,7 @@ class _MemoryConsumer(Consumer):
                     if len(out) >= max_count:
                         break
                 if out:
+                    self.cancellations = b._cancel_until > now
                     return out
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -539,22 +589,30 @@ class _MemoryConsumer(Consumer):
             b._wake.notify_all()
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.dead_letter_many([(delivery, reason)])
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
         b = self.broker
+        trimmed: dict[str, tuple[int, int]] = {}
         with b._lock:
-            if self._take(delivery) is None:
-                return  # settled already, or recovered: the copy in the queue is the one alive
-            dead_id = new_id()
-            q = b._queue(delivery.queue)
             now = time.time()
-            q.dead[dead_id] = DeadLetter(
-                id=dead_id,
-                queue=delivery.queue,
-                reason=reason,
-                raw=delivery.raw,
-                failed_at=now,
-            )
-            expired, dropped = b._trim_dead_locked(q, now)
-        log_trimmed(b, delivery.queue, expired, dropped)
+            for delivery, reason in items:
+                if self._take(delivery) is None:
+                    continue  # settled already, or recovered: the copy in the queue lives
+                dead_id = new_id()
+                q = b._queue(delivery.queue)
+                q.dead[dead_id] = DeadLetter(
+                    id=dead_id,
+                    queue=delivery.queue,
+                    reason=reason,
+                    raw=delivery.raw,
+                    failed_at=now,
+                )
+                expired, dropped = b._trim_dead_locked(q, now)
+                was = trimmed.get(delivery.queue, (0, 0))
+                trimmed[delivery.queue] = (was[0] + expired, was[1] + dropped)
+        for queue, (expired, dropped) in trimmed.items():
+            log_trimmed(b, queue, expired, dropped)
 
     def defer(self, delivery: Delivery, eta: float) -> None:
         b = self.broker

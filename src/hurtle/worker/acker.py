@@ -119,6 +119,8 @@ class Acker:
         self._defers: deque[tuple[Delivery, float]] = deque()
         self._slots: deque[tuple[str, int]] = deque()
         self._uniques: deque[tuple[str, str, str]] = deque()
+        #: dead letters recorded together, one broker call per flush: (delivery, reason)
+        self._dead: deque[tuple[Delivery, str]] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self._deadline = 0.0
@@ -184,6 +186,12 @@ class Acker:
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         self._op(_Op("dead", [delivery], reason))
 
+    def dead_letter_many(self, items: list[tuple[Delivery, str]]) -> None:
+        """Dead-letter each ``(delivery, reason)`` with the next flush, all of the flush's in
+        one broker call (messages not run: expired, cancelled)."""
+        self._dead.extend(items)
+        self._wake.set()
+
     def release(self, deliveries: list[Delivery]) -> None:
         if deliveries:
             self._op(_Op("release", list(deliveries)))
@@ -219,6 +227,7 @@ class Acker:
                 + len(self._defers)
                 + len(self._slots)
                 + len(self._uniques)
+                + len(self._dead)
             )
 
     @property
@@ -313,7 +322,14 @@ class Acker:
                 len(kept) + len(acks) + len(with_results),
                 error,
             )
-        return not kept and not acks and not with_results and not self._defers and not self._flows
+        return (
+            not kept
+            and not acks
+            and not with_results
+            and not self._defers
+            and not self._flows
+            and not self._dead
+        )
 
     def _flush_flows(self) -> int:
         """Workflow members, in one ``ack_flow`` call; kept for later when the broker cannot
@@ -350,13 +366,16 @@ class Acker:
         return len(steps)
 
     def _flush_limits(self) -> int:
-        """Deferrals, then slots and unique locks given back: one broker call per kind.
+        """Gathered dead letters, deferrals, then slots and unique locks given back: one broker
+        call per kind.
 
         Kept for later when the broker cannot be reached; given up on when it refuses (a
-        deferred delivery is then still held and goes back when the session closes; slots and
-        locks end by themselves with the worker's deadline or ``unique_for``)."""
+        dead-lettered or deferred delivery is then still held and goes back when the session
+        closes; slots and locks end by themselves with the worker's deadline or
+        ``unique_for``)."""
         settled = 0
         calls = (
+            (self._dead, self.consumer.dead_letter_many, "dead letters"),
             (self._defers, self.consumer.defer_many, "deferrals"),
             (self._slots, self.consumer.release_slots, "concurrency slots given back"),
             (self._uniques, self.consumer.release_unique, "unique locks released"),
@@ -376,7 +395,7 @@ class Acker:
                 self.dropped += len(items)
                 log.error("the broker refused %d %s (%s): giving up on them", len(items), what, err)
                 continue
-            if pending is self._defers:
+            if pending is self._defers or pending is self._dead:
                 settled += len(items)
         return settled
 

@@ -40,6 +40,12 @@ A result rides its acknowledgement: a job whose ``stored`` was set (by the resul
 other acknowledgements of its flush. Only tasks that keep results have that middleware in their
 pipeline: the others stay inline.
 
+Expiry. A message whose ``expires`` time passed before it started is not run: each path that
+decodes a delivery checks that field (one compare per message, the clock read only for messages
+that have one), and ``_too_late`` hands it to the acker as a dead letter with the reason
+``expired`` (the acker records the dead letters of a flush in one broker call) and, for a task
+that keeps results, an ``expired`` record for its handle.
+
 Time limits are the executor's business (``Limit``): only it knows how a running call can be
 stopped.
 """
@@ -64,6 +70,7 @@ from ..brokers.reports import UNDECODABLE, Tally, Timings
 from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
+from ..middleware.results import CANCELLED, EXPIRED, encode_skipped
 from ..middleware.retries import Retries
 from ..workflows import FLOW
 from . import flows
@@ -301,6 +308,10 @@ class Processor:
         except Exception as err:  # DecodeError, or whatever the decoder let escape
             self._undecodable(delivery, err)
             return
+        if message.expires and message.expires <= time.time():
+            self.processed -= 1  # counted above
+            self._too_late(delivery, message)
+            return
         task = self._inline.get(message.task)
         if task is None or (message.headers and FLOW in message.headers):
             job = self._job(delivery, message)
@@ -339,6 +350,7 @@ class Processor:
         run_task: Task[Any, Any] | None = None
         run_queue = ""
         run_start = 0
+        late: list[tuple[Delivery, str]] = []  # expired: dead-lettered together at the end
         # Run times, per (queue, task): one clock read per call (the end of one call starts the
         # next), bucketed once the batch is done.
         clock = _clock
@@ -367,6 +379,11 @@ class Processor:
                 except Exception:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
+                    last = clock()
+                    continue
+                if message.expires and message.expires <= time.time():
+                    state.current = None
+                    self._too_late(delivery, message, late)
                     last = clock()
                     continue
                 if task is not run_task or delivery.queue != run_queue:
@@ -413,6 +430,8 @@ class Processor:
                 self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
+            if late:
+                self.acker.dead_letter_many(late)
 
     def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None:
         """Fail the inline calls that returned after they were interrupted at their limit."""
@@ -436,11 +455,15 @@ class Processor:
         groups: dict[Middleware, list[Job]] = {}
         inline, pipelines = self._inline, self._pipelines
         decode = decode_unchecked
+        late: list[tuple[Delivery, str]] = []
         for delivery in deliveries:
             try:
                 message = decode(delivery.raw)
             except Exception:
                 self.process(delivery)  # dead-letters it with the reason
+                continue
+            if message.expires and message.expires <= time.time():
+                self._too_late(delivery, message, late)
                 continue
             if message.task in inline and not (message.headers and FLOW in message.headers):
                 items.append(message)
@@ -459,6 +482,8 @@ class Processor:
                         else:
                             groups[m] = [job]
             runnable.append(delivery)
+        if late:
+            self.acker.dead_letter_many(late)
         deferrals = Job.deferrals
         self._before_batch(groups)
         if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
@@ -592,6 +617,10 @@ class Processor:
             message = _decode(delivery.raw)
         except Exception as err:  # DecodeError, or whatever the decoder let escape
             self._undecodable(delivery, err)
+            return None
+        if message.expires and message.expires <= time.time():
+            self.processed -= 1  # counted above
+            self._too_late(delivery, message)
             return None
         return self._job(delivery, message)
 
@@ -753,6 +782,56 @@ class Processor:
         text = str(err) if isinstance(err, DecodeError) else describe(err)
         log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, text)
         self.acker.dead_letter(delivery, f"undecodable message: {text}")
+
+    def _too_late(
+        self, delivery: Delivery, message: Message, late: list[tuple[Delivery, str]] | None = None
+    ) -> None:
+        """A message whose expiry time passed before it started: not run; a dead letter with
+        the reason ``expired`` (added to ``late``, which the batch hands to the acker at its end,
+        else handed over now) and, when its task keeps results, an ``expired`` record."""
+        self.processed += 1
+        self.tally.add(delivery.queue, message.task, PROCESSED)
+        self.tally.add(delivery.queue, message.task, DEAD_LETTERED)
+        log.debug(
+            "task %s[%s] expired %.3gs before it could start: not run",
+            message.task,
+            message.id,
+            time.time() - message.expires,
+        )
+        task = self.tasks.get(message.task)
+        if task is not None and task.store_result:
+            self.acker.store_result(
+                message.id,
+                encode_skipped(EXPIRED, "not started before its expiry time", message),
+                task.result_ttl,
+            )
+        if late is None:
+            self.acker.dead_letter_many([(delivery, EXPIRED)])
+        else:
+            late.append((delivery, EXPIRED))
+
+    def cancelled(self, deliveries: list[Delivery]) -> None:
+        """Record cancelled deliveries without running them: dead letters ``cancelled`` (one
+        broker call for all) and, for tasks that keep results, ``cancelled`` records."""
+        for delivery in deliveries:
+            self.processed += 1
+            try:
+                message = _decode(delivery.raw)
+            except Exception:  # its id was read, the rest is not a message: counted as such
+                name = UNDECODABLE
+            else:
+                name = message.task
+                task = self.tasks.get(name)
+                if task is not None and task.store_result:
+                    self.acker.store_result(
+                        message.id,
+                        encode_skipped(CANCELLED, "cancelled before it started", message),
+                        task.result_ttl,
+                    )
+            self.tally.add(delivery.queue, name, PROCESSED)
+            self.tally.add(delivery.queue, name, DEAD_LETTERED)
+        log.info("%d cancelled messages not run", len(deliveries))
+        self.acker.dead_letter_many([(d, CANCELLED) for d in deliveries])
 
     def _unknown(self, delivery: Delivery, message: Message) -> None:
         self.failed += 1

@@ -7,12 +7,13 @@
     KEYS[12]     workers zset
     KEYS[13]     dead zset
     KEYS[14]     quarantine list (recovered messages let out one at a time: they count as ready)
+    KEYS[15]     paused flag
 
     ARGV[1]      in-flight key prefix of this queue (prefix .. worker id = the worker's
                  index, batch id -> count held)
 
   Output:
-    { ready, delayed, in_flight, dead }; in_flight counts what every registered worker holds,
+    { ready, delayed, in_flight, dead, paused (1 or 0) }; in_flight counts what every registered worker holds,
     including workers whose heartbeat lapsed but who have not been recovered yet.
 ]]
 
@@ -27,4 +28,5 @@ for _, worker in ipairs(redis.call('ZRANGE', KEYS[12], 0, -1)) do
     in_flight = in_flight + tonumber(held)
   end
 end
-return { ready, redis.call('ZCARD', KEYS[11]), in_flight, redis.call('ZCARD', KEYS[13]) }
+return { ready, redis.call('ZCARD', KEYS[11]), in_flight, redis.call('ZCARD', KEYS[13]),
+  redis.call('EXISTS', KEYS[15]) }

@@ -61,6 +61,7 @@ class _Scripts:
         self.slots = _Script("slots")
         self.publish_unique = _Script("publish_unique")
         self.unique_release = _Script("unique_release")
+        self.cancel_flag = _Script("cancel_flag")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
