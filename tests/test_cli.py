@@ -91,7 +91,13 @@ def test_burst_worker_runs_everything_and_status_json_reports_the_counts(project
         f"add {i} 1" for i in range(300)
     )
     assert runs.count("broken") == 2  # the first attempt and one retry
-    assert project.status()["default"] == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 1}
+    assert project.status()["default"] == {
+        "ready": 0,
+        "delayed": 0,
+        "in_flight": 0,
+        "dead": 1,
+        "paused": False,
+    }
 
 
 def test_status_lists_queues_in_a_table(project: Project) -> None:
@@ -151,6 +157,7 @@ def test_sigterm_lets_the_running_task_finish_and_hands_back_the_rest(
         "delayed": 0,
         "in_flight": 0,
         "dead": 0,
+        "paused": False,
     }
 
 

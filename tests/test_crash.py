@@ -46,7 +46,13 @@ def test_tasks_of_a_sigkilled_worker_run_elsewhere_once_its_heartbeat_lapses(
     assert set(done) == {str(i) for i in range(total)}  # every task ran at least once
     duplicates = sum(n - 1 for n in done.values())
     assert duplicates <= before["in_flight"]  # only what the dead worker held ran twice
-    assert project.status()["default"] == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 0}
+    assert project.status()["default"] == {
+        "ready": 0,
+        "delayed": 0,
+        "in_flight": 0,
+        "dead": 0,
+        "paused": False,
+    }
 
 
 def test_a_slow_task_on_a_live_worker_is_never_given_to_another_worker(

@@ -31,6 +31,7 @@ from .handles import Handle
 from .message import Message
 from .settings import Settings
 from .task import Args, Task
+from .workflows import FlowHandle, GroupHandle, Signature, chain, chord, group
 
 __version__ = "0.1.0"
 
@@ -43,6 +44,8 @@ __all__ = [
     "DeadLetter",
     "DecodeError",
     "EncodeError",
+    "FlowHandle",
+    "GroupHandle",
     "Handle",
     "Hurtle",
     "HurtleError",
@@ -52,9 +55,13 @@ __all__ = [
     "ResultTimeout",
     "Retry",
     "Settings",
+    "Signature",
     "Task",
     "TaskFailed",
     "TimeLimitExceeded",
     "UnknownTaskError",
     "__version__",
+    "chain",
+    "chord",
+    "group",
 ]

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
     from .periodic import Schedule
     from .worker import Worker
 
+#: Seconds a cancellation is kept by default (``Hurtle.cancel``): a week.
+CANCEL_TTL = 7 * 86400.0
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -177,6 +180,7 @@ class Hurtle:
         concurrency_key: KeyFunction | None = None,
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
+        expires: float | None = None,
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -198,6 +202,7 @@ class Hurtle:
         concurrency_key: KeyFunction | None = None,
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
+        expires: float | None = None,
     ) -> Any:
         """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
 
@@ -207,6 +212,9 @@ class Hurtle:
         Limits and uniqueness (``hurtle.limits``): ``rate_limit="50/s"`` (``/m``, ``/h``),
         ``rate_limit_key=``, ``concurrency_limit=N``, ``concurrency_key=``, ``unique_for=``
         seconds, ``unique_key=``; each key option is a callable of the task's arguments.
+
+        ``expires=`` seconds: a message not started that long after its send is not run; it
+        becomes a dead letter with the reason ``expired`` (its handle's state: ``expired``).
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
@@ -236,6 +244,7 @@ class Hurtle:
                 concurrency_key=concurrency_key,
                 unique_for=unique_for,
                 unique_key=unique_key,
+                expires=expires,
             )
             self.tasks[task_name] = t
             self._middleware_changed()  # built-ins may depend on task options
@@ -326,6 +335,32 @@ class Hurtle:
             return t
 
         return decorate
+
+    # -- control ---------------------------------------------------------------------------
+
+    def cancel(self, *ids: str | Handle[Any], ttl: float = CANCEL_TTL) -> None:
+        """Cancel messages by id (or handle): one not started yet is never run, by any worker,
+        for ``ttl`` seconds (a week by default; raise it for messages due later than that).
+
+        A cancelled message becomes a dead letter with the reason ``cancelled`` when a worker
+        fetches it, and its handle reads ``cancelled`` if its task keeps results. A task
+        already running is not stopped. The cancellations live in the broker: they survive
+        worker restarts."""
+        wanted = [i.id if isinstance(i, Handle) else i for i in ids]
+        for i in wanted:
+            if not isinstance(i, str) or not i:
+                raise ConfigurationError(f"cancel takes message ids (str) or handles, got {i!r}")
+        if wanted:
+            self.broker.cancel(wanted, ttl)
+
+    def pause(self, queue: str) -> None:
+        """Stop every worker from fetching ``queue`` until ``resume``; tasks already fetched
+        finish. The flag lives in the broker, so workers started later see it too."""
+        self.broker.pause(queue)
+
+    def resume(self, queue: str) -> None:
+        """Let workers fetch ``queue`` again."""
+        self.broker.resume(queue)
 
     def queues(self) -> list[str]:
         """The queues this app's tasks name, and the default queue."""

@@ -12,7 +12,10 @@ States (``hurtle.middleware.results`` writes the records):
 * ``running`` — reserved: never reported (see ``hurtle.middleware.results`` for why);
 * ``succeeded`` — the task returned; ``result()`` returns the value;
 * ``failed`` — an attempt failed and another is scheduled; ``result()`` keeps waiting;
-* ``dead`` — failed for good (dead-lettered); ``result()`` raises ``TaskFailed`` at once.
+* ``dead`` — failed for good (dead-lettered); ``result()`` raises ``TaskFailed`` at once;
+* ``expired`` — not started before its expiry time (``expires=``), so never run;
+  ``result()`` raises ``TaskFailed`` at once;
+* ``cancelled`` — cancelled before it started (``Hurtle.cancel``), so never run; likewise.
 
 Waiting costs no polling loop on Redis: the broker's one listener thread wakes the waiters of the
 ids each batch of results announces, however many threads wait. The SQLite broker cannot notify
@@ -34,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 import msgspec
 
 from .errors import ResultError, ResultTimeout, TaskFailed
-from .middleware.results import DEAD, PENDING, SUCCEEDED, Record, decode
+from .middleware.results import FINAL, PENDING, SUCCEEDED, Record, decode
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -73,7 +76,8 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
         return hash(self.id)
 
     def state(self) -> str:
-        """``pending``, ``succeeded``, ``failed`` or ``dead`` (module docstring), read now."""
+        """``pending``, ``succeeded``, ``failed``, ``dead``, ``expired`` or ``cancelled``
+        (module docstring), read now."""
         self._check()
         payload = self.app.broker.get_result(self.id)
         return PENDING if payload is None else decode(payload).state
@@ -158,7 +162,7 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
         if payload is None:
             return None
         record = decode(payload)
-        return record if record.state in (SUCCEEDED, DEAD) else None
+        return record if record.state in FINAL else None
 
     def _unwrap(self, record: Record) -> R:
         if record.state == SUCCEEDED:

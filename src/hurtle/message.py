@@ -5,10 +5,10 @@ carry plain data: nothing that comes over the wire is unpickled.
 
 The fields a broker and a worker trust are checked at both ends: ``check_messages`` (which every
 broker's ``publish`` calls first) refuses a message whose priority is not an int from 0 to 9,
-whose attempt is not an int >= 0, or whose eta or created time is not a finite number >= 0, with
-an ``EncodeError`` naming the value; ``Message.decode`` refuses the same as a ``DecodeError``
-(the worker dead-letters such bytes as undecodable). The decoder checks them in the type itself,
-at no measurable cost.
+whose attempt is not an int >= 0, or whose eta, created or expiry time is not a finite number
+>= 0, with an ``EncodeError`` naming the value; ``Message.decode`` refuses the same as a
+``DecodeError`` (the worker dead-letters such bytes as undecodable). The decoder checks them in
+the type itself, at no measurable cost.
 """
 
 from __future__ import annotations
@@ -33,13 +33,17 @@ Priority = Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]
 Attempt = Annotated[int, msgspec.Meta(ge=0)]
 #: A Unix time in seconds: finite and >= 0 (NaN and infinity fail both bounds).
 Timestamp = Annotated[float, msgspec.Meta(ge=0.0, le=_MAX_FLOAT)]
+#: An expiry time: the int 0 (none, one byte on the wire, where a float takes nine) or a
+#: Timestamp.
+Expiry = Annotated[int, msgspec.Meta(ge=0)] | Timestamp
 
 
 class Message(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One call of one task.
 
     ``eta`` is a Unix time before which the message must not run (0 means now); ``attempt`` counts
-    earlier attempts, so the first run sees 0.
+    earlier attempts, so the first run sees 0. ``expires`` is a Unix time after which a worker
+    no longer starts it (0 means never): it becomes a dead letter with the reason ``expired``.
     """
 
     id: str
@@ -52,6 +56,7 @@ class Message(msgspec.Struct, frozen=True, array_like=True, gc=False):
     eta: Timestamp = 0.0
     created: Timestamp = 0.0
     headers: dict[str, Any] = {}
+    expires: Expiry = 0
 
     def encode(self) -> bytes:
         """The MessagePack bytes of this message; raises ``EncodeError`` naming the bad type."""
@@ -83,6 +88,23 @@ class Message(msgspec.Struct, frozen=True, array_like=True, gc=False):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(Message)
+
+
+class _Id(msgspec.Struct, array_like=True, gc=False):
+    id: str
+
+
+_id_decoder = msgspec.msgpack.Decoder(_Id)
+
+
+def message_id(raw: bytes) -> str:
+    """The id of the message in ``raw`` without decoding the rest, or ``""`` when the bytes
+    are not a message."""
+    try:
+        return _id_decoder.decode(raw).id
+    except Exception:
+        return ""
+
 
 #: Decode without wrapping errors, for hot loops that fall back to ``Message.decode`` (and its
 #: clear ``DecodeError``) on any exception.
@@ -125,7 +147,8 @@ def seconds_problem(value: object, what: str, unit: str = "a number of seconds")
 
 
 def message_problem(m: Message) -> str | None:
-    """What is wrong with a message's checked fields (priority, attempt, eta, created), or None."""
+    """What is wrong with a message's checked fields (priority, attempt, eta, created,
+    expires), or None."""
     problem = priority_problem(m.priority)
     if problem is None and (
         not isinstance(m.attempt, int) or isinstance(m.attempt, bool) or m.attempt < 0
@@ -135,6 +158,7 @@ def message_problem(m: Message) -> str | None:
         problem
         or seconds_problem(m.eta, "eta", "a Unix time in seconds")
         or seconds_problem(m.created, "created", "a Unix time in seconds")
+        or seconds_problem(m.expires, "expires", "a Unix time in seconds")
     )
 
 
@@ -158,7 +182,7 @@ def check_messages(messages: Sequence[Message]) -> None:
         return
     numbers = _NUMBER_TYPES
     for m in messages:
-        p, a, e, c = m.priority, m.attempt, m.eta, m.created
+        p, a, e, c, x = m.priority, m.attempt, m.eta, m.created, m.expires
         if (
             type(p) is not int
             or not MIN_PRIORITY <= p <= MAX_PRIORITY
@@ -168,6 +192,8 @@ def check_messages(messages: Sequence[Message]) -> None:
             or not 0.0 <= e <= _MAX_FLOAT  # False for NaN, inf and 10**400
             or type(c) not in numbers
             or not 0.0 <= c <= _MAX_FLOAT
+            or type(x) not in numbers
+            or not 0.0 <= x <= _MAX_FLOAT
         ):
             break
     else:
@@ -224,7 +250,7 @@ def _invalid_field(raw: bytes, err: msgspec.ValidationError) -> str:
             if isinstance(value, int) and value >= 0
             else (f"attempt {value!r} is not an int >= 0")
         )
-    elif name in ("eta", "created"):
+    elif name in ("eta", "created", "expires"):
         problem = seconds_problem(value, name, "a Unix time in seconds")
     else:
         problem = None

@@ -2,9 +2,12 @@
 
 ``add.send(1, 2)`` builds one frozen ``Message`` and publishes it; ``add.send_many(...)`` builds
 a batch and publishes it in one round trip; ``add(1, 2)`` is still a plain local call.
+``add.delay(1, 2)`` and ``add.apply_async((1, 2), countdown=10)`` are Celery's spellings of the
+same sends, for code that moves over.
 
 What can be checked at send time is checked there, once per call and not per message: options
-(priority an int from 0 to 9, delay and eta finite seconds >= 0) raise ``ConfigurationError``,
+(priority an int from 0 to 9, delay, eta and expires finite seconds >= 0) raise
+``ConfigurationError``,
 arguments that do not fit the function's signature raise ``ArgumentError`` (a ``TypeError``).
 The signature is read once, at registration; a send checks the count of positional arguments
 against a precomputed range and, only when keywords are given, their names.
@@ -21,7 +24,8 @@ import dataclasses
 import inspect
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
 import msgspec
@@ -34,6 +38,7 @@ from .message import CheckedBatch, Message, priority_problem, seconds_problem
 
 if TYPE_CHECKING:
     from .app import Hurtle
+    from .workflows import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -58,6 +63,8 @@ class SendOptions:
     eta: float | None = None
     priority: int | None = None
     headers: Mapping[str, Any] | None = None
+    #: Seconds from the send after which the message is no longer started.
+    expires: float | None = None
 
     def __post_init__(self) -> None:  # checked once per options, never per message
         problem = None
@@ -69,6 +76,8 @@ class SendOptions:
             problem = seconds_problem(self.delay, "delay")
         if problem is None and self.eta is not None:
             problem = seconds_problem(self.eta, "eta", "a Unix time in seconds (time.time() + s)")
+        if problem is None and self.expires is not None:
+            problem = seconds_problem(self.expires, "expires")
         if problem is not None:
             raise ConfigurationError(problem)
 
@@ -214,6 +223,7 @@ class Task(Generic[P, R]):
         concurrency_key: KeyFunction | None = None,
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
+        expires: float | None = None,
     ) -> None:
         if not isinstance(store_result, bool):
             raise ConfigurationError(
@@ -229,6 +239,8 @@ class Task(Generic[P, R]):
             _check_seconds(name, time_limit, "time_limit")
             if time_limit == 0:
                 raise ConfigurationError(f"task {name!r}: time_limit must be > 0 (or None)")
+        if expires is not None:
+            _check_seconds(name, expires, "expires")
         self.app = app
         self.fn = fn
         self.name = name
@@ -237,6 +249,9 @@ class Task(Generic[P, R]):
         self.retry_delay = retry_delay
         self.priority = _check_priority(name, priority)
         self.time_limit = time_limit
+        #: Seconds after its send past which a message of this task is no longer started (a
+        #: dead letter with the reason ``expired``), or None.
+        self.expires = None if expires is None else float(expires)
         #: Whether outcomes are stored for ``Handle.result``, and for how many seconds.
         self.store_result = store_result
         self.result_ttl = float(result_ttl)
@@ -275,7 +290,7 @@ class Task(Generic[P, R]):
         if arity is not None and not arity.fits(args, kwargs):
             self._unfit(args, kwargs)
         now = time.time()
-        queue, priority, eta, headers = self._resolve(options, now)
+        queue, priority, eta, headers, expires = self._resolve(options, now)
         return Message(
             id=new_id(),
             task=self.name,
@@ -286,6 +301,7 @@ class Task(Generic[P, R]):
             eta=eta,
             created=now,
             headers=headers,
+            expires=expires,
         )
 
     def unfit(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
@@ -306,20 +322,27 @@ class Task(Generic[P, R]):
 
     def _resolve(
         self, options: SendOptions | None, now: float
-    ) -> tuple[str, int, float, dict[str, Any]]:
-        """Queue, priority, eta and headers of a call with ``options``."""
+    ) -> tuple[str, int, float, dict[str, Any], float]:
+        """Queue, priority, eta, headers and expiry time of a call with ``options``.
+
+        The expiry counts from the send (not from the eta): a message due in an hour that
+        expires in ten minutes never runs."""
+        expires = self.expires
         if options is None:
-            return self.queue, self.priority, 0.0, {}
+            return self.queue, self.priority, 0.0, {}, 0 if expires is None else now + expires
         eta = 0.0
         if options.eta is not None:
             eta = options.eta
         elif options.delay is not None:
             eta = now + options.delay
+        if options.expires is not None:
+            expires = options.expires
         return (
             self.queue if options.queue is None else options.queue,
             self.priority if options.priority is None else options.priority,
             eta,
             dict(options.headers) if options.headers else {},
+            0 if expires is None else now + expires,
         )
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
@@ -332,6 +355,54 @@ class Task(Generic[P, R]):
         if self.limits is not None and self.limits.unique_for is not None:
             return Handle(_publish_unique(self, [message])[0], self.app, self)
         return Handle(self.app._publish([message]), self.app, self)
+
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
+        """Celery's name for ``send``: ``add.delay(1, 2)``."""
+        return self.send(*args, **kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        countdown: float | None = None,
+        eta: datetime | float | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        expires: datetime | float | None = None,
+        headers: Mapping[str, Any] | None = None,
+    ) -> Handle[R]:
+        """Celery's spelling of ``options(...).send(...)``: ``add.apply_async((1, 2),
+        countdown=10)``.
+
+        ``countdown`` is seconds from now (``delay``); ``eta`` a ``datetime`` or a Unix time
+        (it wins over ``countdown``); ``expires`` seconds from now or a ``datetime``. A naive
+        ``datetime`` is read in the local time zone (``datetime.timestamp``). Priorities run
+        from 0 to 9, 9 first, as everywhere in hurtle.
+        """
+        if args is not None and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
+            raise ConfigurationError(
+                f"task {self.name!r}: apply_async args must be a tuple or list of positional "
+                f"arguments, got {type(args).__name__}"
+            )
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise ConfigurationError(
+                f"task {self.name!r}: apply_async kwargs must be a dict, got "
+                f"{type(kwargs).__name__}"
+            )
+        if isinstance(eta, datetime):
+            eta = eta.timestamp()
+        if isinstance(expires, datetime):
+            expires = max(expires.timestamp() - time.time(), 0.0)
+        bound = self.options(
+            queue=queue,
+            delay=countdown,
+            eta=eta,
+            priority=priority,
+            headers=headers,
+            expires=expires,
+        )
+        return bound.send(*(args or ()), **dict(kwargs or {}))
 
     def send_many(
         self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
@@ -349,6 +420,16 @@ class Task(Generic[P, R]):
         """One call's arguments for ``send_many``, type-checked against the function."""
         return Args(*args, **kwargs)
 
+    def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
+        """A signature of this call, for workflows: ``chain(add.s(1, 2), add.s(10))``.
+
+        Not typed against the function: in a chain or chord, the result of the step before is
+        put before these arguments when the call is made.
+        """
+        from .workflows import Signature
+
+        return Signature(self, args, kwargs)
+
     def options(
         self,
         *,
@@ -357,15 +438,23 @@ class Task(Generic[P, R]):
         eta: float | None = None,
         priority: int | None = None,
         headers: Mapping[str, Any] | None = None,
+        expires: float | None = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options: ``add.options(delay=30, priority=9).send(1, 2)``.
 
         ``delay`` is seconds from the send, ``eta`` a Unix time (it wins over ``delay``); both
-        must be finite and >= 0. ``priority`` is an int from 0 to 9.
+        must be finite and >= 0. ``priority`` is an int from 0 to 9. ``expires`` is seconds
+        from the send after which the message is no longer started (the task's own
+        ``expires`` otherwise).
         """
         try:
             opts = SendOptions(
-                queue=queue, delay=delay, eta=eta, priority=priority, headers=headers
+                queue=queue,
+                delay=delay,
+                eta=eta,
+                priority=priority,
+                headers=headers,
+                expires=expires,
             )
         except ConfigurationError as err:
             raise ConfigurationError(f"task {self.name!r}: {err}") from None
@@ -387,6 +476,10 @@ class BoundTask(Generic[P, R]):
             return Handle(_publish_unique(task, [message])[0], task.app, task)
         return Handle(task.app._publish([message]), task.app, task)
 
+    def delay(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
+        """Celery's name for ``send``."""
+        return self.send(*args, **kwargs)
+
     def send_many(
         self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
     ) -> list[Handle[R]]:
@@ -395,6 +488,12 @@ class BoundTask(Generic[P, R]):
     def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
         """One call's arguments for ``send_many``, type-checked against the function."""
         return Args(*args, **kwargs)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
+        """A signature of this call with these options, for workflows (``Task.s``)."""
+        from .workflows import Signature
+
+        return Signature(self.task, args, kwargs, self.opts)
 
 
 def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
@@ -407,7 +506,7 @@ def _send_many(
     options: SendOptions | None,
 ) -> list[Handle[R]]:
     now = time.time()
-    queue, priority, eta, headers = task._resolve(options, now)
+    queue, priority, eta, headers, expires = task._resolve(options, now)
     name = task.name
     _check_priority(name, priority)  # once a batch, in case task.priority was reassigned
     empty: dict[str, Any] = {}
@@ -447,7 +546,11 @@ def _send_many(
         elif not lo <= len(args) <= hi:
             task._unfit(args, kwargs)
         if unique is None:
-            append(Message(new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers))
+            append(
+                Message(
+                    new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers, expires
+                )
+            )
         else:  # each names its lock
             append(
                 Message(
@@ -461,6 +564,7 @@ def _send_many(
                     eta,
                     now,
                     {**headers, "unique": unique(args, kwargs)},
+                    expires,
                 )
             )
     app = task.app

@@ -6,13 +6,24 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from .base import Broker, Consumer, DeadLetter, Delivery, QueueStats, StoredResult
+from .base import (
+    Broker,
+    ChordStep,
+    Consumer,
+    DeadLetter,
+    Delivery,
+    FlowStep,
+    QueueStats,
+    StoredResult,
+)
 
 __all__ = [
     "Broker",
+    "ChordStep",
     "Consumer",
     "DeadLetter",
     "Delivery",
+    "FlowStep",
     "QueueStats",
     "StoredResult",
     "make_broker",

@@ -23,6 +23,10 @@ Results: ``Consumer.ack(deliveries, results)`` stores task results (``StoredResu
 opaque bytes, a ttl) in the same step as the acknowledgements; ``Broker.get_result`` reads one;
 ``Broker.watch_results`` wakes waiters where the store can notify (``tests/brokers/
 test_results_contract.py``).
+Workflows: ``Consumer.ack_flow`` acknowledges a chain link or chord member together with what
+it sets off (the next link's message; the chord's counter, and its callback when the counter
+completes) in one atomic step; ``Broker.chord_results`` reads a chord's member results once, for
+its callback (``tests/brokers/test_workflows_contract.py``).
 Limits and unique locks live in the broker too, so that every worker sharing it sees them:
 
 * rate limits: ``Broker.take_tokens`` takes tokens of several keys in one call (GCRA in the
@@ -37,6 +41,15 @@ Limits and unique locks live in the broker too, so that every worker sharing it 
   another message since is left alone);
 * ``Consumer.defer`` puts a held delivery back unchanged (same attempt), due later: a throttled
   message is not a failure.
+
+Control (``tests/brokers/test_control_contract.py``):
+
+* cancel: ``Broker.cancel`` records message ids in a cancel set, each for a ttl. A fetch tells
+  its consumer, in the same step of the store, whether the set holds any id still live
+  (``Consumer.cancellations``); only then does the worker ask ``Broker.cancelled`` which ids of
+  the batch are cancelled — one call per batch, none while nothing is cancelled;
+* pause: ``Broker.pause`` / ``resume`` set a flag per queue that every fetch reads in its own
+  step: a paused queue is not fetched by any worker until resumed (what is in flight finishes).
 
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
@@ -83,6 +96,40 @@ class StoredResult(msgspec.Struct, frozen=True, gc=False):
     ttl: float
 
 
+class ChordStep(msgspec.Struct, frozen=True, gc=False):
+    """A chord member's part of a ``FlowStep``: count member ``index`` of chord ``id`` as done.
+
+    ``payload`` (the member's result record, opaque to brokers) is kept at ``index`` of the
+    chord's record, which lives ``ttl`` seconds from its last change. The member whose step makes
+    ``total`` distinct indexes publishes ``callback``, once: a member counted twice (a message
+    delivered twice) counts once, and a chord whose callback was published never publishes again.
+    """
+
+    id: str
+    index: int
+    total: int
+    payload: bytes
+    ttl: float
+    callback: Message
+
+
+class FlowStep(msgspec.Struct, frozen=True, gc=False):
+    """The acknowledgement of one workflow member with everything it sets off, in one step.
+
+    ``Consumer.ack_flow`` applies it only while ``delivery`` is still held by that consumer (a
+    copy redelivered elsewhere applies its own): store ``results``, publish ``publish`` (a
+    chain's next link), apply ``chord``, drop the chord record named by ``forget`` (a callback
+    done with it), and acknowledge ``delivery`` — all or nothing, so that a worker killed at any
+    point neither loses the next step nor sets it off twice.
+    """
+
+    delivery: Delivery
+    results: tuple[StoredResult, ...] = ()
+    publish: tuple[Message, ...] = ()
+    chord: ChordStep | None = None
+    forget: str = ""
+
+
 class QueueStats(msgspec.Struct, frozen=True):
     """How many messages of one queue are in each state."""
 
@@ -90,6 +137,8 @@ class QueueStats(msgspec.Struct, frozen=True):
     delayed: int = 0
     in_flight: int = 0
     dead: int = 0
+    #: True while the queue is paused (``Broker.pause``): no worker fetches from it.
+    paused: bool = False
 
 
 class DeadLetter(msgspec.Struct, frozen=True):
@@ -123,6 +172,10 @@ class Consumer(abc.ABC):
     #: Set by the worker: each heartbeat stores a report from it in the same step as the beat
     #: (``reports.py``), and confirms it once stored.
     reporter: Reporter | None = None
+    #: Set by each fetch that returns deliveries, read in the same step of the store: True when
+    #: the broker held cancelled message ids still live (``Broker.cancel``), so the worker must
+    #: screen the batch (``Broker.cancelled``). Brokers without cancellation leave it False.
+    cancellations: bool = False
 
     @abc.abstractmethod
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
@@ -170,6 +223,14 @@ class Consumer(abc.ABC):
         while its record is missing. Waiters of ``Broker.watch_results`` are woken.
         """
 
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        """Settle workflow members (chains, chords): each ``FlowStep`` in one atomic step of
+        the store with its acknowledgement (see ``FlowStep``, ``ChordStep``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support workflows (chains and chords): its "
+            "ack_flow is missing"
+        )
+
     @abc.abstractmethod
     def retry(self, delivery: Delivery, message: Message) -> None:
         """Replace a held delivery by ``message`` (the next attempt), due at ``message.eta``."""
@@ -207,6 +268,13 @@ class Consumer(abc.ABC):
         In the same step, drop that queue's dead letters older than the broker's
         ``dead_letter_ttl``, then the oldest beyond its ``dead_letter_max`` (``log_trimmed``).
         """
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """``dead_letter`` each ``(delivery, reason)``; brokers that can do it in one step of
+        the store override this (the worker gathers the dead letters of messages it does not
+        run, expired or cancelled, into one call)."""
+        for delivery, reason in items:
+            self.dead_letter(delivery, reason)
 
     @abc.abstractmethod
     def release(self, deliveries: Sequence[Delivery]) -> None:
@@ -273,6 +341,32 @@ class Broker(abc.ABC):
         tokens per ``period`` seconds of ``key``; returns per request ``(granted, wait)``,
         ``wait`` the seconds until the next token is due when fewer were granted (else 0)."""
         raise NotImplementedError(f"{type(self).__name__} does not support rate limits")
+
+    def cancel(self, ids: Sequence[str], ttl: float) -> None:
+        """Record these message ids as cancelled for ``ttl`` seconds: a worker that fetches one
+        of them before then does not run it (``cancelled``). Cancelling an id that already ran,
+        or that no message has, changes nothing but the set."""
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    def cancelled(self, ids: Sequence[str]) -> set[str]:
+        """Which of ``ids`` are cancelled and still live, in one call."""
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    def uncancel(self, ids: Sequence[str]) -> None:
+        """Forget the cancellations of these ids (a cancelled dead letter that is retried)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    def pause(self, queue: str) -> None:
+        """Stop every worker from fetching ``queue`` until ``resume``; what it holds finishes."""
+        raise NotImplementedError(f"{type(self).__name__} does not support pausing queues")
+
+    def resume(self, queue: str) -> None:
+        """Let workers fetch ``queue`` again (nothing happens if it was not paused)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support pausing queues")
+
+    def paused(self) -> set[str]:
+        """The queues paused now."""
+        raise NotImplementedError(f"{type(self).__name__} does not support pausing queues")
 
     @abc.abstractmethod
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
@@ -357,11 +451,21 @@ class Broker(abc.ABC):
         """
         return None
 
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        """The payloads of the ``total`` members of chord ``id`` (``ChordStep``), in member
+        order, read in one step; None when the chord's record is missing, expired or short."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support workflows (chains and chords): its "
+            "chord_results is missing"
+        )
+
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.
 
-        A message that decodes goes back as attempt 0; bytes that never were a message go back
-        as they are (and will be dead-lettered again unless something changed).
+        A message that decodes goes back as attempt 0, due now and without its expiry time (a
+        message that expired is run when retried; a cancelled one loses its cancellation);
+        bytes that never were a message go back as they are (and will be dead-lettered again
+        unless something changed).
         """
         wanted = set(ids) if ids is not None else None
         moved = 0
@@ -374,12 +478,17 @@ class Broker(abc.ABC):
             offset += len(page) - len(chosen)
             fresh: list[Message] = []
             raw: list[bytes] = []
+            uncancel = [
+                m.id for d in chosen if d.reason == "cancelled" and (m := d.message()) is not None
+            ]
+            if uncancel:  # asked to run after all: its cancellation must not stop it again
+                self.uncancel(uncancel)
             for dead in chosen:
                 message = dead.message()
                 if message is None:
                     raw.append(dead.raw)
                 else:
-                    fresh.append(msgspec.structs.replace(message, attempt=0, eta=0.0))
+                    fresh.append(msgspec.structs.replace(message, attempt=0, eta=0.0, expires=0))
             if fresh:
                 self.publish(fresh)
             if raw:
@@ -441,6 +550,27 @@ def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
         )
 
 
+def check_cancel_ttl(ttl: object) -> float:
+    """A cancellation's ttl, checked: a finite number of seconds > 0."""
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not math.isfinite(ttl)
+        or ttl <= 0
+    ):
+        raise ConfigurationError(
+            f"a cancellation's ttl must be a finite number of seconds > 0, got {ttl!r}"
+        )
+    return float(ttl)
+
+
+def check_queue_name(queue: object) -> str:
+    """A queue name to pause or resume, checked: a non-empty str."""
+    if not isinstance(queue, str) or not queue:
+        raise ConfigurationError(f"a queue name must be a non-empty str, got {queue!r}")
+    return queue
+
+
 def check_tick_claim(queue: str, tick: float, messages: Sequence[Message]) -> None:
     """Refuse a tick claim whose messages are not all of ``queue``, or a tick that is no time."""
     if isinstance(tick, bool) or not isinstance(tick, int | float) or not math.isfinite(tick):
@@ -487,6 +617,28 @@ def unique_key_of(message: Message) -> str:
             "publish_unique needs headers['unique'] (a non-empty str) on every message"
         )
     return key
+
+
+#: Seconds the failure of a workflow a broker dead-lettered itself is kept (a day, as results).
+FLOW_FAILURE_TTL = 86400.0
+
+
+def flow_failure(raw: bytes, reason: str) -> StoredResult | None:
+    """The ``dead`` record of the workflow whose member ``raw`` the broker dead-letters itself
+    (its workers kept dying), to store in the same step: its handle then raises at once. None
+    when ``raw`` is not a workflow's message."""
+    from ..workflows import FLOW, read_flow  # the workflows import the brokers
+
+    try:
+        message = Message.decode(raw)
+        if not message.headers or FLOW not in message.headers:
+            return None
+        flow = read_flow(message)
+    except Exception:  # not a message, or not a workflow's: nothing to fail
+        return None
+    from ..worker.flows import dead_record
+
+    return dead_record(flow.id, message, None, reason, FLOW_FAILURE_TTL)
 
 
 def _nothing() -> None:

@@ -6,6 +6,11 @@ touched from a queue's script. The only key outside a queue is the ``hurtle:queu
 set of known queue names, which scripts never touch, and the three keys of workers' reports
 (``reports.py``), written by plain commands in the heartbeat's round trip.
 
+Cancellations live outside any queue too (who cancels knows only message ids):
+``hurtle:cancelled`` (a ZSET of ids scored by when each cancellation ends); each queue's
+``cancels`` flag tells its fetch script, under the queue's own hash tag, that the set may hold a
+live id.
+
 Results live outside any queue: ``hurtle:result:{ID}`` (a STRING per message id, with its
 expiry; its own hash tag, since who reads it knows only the id) and the pub/sub channel
 ``hurtle:results``, on which each batch of stored results announces its ids (space-separated).
@@ -37,6 +42,9 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
                                           END (server seconds)
     hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
+    hurtle:{q}:paused             STRING  present while q is paused: fetches take nothing from q
+    hurtle:{q}:cancels            STRING  present while some cancellation may be live (its value:
+                                          the latest end of one, in ms; it expires then)
 
 Limits shared by every worker, each key under a hash tag of its own (``L`` = a limit's key)::
 
@@ -66,6 +74,8 @@ TOTALS = f"{PREFIX}:totals"
 
 #: The channel that announces stored results (their ids, space-separated).
 RESULTS_CHANNEL = f"{PREFIX}:results"
+#: Cancelled message ids, each scored by the end of its cancellation (Unix seconds).
+CANCELLED = f"{PREFIX}:cancelled"
 
 
 def result_key(id: str) -> str:
@@ -77,6 +87,7 @@ class QueueKeys:
     """The keys of one queue; made once per name by ``queue_keys``."""
 
     __slots__ = (
+        "cancels",
         "dead",
         "dead_raw",
         "dead_reason",
@@ -84,6 +95,7 @@ class QueueKeys:
         "delayed",
         "inflight_prefix",
         "name",
+        "paused",
         "probe",
         "probes",
         "quarantine",
@@ -113,6 +125,8 @@ class QueueKeys:
         self.probe = f"{base}probe"
         self.unique = f"{base}unique"
         self.unique_sweep = f"{base}unique:sweep"
+        self.paused = f"{base}paused"
+        self.cancels = f"{base}cancels"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
 
@@ -149,3 +163,9 @@ def queue_keys(name: str) -> QueueKeys:
 #: A receipt is ``batch_id << BATCH_BITS | index``: a batch holds fewer than 2**20 messages.
 BATCH_BITS = 20
 BATCH_MASK = (1 << BATCH_BITS) - 1
+
+
+def chord_key(id: str) -> str:
+    """The hash of chord ``id``: its members' results by index, and ``fired`` once its
+    callback is published."""
+    return f"{PREFIX}:chord:{{{id}}}"

@@ -35,13 +35,18 @@ from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from .base import (
     Broker,
+    ChordStep,
     Consumer,
     DeadLetter,
     Delivery,
+    FlowStep,
     QueueStats,
     StoredResult,
+    check_cancel_ttl,
     check_dead_letter_limits,
+    check_queue_name,
     check_tick_claim,
+    flow_failure,
     gcra,
     log_trimmed,
     unique_key_of,
@@ -110,6 +115,14 @@ class MemoryBroker(Broker):
         self._tat: dict[str, float] = {}  # rate key -> theoretical arrival time
         self._slots: dict[str, dict[str, int]] = {}  # concurrency key -> worker id -> slots
         self._unique: dict[tuple[str, str], tuple[str, float]] = {}  # -> (message id, expiry)
+        # chords: id -> (member index -> payload, fired, expires at)
+        self._chords: dict[str, tuple[dict[int, bytes], bool, float]] = {}
+        self._next_chord_prune = 0.0
+        # cancelled message id -> until when; ``_cancel_until`` is the latest of those times, so
+        # that a fetch knows in one compare whether any may still be live
+        self._cancelled: dict[str, float] = {}
+        self._cancel_until = 0.0
+        self._paused: set[str] = set()
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
@@ -150,6 +163,32 @@ class MemoryBroker(Broker):
                             del self._watchers[id_]
 
         return stop
+
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        with self._lock:
+            chord = self._chords.get(id)
+            if chord is None or chord[2] <= time.time():
+                return None
+            members = chord[0]
+            if len(members) < total:
+                return None
+            return [members[i] for i in range(total)]
+
+    def _chord_step_locked(self, step: ChordStep, now: float) -> bool:
+        """Count a chord member; True when this step completes the chord (publish its callback)."""
+        chords = self._chords
+        if now >= self._next_chord_prune:  # at most once a second, like results
+            self._next_chord_prune = now + 1.0
+            for id_ in [i for i, (_, _, expires) in chords.items() if expires <= now]:
+                del chords[id_]
+        chord = chords.get(step.id)
+        if chord is None or chord[2] <= now:
+            chord = ({}, False, 0.0)
+        members, fired, _ = chord
+        members.setdefault(step.index, step.payload)
+        complete = not fired and len(members) >= step.total
+        chords[step.id] = (members, fired or complete, now + step.ttl)
+        return complete
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)
@@ -204,6 +243,46 @@ class MemoryBroker(Broker):
                 out.append((granted, wait))
         return out
 
+    def cancel(self, ids: Sequence[str], ttl: float) -> None:
+        ttl = check_cancel_ttl(ttl)
+        with self._lock:
+            now = time.time()
+            if self._cancel_until <= now:
+                self._cancelled.clear()
+            elif len(self._cancelled) > MAX_UNIQUE:
+                self._cancelled = {k: v for k, v in self._cancelled.items() if v > now}
+            until = now + ttl
+            for id_ in ids:
+                self._cancelled[str(id_)] = until
+            self._cancel_until = max(self._cancel_until, until)
+
+    def cancelled(self, ids: Sequence[str]) -> set[str]:
+        with self._lock:
+            now = time.time()
+            get = self._cancelled.get
+            return {id_ for id_ in ids if get(id_, 0.0) > now}
+
+    def uncancel(self, ids: Sequence[str]) -> None:
+        with self._lock:
+            for id_ in ids:
+                self._cancelled.pop(id_, None)
+
+    def pause(self, queue: str) -> None:
+        check_queue_name(queue)
+        with self._lock:
+            self._paused.add(queue)
+            self._queue(queue)
+
+    def resume(self, queue: str) -> None:
+        check_queue_name(queue)
+        with self._lock:
+            self._paused.discard(queue)
+            self._wake.notify_all()
+
+    def paused(self) -> set[str]:
+        with self._lock:
+            return set(self._paused)
+
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         with self._lock:
             for raw in payloads:
@@ -250,6 +329,7 @@ class MemoryBroker(Broker):
                     delayed=len(q.delayed),
                     in_flight=in_flight.get(name, 0),
                     dead=len(q.dead),
+                    paused=name in self._paused,
                 )
             return out
 
@@ -292,6 +372,10 @@ class MemoryBroker(Broker):
                     reason=f"its worker died {deaths} times while holding it (max_recoveries "
                     f"is {self.max_recoveries})",
                 )
+                failed = flow_failure(raw, q.dead[dead_id].reason)
+                if failed is not None:  # a workflow's member: its workflow fails now
+                    for wake in self._store_results_locked([failed]):
+                        wake()  # sets an event: takes no lock of this broker
             elif deaths >= 2:
                 q.quarantine.append((priority, raw))
             else:
@@ -418,9 +502,10 @@ class _MemoryConsumer(Consumer):
                 now = time.time()
                 out: list[Delivery] = []
                 held = self._held()
+                paused = b._paused
                 for name in self.queues:
                     q = b._queues.get(name)
-                    if q is None:
+                    if q is None or (paused and name in paused):
                         continue
                     b._promote_locked(q, now)
                     for priority in range(MAX_PRIORITY, -1, -1):
@@ -433,6 +518,7 @@ class _MemoryConsumer(Consumer):
                     if len(out) >= max_count:
                         break
                 if out:
+                    self.cancellations = b._cancel_until > now
                     return out
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -456,6 +542,43 @@ class _MemoryConsumer(Consumer):
         for wake in wakes:
             wake()
 
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        # encoded first: a message that cannot be encoded settles nothing
+        encoded = [
+            (
+                [(m, m.encode()) for m in step.publish],
+                None if step.chord is None else step.chord.callback.encode(),
+            )
+            for step in steps
+        ]
+        for step in steps:
+            check_messages(step.publish)
+            if step.chord is not None:
+                check_messages([step.chord.callback])
+        b = self.broker
+        wakes: list[Callable[[], None]] = []
+        with b._lock:
+            held = self._held()
+            now = time.time()
+            for step, (publish, callback) in zip(steps, encoded, strict=True):
+                if step.delivery.receipt not in held:
+                    continue  # settled already, or recovered: the live copy sets it off
+                if step.results:
+                    wakes += b._store_results_locked(step.results)
+                for m, raw in publish:
+                    b._put(m.queue, raw, m.priority, m.eta)
+                chord = step.chord
+                if chord is not None and b._chord_step_locked(chord, now):
+                    assert callback is not None
+                    c = chord.callback
+                    b._put(c.queue, callback, c.priority, c.eta)
+                if step.forget:
+                    b._chords.pop(step.forget, None)
+                del held[step.delivery.receipt]
+            b._wake.notify_all()
+        for wake in wakes:
+            wake()
+
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()
         b = self.broker
@@ -466,22 +589,30 @@ class _MemoryConsumer(Consumer):
             b._wake.notify_all()
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.dead_letter_many([(delivery, reason)])
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
         b = self.broker
+        trimmed: dict[str, tuple[int, int]] = {}
         with b._lock:
-            if self._take(delivery) is None:
-                return  # settled already, or recovered: the copy in the queue is the one alive
-            dead_id = new_id()
-            q = b._queue(delivery.queue)
             now = time.time()
-            q.dead[dead_id] = DeadLetter(
-                id=dead_id,
-                queue=delivery.queue,
-                reason=reason,
-                raw=delivery.raw,
-                failed_at=now,
-            )
-            expired, dropped = b._trim_dead_locked(q, now)
-        log_trimmed(b, delivery.queue, expired, dropped)
+            for delivery, reason in items:
+                if self._take(delivery) is None:
+                    continue  # settled already, or recovered: the copy in the queue lives
+                dead_id = new_id()
+                q = b._queue(delivery.queue)
+                q.dead[dead_id] = DeadLetter(
+                    id=dead_id,
+                    queue=delivery.queue,
+                    reason=reason,
+                    raw=delivery.raw,
+                    failed_at=now,
+                )
+                expired, dropped = b._trim_dead_locked(q, now)
+                was = trimmed.get(delivery.queue, (0, 0))
+                trimmed[delivery.queue] = (was[0] + expired, was[1] + dropped)
+        for queue, (expired, dropped) in trimmed.items():
+            log_trimmed(b, queue, expired, dropped)
 
     def defer(self, delivery: Delivery, eta: float) -> None:
         b = self.broker

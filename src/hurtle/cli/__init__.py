@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import HurtleError
-from . import dashboard, dead, demo, schedule, status, worker
+from . import control, dashboard, dead, demo, schedule, status, worker
 
 EXIT_USAGE = 2
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hurtle {__version__}")
     _add_log_level(parser, "INFO")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (worker, status, dead, schedule, demo, dashboard):
+    for module in (worker, status, dead, control, schedule, demo, dashboard):
         module.add_parser(sub)
     try:  # the benchmark suite is optional: it lives in hurtle.bench
         from ..bench import cli as bench_cli

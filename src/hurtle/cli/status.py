@@ -1,4 +1,5 @@
-"""``hurtle status APP``: how many messages each queue has ready, delayed, in flight and dead."""
+"""``hurtle status APP``: how many messages each queue has ready, delayed, in flight and dead,
+and which queues are paused."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
                     "delayed": s.delayed,
                     "in_flight": s.in_flight,
                     "dead": s.dead,
+                    "paused": s.paused,
                 }
                 for name, s in stats.items()
             },
@@ -43,5 +45,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"broker: {broker.url}")
     print(f"{'queue':<{width}}  {'ready':>10}  {'delayed':>10}  {'in flight':>10}  {'dead':>10}")
     for name, s in stats.items():
-        print(f"{name:<{width}}  {s.ready:>10}  {s.delayed:>10}  {s.in_flight:>10}  {s.dead:>10}")
+        print(
+            f"{name:<{width}}  {s.ready:>10}  {s.delayed:>10}  {s.in_flight:>10}  {s.dead:>10}"
+            + ("  paused" if s.paused else "")
+        )
     return 0

@@ -87,7 +87,16 @@ OPENAPI: dict[str, Any] = {
                     "id": _STR,
                     "state": {
                         "type": "string",
-                        "enum": ["unknown", "pending", "running", "succeeded", "failed", "dead"],
+                        "enum": [
+                            "unknown",
+                            "pending",
+                            "running",
+                            "succeeded",
+                            "failed",
+                            "dead",
+                            "expired",
+                            "cancelled",
+                        ],
                     },
                     "source": {"type": "string", "enum": ["result", "dead_letter"]},
                     "task": _STR,

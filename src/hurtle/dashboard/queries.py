@@ -307,7 +307,8 @@ def task_lookup(
         message = dead.message()
         if row["source"] is None:
             error = {"type": "", "message": summary, "traceback": trace}
-            row.update(state="dead", source="dead_letter", error=error, finished_at=dead.failed_at)
+            state = dead.reason if dead.reason in ("expired", "cancelled") else "dead"
+            row.update(state=state, source="dead_letter", error=error, finished_at=dead.failed_at)
         row["queue"] = dead.queue
         if message is not None:
             row.update(

@@ -9,7 +9,10 @@ What a record holds, encoded with msgspec msgpack (never pickle), and when it is
 * ``failed`` — an attempt failed and another is scheduled; the record holds the error's type
   name, message and traceback text. The next attempt's record replaces it;
 * ``dead`` — the message failed for good (no retries left, rejected, time limit, arguments that
-  do not fit): the same fields, so a waiter raises at once rather than at its timeout.
+  do not fit): the same fields, so a waiter raises at once rather than at its timeout;
+* ``expired`` / ``cancelled`` — the message was not run: its expiry time passed before it
+  started, or it was cancelled (``Hurtle.cancel``); the worker writes the record when it skips
+  the message, and a waiter raises ``TaskFailed`` at once.
 
 Each record also says what ran and when, for task lookups (the dashboard's ``/api/tasks/{id}``):
 the task and queue, the attempt, the arguments when the message was at most ``ARGS_KEPT_UP_TO``
@@ -40,6 +43,7 @@ from . import Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from ..message import Message
     from ..task import Task
     from ..worker.acker import Acker
     from ..worker.processor import Job
@@ -50,8 +54,12 @@ RUNNING = "running"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 DEAD = "dead"
+EXPIRED = "expired"
+CANCELLED = "cancelled"
 #: Every state ``Handle.state`` may return.
-STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD)
+STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD, EXPIRED, CANCELLED)
+#: The states after which nothing more happens to a message.
+FINAL = frozenset((SUCCEEDED, DEAD, EXPIRED, CANCELLED))
 #: Messages up to this many bytes have their arguments copied into their records.
 ARGS_KEPT_UP_TO = 4096
 
@@ -126,6 +134,22 @@ def encode_failure(state: str, error: BaseException, job: Job | None = None) -> 
         except (TypeError, ValueError, OverflowError):
             pass  # arguments msgpack cannot encode (a message from elsewhere): leave them out
     return _encode(Record(*fields))
+
+
+def encode_skipped(state: str, why: str, message: Message) -> bytes:
+    """The record of a message that was not run: ``expired`` or ``cancelled``."""
+    return _encode(
+        Record(
+            state,
+            error_type=state.capitalize(),
+            error_message=why,
+            task=message.task,
+            queue=message.queue,
+            attempt=message.attempt,
+            enqueued=message.created,
+            finished=time.time(),
+        )
+    )
 
 
 def decode(payload: bytes) -> Record:

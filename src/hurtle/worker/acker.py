@@ -41,7 +41,7 @@ import time
 from collections import deque
 from typing import Any
 
-from ..brokers import Consumer, Delivery, StoredResult
+from ..brokers import Consumer, Delivery, FlowStep, StoredResult
 from ..errors import BrokerError
 from ..message import Message
 
@@ -112,11 +112,15 @@ class Acker:
         # likewise: acknowledgements that carry a result, and records to store on their own
         self._with_results: deque[tuple[Delivery, str, bytes, float]] = deque()
         self._records: list[StoredResult] = []
+        # workflow members: acknowledged with what they set off, in one call per flush
+        self._flows: deque[FlowStep] = deque()
         self._ops: list[_Op] = []
         # deferrals and what limits give back: (delivery, eta), (key, slots), (queue, key, id)
         self._defers: deque[tuple[Delivery, float]] = deque()
         self._slots: deque[tuple[str, int]] = deque()
         self._uniques: deque[tuple[str, str, str]] = deque()
+        #: dead letters recorded together, one broker call per flush: (delivery, reason)
+        self._dead: deque[tuple[Delivery, str]] = deque()
         self._wake = threading.Event()
         self._stopping = False
         self._deadline = 0.0
@@ -153,6 +157,12 @@ class Acker:
         if len(pending) == self.batch_size:
             self._wake.set()
 
+    def ack_flow(self, step: FlowStep) -> None:
+        """Acknowledge a workflow member with what it sets off (``Consumer.ack_flow``), in one
+        broker call per flush for all of them."""
+        self._flows.append(step)
+        self._wake.set()
+
     def store_result(self, message_id: str, payload: bytes, ttl: float) -> None:
         """Store a record with nothing to acknowledge (a failed attempt), in the next flush."""
         with self._lock:
@@ -175,6 +185,12 @@ class Acker:
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         self._op(_Op("dead", [delivery], reason))
+
+    def dead_letter_many(self, items: list[tuple[Delivery, str]]) -> None:
+        """Dead-letter each ``(delivery, reason)`` with the next flush, all of the flush's in
+        one broker call (messages not run: expired, cancelled)."""
+        self._dead.extend(items)
+        self._wake.set()
 
     def release(self, deliveries: list[Delivery]) -> None:
         if deliveries:
@@ -206,10 +222,12 @@ class Acker:
                 len(self._acks)
                 + len(self._with_results)
                 + len(self._records)
+                + len(self._flows)
                 + len(self._ops)
                 + len(self._defers)
                 + len(self._slots)
                 + len(self._uniques)
+                + len(self._dead)
             )
 
     @property
@@ -293,6 +311,8 @@ class Acker:
             pending_results.extendleft(
                 (d, r.id, r.payload, r.ttl) for d, r in reversed(with_results)
             )
+        if error is None and self._flows:
+            settled += self._flush_flows()
         if error is None:
             settled += self._flush_limits()
         self.settled += settled
@@ -302,16 +322,60 @@ class Acker:
                 len(kept) + len(acks) + len(with_results),
                 error,
             )
-        return not kept and not acks and not with_results and not self._defers
+        return (
+            not kept
+            and not acks
+            and not with_results
+            and not self._defers
+            and not self._flows
+            and not self._dead
+        )
+
+    def _flush_flows(self) -> int:
+        """Workflow members, in one ``ack_flow`` call; kept for later when the broker cannot
+        be reached. One the broker refuses stays held by this worker, which runs it again
+        once its session closes (its workflow's next step is then set off by that run)."""
+        pending = self._flows
+        popleft = pending.popleft
+        steps = [popleft() for _ in range(len(pending))]
+        try:
+            self.consumer.ack_flow(steps)
+        except Exception as err:
+            if unreachable(err):
+                pending.extendleft(reversed(steps))
+                log.warning("could not settle %d workflow steps, will retry: %s", len(steps), err)
+                return 0
+            settled = 0
+            for one in steps:  # find the one refused
+                try:
+                    self.consumer.ack_flow([one])
+                except Exception as one_err:
+                    if unreachable(one_err):
+                        pending.append(one)
+                        continue
+                    self.dropped += 1
+                    log.error(
+                        "the broker refused to acknowledge a workflow step of %r (%s): "
+                        "giving up on it; it goes back to its queue when this worker stops",
+                        one.delivery.queue,
+                        one_err,
+                    )
+                else:
+                    settled += 1
+            return settled
+        return len(steps)
 
     def _flush_limits(self) -> int:
-        """Deferrals, then slots and unique locks given back: one broker call per kind.
+        """Gathered dead letters, deferrals, then slots and unique locks given back: one broker
+        call per kind.
 
         Kept for later when the broker cannot be reached; given up on when it refuses (a
-        deferred delivery is then still held and goes back when the session closes; slots and
-        locks end by themselves with the worker's deadline or ``unique_for``)."""
+        dead-lettered or deferred delivery is then still held and goes back when the session
+        closes; slots and locks end by themselves with the worker's deadline or
+        ``unique_for``)."""
         settled = 0
         calls = (
+            (self._dead, self.consumer.dead_letter_many, "dead letters"),
             (self._defers, self.consumer.defer_many, "deferrals"),
             (self._slots, self.consumer.release_slots, "concurrency slots given back"),
             (self._uniques, self.consumer.release_unique, "unique locks released"),
@@ -331,7 +395,7 @@ class Acker:
                 self.dropped += len(items)
                 log.error("the broker refused %d %s (%s): giving up on them", len(items), what, err)
                 continue
-            if pending is self._defers:
+            if pending is self._defers or pending is self._dead:
                 settled += len(items)
         return settled
 
@@ -474,7 +538,8 @@ class Acker:
                 time.sleep(min(backoff, left))
                 backoff = min(max(backoff * 2, 0.05), 2.0)
         with self._lock:
-            acks, ops = len(self._acks) + len(self._with_results), list(self._ops)
+            acks = len(self._acks) + len(self._with_results) + len(self._flows)
+            ops = list(self._ops)
         if self._defers:  # still held: they go back with the session, like the rest
             log.error(
                 "could not defer %d throttled messages within the shutdown's %gs: they go "

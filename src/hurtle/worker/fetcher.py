@@ -44,6 +44,9 @@ class Fetcher:
         self.combine = executor.runs_in_submit and consumer.combines_ack_and_fetch
         self.wait = wait
         self.failures = 0
+        #: Whether the fetch of the last batch found cancellations live (``Consumer.
+        #: cancellations``), read before the next fetch is sent.
+        self.cancellations = False
         self._stopping = stopping  # the worker's stop flag: it cuts a backoff wait short
 
     def fetch(self) -> list[Delivery] | None:
@@ -70,6 +73,7 @@ class Fetcher:
         if self.failures:
             log.info("broker reachable again after %d failed fetches", self.failures)
             self.failures = 0
+        self.cancellations = bool(batch) and self.consumer.cancellations
         if batch and self.executor.runs_in_submit:
             try:
                 self.consumer.prefetch(self.executor.wait_for_capacity(0))

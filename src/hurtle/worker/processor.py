@@ -40,6 +40,12 @@ A result rides its acknowledgement: a job whose ``stored`` was set (by the resul
 other acknowledgements of its flush. Only tasks that keep results have that middleware in their
 pipeline: the others stay inline.
 
+Expiry. A message whose ``expires`` time passed before it started is not run: each path that
+decodes a delivery checks that field (one compare per message, the clock read only for messages
+that have one), and ``_too_late`` hands it to the acker as a dead letter with the reason
+``expired`` (the acker records the dead letters of a flush in one broker call) and, for a task
+that keeps results, an ``expired`` record for its handle.
+
 Time limits are the executor's business (``Limit``): only it knows how a running call can be
 stopped.
 """
@@ -64,7 +70,10 @@ from ..brokers.reports import UNDECODABLE, Tally, Timings
 from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
+from ..middleware.results import CANCELLED, EXPIRED, encode_skipped
 from ..middleware.retries import Retries
+from ..workflows import FLOW
+from . import flows
 from .acker import Acker
 
 # Counter indexes of a ``Tally`` (``brokers/reports.py``).
@@ -189,6 +198,8 @@ class Job(msgspec.Struct, eq=False):
     outcome: Outcome | None = None
     #: The result to store with the acknowledgement (set by the results middleware).
     stored: StoredResult | None = None
+    #: The workflow header (``hurtle.workflows.Flow``) of a chain link or chord member.
+    flow: Any = None
     #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
     deferrals: ClassVar[int] = 0
 
@@ -297,8 +308,12 @@ class Processor:
         except Exception as err:  # DecodeError, or whatever the decoder let escape
             self._undecodable(delivery, err)
             return
+        if message.expires and message.expires <= time.time():
+            self.processed -= 1  # counted above
+            self._too_late(delivery, message)
+            return
         task = self._inline.get(message.task)
-        if task is None:
+        if task is None or (message.headers and FLOW in message.headers):
             job = self._job(delivery, message)
             if job is not None:
                 self.run(job)
@@ -335,6 +350,7 @@ class Processor:
         run_task: Task[Any, Any] | None = None
         run_queue = ""
         run_start = 0
+        late: list[tuple[Delivery, str]] = []  # expired: dead-lettered together at the end
         # Run times, per (queue, task): one clock read per call (the end of one call starts the
         # next), bucketed once the batch is done.
         clock = _clock
@@ -358,9 +374,16 @@ class Processor:
                 try:
                     message = decode(delivery.raw)
                     task = inline.get(message.task)
+                    if task is not None and message.headers and FLOW in message.headers:
+                        task = None  # a workflow's: its outcome sets off the next step
                 except Exception:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
+                    last = clock()
+                    continue
+                if message.expires and message.expires <= time.time():
+                    state.current = None
+                    self._too_late(delivery, message, late)
                     last = clock()
                     continue
                 if task is not run_task or delivery.queue != run_queue:
@@ -407,6 +430,8 @@ class Processor:
                 self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
+            if late:
+                self.acker.dead_letter_many(late)
 
     def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None:
         """Fail the inline calls that returned after they were interrupted at their limit."""
@@ -430,13 +455,17 @@ class Processor:
         groups: dict[Middleware, list[Job]] = {}
         inline, pipelines = self._inline, self._pipelines
         decode = decode_unchecked
+        late: list[tuple[Delivery, str]] = []
         for delivery in deliveries:
             try:
                 message = decode(delivery.raw)
             except Exception:
                 self.process(delivery)  # dead-letters it with the reason
                 continue
-            if message.task in inline:
+            if message.expires and message.expires <= time.time():
+                self._too_late(delivery, message, late)
+                continue
+            if message.task in inline and not (message.headers and FLOW in message.headers):
                 items.append(message)
             else:
                 pipeline = pipelines.get(message.task) or self.pipeline(message.task)
@@ -453,6 +482,8 @@ class Processor:
                         else:
                             groups[m] = [job]
             runnable.append(delivery)
+        if late:
+            self.acker.dead_letter_many(late)
         deferrals = Job.deferrals
         self._before_batch(groups)
         if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
@@ -497,7 +528,7 @@ class Processor:
                 if type(item) is Job:
                     self.tally.add(delivery.queue, item.task.name, PROCESSED)
                     job = item
-                    if job.pipeline is None or job.pipeline.per_call:
+                    if job.pipeline is None or job.pipeline.per_call or flows.is_flow(job.message):
                         state.time_limit = None
                         self.run(job, state)
                         state.current = None
@@ -587,6 +618,10 @@ class Processor:
         except Exception as err:  # DecodeError, or whatever the decoder let escape
             self._undecodable(delivery, err)
             return None
+        if message.expires and message.expires <= time.time():
+            self.processed -= 1  # counted above
+            self._too_late(delivery, message)
+            return None
         return self._job(delivery, message)
 
     def run(self, job: Job, state: BatchState | None = None) -> None:
@@ -641,6 +676,8 @@ class Processor:
 
     def _start(self, job: Job) -> None:
         """The ``before_process`` hooks (they may raise ``Retry``/``Reject``), then the clock."""
+        if job.message.headers and FLOW in job.message.headers:
+            flows.prepare(job, self.app)
         if job.pipeline is not None:
             for hook in job.pipeline.before_process:
                 hook(job)
@@ -665,9 +702,17 @@ class Processor:
                         safe_repr(getattr(hook, "__self__", hook)),
                         describe(err),
                     )
+        stepped = False
+        if error is None and job.flow is not None:
+            try:  # its acknowledgement carries what it sets off
+                self.acker.ack_flow(flows.step(job, result, self.app))
+                stepped = True
+            except Exception as err:  # a result that cannot be encoded: the call failed
+                error = err
         if error is None:
-            stored = job.stored
-            if stored is None:
+            if stepped:
+                pass  # acknowledged with its workflow step
+            elif (stored := job.stored) is None:
                 self.acker.ack(job.delivery)
             else:
                 self.acker.ack_with_result(job.delivery, stored.id, stored.payload, stored.ttl)
@@ -738,6 +783,56 @@ class Processor:
         log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, text)
         self.acker.dead_letter(delivery, f"undecodable message: {text}")
 
+    def _too_late(
+        self, delivery: Delivery, message: Message, late: list[tuple[Delivery, str]] | None = None
+    ) -> None:
+        """A message whose expiry time passed before it started: not run; a dead letter with
+        the reason ``expired`` (added to ``late``, which the batch hands to the acker at its end,
+        else handed over now) and, when its task keeps results, an ``expired`` record."""
+        self.processed += 1
+        self.tally.add(delivery.queue, message.task, PROCESSED)
+        self.tally.add(delivery.queue, message.task, DEAD_LETTERED)
+        log.debug(
+            "task %s[%s] expired %.3gs before it could start: not run",
+            message.task,
+            message.id,
+            time.time() - message.expires,
+        )
+        task = self.tasks.get(message.task)
+        if task is not None and task.store_result:
+            self.acker.store_result(
+                message.id,
+                encode_skipped(EXPIRED, "not started before its expiry time", message),
+                task.result_ttl,
+            )
+        if late is None:
+            self.acker.dead_letter_many([(delivery, EXPIRED)])
+        else:
+            late.append((delivery, EXPIRED))
+
+    def cancelled(self, deliveries: list[Delivery]) -> None:
+        """Record cancelled deliveries without running them: dead letters ``cancelled`` (one
+        broker call for all) and, for tasks that keep results, ``cancelled`` records."""
+        for delivery in deliveries:
+            self.processed += 1
+            try:
+                message = _decode(delivery.raw)
+            except Exception:  # its id was read, the rest is not a message: counted as such
+                name = UNDECODABLE
+            else:
+                name = message.task
+                task = self.tasks.get(name)
+                if task is not None and task.store_result:
+                    self.acker.store_result(
+                        message.id,
+                        encode_skipped(CANCELLED, "cancelled before it started", message),
+                        task.result_ttl,
+                    )
+            self.tally.add(delivery.queue, name, PROCESSED)
+            self.tally.add(delivery.queue, name, DEAD_LETTERED)
+        log.info("%d cancelled messages not run", len(deliveries))
+        self.acker.dead_letter_many([(d, CANCELLED) for d in deliveries])
+
     def _unknown(self, delivery: Delivery, message: Message) -> None:
         self.failed += 1
         for kind in (PROCESSED, FAILED, DEAD_LETTERED):
@@ -747,6 +842,8 @@ class Processor:
             "name; deploy the code that defines it, then retry the dead letter"
         )
         log.error("dead-lettering message %s: %s", message.id, reason)
+        if flows.is_flow(message) and (record := flows.unknown_failure(message, reason, self.app)):
+            self.acker.store_result(record.id, record.payload, record.ttl)
         self.acker.dead_letter(delivery, reason)
 
     def _run_coroutine(self, job: Job) -> Any:
@@ -767,11 +864,14 @@ class Processor:
         except Exception as inner:  # formatting or deciding failed: still an outcome
             job.outcome = Outcome("dead", error=inner, reason="crashed")
             self._after_outcome(job)
+            self._flow_failed(job, inner, "crashed")
             self._crashed(job.delivery, inner)
             return
         # the hooks run before the hand-off: what they give the acker goes out no later
         job.outcome = outcome
         self._after_outcome(job)
+        if outcome.kind == "dead":
+            self._flow_failed(job, outcome.error, outcome.reason)
         try:
             if outcome.kind == "retry":
                 assert outcome.message is not None
@@ -782,6 +882,19 @@ class Processor:
                 self.acker.dead_letter(job.delivery, outcome.reason)
         except Exception as inner:  # recording failed: still an outcome
             self._crashed(job.delivery, inner)
+
+    def _flow_failed(self, job: Job, error: BaseException | None, reason: str) -> None:
+        """A workflow member failed for good: its workflow fails now (recorded before the
+        dead letter is handed to the acker, so it goes out no later)."""
+        if job.flow is None and not flows.is_flow(job.message):
+            return
+        try:
+            record = flows.failure(job, error, reason)
+        except Exception as err:  # never in the way of the dead letter itself
+            log.error("could not record the failure of workflow member %s: %s", job.message.id, err)
+            return
+        if record is not None:
+            self.acker.store_result(record.id, record.payload, record.ttl)
 
     def _count_lost(self, delivery: Delivery, kind: int) -> None:
         """Count an outcome of a delivery whose task is not at hand (a rare, slow path)."""

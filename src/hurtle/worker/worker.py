@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from ..brokers import Consumer, Delivery
 from ..brokers.reports import Reporter
 from ..errors import BrokerError, ConfigurationError, DecodeError
-from ..message import Message
+from ..message import Message, message_id
 from ..middleware import Middleware, overrides
 from ..scheduler import Scheduler
 from .acker import Acker
@@ -269,6 +269,8 @@ class Worker:
                 return
             batch = fetcher.fetch()
             self._note(fetcher, batch)
+            if batch and fetcher.cancellations:
+                batch = self._screen(batch)
             if batch:
                 if self._must_leave(executor):  # it may have come true during the fetch
                     self.acker.release(batch)
@@ -277,6 +279,32 @@ class Worker:
             elif batch is not None and self.burst and self._drained():
                 log.info("burst: queues %s are empty, stopping", ", ".join(self.queues))
                 return
+
+    def _screen(self, batch: list[Delivery]) -> list[Delivery]:
+        """The deliveries of ``batch`` not cancelled: one broker call, made only when the fetch
+        said that cancellations are live. The cancelled ones are recorded as such (a dead letter
+        ``cancelled``, and a ``cancelled`` record for tasks that keep results), not run."""
+        assert self.processor is not None and self.acker is not None
+        ids = [message_id(d.raw) for d in batch]
+        try:
+            gone = self.app.broker.cancelled([i for i in ids if i])
+        except BrokerError as err:
+            log.warning(
+                "cannot read which messages are cancelled (%s): handing back a batch of %d",
+                err,
+                len(batch),
+            )
+            self.acker.release(batch)
+            self._stop.wait(1.0)
+            return []
+        if not gone:
+            return batch
+        kept: list[Delivery] = []
+        skipped: list[Delivery] = []
+        for delivery, id_ in zip(batch, ids, strict=True):
+            (skipped if id_ in gone else kept).append(delivery)
+        self.processor.cancelled(skipped)
+        return kept
 
     def _must_leave(self, executor: Executor) -> bool:
         if self.recycle_abandoned and executor.abandoned():
@@ -303,7 +331,11 @@ class Worker:
         except BrokerError as err:  # unreachable for now: not drained as far as we know
             log.warning("cannot read the queue counts: %s", err)
             return False
-        return all(q.ready == 0 and q.delayed == 0 and q.in_flight == 0 for q in stats.values())
+        # a paused queue's waiting messages are not for now: only what is in flight counts
+        return all(
+            (q.paused or (q.ready == 0 and q.delayed == 0)) and q.in_flight == 0
+            for q in stats.values()
+        )
 
     def _drain(self, executor: Executor) -> list[Delivery]:
         """Graceful stop: hand back the unstarted, wait for the running (up to the deadline)."""

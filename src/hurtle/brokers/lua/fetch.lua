@@ -17,6 +17,8 @@
     KEYS[17]     dead zset (id scored by failure time)
     KEYS[18]     dead raw hash (id -> bytes)
     KEYS[19]     dead reason hash (id -> reason)
+    KEYS[20]     paused flag: while it exists, nothing is promoted or taken
+    KEYS[21]     cancels flag: whether some cancellation may be live (returned, not changed)
 
     ARGV[1]      max count N (below 2^20)
     ARGV[2]      worker id
@@ -26,10 +28,11 @@
     ARGV[5]      the worker's heartbeat timeout in seconds: its deadline becomes now + this
 
   Output:
-    { wait_ms, batch1, { payloads of batch1 }, batch2, { payloads of batch2 }, ... }
+    { wait_ms, cancels, batch1, { payloads of batch1 }, batch2, { payloads of batch2 }, ... }
     (one batch per priority taken; message i of a batch, from 0, has receipt batch << 20 | i)
     wait_ms: when nothing was taken, milliseconds until the next delayed message is due
-             (-1: none is delayed); 0 otherwise.
+             (-1: none is delayed, or the queue is paused); 0 otherwise.
+    cancels: 1 when the cancels flag exists (the worker then screens the batch), else 0.
 
   A fetch whose reply was lost: the batches it took are held by this worker, which never learnt
   their ids and would hold them until it stops. When the token is the one recorded, those batches
@@ -81,7 +84,11 @@ if record then
   end
 end
 
-local due = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+local paused = redis.call('EXISTS', KEYS[20]) == 1
+local due = {}
+if not paused then
+  due = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', now, 'LIMIT', 0, tonumber(ARGV[3]))
+end
 if #due > 0 then
   local groups = {}
   for _, member in ipairs(due) do
@@ -108,10 +115,13 @@ if #due > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[11], 0, #due - 1)
 end
 
-local out = { 0 }
+local out = { 0, redis.call('EXISTS', KEYS[21]) }
 local got = 0
 local taken = { ARGV[4] }
 for p = 9, 0, -1 do
+  if paused then
+    break
+  end
   local items = redis.call('LPOP', KEYS[p + 1], want - got)
   if items then
     local n = #items
@@ -143,7 +153,9 @@ end
 
 if got == 0 then
   local first = redis.call('ZRANGE', KEYS[11], 0, 0, 'WITHSCORES')
-  if first[2] then
+  if paused then
+    out[1] = -1  -- woken by a publish or by the resume
+  elseif first[2] then
     out[1] = math.max(0, math.ceil((tonumber(first[2]) - now) * 1000))
   else
     out[1] = -1

@@ -43,10 +43,16 @@
     ARGV[1]      worker id to mark alive ('' = only recover)
     ARGV[2]      that worker's heartbeat timeout in seconds (its deadline is now + this)
     ARGV[3]      max_recoveries: deaths a probe may survive
+    ARGV[4]      result key prefix (keys.result_key without the id's braces), ARGV[5] the ttl in
+                 ms and ARGV[6] the results channel: a workflow member dead-lettered here fails
+                 its workflow (a ``dead`` record under the workflow's id, naming the member).
+                 ARGV[4] = '' (a Redis Cluster, where the record's key has another slot than
+                 this queue's): the records are returned instead, for the caller to store
 
   Output:
     { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
-      how many messages wait in quarantine }
+      how many messages wait in quarantine, then per failed workflow (ARGV[4] = '' only) its
+      id and its record }
 ]]
 -- @include _lib
 
@@ -60,6 +66,31 @@ if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[11], now + tonumber(ARGV[2]), ARGV[1])
 end
 local max_recoveries = tonumber(ARGV[3])
+local failed = {}  -- flow id, record, ...: the workflows to fail, when the caller stores them
+
+-- A dead-lettered workflow member (headers["flow"], see hurtle/workflows.py) fails its workflow:
+-- a Record (middleware/results.py) {state, value = {task, id}, error type, message, traceback}.
+local function fail_workflow(payload, reason)
+  if not ARGV[4] then
+    return
+  end
+  local ok, m = pcall(cmsgpack.unpack, payload)
+  if not ok or type(m) ~= 'table' or type(m[10]) ~= 'table' then
+    return
+  end
+  local flow = m[10]['flow']
+  if type(flow) ~= 'table' or type(flow[1]) ~= 'string' then
+    return
+  end
+  local record = cmsgpack.pack({ 'dead', { m[2], m[1] }, 'WorkerLost', reason, '' })
+  if ARGV[4] == '' then  -- another slot: the caller stores it
+    failed[#failed + 1] = flow[1]
+    failed[#failed + 1] = record
+    return
+  end
+  redis.call('SET', ARGV[4] .. '{' .. flow[1] .. '}', record, 'PX', ARGV[5])
+  redis.call('PUBLISH', ARGV[6], flow[1])
+end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', now))
 local moved = 0
 local back = {}
@@ -86,8 +117,10 @@ for _, worker in ipairs(dead) do
       local id = 'recovered-' .. string.format('%d', redis.call('INCR', KEYS[20]))
       redis.call('ZADD', KEYS[17], now, id)
       redis.call('HSET', KEYS[18], id, item[2])
-      redis.call('HSET', KEYS[19], id, 'its worker died ' .. string.format('%d', deaths)
-        .. ' times while holding it (max_recoveries is ' .. ARGV[3] .. ')')
+      local reason = 'its worker died ' .. string.format('%d', deaths)
+        .. ' times while holding it (max_recoveries is ' .. ARGV[3] .. ')'
+      redis.call('HSET', KEYS[19], id, reason)
+      fail_workflow(item[2], reason)
       redis.call('ZREM', KEYS[14], digest)
     elseif deaths >= 2 then
       redis.call('RPUSH', KEYS[13], string.format('%d', item[1]) .. item[2])
@@ -131,4 +164,8 @@ end
 if #back > 0 or released then
   wake_one(KEYS[12])
 end
-return { moved, redis.call('LLEN', KEYS[13]) }
+local out = { moved, redis.call('LLEN', KEYS[13]) }
+for i = 1, #failed do
+  out[#out + 1] = failed[i]
+end
+return out

@@ -26,6 +26,11 @@ How it works, in short:
 * limits: ``rate.lua`` (GCRA tokens) and ``slots.lua`` (concurrency slots held per worker),
   one call per key, pipelined; unique locks: ``publish_unique.lua`` takes them and publishes in
   one script per queue, ``unique_release.lua`` ends them. Deferral reuses ``retry.lua``.
+* control: ``fetch.lua`` takes nothing from a queue whose ``paused`` key exists, and returns
+  whether its ``cancels`` flag exists (``Consumer.cancellations``); ``cancel`` adds ids to the
+  ``hurtle:cancelled`` zset (scored by when each ends) and raises every known queue's flag with
+  ``cancel_flag.lua``; the worker then reads the batch's ids with one ``ZMSCORE``. ``resume``
+  pushes a wake-up token. Dead letters of messages not run are pipelined, one round trip.
 * crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
   the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front
   of the queue, what workers whose deadline passed held. It counts their deaths per message: a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import socket
@@ -23,11 +24,14 @@ from ..base import (
     Broker,
     DeadLetter,
     QueueStats,
+    check_cancel_ttl,
     check_dead_letter_limits,
+    check_queue_name,
     check_tick_claim,
     unique_key_of,
 )
-from ..keys import QUEUES, queue_keys, rate_key, result_key
+from ..keys import CANCELLED, QUEUES, queue_keys, rate_key, result_key
+from . import flows
 from .consumer import MAX_BLOCK, RedisConsumer
 from .results import _ResultListener
 from .scripts import _PRIORITIES, _PRIORITY_ARG, _Command, _get_scripts, _publish_keys
@@ -266,6 +270,76 @@ class RedisBroker(_Workers, Broker):
             )
         ]
 
+    # -- control: cancellations and paused queues ------------------------------------------
+
+    def cancel(self, ids: Sequence[str], ttl: float) -> None:
+        """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then
+        raise the cancels flag of every known queue until this one ends: two round trips."""
+        ttl = check_cancel_ttl(ttl)
+        now = time.time()
+        until = now + ttl
+        mapping = {str(i): until for i in ids}
+        if not mapping:
+            return
+        _, _, names = self._pipeline(
+            [
+                (("ZADD", CANCELLED, *[x for i in mapping for x in (until, i)]), None),
+                (("ZREMRANGEBYSCORE", CANCELLED, "-inf", f"({now!r}"), None),
+                (("SMEMBERS", QUEUES), None),
+            ],
+            f"cancelling {len(mapping)} messages",
+        )
+        until_ms = math.ceil(until * 1000)
+        flags = [
+            self._call(self._scripts.cancel_flag, (queue_keys(n.decode()).cancels,), (until_ms,))
+            for n in names
+        ]
+        if flags:
+            self._pipeline(flags, "raising the cancels flags of the queues")
+
+    def cancelled(self, ids: Sequence[str]) -> set[str]:
+        if not ids:
+            return set()
+        (scores,) = self._pipeline(
+            [(("ZMSCORE", CANCELLED, *ids), None)], f"reading the cancellations of {len(ids)} ids"
+        )
+        now = time.time()
+        return {
+            i
+            for i, score in zip(ids, scores, strict=True)
+            if score is not None and float(score) > now
+        }
+
+    def uncancel(self, ids: Sequence[str]) -> None:
+        if ids:
+            self._pipeline([(("ZREM", CANCELLED, *ids), None)], "lifting cancellations")
+
+    def pause(self, queue: str) -> None:
+        check_queue_name(queue)
+        self._pipeline(
+            [(("SADD", QUEUES, queue), None), (("SET", queue_keys(queue).paused, "1"), None)],
+            f"pausing queue {queue!r}",
+        )
+
+    def resume(self, queue: str) -> None:
+        check_queue_name(queue)
+        k = queue_keys(queue)
+        # a token on the wake list wakes a consumer blocked on it; the fetch that takes the
+        # last ready message clears stale tokens
+        self._pipeline(
+            [(("DEL", k.paused), None), (("RPUSH", k.wake, "1"), None)],
+            f"resuming queue {queue!r}",
+        )
+
+    def paused(self) -> set[str]:
+        names = self.queues()
+        if not names:
+            return set()
+        flags = self._pipeline(
+            [(("EXISTS", queue_keys(n).paused), None) for n in names], "reading paused queues"
+        )
+        return {n for n, flag in zip(names, flags, strict=True) if flag}
+
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         if not payloads:
             return
@@ -332,11 +406,19 @@ class RedisBroker(_Workers, Broker):
         commands = []
         for name in names:
             k = queue_keys(name)
-            keys = (*k.ready, k.delayed, k.workers, k.dead, k.quarantine, k.inflight_prefix)
+            keys = (
+                *k.ready,
+                k.delayed,
+                k.workers,
+                k.dead,
+                k.quarantine,
+                k.paused,
+                k.inflight_prefix,
+            )
             commands.append(self._call(self._scripts.stats, keys, ()))
         results = self._pipeline(commands, "reading queue stats")
         return {
-            name: QueueStats(ready=r[0], delayed=r[1], in_flight=r[2], dead=r[3])
+            name: QueueStats(ready=r[0], delayed=r[1], in_flight=r[2], dead=r[3], paused=bool(r[4]))
             for name, r in zip(names, results, strict=True)
         }
 
@@ -385,6 +467,9 @@ class RedisBroker(_Workers, Broker):
                 f"purging dead letters of {queue!r}",
             )
         )
+
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        return flows.chord_results(self, id, total)
 
     def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
         try:

@@ -54,6 +54,8 @@ from redis.retry import Retry
 import redis
 
 from ...errors import BrokerError, ConfigurationError
+from ..base import FLOW_FAILURE_TTL
+from ..keys import RESULTS_CHANNEL
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
 from .consumer import MAX_BLOCK, RedisConsumer, _Target
 from .results import _ResultListener
@@ -185,6 +187,8 @@ class RedisClusterBroker(RedisBroker):
 
     _consumer_class = RedisClusterConsumer
     _sharded = True
+    # a workflow record's key has its own slot: heartbeat.lua hands the records back
+    _heartbeat_flow_args = ("", int(FLOW_FAILURE_TTL * 1000), RESULTS_CHANNEL)
 
     def _connect(self, url: str, options: dict[str, Any]) -> None:
         parts = urlsplit(url)

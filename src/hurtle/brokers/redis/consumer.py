@@ -20,8 +20,9 @@ import redis
 from ...errors import BrokerError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message
-from ..base import Consumer, Delivery, StoredResult, log_trimmed
+from ..base import Consumer, Delivery, FlowStep, StoredResult, log_trimmed
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
+from . import flows
 from .limits import _Limits
 from .results import _results_commands
 from .scripts import _PRIORITY_ARG, _Command, _publish_keys
@@ -103,6 +104,8 @@ class _Target:
             k.dead,
             k.dead_raw,
             k.dead_reason,
+            k.paused,
+            k.cancels,
         )
         #: The token of the next fetch from this queue: a new one once a reply has been read.
         self.token = new_id()
@@ -199,6 +202,7 @@ class RedisConsumer(_Limits, Consumer):
         pool.release(conn)
         target = self._reading[0]
         target.token = new_id()
+        self.cancellations = bool(res[1])
         return self._deliveries(target.name, res)
 
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
@@ -234,6 +238,7 @@ class RedisConsumer(_Limits, Consumer):
         """Run the fetch script on each queue in order until ``max_count`` are taken."""
         out: list[Delivery] = []
         wait_ms = -1
+        cancellations = False
         for target in self._reading:
             try:
                 res = self.broker._eval(
@@ -250,22 +255,27 @@ class RedisConsumer(_Limits, Consumer):
                 )
             except BrokerError:
                 if out:  # held already: hand them over; this queue is asked again next time
+                    self.cancellations = True  # not known for them all: the worker asks
                     return out, 0
                 raise
             target.token = new_id()
-            if len(res) > 1:
+            if len(res) > 2:
+                cancellations = cancellations or bool(res[1])
                 out += self._deliveries(target.name, res)
                 if len(out) >= max_count:
                     break
             elif res[0] >= 0 and (wait_ms < 0 or res[0] < wait_ms):
                 wait_ms = res[0]
+        if out:
+            self.cancellations = cancellations
         return out, wait_ms
 
     @staticmethod
     def _deliveries(name: str, res: list[Any]) -> list[Delivery]:
-        """Deliveries from a fetch script's reply: one batch per priority, id then payloads."""
+        """Deliveries from a fetch script's reply (after its wait and cancels flag): one batch
+        per priority, id then payloads."""
         out: list[Delivery] = []
-        for at in range(1, len(res), 2):
+        for at in range(2, len(res), 2):
             base = res[at] << BATCH_BITS
             raws = res[at + 1]
             n = len(raws)
@@ -290,6 +300,9 @@ class RedisConsumer(_Limits, Consumer):
             for q, receipts in groups.items()
         ]
         self.broker._pipeline(commands, f"acknowledging {len(deliveries)} deliveries")
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        flows.ack_flow(self, steps)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         problem = _unstorable(message)
@@ -359,6 +372,39 @@ class RedisConsumer(_Limits, Consumer):
             f"dead-lettering a message of {delivery.queue!r}",
         )
         log_trimmed(b, delivery.queue, expired, dropped)
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """``dead_letter.lua`` per delivery, pipelined: one round trip for them all."""
+        if not items:
+            return
+        b = self.broker
+        commands = []
+        for delivery, reason in items:
+            target = self._target(delivery.queue)
+            k = target.keys
+            receipt = delivery.receipt
+            commands.append(
+                b._call(
+                    b._scripts.dead_letter,
+                    (target.inflight, k.dead, k.dead_raw, k.dead_reason),
+                    (
+                        receipt >> BATCH_BITS,
+                        receipt & BATCH_MASK,
+                        new_id(),
+                        reason,
+                        delivery.raw,
+                        repr(b.dead_letter_ttl),
+                        b.dead_letter_max,
+                    ),
+                )
+            )
+        results = b._pipeline(commands, f"dead-lettering {len(items)} messages")
+        trimmed: dict[str, tuple[int, int]] = {}
+        for (delivery, _), (_, expired, dropped) in zip(items, results, strict=True):
+            was = trimmed.get(delivery.queue, (0, 0))
+            trimmed[delivery.queue] = (was[0] + expired, was[1] + dropped)
+        for queue, (expired, dropped) in trimmed.items():
+            log_trimmed(b, queue, expired, dropped)
 
     def defer(self, delivery: Delivery, eta: float) -> None:
         self.defer_many([(delivery, eta)])

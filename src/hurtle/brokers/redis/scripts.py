@@ -44,6 +44,7 @@ class _Scripts:
         self.publish = _Script("publish")
         self.fetch = _Script("fetch")
         self.ack = _Script("ack")
+        self.ack_flow = _Script("ack_flow")
         self.retry = _Script("retry")
         self.dead_letter = _Script("dead_letter")
         self.release = _Script("release")
@@ -60,6 +61,7 @@ class _Scripts:
         self.slots = _Script("slots")
         self.publish_unique = _Script("publish_unique")
         self.unique_release = _Script("unique_release")
+        self.cancel_flag = _Script("cancel_flag")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]

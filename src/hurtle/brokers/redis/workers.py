@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..keys import TOTALS, WORKER_DEADLINES, WORKER_REPORT, queue_keys
+from ..keys import RESULTS_CHANNEL, TOTALS, WORKER_DEADLINES, WORKER_REPORT, queue_keys, result_key
 from ..reports import KINDS, TaskCounts, WorkerReport, decode_report, encode_report
+from .flows import HEARTBEAT_FLOW_ARGS
 from .scripts import _Command, _ScriptRunner, _Scripts
 
 if TYPE_CHECKING:
@@ -20,6 +21,10 @@ class _Workers(_ScriptRunner):
 
     max_recoveries: int
     _scripts: _Scripts
+    _sharded: bool
+    #: ``heartbeat.lua``'s workflow arguments; on a cluster the result prefix is ``''``: the
+    #: script hands the records of failed workflows back, stored by ``_fail_flows``
+    _heartbeat_flow_args: tuple[Any, ...] = HEARTBEAT_FLOW_ARGS
 
     def workers(self) -> list[WorkerReport]:
         now = time.time()
@@ -91,7 +96,12 @@ class _Workers(_ScriptRunner):
         n_report = len(commands)
         for name in queues:
             k = queue_keys(name)
-            args = (worker_id, repr(float(timeout)), self.max_recoveries)
+            args = (
+                worker_id,
+                repr(float(timeout)),
+                self.max_recoveries,
+                *self._heartbeat_flow_args,
+            )
             keys = (
                 *k.ready,
                 k.workers,
@@ -108,7 +118,24 @@ class _Workers(_ScriptRunner):
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
         results = self._pipeline(commands, "recording a heartbeat and recovering")[n_report:]
+        failed = [x for r in results for x in r[2:]]
+        if failed:
+            self._fail_flows(failed)
         return sum(r[0] for r in results), any(r[1] for r in results)
+
+    def _fail_flows(self, failed: list[Any]) -> None:
+        """Store and announce the records (flow id, record, ...) of the workflows whose members
+        a heartbeat dead-lettered: on a cluster, where the script cannot (another slot). The
+        members are dead letters already, so a failure here (``BrokerError``) leaves their
+        workflows without a record: a window a cluster has and one server has not."""
+        ttl = max(int(self._heartbeat_flow_args[1]), 1)
+        publish = "SPUBLISH" if self._sharded else "PUBLISH"
+        commands: list[_Command] = []
+        for at in range(0, len(failed), 2):
+            flow = failed[at].decode() if isinstance(failed[at], bytes) else str(failed[at])
+            commands.append((("SET", result_key(flow), failed[at + 1], "PX", ttl), None))
+            commands.append(((publish, RESULTS_CHANNEL, flow), None))
+        self._pipeline(commands, "failing the workflows of dead-lettered members")
 
 
 def _beat_reporting(consumer: RedisConsumer, broker: RedisBroker) -> bool:

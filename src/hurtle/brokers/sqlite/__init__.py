@@ -44,6 +44,10 @@ deletes it once, like a plain insert-then-delete loop:
   written in the acknowledgement's transaction; each such write first deletes up to 100 expired
   rows (an index seek on ``expires`` that finds nothing, most of the time). Made with ``IF NOT
   EXISTS`` when a file is opened: an additive table that older versions ignore.
+* ``paused``, ``cancelled`` — paused queues, and cancelled message ids with the end of each
+  cancellation. A claim skips paused queues (and the waiters' probe ignores them) and, when it
+  took something, tells its consumer in the same transaction whether any cancellation is live.
+  Made with ``IF NOT EXISTS`` when a file is opened, like ``results``.
 * ``deaths``, ``quarantine``, ``probes`` — poison messages (a task that kills its process), as in
   the Redis broker (``lua/heartbeat.lua``): recovery counts a death per recovered message (by
   sha1 of its bytes; at most ``MAX_DEATHS`` rows, those with the fewest deaths go first). A

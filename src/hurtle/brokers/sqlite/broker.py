@@ -17,12 +17,15 @@ from ..base import (
     Consumer,
     DeadLetter,
     QueueStats,
+    check_cancel_ttl,
     check_dead_letter_limits,
+    check_queue_name,
     check_tick_claim,
     gcra,
     unique_key_of,
 )
 from ..reports import TaskCounts, WorkerReport, decode_report
+from . import flows
 from .connection import _path_of, _synchronous_of
 from .consumer import _SQLiteConsumer
 from .recovery import _Recovery
@@ -257,10 +260,64 @@ class SQLiteBroker(_Recovery, Broker):
                 wanted,
             ):
                 counts[queue][0] += n
+            paused = {
+                r[0]
+                for r in conn.execute(f"SELECT queue FROM paused WHERE queue IN ({_IDS})", wanted)
+            }
         return {
-            name: QueueStats(ready=c[0], delayed=c[1], in_flight=c[2], dead=c[3])
+            name: QueueStats(
+                ready=c[0], delayed=c[1], in_flight=c[2], dead=c[3], paused=name in paused
+            )
             for name, c in counts.items()
         }
+
+    # -- control: cancellations and paused queues ------------------------------------------
+
+    def cancel(self, ids: Sequence[str], ttl: float) -> None:
+        ttl = check_cancel_ttl(ttl)
+        now = time.time()
+        with self._write() as conn:
+            conn.execute("DELETE FROM cancelled WHERE until <= ?", (now,))
+            conn.executemany(
+                "INSERT INTO cancelled (id, until) VALUES (?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET until = max(until, excluded.until)",
+                [(str(i), now + ttl) for i in ids],
+            )
+
+    def cancelled(self, ids: Sequence[str]) -> set[str]:
+        if not ids:
+            return set()
+        with self._read() as conn:
+            return {
+                r[0]
+                for r in conn.execute(
+                    f"SELECT id FROM cancelled WHERE id IN ({_IDS}) AND until > ?",
+                    (json.dumps(list(ids)), time.time()),
+                )
+            }
+
+    def uncancel(self, ids: Sequence[str]) -> None:
+        if ids:
+            with self._write() as conn:
+                conn.execute(
+                    f"DELETE FROM cancelled WHERE id IN ({_IDS})", (json.dumps(list(ids)),)
+                )
+
+    def pause(self, queue: str) -> None:
+        check_queue_name(queue)
+        with self._write() as conn:
+            conn.execute(_ADD_QUEUE, (queue,))
+            conn.execute("INSERT OR IGNORE INTO paused (queue) VALUES (?)", (queue,))
+
+    def resume(self, queue: str) -> None:
+        check_queue_name(queue)
+        with self._write() as conn:
+            conn.execute("DELETE FROM paused WHERE queue = ?", (queue,))
+        self._notify()  # waiters of this process look again; others see the commit
+
+    def paused(self) -> set[str]:
+        with self._read() as conn:
+            return {r[0] for r in conn.execute("SELECT queue FROM paused")}
 
     def recover(self) -> int:
         with self._write() as conn:
@@ -325,6 +382,9 @@ class SQLiteBroker(_Recovery, Broker):
             _report_tables(conn)
             rows = conn.execute("SELECT * FROM worker_totals ORDER BY queue, task").fetchall()
         return [TaskCounts(*row) for row in rows]
+
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        return flows.chord_results(self, id, total)
 
     def get_result(self, id: str) -> bytes | None:
         with self._read() as conn:

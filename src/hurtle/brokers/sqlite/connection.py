@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from ...errors import BrokerError, ConfigurationError
-from .schema import _RESULTS_SCHEMA, _SCHEMA, _SCHEMA_VERSION, _UPGRADES
+from .schema import _CONTROL_SCHEMA, _RESULTS_SCHEMA, _SCHEMA, _SCHEMA_VERSION, _UPGRADES
 
 #: ``?synchronous=`` levels a SQLite URL may ask for, and the one it gets without asking.
 SYNCHRONOUS_LEVELS = ("full", "normal")
@@ -124,7 +124,7 @@ class _Connection:
                     if statement.strip():
                         conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-            for statement in _RESULTS_SCHEMA:
+            for statement in _RESULTS_SCHEMA + _CONTROL_SCHEMA:
                 conn.execute(statement)
             conn.execute("COMMIT")
         except BaseException:

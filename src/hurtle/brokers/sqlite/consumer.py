@@ -12,11 +12,13 @@ from typing import TYPE_CHECKING
 from ...errors import BrokerError
 from ...ids import new_id
 from ...message import Message
-from ..base import Consumer, Delivery, StoredResult, log_trimmed
+from ..base import Consumer, Delivery, FlowStep, StoredResult, log_trimmed
 from ..reports import encode_report
+from . import flows
 from .schema import (
     _ADD_CLAIM,
     _ADD_TOTALS,
+    _CANCELS_LIVE,
     _CURSORS,
     _DROP_EMPTY,
     _DROP_REACHED,
@@ -60,17 +62,25 @@ class _SQLiteConsumer(Consumer):
         #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
         self.heartbeat_timeout = broker.heartbeat_timeout
         marks = _placeholders(len(queues))
+        # paused queues (the ``paused`` table) are neither promoted, taken nor waited for
         self._promote_sql = (
             f"DELETE FROM delayed WHERE queue IN ({marks}) AND eta <= ? "
+            "AND queue NOT IN (SELECT queue FROM paused) "
             "RETURNING seq, queue, priority, body"
         )
+        self._paused_sql = f"SELECT queue FROM paused WHERE queue IN ({marks})"
         self._probe_sql = "SELECT " + ", ".join(
             [
-                f"EXISTS (SELECT 1 FROM cursors c WHERE c.queue IN ({marks}) AND EXISTS ("
+                f"EXISTS (SELECT 1 FROM cursors c WHERE c.queue IN ({marks}) "
+                "AND c.queue NOT IN (SELECT queue FROM paused) AND EXISTS ("
                 "SELECT 1 FROM messages m WHERE m.queue = c.queue AND m.priority = c.priority "
                 "AND m.id > c.last))"
             ]
-            + ["(SELECT min(eta) FROM delayed WHERE queue = ?)"] * len(queues)
+            + [
+                "(SELECT min(eta) FROM delayed WHERE queue = ? "
+                "AND queue NOT IN (SELECT queue FROM paused))"
+            ]
+            * len(queues)
         )
         with broker._write() as conn:
             conn.execute(_UPSERT_WORKER, (worker_id, time.time() + self.heartbeat_timeout))
@@ -120,7 +130,10 @@ class _SQLiteConsumer(Consumer):
                 conn.executemany(
                     _INSERT, [(q, p, start + i, body) for i, (_, q, p, body) in enumerate(due)]
                 )
+            paused = {r[0] for r in conn.execute(self._paused_sql, self.queues)}
             for queue in self.queues:
+                if queue in paused:
+                    continue
                 for priority, last in conn.execute(_CURSORS, (queue,)).fetchall():
                     rows = conn.execute(
                         _TAKE, (queue, priority, last, max_count - len(out))
@@ -135,7 +148,11 @@ class _SQLiteConsumer(Consumer):
                         for id_, body in rows
                     ]
                     if len(out) >= max_count:
-                        return out
+                        break
+                if len(out) >= max_count:
+                    break
+            if out:  # read in the same transaction: no extra step for the worker's screen
+                self.cancellations = conn.execute(_CANCELS_LIVE, (now,)).fetchone() is not None
         return out
 
     def _wait(self, deadline: float, ticket: int) -> bool:
@@ -209,6 +226,9 @@ class _SQLiteConsumer(Consumer):
                 conn.executemany(_PUT_RESULT, [(r.id, now + r.ttl, r.payload) for r in results])
             self._ack_in(conn, groups)
 
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        flows.ack_flow(self, steps)
+
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()
         b = self.broker
@@ -229,6 +249,26 @@ class _SQLiteConsumer(Consumer):
                 conn.execute(_INSERT_DEAD, (new_id(), delivery.queue, reason, delivery.raw, now))
                 expired, dropped = b._trim_dead(conn, delivery.queue, now)
         log_trimmed(b, delivery.queue, expired, dropped)
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """Every dead letter in one transaction."""
+        if not items:
+            return
+        b = self.broker
+        trimmed: dict[str, tuple[int, int]] = {}
+        with b._write() as conn:
+            now = time.time()
+            queues = set()
+            for delivery, reason in items:
+                if self._settle_one(conn, delivery):
+                    conn.execute(
+                        _INSERT_DEAD, (new_id(), delivery.queue, reason, delivery.raw, now)
+                    )
+                    queues.add(delivery.queue)
+            for queue in queues:
+                trimmed[queue] = b._trim_dead(conn, queue, now)
+        for queue, (expired, dropped) in trimmed.items():
+            log_trimmed(b, queue, expired, dropped)
 
     def defer(self, delivery: Delivery, eta: float) -> None:
         self.defer_many([(delivery, eta)])

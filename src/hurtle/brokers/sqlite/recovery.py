@@ -9,8 +9,9 @@ import logging
 import sqlite3
 
 from ...ids import new_id
+from ..base import flow_failure
 from .connection import _Connection
-from .schema import _IDS, _INSERT, _TAKE_BACK_RANGE, Rows, _next_ids, _requeue
+from .schema import _IDS, _INSERT, _PUT_RESULT, _TAKE_BACK_RANGE, Rows, _next_ids, _requeue
 
 log = logging.getLogger(__name__)
 
@@ -91,17 +92,17 @@ class _Recovery(_Connection):
             ).fetchone()[0]
             if is_probe and lone and deaths > self.max_recoveries:
                 conn.execute("DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest))
+                reason = (
+                    f"its worker died {deaths} times while holding it (max_recoveries is "
+                    f"{self.max_recoveries})"
+                )
                 conn.execute(
                     "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)",
-                    (
-                        new_id(),
-                        queue,
-                        f"its worker died {deaths} times while holding it (max_recoveries is "
-                        f"{self.max_recoveries})",
-                        body,
-                        now,
-                    ),
+                    (new_id(), queue, reason, body, now),
                 )
+                failed = flow_failure(body, reason)
+                if failed is not None:  # a workflow's member: its workflow fails now
+                    conn.execute(_PUT_RESULT, (failed.id, now + failed.ttl, failed.payload))
             elif deaths >= 2:
                 conn.execute(
                     "INSERT INTO quarantine (queue, priority, body) VALUES (?, ?, ?)",

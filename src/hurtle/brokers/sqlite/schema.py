@@ -128,6 +128,14 @@ _RESULTS_SCHEMA = (
     "body BLOB NOT NULL) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS results_expires ON results (expires)",
 )
+#: Paused queues and cancelled message ids, made when the file is opened (like results).
+_CONTROL_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS paused (queue TEXT PRIMARY KEY) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS cancelled (id TEXT PRIMARY KEY, until REAL NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS cancelled_until ON cancelled (until)",
+)
+#: Whether some cancellation is still live (a fetch that took something asks, in its step).
+_CANCELS_LIVE = "SELECT 1 FROM cancelled WHERE until > ? LIMIT 1"
 _PUT_RESULT = "INSERT OR REPLACE INTO results (id, expires, body) VALUES (?, ?, ?)"
 _EXPIRE_RESULTS = (
     "DELETE FROM results WHERE id IN (SELECT id FROM results WHERE expires <= ? LIMIT 100)"

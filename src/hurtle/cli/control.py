@@ -1,0 +1,64 @@
+"""``hurtle cancel APP ID...`` and ``hurtle queue APP pause|resume QUEUE``.
+
+``cancel`` records message ids as cancelled in the broker (``Hurtle.cancel``): a worker that
+fetches one of them before it started records it as a dead letter with the reason
+``cancelled`` instead of running it. ``queue pause`` stops every worker from fetching a queue
+until ``queue resume``; ``hurtle status`` shows which queues are paused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..app import CANCEL_TTL
+from ._app import load_app
+
+
+def add_parser(sub: Any) -> None:
+    c: argparse.ArgumentParser = sub.add_parser(
+        "cancel",
+        help="cancel messages not started yet",
+        description="Cancel messages by id (what send() returned): one not started yet is "
+        "never run; it becomes a dead letter with the reason 'cancelled'. A task already "
+        "running is not stopped.",
+    )
+    c.add_argument("app", help="the app, as module:attribute")
+    c.add_argument("ids", nargs="+", metavar="ID", help="message ids")
+    c.add_argument(
+        "--ttl",
+        type=float,
+        default=CANCEL_TTL,
+        metavar="S",
+        help=f"seconds the cancellation is kept (default {CANCEL_TTL:g}, a week)",
+    )
+    c.set_defaults(handler=run_cancel)
+
+    q: argparse.ArgumentParser = sub.add_parser(
+        "queue",
+        help="pause or resume a queue",
+        description="Pause a queue (no worker fetches from it; tasks already fetched finish) "
+        "or resume it.",
+    )
+    q.add_argument("app", help="the app, as module:attribute")
+    q.add_argument("action", choices=("pause", "resume"))
+    q.add_argument("queue", help="the queue's name")
+    q.set_defaults(handler=run_queue)
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    app = load_app(args.app)
+    app.cancel(*args.ids, ttl=args.ttl)
+    print(f"cancelled {len(set(args.ids))} message id(s) for {args.ttl:g}s")
+    return 0
+
+
+def run_queue(args: argparse.Namespace) -> int:
+    app = load_app(args.app)
+    if args.action == "pause":
+        app.pause(args.queue)
+        print(f"queue {args.queue!r} paused: no worker fetches from it until it is resumed")
+    else:
+        app.resume(args.queue)
+        print(f"queue {args.queue!r} resumed")
+    return 0

@@ -1,0 +1,138 @@
+"""Workflows, worker side: what a chain link or chord member sets off when it ends.
+
+The processor sends a message carrying ``headers["flow"]`` (``hurtle.workflows.Flow``) down its
+job path, whatever its task, and asks this module three things:
+
+* ``prepare`` before the call: a chord's callback gets its chord's results, read once in one
+  broker call (``Broker.chord_results``), as its first argument;
+* ``step`` once the call returned: the ``FlowStep`` to hand the acker instead of a plain
+  acknowledgement — the records to store (the workflow's result), the next link's message, the
+  chord member's count and the callback to publish if it completes the chord — which the broker
+  applies in one atomic step with the acknowledgement (``Consumer.ack_flow``);
+* ``failure`` when the message failed for good: the ``dead`` record to store under the
+  workflow's id, naming the member, so that its handle raises at once.
+
+Messages without the header never come here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from .._text import safe_str, trace
+from ..brokers import ChordStep, FlowStep, StoredResult
+from ..errors import ResultError
+from ..message import Message
+from ..middleware.results import DEAD, Record, decode, encode_value
+from ..workflows import FLOW, Flow, read_flow
+
+if TYPE_CHECKING:
+    from ..app import Hurtle
+    from .processor import Job
+
+_encode = msgspec.msgpack.Encoder().encode
+_replace = msgspec.structs.replace
+
+
+def is_flow(message: Message) -> bool:
+    """True when ``message`` is part of a workflow."""
+    headers = message.headers
+    return bool(headers) and FLOW in headers
+
+
+def _ttl(app: Hurtle, task: str) -> float:
+    known = app.tasks.get(task)
+    return known.result_ttl if known is not None else app.settings.result_ttl
+
+
+def prepare(job: Job, app: Hurtle) -> Flow:
+    """Read the job's workflow header; a chord's callback gets its chord's results first."""
+    flow = read_flow(job.message)
+    if flow.gather:
+        payloads = app.broker.chord_results(flow.gather, flow.total)
+        if payloads is None:
+            raise ResultError(
+                f"the results of chord {flow.gather} are gone (expired, or the broker lost "
+                f"them): its callback {job.task.name}[{job.message.id}] cannot run"
+            )
+        values = [decode(p).value for p in payloads]
+        m = job.message
+        # the gathered results travel with the message from now on (a retry keeps them); the
+        # chord's record is dropped once the callback is done with it
+        flow = _replace(flow, gather="", forget=flow.gather)
+        job.message = _replace(m, args=(values, *m.args), headers={**m.headers, FLOW: flow})
+    job.flow = flow
+    return flow
+
+
+def step(job: Job, result: Any, app: Hurtle) -> FlowStep:
+    """The acknowledgement of a workflow job that returned ``result``, with what it sets off.
+
+    Raises ``ResultError`` when ``result`` cannot be encoded (the call then fails)."""
+    flow = job.flow if job.flow is not None else prepare_header(job)
+    m = job.message
+    results: list[StoredResult] = []
+    if job.stored is not None:
+        results.append(job.stored)
+    if flow.store and (job.stored is None or job.stored.id != m.id):
+        results.append(StoredResult(m.id, encode_value(result, job), flow.store))
+    publish: tuple[Message, ...] = ()
+    if flow.next:
+        link, rest = flow.next[0], flow.next[1:]
+        store = 0.0 if rest else _ttl(app, link.task)
+        publish = (link.message((result,), Flow(id=flow.id, store=store, next=rest)),)
+    chord = None
+    if flow.chord:
+        callback = flow.callback
+        if callback is None:
+            raise ResultError(f"chord member {m.id} names no callback in its header")
+        ttl = _ttl(app, callback.task)
+        chord = ChordStep(
+            id=flow.chord,
+            index=flow.index,
+            total=flow.total,
+            payload=encode_value(result, job),
+            ttl=ttl,
+            callback=callback.message(
+                (), Flow(id=flow.id, store=ttl, gather=flow.chord, total=flow.total)
+            ),
+        )
+    return FlowStep(job.delivery, tuple(results), publish, chord, flow.forget)
+
+
+def prepare_header(job: Job) -> Flow:
+    flow = job.flow = read_flow(job.message)
+    return flow
+
+
+def failure(job: Job, error: BaseException | None, reason: str) -> StoredResult | None:
+    """The ``dead`` record of the workflow a job that failed for good belongs to, naming it."""
+    try:
+        flow = job.flow if job.flow is not None else read_flow(job.message)
+    except Exception:  # a header that is no workflow's: nothing to fail
+        return None
+    return dead_record(flow.id, job.message, error, reason, job.task.result_ttl)
+
+
+def dead_record(
+    flow_id: str, message: Message, error: BaseException | None, reason: str, ttl: float
+) -> StoredResult:
+    if error is not None:
+        kind, text, tb = type(error).__name__, safe_str(error), trace(error)
+    else:
+        kind, text, tb = "DeadLetter", reason, ""
+    record = Record(
+        DEAD, value=[message.task, message.id], error_type=kind, error_message=text, traceback=tb
+    )
+    return StoredResult(flow_id, _encode(record), ttl)
+
+
+def unknown_failure(message: Message, reason: str, app: Hurtle) -> StoredResult | None:
+    """The ``dead`` record of the workflow of a message whose task this worker does not know."""
+    try:
+        flow = read_flow(message)
+    except Exception:
+        return None
+    return dead_record(flow.id, message, None, reason, app.settings.result_ttl)
