@@ -206,9 +206,13 @@ FLOW_TASKS = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
-    url = str(request.getfixturevalue("redis_url")) if request.param == "redis" else None
+    url = None
+    if request.param == "redis":
+        url = str(request.getfixturevalue("redis_url"))
+    elif request.param == "redis-cluster":
+        url = str(request.getfixturevalue("redis_cluster_url"))
     p = Project(tmp_path, FLOW_TASKS, ("flows.member", "flows.fail", "flows.total"), url)
     yield p
     p.app.close()

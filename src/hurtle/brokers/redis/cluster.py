@@ -35,6 +35,12 @@ What makes that possible, and what differs from one server:
   connection of every master it wrote to, and raises ``BrokerError`` unless N replicas of each
   acknowledged every write within ``?wait_timeout=`` seconds (default 1). What ran before the
   error stays stored (at least once, as for every publish that raised).
+* Workflows: a step's keys span slots (the worker's queue, the next link's, the chord's), so
+  ``ack_flow`` is a few per-slot round trips per batch instead of one atomic script per step:
+  a worker that dies in the middle runs the step again, so a next link or a chord's callback
+  may be published twice, never lost (``lua/chord_count.lua``). A workflow member
+  dead-lettered by recovery has its workflow's record stored by the heartbeat's caller, after
+  the script (``heartbeat.lua`` hands it back).
 * Databases: a cluster has only database 0.
 """
 
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import selectors
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -54,12 +61,13 @@ from redis.retry import Retry
 import redis
 
 from ...errors import BrokerError, ConfigurationError
-from ..base import FLOW_FAILURE_TTL
-from ..keys import RESULTS_CHANNEL
+from ...message import MAX_PRIORITY, Message, check_messages
+from ..base import FLOW_FAILURE_TTL, ChordStep, FlowStep
+from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULTS_CHANNEL, chord_key
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
 from .consumer import MAX_BLOCK, RedisConsumer, _Target
-from .results import _ResultListener
-from .scripts import _Command
+from .results import _ResultListener, _results_commands
+from .scripts import _Command, _publish_keys
 
 SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: Retries of a command that failed on a connection, a timeout or a cluster in failover.
@@ -177,6 +185,73 @@ class RedisClusterConsumer(RedisConsumer):
                 err = redis.ConnectionError(str(err))
             raise err from None
 
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        """Workflow steps in a few per-slot round trips for the whole batch, since one step's
+        keys span slots: which deliveries are still held; then results, next links and chord
+        counts; then the callbacks of completed chords; then their ``fired`` marks, forgotten
+        chords and the acknowledgements. Not atomic like ``ack_flow.lua`` on one server: a
+        worker that dies in between leaves its deliveries held, they come back, and their
+        steps run again — a next link or a callback may be published twice, none is lost."""
+        for step in steps:
+            check_messages(step.publish)
+            if step.chord is not None:
+                check_messages([step.chord.callback])
+        if not steps:
+            return
+        b = self.broker
+        scripts = b._scripts
+        doing = f"acknowledging {len(steps)} workflow steps"
+        held = b._pipeline(
+            [
+                b._call(
+                    scripts.held,
+                    (self._target(step.delivery.queue).inflight,),
+                    (step.delivery.receipt >> BATCH_BITS, step.delivery.receipt & BATCH_MASK),
+                )
+                for step in steps
+            ],
+            doing,
+        )
+        live = [step for step, h in zip(steps, held, strict=True) if h]
+        if not live:
+            return  # settled already, or recovered: the copy delivered again sets them off
+        commands: list[_Command] = []
+        queues: set[str] = set()
+        counted: list[tuple[int, ChordStep]] = []  # (position of its chord_count, chord)
+        results = [r for step in live for r in step.results]
+        if results:
+            commands += _results_commands(b, results)
+        for step in live:
+            for m in step.publish:
+                queues.add(m.queue)
+                commands.append(b._call(scripts.publish, _publish_keys(m.queue), _one(m)))
+            chord = step.chord
+            if chord is not None:
+                counted.append((len(commands), chord))
+                commands.append(
+                    b._call(
+                        scripts.chord_count,
+                        (chord_key(chord.id),),
+                        (chord.index, chord.total, chord.payload, max(int(chord.ttl * 1000), 1)),
+                    )
+                )
+        if queues:
+            commands.append((("SADD", QUEUES, *queues), None))
+        replies = b._publishing(commands, doing) if commands else []
+        complete = [chord for at, chord in counted if replies[at] == 1]
+        if complete:
+            commands = [(("SADD", QUEUES, *{c.callback.queue for c in complete}), None)]
+            commands += [
+                b._call(scripts.publish, _publish_keys(c.callback.queue), _one(c.callback))
+                for c in complete
+            ]
+            b._publishing(commands, doing)
+        commands = [(("HSET", chord_key(c.id), "fired", "1"), None) for c in complete]
+        commands += [(("DEL", chord_key(step.forget)), None) for step in live if step.forget]
+        if commands:
+            b._pipeline(commands, doing)
+        self.ack([step.delivery for step in live])
+
     def close(self) -> None:
         self._drop_waits()
         super().close()
@@ -283,6 +358,18 @@ class RedisClusterBroker(RedisBroker):
         self._listener.close()
         self._client.close()
         self._results.close()
+
+
+def _one(m: Message) -> list[Any]:
+    """``publish.lua``'s arguments for one message (its priority clamped as ack_flow.lua's)."""
+    args: list[Any] = [0] * (MAX_PRIORITY + 1)
+    priority = min(max(m.priority, 0), MAX_PRIORITY)
+    if m.eta > time.time():
+        args += [m.eta, str(priority), m.encode()]
+    else:
+        args[priority] = 1
+        args.append(m.encode())
+    return args
 
 
 def _first_key(cmd: Sequence[Any]) -> Any:

@@ -62,6 +62,7 @@ class _Scripts:
         self.publish_unique = _Script("publish_unique")
         self.unique_release = _Script("unique_release")
         self.cancel_flag = _Script("cancel_flag")
+        self.chord_count = _Script("chord_count")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
