@@ -55,7 +55,7 @@ from urllib.parse import urlsplit
 
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import NoScriptError, RedisClusterException
+from redis.exceptions import NoScriptError, RedisClusterException, SlotNotCoveredError
 from redis.retry import Retry
 
 import redis
@@ -76,8 +76,8 @@ RETRIES = 6
 
 class _Cluster(RedisCluster):
     """redis-py's cluster client, whose own errors (``RedisClusterException``: no node
-    reachable, a slot no master serves) are ``redis.ConnectionError``, like every other
-    failure to reach the store, so that they become ``BrokerError`` where those do."""
+    reachable, a slot no master serves, keys of several slots in one script) are
+    ``redis.RedisError`` like every other failure, so that they become ``BrokerError``."""
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         parent: Any = super()
@@ -99,7 +99,7 @@ class _Cluster(RedisCluster):
 
 
 class _Pipeline:
-    """A cluster pipeline whose ``execute`` raises ``redis.ConnectionError`` rather than
+    """A cluster pipeline whose ``execute`` raises ``redis.RedisError`` rather than
     ``RedisClusterException``."""
 
     def __init__(self, pipe: Any) -> None:
@@ -115,8 +115,13 @@ class _Pipeline:
             raise _unreachable(err) from err
 
 
-def _unreachable(err: Exception) -> redis.ConnectionError:
-    return redis.ConnectionError(f"{type(err).__name__}: {err}")
+def _unreachable(err: Exception) -> redis.RedisError:
+    """redis-py's cluster error as the ``RedisError`` that says what happened: no node to talk
+    to (unreachable, a slot no master serves) or a command the cluster cannot route."""
+    text = f"{type(err).__name__}: {err}"
+    if isinstance(err, SlotNotCoveredError) or "cannot be connected" in str(err):
+        return redis.ConnectionError(text)
+    return redis.RedisError(text)
 
 
 class RedisClusterConsumer(RedisConsumer):
