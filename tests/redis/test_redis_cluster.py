@@ -7,6 +7,7 @@ parameters); these tests cover the rest.
 from __future__ import annotations
 
 import collections
+import contextlib
 import subprocess
 import threading
 import time
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from helpers import Project, RedisClusterServer
-from hurtle.brokers import make_broker
-from hurtle.brokers.keys import queue_keys
+from hurtle.brokers import StoredResult, make_broker
+from hurtle.brokers.keys import RESULTS_CHANNEL, queue_keys
 from hurtle.brokers.redis import RedisClusterConsumer
 from hurtle.errors import BrokerError, ConfigurationError
 from test_cli import TASKS
@@ -39,6 +40,17 @@ def _blocked_on(port: int) -> list[str]:
         for line in out.splitlines()
         if "cmd=blpop" in line and "b" in line.split(" flags=")[1].split()[0]
     ]
+
+
+def _shard_subscribers(port: int, channel: str) -> int:
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "pubsub", "shardnumsub", channel],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout.split()
+    return int(out[1])
 
 
 def _queues_on_every_master(cluster: RedisClusterServer) -> list[str]:
@@ -167,3 +179,43 @@ def test_consumption_goes_on_when_a_master_is_killed_and_its_replica_promoted(
         project.app.close()
     done = collections.Counter(project.lines("done"))
     assert set(done) == {str(i) for i in range(total)}  # nothing published was lost
+
+
+def test_result_waiters_hear_announcements_after_the_channels_master_fails_over(
+    make_redis_cluster: type[RedisClusterServer],
+) -> None:
+    cluster = make_redis_cluster()
+    waiter, worker = make_broker(cluster.url), make_broker(cluster.url)
+    woken = threading.Event()
+    stop = waiter.watch_results(["m1"], woken.set)
+    assert stop is not None
+    consumer = worker.consumer(["q"])
+
+    def store_until_woken() -> None:
+        deadline = time.monotonic() + 60
+        while not woken.wait(0.1):
+            assert time.monotonic() < deadline, "the watcher was never woken"
+            with contextlib.suppress(BrokerError):  # the cluster may be failing over
+                consumer.ack((), [StoredResult("m1", b"done", 60.0)])
+
+    try:
+        store_until_woken()
+        master = cluster.master_of(RESULTS_CHANNEL)
+        cluster.kill(master)
+        cluster.wait_ok(60)
+        promoted = cluster.master_of(RESULTS_CHANNEL)
+        assert promoted != master
+        # the listener lost its shard: it subscribes again, on the promoted replica ...
+        deadline = time.monotonic() + 60
+        while _shard_subscribers(promoted, RESULTS_CHANNEL) == 0:
+            assert time.monotonic() < deadline, "the listener never subscribed again"
+            time.sleep(0.1)
+        woken.clear()
+        # ... and hears announcements there
+        store_until_woken()
+        assert waiter.get_result("m1") == b"done"
+    finally:
+        stop()
+        consumer.close()
+        waiter.close()
+        worker.close()
