@@ -45,7 +45,7 @@ from .deadletters import DeadLetters
 from .delays import Promoters
 from .loop import run
 from .recovery import recover_dead_workers
-from .store import Store
+from .store import REPORTS_BUCKET, Store
 
 Item = tuple[str, bytes, dict[str, str] | None]
 
@@ -229,7 +229,8 @@ class NatsBroker(Broker):
         async def names_() -> list[str]:
             out = []
             async for info in self._streams():
-                if info.config.name.startswith("HQ_"):
+                # a stream is made for a consumer too: a queue is one that had messages
+                if info.config.name.startswith("HQ_") and info.state.last_seq:
                     out.append(names.untoken(info.config.name[3:]))
             return sorted(out)
 
@@ -291,10 +292,10 @@ class NatsBroker(Broker):
         return run(self._workers(forget=True))
 
     async def _workers(self, forget: bool) -> list[WorkerReport]:
-        keys = await self.store.keys("r.")
-        found = await asyncio.gather(*(self.store.get(k) for k in keys))
+        keys = await self.store.keys(REPORTS_BUCKET)
+        found = await asyncio.gather(*(self.store.get(k, REPORTS_BUCKET) for k in keys))
         now = time.time()
-        kv = await self.store.kv()
+        kv = await self.store.kv(REPORTS_BUCKET)
         out = []
         for key, entry in zip(keys, found, strict=True):
             if entry is None:
@@ -314,8 +315,8 @@ class NatsBroker(Broker):
 
     def _stored_reports(self) -> list[str]:
         """Ids of the reports the store holds, whatever their deadline (for tests)."""
-        keys = run(self.store.keys("r."))
-        return sorted(names.untoken(k[2:]) for k in keys)
+        keys = run(self.store.keys(REPORTS_BUCKET))
+        return sorted(names.untoken(k) for k in keys)
 
     def totals(self) -> list[TaskCounts]:
         found = run(self.store.get("totals"))

@@ -30,6 +30,7 @@ from . import names
 from .loop import run
 from .pull import Puller
 from .recovery import recover_dead_workers
+from .store import REPORTS_BUCKET, WORKERS_BUCKET
 
 if TYPE_CHECKING:
     from .broker import NatsBroker
@@ -52,7 +53,7 @@ class NatsConsumer(Consumer):
         self.queues = queues
         self.worker_id = worker_id
         self.heartbeat_timeout = broker.heartbeat_timeout
-        self._key = "w." + names.token(worker_id)
+        self._key = names.token(worker_id)
         self._held: dict[str, _Held] = {}  # ack subject -> where it came from
         self._rev = 0  # revision of this worker's record we wrote last
         self._deadline = 0.0
@@ -82,7 +83,7 @@ class NatsConsumer(Consumer):
     async def _write_record(self, fresh: Sequence[str]) -> None:
         """Store the deadline and what is held; if a recoverer took the record, forget what it
         recovered and keep only ``fresh`` (taken since)."""
-        kv = await self.store.kv()
+        kv = await self.store.kv(WORKERS_BUCKET)
         value = {"deadline": self._deadline, "held": list(self._held)}
         if self._rev:
             try:
@@ -270,7 +271,9 @@ class NatsConsumer(Consumer):
 
     async def _alive(self, workers: list[str]) -> set[str]:
         now = time.time()
-        found = await asyncio.gather(*(self.store.get("w." + names.token(w)) for w in workers))
+        found = await asyncio.gather(
+            *(self.store.get(names.token(w), WORKERS_BUCKET) for w in workers)
+        )
         return {w for w, f in zip(workers, found, strict=True) if f and f[0]["deadline"] >= now}
 
     def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
@@ -318,8 +321,9 @@ class NatsConsumer(Consumer):
             await self.store.settle(list(self._held), b"+WPI")
         await self._write_record([])
         if report is not None:
-            kv = await self.store.kv()
-            await kv.put("r." + names.token(self.worker_id), _pack([self._deadline, encode_report(report)]))
+            kv = await self.store.kv(REPORTS_BUCKET)
+            record = _pack([self._deadline, encode_report(report)])
+            await kv.put(names.token(self.worker_id), record)
             if report.delta:
                 await self.broker.add_totals(report.delta)
             await self.broker._workers(forget=True)
@@ -338,7 +342,7 @@ class NatsConsumer(Consumer):
             now = time.time()
             out = [self._back(h, h.raw, 0.0, now) for _, h in held]
             await self._replace(held, [h.queue for _, h in held], out)
-        kv = await self.store.kv()
+        kv = await self.store.kv(WORKERS_BUCKET)
         try:
             await kv.delete(self._key, last=self._rev)
         except Exception:

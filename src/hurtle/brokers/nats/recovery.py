@@ -1,6 +1,6 @@
 """What dead workers held goes back: to its queue, to quarantine, or to the dead letters.
 
-Each consumer keeps a record in the state bucket (``w.<worker id>``): its deadline and the ack
+Each consumer keeps a record in the state bucket (``hurtle-workers``, by worker id): its deadline and the ack
 subjects of what it holds, written with each fetch and each beat. A recoverer deletes the record
 of a worker past its deadline with a compare-and-set on its revision (one recoverer wins), then,
 for each delivery still in its stream (an acknowledged one is gone from a work-queue stream),
@@ -24,7 +24,7 @@ from typing import Any
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
 from . import names
-from .store import Store
+from .store import WORKERS_BUCKET, Store
 
 #: Writes dead letters of one queue: ``(queue, [(raw, reason)])``.
 WriteDead = Callable[[str, list[tuple[bytes, str]]], Awaitable[None]]
@@ -32,9 +32,9 @@ WriteDead = Callable[[str, list[tuple[bytes, str]]], Awaitable[None]]
 
 async def recover_dead_workers(store: Store, max_recoveries: int, write_dead: WriteDead) -> int:
     now = time.time()
-    keys = await store.keys("w.")
-    found = await asyncio.gather(*(store.get(k) for k in keys))
-    kv = await store.kv()
+    keys = await store.keys(WORKERS_BUCKET)
+    found = await asyncio.gather(*(store.get(k, WORKERS_BUCKET) for k in keys))
+    kv = await store.kv(WORKERS_BUCKET)
     moved = 0
     for key, entry in zip(keys, found, strict=True):
         if entry is None:

@@ -19,6 +19,7 @@ from nats.js.errors import (
     BadRequestError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoKeysError,
     NotFoundError,
 )
 
@@ -29,6 +30,10 @@ T = TypeVar("T")
 #: The KV bucket of everything shared that is not a message: workers, reports, totals, ticks,
 #: limits and unique locks.
 STATE_BUCKET = "hurtle"
+#: Workers' records (``recovery.py``) and their reports, in buckets of their own: recovery
+#: lists every key of its bucket (JetStream 2.9 cannot filter a listing).
+WORKERS_BUCKET = "hurtle-workers"
+REPORTS_BUCKET = "hurtle-reports"
 #: Result buckets by the ttl they keep records (a record goes to the first that keeps it as
 #: long as its ttl, and reads check its own expiry). Longer ttls are cut to the last.
 #: Seconds between asking the server which priority levels of a queue hold messages.
@@ -171,12 +176,14 @@ class Store:
             return None
         return unpack(entry.value), entry.revision
 
-    async def cas(self, key: str, change: Callable[[Any], tuple[Any, T]]) -> T:
+    async def cas(
+        self, key: str, change: Callable[[Any], tuple[Any, T]], bucket: str = STATE_BUCKET
+    ) -> T:
         """Apply ``change(old value or None) -> (new value or None to delete, outcome)`` to
         ``key`` as one compare-and-set, again until no other writer came in between."""
-        kv = await self.kv()
+        kv = await self.kv(bucket)
         while True:
-            found = await self.get(key)
+            found = await self.get(key, bucket)
             old, rev = found if found is not None else (None, 0)
             new, outcome = change(old)
             try:
@@ -191,16 +198,13 @@ class Store:
                 continue
             return outcome
 
-    async def keys(self, prefix: str) -> list[str]:
-        """Every key of the state bucket that starts with ``prefix``."""
-        kv = await self.kv()
+    async def keys(self, bucket: str) -> list[str]:
+        """Every key of ``bucket``."""
+        kv = await self.kv(bucket)
         try:
-            found = await kv.keys(filters=[prefix + ">"])
-        except Exception as err:  # NoKeysError, or none yet
-            if type(err).__name__ == "NoKeysError":
-                return []
-            raise
-        return [k for k in found if k.startswith(prefix)]
+            return list(await kv.keys())
+        except NoKeysError:
+            return []
 
     # -- publishing ------------------------------------------------------------------------
 
