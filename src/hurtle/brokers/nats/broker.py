@@ -15,6 +15,7 @@ connection of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -278,7 +279,7 @@ class NatsBroker(Broker):
     # -- dead letters ----------------------------------------------------------------------
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
-        return run(self.dead.list(queue, limit, offset))
+        return run(self.dead.page(queue, limit, offset))
 
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         return run(self.dead.delete(queue, list(ids)))
@@ -303,10 +304,9 @@ class NatsBroker(Broker):
             (deadline, raw), rev = entry
             if deadline < now:
                 if forget:
-                    try:
+                    # fails when it beat again meanwhile, or another reader forgot it
+                    with contextlib.suppress(Exception):
                         await kv.delete(key, last=rev)
-                    except Exception:
-                        pass  # it beat again meanwhile, or another reader forgot it
                 continue
             report = decode_report(raw, deadline)
             if report is not None:
@@ -346,10 +346,8 @@ class NatsBroker(Broker):
         return results.watch(self.store, ids, wake)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             run(self._close(), 10)
-        except Exception:
-            pass
 
     async def _close(self) -> None:
         await self.promoters.stop()

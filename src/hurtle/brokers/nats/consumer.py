@@ -16,6 +16,7 @@ A blocked fetch waits on the queues' wake subjects, and asks again at least once
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -112,10 +113,8 @@ class NatsConsumer(Consumer):
             left = deadline - loop.time()
             if out or left <= 0:
                 return out
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), min(left, WAKE_POLL))
-            except TimeoutError:
-                pass
 
     async def _take(self, max_count: int) -> list[Delivery]:
         assert self._puller is not None
@@ -138,9 +137,16 @@ class NatsConsumer(Consumer):
                     if delivered > 1 and int(deaths or 0) + delivered - 1 > limit:
                         # JetStream redelivered it past max_recoveries (its AckWait lapsed
                         # each time): the workers holding it died before naming it
-                        dead.append((queue, reply, msg.data, f"delivered {delivered} times "
-                                     f"without an acknowledgement: its workers died holding it "
-                                     f"(max_recoveries is {limit})"))
+                        dead.append(
+                            (
+                                queue,
+                                reply,
+                                msg.data,
+                                f"delivered {delivered} times "
+                                f"without an acknowledgement: its workers died holding it "
+                                f"(max_recoveries is {limit})",
+                            )
+                        )
                         continue
                     self._held[reply] = _Held(queue, level, deaths, msg.data)
                     fresh.append(reply)
@@ -218,10 +224,8 @@ class NatsConsumer(Consumer):
         level = held.level
         if level == names.QUARANTINE:
             level = "0"
-            try:
+            with contextlib.suppress(Exception):
                 level = str(Message.decode(raw).priority)
-            except Exception:
-                pass
         if eta > now:
             headers[names.ETA] = repr(float(eta))
             headers[names.PRIORITY] = level
@@ -235,7 +239,9 @@ class NatsConsumer(Consumer):
         if taken:
             run(self._dead_letter(delivery, reason, taken))
 
-    async def _dead_letter(self, delivery: Delivery, reason: str, taken: list[tuple[str, _Held]]) -> None:
+    async def _dead_letter(
+        self, delivery: Delivery, reason: str, taken: list[tuple[str, _Held]]
+    ) -> None:
         await self.broker.write_dead(delivery.queue, [(delivery.raw, reason)])
         await self.store.settle([r for r, _ in taken], b"+ACK")
 
@@ -259,7 +265,9 @@ class NatsConsumer(Consumer):
             holders = list(found[0]) if found is not None else []
             alive = await self._alive([w for w in holders if w != me])
 
-            def change(old: Any) -> tuple[Any, int]:
+            def change(
+                old: Any, alive: set[str] = alive, wanted: int = wanted, limit: int = limit
+            ) -> tuple[Any, int]:
                 held = {w: n for w, n in (old or {}).items() if w == me or w in alive}
                 granted = max(0, min(wanted, limit - sum(held.values())))
                 if granted:
@@ -330,10 +338,8 @@ class NatsConsumer(Consumer):
         await recover_dead_workers(self.store, self.broker.max_recoveries, self.broker.write_dead)
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             run(self._close(), 30)
-        except Exception:
-            pass
 
     async def _close(self) -> None:
         held = list(self._held.items())
@@ -343,10 +349,9 @@ class NatsConsumer(Consumer):
             out = [self._back(h, h.raw, 0.0, now) for _, h in held]
             await self._replace(held, [h.queue for _, h in held], out)
         kv = await self.store.kv(WORKERS_BUCKET)
-        try:
+        # fails when a recoverer took it: what we held went back already
+        with contextlib.suppress(Exception):
             await kv.delete(self._key, last=self._rev)
-        except Exception:
-            pass  # a recoverer took it: what we held went back already
         for sub in self._subs:
             await sub.unsubscribe()
         if self._puller is not None:

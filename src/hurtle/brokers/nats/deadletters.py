@@ -80,7 +80,7 @@ class DeadLetters:
             await js.purge_stream(stream, seq=seq)
         return n
 
-    async def list(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
+    async def page(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
         js = self.store.js
         stream = names.dead_stream(queue)
         subject = names.dead_subject(queue)

@@ -42,9 +42,7 @@ class Promoters:
                 await self._one(queue, stream, msg)
 
         sub = await nc.subscribe(inbox, cb=on_msg)
-        request = json.dumps(
-            {"batch": 1000, "expires": int(PULL_SECONDS * 1e9)}
-        ).encode()
+        request = json.dumps({"batch": 1000, "expires": int(PULL_SECONDS * 1e9)}).encode()
         try:
             while True:
                 await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{stream}.d", request, reply=inbox)

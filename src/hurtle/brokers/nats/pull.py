@@ -8,6 +8,7 @@ server sent its status (404: none, 408: fewer than asked).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from typing import Any
@@ -70,10 +71,8 @@ class Puller:
                 request,
                 reply=reply,
             )
-            try:
+            with contextlib.suppress(TimeoutError):  # no status came: keep what did
                 await asyncio.wait_for(asyncio.shield(pull.done), 5.0)
-            except TimeoutError:
-                pass  # no status came: keep what did
             return pull.got
         finally:
             del self._pulls[reply]

@@ -1,8 +1,9 @@
 """What dead workers held goes back: to its queue, to quarantine, or to the dead letters.
 
-Each consumer keeps a record in the state bucket (``hurtle-workers``, by worker id): its deadline and the ack
-subjects of what it holds, written with each fetch and each beat. A recoverer deletes the record
-of a worker past its deadline with a compare-and-set on its revision (one recoverer wins), then,
+Each consumer keeps a record in the bucket ``hurtle-workers`` (by worker id): its deadline and
+the ack subjects of what it holds, written with each fetch and each beat. A recoverer deletes
+the record of a worker past its deadline with a compare-and-set on its revision (one recoverer
+wins), then,
 for each delivery still in its stream (an acknowledged one is gone from a work-queue stream),
 republishes the bytes with one more death in ``Hurtle-Deaths`` and terminates the old delivery:
 a late acknowledgement from the dead worker then settles nothing.
@@ -71,7 +72,7 @@ async def recover_held(
     publish: list[tuple[str, bytes, dict[str, str] | None]] = []
     dead: dict[str, list[tuple[bytes, str]]] = {}
     queues: list[str] = []
-    for (reply, stream, consumer, delivered, seq), msg in alive:
+    for (_reply, stream, consumer, delivered, seq), msg in alive:
         queue = names.untoken(stream[3:])
         level = _level(consumer)
         headers = msg.headers or {}
@@ -88,7 +89,11 @@ async def recover_held(
             )
             continue
         target = names.QUARANTINE if deaths >= 2 else priority
-        out = {names.DEATHS: str(deaths), names.PRIORITY: priority, names.MSG_ID: f"r.{stream}.{seq}"}
+        out = {
+            names.DEATHS: str(deaths),
+            names.PRIORITY: priority,
+            names.MSG_ID: f"r.{stream}.{seq}",
+        }
         publish.append((names.subject(queue, target), raw, out))
         store.note(queue, target)
         queues.append(queue)

@@ -10,6 +10,7 @@ message there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,9 +80,7 @@ def watch(store: Store, ids: Sequence[str], wake: Callable[[], None]) -> Callabl
             for sub in subs:
                 await sub.unsubscribe()
 
-        try:
+        with contextlib.suppress(Exception):
             loop.run(unsubscribe(), 10)
-        except Exception:
-            pass
 
     return stop

@@ -214,7 +214,10 @@ class Store:
         if not items:
             return
         await asyncio.gather(
-            *(self.js.publish(subject, payload, headers=headers) for subject, payload, headers in items)
+            *(
+                self.js.publish(subject, payload, headers=headers)
+                for subject, payload, headers in items
+            )
         )
 
     async def wake(self, queues: Sequence[str]) -> None:
