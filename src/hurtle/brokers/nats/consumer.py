@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -55,7 +56,10 @@ class NatsConsumer(Consumer):
         self.worker_id = worker_id
         self.heartbeat_timeout = broker.heartbeat_timeout
         self._key = names.token(worker_id)
-        self._held: dict[str, _Held] = {}  # ack subject -> where it came from
+        # ack subject -> where it came from; settled from the worker's threads, filled on the
+        # loop: a lock around every change and copy
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
         self._rev = 0  # revision of this worker's record we wrote last
         self._deadline = 0.0
         self._wake: asyncio.Event | None = None
@@ -85,7 +89,8 @@ class NatsConsumer(Consumer):
         """Store the deadline and what is held; if a recoverer took the record, forget what it
         recovered and keep only ``fresh`` (taken since)."""
         kv = await self.store.kv(WORKERS_BUCKET)
-        value = {"deadline": self._deadline, "held": list(self._held)}
+        with self._lock:
+            value = {"deadline": self._deadline, "held": list(self._held)}
         if self._rev:
             try:
                 self._rev = await kv.update(self._key, _pack(value), last=self._rev)
@@ -93,9 +98,10 @@ class NatsConsumer(Consumer):
             except (KeyWrongLastSequenceError, BadRequestError):
                 pass  # declared dead: what we held is someone else's now
             keep = set(fresh)
-            for reply in [r for r in self._held if r not in keep]:
-                del self._held[reply]
-            value["held"] = list(self._held)
+            with self._lock:
+                for reply in [r for r in self._held if r not in keep]:
+                    del self._held[reply]
+                value["held"] = list(self._held)
         self._rev = await kv.put(self._key, _pack(value))
 
     # -- fetching --------------------------------------------------------------------------
@@ -148,14 +154,16 @@ class NatsConsumer(Consumer):
                             )
                         )
                         continue
-                    self._held[reply] = _Held(queue, level, deaths, msg.data)
+                    with self._lock:
+                        self._held[reply] = _Held(queue, level, deaths, msg.data)
                     fresh.append(reply)
                     out.append(Delivery(queue, msg.data, reply))
             if len(out) >= max_count:
                 break
         if fresh:
             await self._write_record(fresh)
-            out = [d for d in out if d.receipt in self._held]
+            with self._lock:
+                out = [d for d in out if d.receipt in self._held]
         for queue, reply, raw, reason in dead:
             await self.broker.write_dead(queue, [(bytes(raw), reason)])
             await self.store.settle([reply], b"+TERM")
@@ -165,10 +173,11 @@ class NatsConsumer(Consumer):
 
     def _take_held(self, deliveries: Sequence[Delivery]) -> list[tuple[str, _Held]]:
         out = []
-        for d in deliveries:
-            held = self._held.pop(d.receipt, None)
-            if held is not None:
-                out.append((d.receipt, held))
+        with self._lock:
+            for d in deliveries:
+                held = self._held.pop(d.receipt, None)
+                if held is not None:
+                    out.append((d.receipt, held))
         return out
 
     def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
@@ -325,8 +334,10 @@ class NatsConsumer(Consumer):
 
     async def _beat(self, report: Any) -> None:
         self._deadline = time.time() + self.heartbeat_timeout
-        if self._held:
-            await self.store.settle(list(self._held), b"+WPI")
+        with self._lock:
+            held = list(self._held)
+        if held:
+            await self.store.settle(held, b"+WPI")
         await self._write_record([])
         if report is not None:
             kv = await self.store.kv(REPORTS_BUCKET)
@@ -342,8 +353,9 @@ class NatsConsumer(Consumer):
             run(self._close(), 30)
 
     async def _close(self) -> None:
-        held = list(self._held.items())
-        self._held.clear()
+        with self._lock:
+            held = list(self._held.items())
+            self._held.clear()
         if held:
             now = time.time()
             out = [self._back(h, h.raw, 0.0, now) for _, h in held]
