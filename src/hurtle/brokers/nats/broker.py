@@ -65,7 +65,7 @@ class NatsBroker(Broker):
             dead_letter_max, dead_letter_ttl
         )
         parts = urlsplit(url)
-        if parts.scheme not in ("nats", "tls") or not parts.hostname:
+        if parts.scheme != "nats" or not parts.hostname:
             raise ConfigurationError(f"a NATS broker URL is nats://host:port, got {url!r}")
         netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
         self.url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
@@ -75,7 +75,7 @@ class NatsBroker(Broker):
         if parts.username:
             options["user"] = parts.username
             options["password"] = parts.password or ""
-        server = urlunsplit(("nats" if parts.scheme == "nats" else "tls", netloc, "", "", ""))
+        server = urlunsplit(("nats", netloc, "", "", ""))
         try:
             self.store: Store = run(
                 Store.connect([server], max(60.0, 2 * heartbeat_timeout), **options), 30

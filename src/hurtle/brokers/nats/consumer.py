@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -336,17 +336,24 @@ class NatsConsumer(Consumer):
         self._deadline = time.time() + self.heartbeat_timeout
         with self._lock:
             held = list(self._held)
-        if held:
-            await self.store.settle(held, b"+WPI")
-        await self._write_record([])
+        # the beat itself, at once: in progress, the record, the report and its counts
+        steps = [self.store.settle(held, b"+WPI"), self._write_record([])]
         if report is not None:
-            kv = await self.store.kv(REPORTS_BUCKET)
-            record = _pack([self._deadline, encode_report(report)])
-            await kv.put(names.token(self.worker_id), record)
-            if report.delta:
-                await self.broker.add_totals(report.delta)
-            await self.broker._workers(forget=True)
-        await recover_dead_workers(self.store, self.broker.max_recoveries, self.broker.write_dead)
+            steps.append(self._report(report))
+        await asyncio.gather(*steps)
+        # then the chores of every beat: forget dead workers' reports, recover their messages
+        chores: list[Coroutine[Any, Any, object]] = [
+            recover_dead_workers(self.store, self.broker.max_recoveries, self.broker.write_dead)
+        ]
+        if report is not None:
+            chores.append(self.broker._workers(forget=True))
+        await asyncio.gather(*chores)
+
+    async def _report(self, report: Any) -> None:
+        kv = await self.store.kv(REPORTS_BUCKET)
+        await kv.put(names.token(self.worker_id), _pack([self._deadline, encode_report(report)]))
+        if report.delta:
+            await self.broker.add_totals(report.delta)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import nats
+import nats.errors
 from nats.js import api
 from nats.js.errors import (
     BadRequestError,
@@ -210,15 +211,22 @@ class Store:
 
     async def publish_all(self, items: Sequence[tuple[str, bytes, dict[str, str] | None]]) -> None:
         """Publish ``(subject, payload, headers)`` to JetStream, pipelined, and wait for every
-        acknowledgement; raise if one is refused."""
+        acknowledgement; raise if one is refused.
+
+        A publish whose acknowledgement does not come is sent again, once, with the same
+        headers: under its ``Nats-Msg-Id`` JetStream stores it once (within two minutes)."""
         if not items:
             return
-        await asyncio.gather(
-            *(
-                self.js.publish(subject, payload, headers=headers)
-                for subject, payload, headers in items
-            )
-        )
+
+        async def one(subject: str, payload: bytes, headers: dict[str, str] | None) -> None:
+            try:
+                await self.js.publish(subject, payload, headers=headers)
+            except nats.errors.TimeoutError:
+                if not headers or names.MSG_ID not in headers:
+                    raise
+                await self.js.publish(subject, payload, headers=headers)
+
+        await asyncio.gather(*(one(*item) for item in items))
 
     async def wake(self, queues: Sequence[str]) -> None:
         for queue in dict.fromkeys(queues):
