@@ -63,12 +63,16 @@ class NatsConsumer(Consumer):
         self._rev = 0  # revision of this worker's record we wrote last
         self._deadline = 0.0
         self._wake: asyncio.Event | None = None
+        # one record write at a time (a fetch's and a beat's): a failed compare-and-set then
+        # means a recoverer took the record, never that our own other write came first
+        self._writing: asyncio.Lock | None = None
         self._subs: list[Any] = []
         self._puller: Puller | None = None
         run(self._start())
 
     async def _start(self) -> None:
         self._wake = asyncio.Event()
+        self._writing = asyncio.Lock()
         self._puller = Puller(self.store.nc)
         await self._puller.start()
         await asyncio.gather(*(self.store.ensure_queue(q) for q in self.queues))
@@ -88,6 +92,11 @@ class NatsConsumer(Consumer):
     async def _write_record(self, fresh: Sequence[str]) -> None:
         """Store the deadline and what is held; if a recoverer took the record, forget what it
         recovered and keep only ``fresh`` (taken since)."""
+        assert self._writing is not None
+        async with self._writing:
+            await self._write_record_now(fresh)
+
+    async def _write_record_now(self, fresh: Sequence[str]) -> None:
         kv = await self.store.kv(WORKERS_BUCKET)
         with self._lock:
             value = {"deadline": self._deadline, "held": list(self._held)}
