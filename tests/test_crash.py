@@ -1,4 +1,4 @@
-"""Crash recovery with real worker processes killed by SIGKILL, on SQLite and on Redis."""
+"""Crash recovery with real worker processes killed by SIGKILL, on SQLite, Redis and NATS."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ from pathlib import Path
 import pytest
 
 from helpers import Project
+from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 from test_cli import TASKS
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "nats"])
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
-    url = str(request.getfixturevalue("redis_url")) if request.param == "redis" else None
+    url = None
+    if request.param in ("redis", "nats"):
+        url = str(request.getfixturevalue(f"{request.param}_url"))
     p = Project(tmp_path, TASKS, ("tasks.add", "tasks.slow", "tasks.broken"), url)
     yield p
     p.app.close()

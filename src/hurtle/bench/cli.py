@@ -37,6 +37,12 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="use this Redis instead of starting one; its database is FLUSHED before every row",
     )
+    tasks.add_argument(
+        "--broker-url",
+        default=None,
+        help="a NATS server (nats://host:port) for the NATS rows (raw-nats, hurtle-nats-solo), "
+        "which are skipped without it; its streams are DELETED before every NATS row",
+    )
     tasks.add_argument("--only", default="", help="comma-separated rows to run (default: all)")
     tasks.add_argument("--json", type=Path, default=None, help="write rows and machine here")
     tasks.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
@@ -94,7 +100,11 @@ def run_tasks(args: argparse.Namespace) -> int:
         tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="hurtle-bench-")
         root = args.workdir or Path(tmp.name if tmp else ".")
         root.mkdir(parents=True, exist_ok=True)
-        runner = Runner(url, root, timeout=args.timeout)
+        if args.broker_url and not args.broker_url.startswith("nats://"):
+            raise ConfigurationError(
+                f"--broker-url takes a NATS server (nats://host:port), got {args.broker_url!r}"
+            )
+        runner = Runner(url, root, timeout=args.timeout, nats_url=args.broker_url)
         try:
             for scenario in chosen:
                 print(f"-- {scenario.name}", file=sys.stderr, flush=True)

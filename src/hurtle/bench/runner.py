@@ -93,10 +93,31 @@ def _tail(path: Path, lines: int = 5) -> str:
 class Runner:
     """Runs scenarios against one Redis URL, each in a fresh work directory under ``root``."""
 
-    def __init__(self, redis_url: str, root: Path, *, timeout: float = 900.0) -> None:
+    def __init__(
+        self, redis_url: str, root: Path, *, timeout: float = 900.0, nats_url: str | None = None
+    ) -> None:
         self.redis_url = redis_url
         self.root = root
         self.timeout = timeout
+        self.nats_url = nats_url
+
+    def flush_nats(self) -> None:
+        """Delete every stream of the NATS server (queues, buckets, the raw loop's)."""
+        import asyncio
+
+        import nats
+
+        url = self.nats_url
+        assert url is not None
+
+        async def clear() -> None:
+            nc = await nats.connect(url)
+            js = nc.jetstream()
+            for info in await js.streams_info():
+                await js.delete_stream(str(info.config.name))
+            await nc.close()
+
+        asyncio.run(clear())
 
     def flush(self) -> None:
         import redis
@@ -118,6 +139,8 @@ class Runner:
             version=scenario.version(),
         )
         missing = scenario.missing()
+        if scenario.store == "nats" and not self.nats_url:
+            missing = "needs a NATS server: --broker-url nats://host:port"
         if missing:
             row.skipped = missing
             return row
@@ -127,6 +150,8 @@ class Runner:
         broker_url = (
             self.redis_url if scenario.store == "redis" else f"sqlite:///{workdir / 'bench.db'}"
         )
+        if scenario.store == "nats" and self.nats_url:
+            broker_url = self.nats_url
         env = dict(os.environ)
         if count != asked:
             row.notes.append(f"capped at {count:,} tasks (this row is too slow for {asked:,})")
@@ -149,6 +174,8 @@ class Runner:
             "redis_url": self.redis_url,
         }
         self.flush()
+        if scenario.store == "nats":
+            self.flush_nats()
         if not self._publish(scenario, row, workdir, env, values):
             return row
         self._consume(scenario, row, workdir, env, values)

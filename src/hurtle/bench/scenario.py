@@ -31,7 +31,7 @@ class Scenario:
     publisher: tuple[str, ...]
     worker: tuple[str, ...]
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    #: ``redis`` or ``sqlite``: the store the row's broker URL points at.
+    #: ``redis``, ``sqlite`` or ``nats``: the store the row's broker URL points at.
     store: str = "redis"
     #: Python modules and programs the row needs; when one is missing the row is skipped.
     modules: tuple[str, ...] = ()

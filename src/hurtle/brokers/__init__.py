@@ -29,7 +29,7 @@ __all__ = [
     "make_broker",
 ]
 
-SCHEMES = ("sqlite", "memory", "redis", "rediss")
+SCHEMES = ("sqlite", "memory", "redis", "rediss", "nats")
 
 
 def make_broker(
@@ -40,7 +40,7 @@ def make_broker(
     dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
     max_recoveries: int = 3,
 ) -> Broker:
-    """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``."""
+    """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``, ``nats://host:4222``."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme == "memory":
         from .memory import MemoryBroker
@@ -76,7 +76,21 @@ def make_broker(
             dead_letter_ttl=dead_letter_ttl,
             max_recoveries=max_recoveries,
         )
+    if scheme == "nats":
+        try:
+            from .nats import NatsBroker
+        except ImportError as err:
+            raise ConfigurationError(
+                f"the NATS broker needs the nats-py package ({err}): pip install 'hurtle[nats]'"
+            ) from err
+        return NatsBroker(
+            url,
+            heartbeat_timeout=heartbeat_timeout,
+            dead_letter_max=dead_letter_max,
+            dead_letter_ttl=dead_letter_ttl,
+            max_recoveries=max_recoveries,
+        )
     raise ConfigurationError(
-        f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory:// or "
-        "redis://host:port/db"
+        f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory://, "
+        "redis://host:port/db or nats://host:4222"
     )
