@@ -108,6 +108,8 @@ def _stored_reports(broker: Broker) -> list[str]:
     if url.startswith("sqlite"):
         with broker._read() as conn:  # type: ignore[attr-defined]
             return [r[0] for r in conn.execute("SELECT worker_id FROM worker_reports")]
+    if url.startswith("nats"):
+        return broker._stored_reports()  # type: ignore[attr-defined, no-any-return]
     client = broker._client  # type: ignore[attr-defined]
     keys = sorted(k.decode() for k in client.keys("hurtle:workers:report:*"))
     members = sorted(m.decode() for m in client.zrange("hurtle:workers:deadlines", 0, -1))

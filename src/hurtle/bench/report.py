@@ -78,7 +78,7 @@ def _publish(row: Row | None) -> float | None:
 def ratios(rows: list[Row]) -> list[Ratio]:
     hurtle = _get(rows, HURTLE)
     if hurtle is None:
-        return []
+        return nats_ratios(rows)
     raw = _get(rows, "raw-batch")
     multi = _get(rows, "raw-multi")
     celery = _get(rows, "celery-prefork")
@@ -136,6 +136,27 @@ def ratios(rows: list[Row]) -> list[Ratio]:
                 _publish(_get(rows, "hurtle-cluster-wait")),
                 _publish(_get(rows, "hurtle-cluster-solo")),
             ),
+            None,
+        ),
+        *nats_ratios(rows),
+    ]
+
+
+def nats_ratios(rows: list[Row]) -> list[Ratio]:
+    """hurtle on NATS against the raw nats-py fetch/ack loop of the same run."""
+    hurtle = _get(rows, "hurtle-nats-solo")
+    raw = _get(rows, "raw-nats")
+    if hurtle is None or raw is None:
+        return []
+    return [
+        Ratio(
+            "consume: hurtle on NATS solo / raw nats-py fetch-ack loop",
+            _over(hurtle.consume_rate, _consume(raw)),
+            0.5,
+        ),
+        Ratio(
+            "publish: hurtle on NATS send_many / raw nats-py publish",
+            _over(hurtle.publish_rate, _publish(raw)),
             None,
         ),
     ]

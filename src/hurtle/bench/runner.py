@@ -95,13 +95,38 @@ class Runner:
     """Runs scenarios against one Redis URL, each in a fresh work directory under ``root``."""
 
     def __init__(
-        self, redis_url: str, root: Path, *, timeout: float = 900.0, cluster_url: str | None = None
+        self,
+        redis_url: str,
+        root: Path,
+        *,
+        timeout: float = 900.0,
+        nats_url: str | None = None,
+        cluster_url: str | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.root = root
         self.timeout = timeout
         #: ``redis+cluster://…``: where the ``cluster`` rows run (skipped without it)
         self.cluster_url = cluster_url
+        self.nats_url = nats_url
+
+    def flush_nats(self) -> None:
+        """Delete every stream of the NATS server (queues, buckets, the raw loop's)."""
+        import asyncio
+
+        import nats
+
+        url = self.nats_url
+        assert url is not None
+
+        async def clear() -> None:
+            nc = await nats.connect(url)
+            js = nc.jetstream()
+            for info in await js.streams_info():
+                await js.delete_stream(str(info.config.name))
+            await nc.close()
+
+        asyncio.run(clear())
 
     def flush(self) -> None:
         from redis.cluster import RedisCluster
@@ -131,11 +156,12 @@ class Runner:
             version=scenario.version(),
         )
         missing = scenario.missing()
+        if scenario.store == "nats" and not self.nats_url:
+            missing = "needs a NATS server: --broker-url nats://host:port"
+        if scenario.store == "cluster" and not self.cluster_url:
+            missing = f"needs {scenario.install}"
         if missing:
             row.skipped = missing
-            return row
-        if scenario.store == "cluster" and not self.cluster_url:
-            row.skipped = f"needs {scenario.install}"
             return row
         workdir = self.root / scenario.name
         shutil.rmtree(workdir, ignore_errors=True)
@@ -144,6 +170,8 @@ class Runner:
             broker_url = f"{self.cluster_url}{scenario.url_query}"
         elif scenario.store == "redis":
             broker_url = f"{self.redis_url}{scenario.url_query}"
+        elif scenario.store == "nats" and self.nats_url:
+            broker_url = self.nats_url
         else:
             broker_url = f"sqlite:///{workdir / 'bench.db'}"
         env = dict(os.environ)
@@ -168,6 +196,8 @@ class Runner:
             "redis_url": self.redis_url,
         }
         self.flush()
+        if scenario.store == "nats":
+            self.flush_nats()
         if not self._publish(scenario, row, workdir, env, values):
             return row
         self._consume(scenario, row, workdir, env, values)

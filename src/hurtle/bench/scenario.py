@@ -31,8 +31,8 @@ class Scenario:
     publisher: tuple[str, ...]
     worker: tuple[str, ...]
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    #: ``redis``, ``sqlite`` or ``cluster`` (the Redis Cluster of ``--broker-url``): the store
-    #: the row's broker URL points at.
+    #: ``redis``, ``sqlite``, ``nats`` (the NATS server of ``--broker-url``) or ``cluster`` (the
+    #: Redis Cluster of ``--broker-url``): the store the row's broker URL points at.
     store: str = "redis"
     #: Appended to the row's broker URL: ``?wait_replicas=1``, ...
     url_query: str = ""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ..settings import Settings
-from . import funboost_setup, leftover, sidekiq
+from . import funboost_setup, leftover, raw_nats, sidekiq
 from .scenario import Scenario
 
 CORES = os.cpu_count() or 1
@@ -145,6 +145,33 @@ SCENARIOS: list[Scenario] = [
         modules=("redis", "hurtle.brokers.redis"),
         version_of="hurtle",
         install=_CLUSTER,
+        leftover=leftover.hurtle,
+    ),
+    Scenario(
+        name="raw-nats",
+        system="raw nats-py",
+        guarantee="acknowledged",
+        config="JetStream work-queue stream, publish acks awaited per 1000 / pull fetch 1000, "
+        "msg.ack() each",
+        store="nats",
+        publisher=(*_PUBLISH, "hurtle.bench.raw_nats:publish", "{count}"),
+        worker=(_PY, "-m", "hurtle.bench.raw_nats", "consume", "{count}"),
+        modules=("nats",),
+        version_of="nats-py",
+        install="pip install -e '.[nats]' and --broker-url nats://host:port",
+        leftover=raw_nats.leftover,
+    ),
+    Scenario(
+        name="hurtle-nats-solo",
+        system="hurtle",
+        guarantee="acknowledged",
+        config=f"NATS JetStream, solo pool, concurrency 1, {_HURTLE_BATCHES}",
+        store="nats",
+        publisher=(*_PUBLISH, "hurtle.bench.peers.hurtle_app:publish", "{count}"),
+        worker=(*_HURTLE_WORKER, "--pool", "solo"),
+        modules=("nats", "hurtle.brokers.nats"),
+        version_of="hurtle",
+        install="pip install -e '.[nats]' and --broker-url nats://host:port",
         leftover=leftover.hurtle,
     ),
     Scenario(

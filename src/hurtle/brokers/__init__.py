@@ -29,7 +29,7 @@ __all__ = [
     "make_broker",
 ]
 
-SCHEMES = ("sqlite", "memory", "redis", "rediss", "redis+cluster", "rediss+cluster")
+SCHEMES = ("sqlite", "memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "nats")
 
 
 def make_broker(
@@ -41,7 +41,7 @@ def make_broker(
     max_recoveries: int = 3,
 ) -> Broker:
     """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``,
-    ``redis+cluster://host:port``."""
+    ``redis+cluster://host:port``, ``nats://host:4222``."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme == "memory":
         from .memory import MemoryBroker
@@ -78,7 +78,21 @@ def make_broker(
             dead_letter_ttl=dead_letter_ttl,
             max_recoveries=max_recoveries,
         )
+    if scheme == "nats":
+        try:
+            from .nats import NatsBroker
+        except ImportError as err:
+            raise ConfigurationError(
+                f"the NATS broker needs the nats-py package ({err}): pip install 'hurtle[nats]'"
+            ) from err
+        return NatsBroker(
+            url,
+            heartbeat_timeout=heartbeat_timeout,
+            dead_letter_max=dead_letter_max,
+            dead_letter_ttl=dead_letter_ttl,
+            max_recoveries=max_recoveries,
+        )
     raise ConfigurationError(
         f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory://, "
-        "redis://host:port/db or redis+cluster://host:port"
+        "redis://host:port/db, redis+cluster://host:port or nats://host:4222"
     )

@@ -1,0 +1,354 @@
+"""``nats://host:4222``: hurtle on NATS JetStream (``names.py`` says how names map).
+
+Messages live in one work-queue stream per queue, pulled in batches by durable consumers
+(``consumer.py``); what is not a message lives in JetStream key-value buckets (``store.py``):
+workers and their reports, totals, tick claims (a KV create or an update on the revision read:
+one writer wins), rate and concurrency limits and unique locks (compare-and-set loops), and
+results (buckets by ttl, ``results.py``). Dead letters are a stream per queue
+(``deadletters.py``); delayed messages wait in the queue's ``d`` subject until a promoter hands
+them to their level (``delays.py``).
+
+Every call runs on the process's one event-loop thread (``loop.py``); each broker has a
+connection of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from nats.js.errors import NotFoundError
+
+from ...errors import ConfigurationError
+from ...ids import new_id
+from ...message import Message, check_messages, encode_many
+from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from ..base import (
+    Broker,
+    Consumer,
+    DeadLetter,
+    QueueStats,
+    StoredResult,
+    check_dead_letter_limits,
+    check_tick_claim,
+    gcra,
+    log_trimmed,
+    unique_key_of,
+)
+from ..reports import TaskCounts, WorkerReport, decode_report, merge
+from . import names, results
+from .deadletters import DeadLetters
+from .delays import Promoters
+from .loop import run
+from .recovery import recover_dead_workers
+from .store import REPORTS_BUCKET, Store
+
+Item = tuple[str, bytes, dict[str, str] | None]
+
+
+class NatsBroker(Broker):
+    def __init__(
+        self,
+        url: str = "nats://127.0.0.1:4222",
+        *,
+        heartbeat_timeout: float = 20.0,
+        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        max_recoveries: int = 3,
+    ) -> None:
+        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
+            dead_letter_max, dead_letter_ttl
+        )
+        parts = urlsplit(url)
+        if parts.scheme != "nats" or not parts.hostname:
+            raise ConfigurationError(f"a NATS broker URL is nats://host:port, got {url!r}")
+        netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
+        self.url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
+        options: dict[str, Any] = {"name": "hurtle", "max_reconnect_attempts": -1}
+        if parts.username:
+            options["user"] = parts.username
+            options["password"] = parts.password or ""
+        server = urlunsplit(("nats", netloc, "", "", ""))
+        try:
+            self.store: Store = run(
+                Store.connect([server], max(60.0, 2 * heartbeat_timeout), **options), 30
+            )
+        except Exception as err:
+            raise ConfigurationError(f"cannot connect to NATS at {self.url}: {err}") from err
+        self.dead = DeadLetters(self.store, self.dead_letter_max, self.dead_letter_ttl)
+        self.promoters = Promoters(self.store)
+        self._calls = itertools.count()
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def _items(self, messages: Sequence[Message], payloads: Sequence[bytes]) -> list[Item]:
+        """Where each message goes: its priority's subject, or the delayed one with its eta."""
+        now = time.time()
+        call = f"{new_id()}"
+        items: list[Item] = []
+        for m, raw in zip(messages, payloads, strict=True):
+            level = str(m.priority)
+            headers = {names.MSG_ID: f"{m.id}.{m.attempt}.{call}"}
+            if m.eta > now:
+                headers[names.ETA] = repr(float(m.eta))
+                headers[names.PRIORITY] = level
+                level = names.DELAYED
+            else:
+                self.store.note(m.queue, level)
+            items.append((names.subject(m.queue, level), raw, headers))
+        return items
+
+    async def _publish(self, queues: Iterable[str], items: list[Item]) -> None:
+        queues = list(dict.fromkeys(queues))
+        await asyncio.gather(*(self.store.ensure_queue(q) for q in queues))
+        await self.store.publish_all(items)
+        await self.store.wake(queues)
+
+    def publish(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
+        payloads = encode_many(list(messages))
+        if messages:
+            run(self._publish([m.queue for m in messages], self._items(messages, payloads)))
+
+    def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
+        items: list[Item] = [(names.subject(queue, "0"), bytes(p), None) for p in payloads]
+        self.store.note(queue, "0")
+        run(self._publish([queue], items))
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        keys = [unique_key_of(m) for m in messages]
+        payloads = encode_many(list(messages))
+        return run(self._publish_unique(messages, keys, payloads, unique_for))
+
+    async def _publish_unique(
+        self,
+        messages: Sequence[Message],
+        keys: list[str],
+        payloads: list[bytes],
+        unique_for: float,
+    ) -> list[str]:
+        first: dict[tuple[str, str], int] = {}
+        for i, (m, key) in enumerate(zip(messages, keys, strict=True)):
+            first.setdefault((m.queue, key), i)
+
+        async def lock(queue: str, key: str, i: int) -> str:
+            mine = messages[i].id
+
+            def take(old: Any) -> tuple[Any, str]:
+                now = time.time()
+                if old is not None and old[1] > now:
+                    return old, old[0]
+                return [mine, now + unique_for], mine
+
+            return await self.store.cas(f"u.{names.token(queue)}.{names.token(key)}", take)
+
+        holders = await asyncio.gather(*(lock(q, k, i) for (q, k), i in first.items()))
+        holder = dict(zip(first, holders, strict=True))
+        chosen = [i for (q, k), i in first.items() if holder[(q, k)] == messages[i].id]
+        if chosen:
+            picked = [messages[i] for i in chosen]
+            await self._publish(
+                [m.queue for m in picked], self._items(picked, [payloads[i] for i in chosen])
+            )
+        return [holder[(m.queue, key)] for m, key in zip(messages, keys, strict=True)]
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        async def take(key: str, limit: int, period: float, wanted: int) -> tuple[int, float]:
+            def change(old: Any) -> tuple[Any, tuple[int, float]]:
+                granted, wait, tat = gcra(old or 0.0, time.time(), limit, period, wanted)
+                return tat, (granted, wait)
+
+            return await self.store.cas(f"rate.{names.token(key)}", change)
+
+        async def all_() -> list[tuple[int, float]]:
+            return list(await asyncio.gather(*(take(*r) for r in requests)))
+
+        return run(all_())
+
+    # -- ticks ---------------------------------------------------------------------------
+
+    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
+        check_tick_claim(queue, tick, messages)
+        check_messages(messages)
+        payloads = encode_many(list(messages))
+        return run(self._claim_tick(queue, name, float(tick), messages, payloads))
+
+    async def _claim_tick(
+        self, queue: str, name: str, tick: float, messages: Sequence[Message], payloads: list[bytes]
+    ) -> bool:
+        """Publish first, under ids made of the schedule and the tick (JetStream keeps one copy
+        of what racing claimers publish), then record the tick with a compare-and-set."""
+        key = f"t.{names.token(queue)}.{names.token(name)}"
+        found = await self.store.get(key)
+        if found is not None and found[0] >= tick:
+            return False
+        items = self._items(messages, payloads)
+        for i, (subject, raw, headers) in enumerate(items):
+            assert headers is not None
+            headers[names.MSG_ID] = f"tick.{key}.{tick!r}.{i}"
+            items[i] = (subject, raw, headers)
+        await self._publish([queue], items)
+
+        def claim(old: Any) -> tuple[Any, bool]:
+            if old is not None and old >= tick:
+                return old, False
+            return tick, True
+
+        return await self.store.cas(key, claim)
+
+    def last_tick(self, queue: str, name: str) -> float | None:
+        found = run(self.store.get(f"t.{names.token(queue)}.{names.token(name)}"))
+        return None if found is None else float(found[0])
+
+    # -- consumers and recovery ------------------------------------------------------------
+
+    def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> Consumer:
+        from .consumer import NatsConsumer
+
+        return NatsConsumer(self, tuple(queues), worker_id or f"nats-{new_id()}")
+
+    async def write_dead(self, queue: str, items: list[tuple[bytes, str]]) -> None:
+        expired, dropped = await self.dead.write(queue, items)
+        log_trimmed(self, queue, expired, dropped)
+
+    def recover(self) -> int:
+        return run(recover_dead_workers(self.store, self.max_recoveries, self.write_dead))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def queues(self) -> list[str]:
+        async def names_() -> list[str]:
+            out = []
+            async for info in self._streams():
+                # a stream is made for a consumer too: a queue is one that had messages
+                if info.config.name.startswith("HQ_") and info.state.last_seq:
+                    out.append(names.untoken(info.config.name[3:]))
+            return sorted(out)
+
+        return run(names_())
+
+    async def _streams(self) -> Any:
+        offset = 0
+        while True:
+            infos = await self.store.js.streams_info(offset)
+            if not infos:
+                return
+            for info in infos:
+                yield info
+            offset += len(infos)
+            if len(infos) < 256:
+                return
+
+    def stats(self, queues: Iterable[str] | None = None) -> dict[str, QueueStats]:
+        chosen = self.queues() if queues is None else list(queues)
+        return run(self._stats(chosen))
+
+    async def _stats(self, queues: list[str]) -> dict[str, QueueStats]:
+        found = await asyncio.gather(*(self._stats_of(q) for q in queues))
+        return dict(zip(queues, found, strict=True))
+
+    async def _stats_of(self, queue: str) -> QueueStats:
+        js = self.store.js
+        stream = names.stream(queue)
+        dead = await self.dead.count(queue)
+        try:
+            info = await js.stream_info(stream, subjects_filter=f"hq.{names.token(queue)}.*")
+        except NotFoundError:
+            return QueueStats(dead=dead)
+        infos = await asyncio.gather(
+            *(js.consumer_info(stream, names.durable(level)) for level in names.LEVELS)
+        )
+        delayed = (info.state.subjects or {}).get(names.subject(queue, names.DELAYED), 0)
+        return QueueStats(
+            ready=sum(i.num_pending or 0 for i in infos),
+            delayed=int(delayed),
+            in_flight=sum(i.num_ack_pending or 0 for i in infos),
+            dead=dead,
+        )
+
+    # -- dead letters ----------------------------------------------------------------------
+
+    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        return run(self.dead.page(queue, limit, offset))
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        return run(self.dead.delete(queue, list(ids)))
+
+    def purge_dead(self, queue: str) -> int:
+        return run(self.dead.purge(queue))
+
+    # -- workers, totals, results -----------------------------------------------------------
+
+    def workers(self) -> list[WorkerReport]:
+        return run(self._workers(forget=True))
+
+    async def _workers(self, forget: bool) -> list[WorkerReport]:
+        keys = await self.store.keys(REPORTS_BUCKET)
+        found = await asyncio.gather(*(self.store.get(k, REPORTS_BUCKET) for k in keys))
+        now = time.time()
+        kv = await self.store.kv(REPORTS_BUCKET)
+        out = []
+        for key, entry in zip(keys, found, strict=True):
+            if entry is None:
+                continue
+            (deadline, raw), rev = entry
+            if deadline < now:
+                if forget:
+                    # fails when it beat again meanwhile, or another reader forgot it
+                    with contextlib.suppress(Exception):
+                        await kv.delete(key, last=rev)
+                continue
+            report = decode_report(raw, deadline)
+            if report is not None:
+                out.append(report)
+        return sorted(out, key=lambda r: r.id)
+
+    def _stored_reports(self) -> list[str]:
+        """Ids of the reports the store holds, whatever their deadline (for tests)."""
+        keys = run(self.store.keys(REPORTS_BUCKET))
+        return sorted(names.untoken(k) for k in keys)
+
+    def totals(self) -> list[TaskCounts]:
+        found = run(self.store.get("totals"))
+        if found is None:
+            return []
+        return [TaskCounts(*row) for row in found[0]]
+
+    async def add_totals(self, delta: Sequence[TaskCounts]) -> None:
+        def change(old: Any) -> tuple[Any, None]:
+            rows = [TaskCounts(*row) for row in old or []]
+            merged = merge([*rows, *delta])
+            return [
+                [c.queue, c.task, c.processed, c.failed, c.retried, c.dead_lettered] for c in merged
+            ], None
+
+        await self.store.cas("totals", change)
+
+    def get_result(self, id: str) -> bytes | None:
+        return run(results.get(self.store, id))
+
+    async def store_results(self, records: Sequence[StoredResult]) -> None:
+        await results.put(self.store, records)
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        return results.watch(self.store, ids, wake)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            run(self._close(), 10)
+
+    async def _close(self) -> None:
+        await self.promoters.stop()
+        await self.store.close()

@@ -1,0 +1,258 @@
+"""One NATS connection and what every part of the broker needs from it: the queues' streams
+and consumers (made once per connection), KV buckets and compare-and-set loops on them.
+
+Coroutines here run on the process's loop (``loop.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+import nats.errors
+from nats.js import api
+from nats.js.errors import (
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+    NotFoundError,
+)
+
+from . import names
+
+T = TypeVar("T")
+
+#: The KV bucket of everything shared that is not a message: workers, reports, totals, ticks,
+#: limits and unique locks.
+STATE_BUCKET = "hurtle"
+#: Workers' records (``recovery.py``) and their reports, in buckets of their own: recovery
+#: lists every key of its bucket (JetStream 2.9 cannot filter a listing).
+WORKERS_BUCKET = "hurtle-workers"
+REPORTS_BUCKET = "hurtle-reports"
+#: Result buckets by the ttl they keep records (a record goes to the first that keeps it as
+#: long as its ttl, and reads check its own expiry). Longer ttls are cut to the last.
+#: Seconds between asking the server which priority levels of a queue hold messages.
+LEVELS_REFRESH = 1.0
+RESULT_CLASSES = (60, 3600, 86400, 7 * 86400, 30 * 86400, 365 * 86400)
+
+_pack = msgspec.msgpack.Encoder().encode
+_unpack = msgspec.msgpack.decode
+
+
+def pack(value: Any) -> bytes:
+    return _pack(value)
+
+
+def unpack(raw: bytes) -> Any:
+    return _unpack(raw)
+
+
+class Store:
+    """A connection and the JetStream objects made through it."""
+
+    def __init__(self, nc: Any, ack_wait: float) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.ack_wait = ack_wait
+        self._queues: dict[str, asyncio.Future[None]] = {}
+        self._kv: dict[str, Any] = {}
+        # levels of each queue that may hold messages, and when the server last said so
+        self._levels: dict[str, set[str]] = {}
+        self._levels_at: dict[str, float] = {}
+
+    def note(self, queue: str, level: str) -> None:
+        """A message went to ``level`` of ``queue`` from this connection."""
+        self._levels.setdefault(queue, {"0"}).add(level)
+
+    async def levels(self, queue: str) -> list[str]:
+        """The levels of ``queue`` worth a pull, in the order a fetch serves them: those this
+        connection published to, and those the server said held messages (asked again once
+        a second, so a priority published elsewhere is served first within a second)."""
+        now = time.monotonic()
+        known = self._levels.setdefault(queue, {"0"})
+        if now - self._levels_at.get(queue, 0.0) > LEVELS_REFRESH:
+            self._levels_at[queue] = now
+            try:
+                info = await self.js.stream_info(
+                    names.stream(queue), subjects_filter=f"hq.{names.token(queue)}.*"
+                )
+            except NotFoundError:
+                info = None
+            if info is not None:
+                counts = {s.rsplit(".", 1)[1]: n for s, n in (info.state.subjects or {}).items()}
+                known.intersection_update({"0", *counts})
+                known.update(level for level, n in counts.items() if n)
+        return [level for level in names.LEVELS if level in known]
+
+    @classmethod
+    async def connect(cls, servers: list[str], ack_wait: float, **options: Any) -> Store:
+        nc = await nats.connect(servers=servers, **options)
+        return cls(nc, ack_wait)
+
+    # -- queues --------------------------------------------------------------------------
+
+    async def ensure_queue(self, queue: str) -> None:
+        """Make the queue's stream and consumers, once per connection."""
+        made = self._queues.get(queue)
+        if made is None:
+            made = self._queues[queue] = asyncio.ensure_future(self._make_queue(queue))
+        try:
+            await asyncio.shield(made)
+        except Exception:
+            self._queues.pop(queue, None)
+            raise
+
+    async def _make_queue(self, queue: str) -> None:
+        stream = names.stream(queue)
+        config = api.StreamConfig(
+            name=stream,
+            description=queue,
+            subjects=[f"hq.{names.token(queue)}.*"],
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            duplicate_window=120.0,
+        )
+        try:
+            await self.js.add_stream(config)
+        except BadRequestError as err:
+            if err.err_code != 10058:  # stream name already in use with another config
+                raise
+        await asyncio.gather(
+            *(self._make_consumer(queue, level) for level in (*names.LEVELS, names.DELAYED))
+        )
+
+    async def _make_consumer(self, queue: str, level: str) -> None:
+        config = api.ConsumerConfig(
+            durable_name=names.durable(level),
+            filter_subject=names.subject(queue, level),
+            ack_policy=api.AckPolicy.EXPLICIT,
+            deliver_policy=api.DeliverPolicy.ALL,
+            ack_wait=self.ack_wait,
+            max_deliver=-1,
+            max_ack_pending=1 if level == names.QUARANTINE else -1,
+            max_waiting=4096,
+        )
+        try:
+            await self.js.add_consumer(names.stream(queue), config)
+        except BadRequestError as err:
+            if err.err_code not in (10013, 10148):  # exists with another config
+                raise
+
+    async def queue_exists(self, queue: str) -> bool:
+        if queue in self._queues:
+            return True
+        try:
+            await self.js.stream_info(names.stream(queue))
+        except NotFoundError:
+            return False
+        return True
+
+    # -- KV ------------------------------------------------------------------------------
+
+    async def kv(self, bucket: str = STATE_BUCKET, ttl: float | None = None) -> Any:
+        kv = self._kv.get(bucket)
+        if kv is None:
+            try:
+                kv = await self.js.key_value(bucket)
+            except Exception:
+                kv = await self.js.create_key_value(
+                    api.KeyValueConfig(bucket=bucket, history=1, ttl=ttl)
+                )
+            self._kv[bucket] = kv
+        return kv
+
+    async def get(self, key: str, bucket: str = STATE_BUCKET) -> tuple[Any, int] | None:
+        """``(value, revision)`` of ``key``, or None."""
+        kv = await self.kv(bucket)
+        try:
+            entry = await kv.get(key)
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        if entry.value is None:
+            return None
+        return unpack(entry.value), entry.revision
+
+    async def cas(
+        self, key: str, change: Callable[[Any], tuple[Any, T]], bucket: str = STATE_BUCKET
+    ) -> T:
+        """Apply ``change(old value or None) -> (new value or None to delete, outcome)`` to
+        ``key`` as one compare-and-set, again until no other writer came in between."""
+        kv = await self.kv(bucket)
+        while True:
+            found = await self.get(key, bucket)
+            old, rev = found if found is not None else (None, 0)
+            new, outcome = change(old)
+            try:
+                if new is None:
+                    if found is not None:
+                        await kv.delete(key, last=rev)
+                elif found is None:
+                    await kv.create(key, pack(new))
+                else:
+                    await kv.update(key, pack(new), last=rev)
+            except (KeyWrongLastSequenceError, BadRequestError):
+                continue
+            return outcome
+
+    async def keys(self, bucket: str) -> list[str]:
+        """Every key of ``bucket``."""
+        kv = await self.kv(bucket)
+        try:
+            return list(await kv.keys())
+        except NoKeysError:
+            return []
+
+    # -- publishing ------------------------------------------------------------------------
+
+    async def publish_all(self, items: Sequence[tuple[str, bytes, dict[str, str] | None]]) -> None:
+        """Publish ``(subject, payload, headers)`` to JetStream, pipelined, and wait for every
+        acknowledgement; raise if one is refused.
+
+        A publish whose acknowledgement does not come is sent again, once, with the same
+        headers: under its ``Nats-Msg-Id`` JetStream stores it once (within two minutes)."""
+        if not items:
+            return
+
+        async def one(subject: str, payload: bytes, headers: dict[str, str] | None) -> None:
+            try:
+                await self.js.publish(subject, payload, headers=headers)
+            except nats.errors.TimeoutError:
+                if not headers or names.MSG_ID not in headers:
+                    raise
+                await self.js.publish(subject, payload, headers=headers)
+
+        await asyncio.gather(*(one(*item) for item in items))
+
+    async def wake(self, queues: Sequence[str]) -> None:
+        for queue in dict.fromkeys(queues):
+            await self.nc.publish(names.wake_subject(queue), b"")
+
+    async def request(self, subject: str, payload: bytes, timeout: float = 5.0) -> Any:
+        return await self.nc.request(subject, payload, timeout=timeout)
+
+    async def settle(self, replies: Sequence[str], verb: bytes) -> None:
+        """Send ``verb`` (+ACK, +TERM, -NAK, +WPI) for each delivery; the last one per consumer
+        is a request whose reply says the server processed the ones before it."""
+        if not replies:
+            return
+        last: dict[tuple[str, str], str] = {}
+        for reply in replies:
+            stream, consumer, _, _ = names.parse_reply(reply)
+            last[(stream, consumer)] = reply
+        ends = set(last.values())
+        for reply in replies:
+            if reply not in ends:
+                await self.nc.publish(reply, verb)
+        await asyncio.gather(*(self.nc.request(r, verb, timeout=10.0) for r in ends))
+
+    async def close(self) -> None:
+        await self.nc.close()
+
+
+def json_bytes(value: Any) -> bytes:
+    return json.dumps(value).encode()
