@@ -223,7 +223,7 @@ def test_purging_a_queues_dead_letters_from_the_page_asks_first(
     )
     page.goto(server + "/#/queues")
     wait_for(lambda: "2" in page.inner_text("#queue-table"), what="the queue's dead count")
-    page.click("#queue-table button[data-queue=default]")
+    page.click("#queue-table button.purge-dead[data-queue=default]")
     wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 0, what="the purge")
     assert len(dialogs) == 1 and "Delete all 2 dead letters of queue default" in dialogs[0]
 
