@@ -84,6 +84,17 @@ class Middleware:
         after a call that returned fails that call with it (retried or dead-lettered by its
         policy); any other exception is logged and changes nothing."""
 
+    def after_calls(self, jobs: list[Job]) -> None:
+        """Called with jobs whose calls returned, before their acknowledgements are handed to
+        the acker: the batch-wide counterpart of ``after_process`` and of ``after_outcome`` for
+        "ack" (a middleware that overrides this hook never sees an "ack" in ``after_outcome``).
+        ``job.outcome.result`` is the return value. Set ``job.stored`` to store a result with
+        the acknowledgement, or ``job.fail(error)`` to fail the call instead (retried or
+        dead-lettered by its policy; skip jobs whose ``job.failure`` is set already). Called
+        once per batch with all its returned calls of the tasks this middleware applies to
+        (with one job when a call runs on its own), so a task whose middleware override only
+        this and the batch hooks keeps the processor's batch path."""
+
     def after_batch(self, jobs: list[Job]) -> None:
         """After every job of the batch that this middleware applies to has an outcome."""
 
@@ -97,7 +108,14 @@ class Middleware:
 
 #: The hooks that run around a task's calls in a worker: a middleware overriding none of them
 #: takes no task off the inline path.
-JOB_HOOKS = ("before_batch", "before_process", "after_process", "after_batch", "after_outcome")
+JOB_HOOKS = (
+    "before_batch",
+    "before_process",
+    "after_process",
+    "after_calls",
+    "after_batch",
+    "after_outcome",
+)
 
 
 def overrides(middleware: Middleware, hook: str) -> bool:

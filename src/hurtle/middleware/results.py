@@ -2,8 +2,9 @@
 
 What a record holds, encoded with msgspec msgpack (never pickle), and when it is written:
 
-* ``succeeded`` — the task returned; the record holds the value. Written with the message's
-  acknowledgement, in the same broker call (``Acker.ack_with_result``). A value msgpack cannot
+* ``succeeded`` — the task returned; the record holds the value. Encoded for a whole batch of
+  returned calls at once (``after_calls``) and written with the messages' acknowledgements, in
+  the same broker call (``Acker.ack_many_with_results``). A value msgpack cannot
   encode fails the call instead (``ResultError`` naming the type), which is then retried or
   dead-lettered like any failure;
 * ``failed`` — an attempt failed and another is scheduled; the record holds the error's type
@@ -65,13 +66,18 @@ def encode_value(value: Any, job: Job) -> bytes:
     try:
         return _encode((SUCCEEDED, value))  # the bytes of Record(SUCCEEDED, value), made faster
     except (TypeError, ValueError, OverflowError) as err:
-        task = job.task.name
-        raise ResultError(
-            f"task {task}[{job.message.id}] returned a value of type {type(value).__name__} "
-            f"that cannot be stored as its result ({err}); return something msgpack can "
-            f"encode (None, bool, int, float, str, bytes, lists, dicts, msgspec Structs, "
-            f"dataclasses, datetimes), or set store_result=False on {task}"
-        ) from err
+        raise unstorable(value, job, err) from err
+
+
+def unstorable(value: Any, job: Job, err: Exception) -> ResultError:
+    """The error that fails a call whose return value msgpack cannot encode."""
+    task = job.task.name
+    return ResultError(
+        f"task {task}[{job.message.id}] returned a value of type {type(value).__name__} "
+        f"that cannot be stored as its result ({err}); return something msgpack can "
+        f"encode (None, bool, int, float, str, bytes, lists, dicts, msgspec Structs, "
+        f"dataclasses, datetimes), or set store_result=False on {task}"
+    )
 
 
 def encode_failure(state: str, error: BaseException) -> bytes:
@@ -103,11 +109,21 @@ class Results(Middleware):
     def worker_start(self, worker: Worker) -> None:
         self.acker = worker.acker
 
-    def after_process(self, job: Job, result: Any, error: BaseException | None) -> None:
-        if error is None:
-            job.stored = StoredResult(
-                job.message.id, encode_value(result, job), job.task.result_ttl
-            )
+    def after_calls(self, jobs: list[Job]) -> None:
+        # one loop per batch: the encodes, and no hook call per job
+        encode = _encode
+        for job in jobs:
+            if job.failure is not None or job.outcome is None:
+                continue
+            value = job.outcome.result
+            try:
+                payload = encode((SUCCEEDED, value))  # the bytes of Record(SUCCEEDED, value)
+            except (TypeError, ValueError, OverflowError) as err:
+                failure = unstorable(value, job, err)
+                failure.__cause__ = err
+                job.fail(failure)
+                continue
+            job.stored = StoredResult(job.message.id, payload, job.task.result_ttl)
 
     def after_outcome(self, job: Job, outcome: Outcome) -> None:
         if outcome.kind in ("retry", "dead") and outcome.error is not None:

@@ -32,8 +32,20 @@ class UniqueMiddleware(Middleware):
     def worker_start(self, worker: Worker) -> None:
         self._acker = worker.acker
 
+    def after_calls(self, jobs: list[Job]) -> None:
+        # the acknowledgements of a batch: their locks go in one list
+        if self._acker is None:
+            return
+        locks = []
+        for job in jobs:
+            key = job.message.headers.get("unique")
+            if isinstance(key, str) and job.failure is None:
+                locks.append((job.delivery.queue, key, job.message.id))
+        self._acker.release_uniques(locks)
+
     def after_outcome(self, job: Job, outcome: Outcome) -> None:
-        if outcome.kind not in ("ack", "dead") or self._acker is None:
+        # acknowledgements come through ``after_calls``
+        if outcome.kind != "dead" or self._acker is None:
             return
         key = job.message.headers.get("unique")
         if isinstance(key, str):

@@ -54,6 +54,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractContextManager
+from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import msgspec
@@ -76,6 +78,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _decode = Message.decode
+_PIPELINE_OF = attrgetter("pipeline")
 #: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
 BEFORE_BATCH_PAUSE = 1.0
 
@@ -124,12 +127,15 @@ class Pipeline:
     """
 
     __slots__ = (
+        "ack_outcome",
         "after_batch",
+        "after_calls",
         "after_outcome",
         "after_process",
         "batched",
         "before_batch",
         "before_process",
+        "grouped",
         "inline",
         "middleware",
         "per_call",
@@ -151,12 +157,23 @@ class Pipeline:
             m.after_process for m in reversed(used) if overrides(m, "after_process")
         ]
         self.after_outcome = [m.after_outcome for m in used if overrides(m, "after_outcome")]
+        #: Middleware with ``after_calls``: they see acknowledgements there, batch-wide.
+        self.after_calls = [m for m in used if overrides(m, "after_calls")]
+        #: The ``after_outcome`` hooks that see acknowledgements one by one.
+        self.ack_outcome = [
+            m.after_outcome
+            for m in used
+            if overrides(m, "after_outcome") and not overrides(m, "after_calls")
+        ]
         self.batched = bool(self.before_batch or self.after_batch)
-        #: False when only batch hooks apply: the batch path then calls the task inline too.
+        #: The middleware a batch shows its jobs of this task to (``before/after_batch``).
+        self.grouped = [m for m in used if m in self.before_batch or m in self.after_batch]
+        #: False when only batch hooks (and ``after_calls``, and ``after_outcome`` beside it)
+        #: apply: the batch path then calls the task inline too.
         self.per_call = bool(
             self.before_process
             or self.after_process
-            or self.after_outcome
+            or self.ack_outcome
             or task.is_async
             or (task.time_limit is not None and not inline_limits)
         )
@@ -186,6 +203,8 @@ class Job(msgspec.Struct, eq=False):
     outcome: Outcome | None = None
     #: The result to store with the acknowledgement (set by the results middleware).
     stored: StoredResult | None = None
+    #: Why a call that returned fails all the same (``after_calls``: ``fail``).
+    failure: Exception | None = None
     #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
     deferrals: ClassVar[int] = 0
 
@@ -196,6 +215,11 @@ class Job(msgspec.Struct, eq=False):
         self.defer_delay = max(float(delay), 0.0)
         self.defer_reason = reason
         Job.deferrals += 1
+
+    def fail(self, error: Exception) -> None:
+        """Fail a call that returned (from ``after_calls``): retried or dead-lettered by its
+        policy, as if it had raised ``error``."""
+        self.failure = error
 
     def call(self) -> Any:
         """Call the task function (a coroutine function returns its coroutine)."""
@@ -260,7 +284,9 @@ class Processor:
         self._inline: dict[str, Task[Any, Any]] = {}
         #: True when some middleware has batch hooks: batches are then decoded before they run.
         self._batch_hooks = any(
-            overrides(m, "before_batch") or overrides(m, "after_batch") for m in self.middleware
+            overrides(m, hook)
+            for m in self.middleware
+            for hook in ("before_batch", "after_batch", "after_calls")
         )
         for name in list(self.tasks):
             self.pipeline(name)
@@ -402,7 +428,7 @@ class Processor:
         ``process_many`` does, then ``after_batch``."""
         runnable: list[Delivery] = []
         items: list[Message | Job] = []  # per runnable delivery: a Message (inline) or a Job
-        groups: dict[Middleware, list[Job]] = {}
+        batched: list[Job] = []  # the jobs whose middleware have batch hooks
         inline, pipelines = self._inline, self._pipelines
         decode = decode_unchecked
         for delivery in deliveries:
@@ -422,12 +448,13 @@ class Processor:
                 job = Job(delivery, message, pipeline.task, pipeline, batch=pipeline.batched)
                 items.append(job)
                 if job.batch:
-                    for m in pipeline.middleware:
-                        if m in groups:
-                            groups[m].append(job)
-                        else:
-                            groups[m] = [job]
+                    batched.append(job)
             runnable.append(delivery)
+        groups: dict[Middleware, list[Job]] = {}
+        for pipeline, run in groupby(batched, _PIPELINE_OF):  # a batch is mostly one run
+            jobs = list(run)
+            for m in pipeline.grouped:
+                groups.setdefault(m, []).extend(jobs)
         deferrals = Job.deferrals
         self._before_batch(groups)
         if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
@@ -448,6 +475,8 @@ class Processor:
     ) -> None:
         inline = self._inline
         done: list[Delivery] = []
+        returned: list[Job] = []  # calls that returned, for ``after_calls`` before their acks
+        counts: dict[tuple[str, str], int] = {}
         started = 0
         pending = state.pending = deque(runnable)
         take = pending.popleft
@@ -469,18 +498,21 @@ class Processor:
                 started += 1
                 job: Job | None = None
                 if type(item) is Job:
-                    self.tally.add(delivery.queue, item.task.name, PROCESSED)
                     job = item
+                    message, task = job.message, job.task
+                    key = (delivery.queue, task.name)
+                    counts[key] = counts.get(key, 0) + 1
                     if job.pipeline is None or job.pipeline.per_call:
                         state.time_limit = None
                         self.run(job, state)
                         state.current = None
                         continue
-                    message, task = job.message, job.task  # only batch hooks: call it here
+                    # only batch hooks and ``after_calls``: call it here
                 else:
                     assert isinstance(item, Message)
                     message, task = item, inline[item.task]
-                    self.tally.add(delivery.queue, task.name, PROCESSED)
+                    key = (delivery.queue, task.name)
+                    counts[key] = counts.get(key, 0) + 1
                 state.time_limit = task.time_limit
                 try:
                     result = task.fn(*message.args, **message.kwargs)
@@ -488,19 +520,70 @@ class Processor:
                     state.current = None
                     self._failed(job or Job(delivery, message, task), err)
                     continue
-                if job is not None:
-                    job.outcome = Outcome("ack", result)
                 state.current = None
-                done.append(delivery)
+                if job is None:
+                    done.append(delivery)
+                    continue
+                job.outcome = Outcome("ack", result)
+                if job.pipeline.after_calls:  # type: ignore[union-attr]
+                    returned.append(job)
+                else:
+                    done.append(delivery)
         except BaseException:
             state.unstarted.extend(_take_all(pending))
             raise
         finally:
             self.processed += started
+            self.tally.add_many(counts)
             if state.overran:
+                if returned:
+                    returned = self._overran_jobs(returned, state.overran)
                 self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
+            if returned:
+                self._settle_returned(returned)
+
+    def _overran_jobs(self, returned: list[Job], overran: list[Delivery]) -> list[Job]:
+        """Fail the returned jobs that were interrupted at their limit; return the others."""
+        late = {id(d) for d in overran}
+        kept = []
+        for job in returned:
+            if id(job.delivery) in late:
+                self._failed(job, job.time_limit_error())
+            else:
+                kept.append(job)
+        return kept
+
+    def _settle_returned(self, returned: list[Job]) -> None:
+        """``after_calls`` for the jobs whose calls returned, then their acknowledgements (with
+        the results they store) or, for those a hook failed, their failures."""
+        groups: dict[Middleware, list[Job]] = {}
+        for pipeline, run in groupby(returned, _PIPELINE_OF):
+            jobs = list(run)
+            for m in pipeline.after_calls:
+                groups.setdefault(m, []).extend(jobs)
+        self._after_calls(groups)
+        acks: list[Delivery] = []
+        with_results: list[tuple[Delivery, StoredResult]] = []
+        for job in returned:
+            if job.failure is not None:
+                self._failed(job, job.failure)
+            elif job.stored is None:
+                acks.append(job.delivery)
+            else:
+                with_results.append((job.delivery, job.stored))
+        if acks:
+            self.acker.ack_many(acks)
+        if with_results:
+            self.acker.ack_many_with_results(with_results)
+
+    def _after_calls(self, groups: dict[Middleware, list[Job]]) -> None:
+        for m, jobs in groups.items():
+            try:
+                m.after_calls(jobs)
+            except Exception as err:  # a bug in the hook: the calls stand
+                log.error("middleware %s failed in after_calls: %s", safe_repr(m), describe(err))
 
     def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None:
         for m, jobs in groups.items():
@@ -628,12 +711,16 @@ class Processor:
                         safe_repr(getattr(hook, "__self__", hook)),
                         describe(err),
                     )
+            if error is None and pipeline.after_calls:
+                job.outcome = Outcome("ack", result)
+                self._after_calls({m: [job] for m in pipeline.after_calls})
+                error = job.failure
         if error is None:
             stored = job.stored
             if stored is None:
                 self.acker.ack(job.delivery)
             else:
-                self.acker.ack_with_result(job.delivery, stored.id, stored.payload, stored.ttl)
+                self.acker.ack_many_with_results([(job.delivery, stored)])
             job.outcome = Outcome("ack", result)
             self._after_outcome(job)
         else:
@@ -658,7 +745,9 @@ class Processor:
         pipeline, outcome = job.pipeline, job.outcome
         if pipeline is None or outcome is None:
             return
-        for hook in pipeline.after_outcome:
+        # middleware with ``after_calls`` saw the acknowledgement there
+        hooks = pipeline.ack_outcome if outcome.kind == "ack" else pipeline.after_outcome
+        for hook in hooks:
             try:
                 hook(job, outcome)
             except Exception as err:
