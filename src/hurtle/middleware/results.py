@@ -29,7 +29,7 @@ import msgspec
 from .._text import safe_str, trace
 from ..brokers import StoredResult
 from ..errors import ResultError
-from . import Middleware, Outcome
+from . import Calls, Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -66,14 +66,13 @@ def encode_value(value: Any, job: Job) -> bytes:
     try:
         return _encode((SUCCEEDED, value))  # the bytes of Record(SUCCEEDED, value), made faster
     except (TypeError, ValueError, OverflowError) as err:
-        raise unstorable(value, job, err) from err
+        raise unstorable(value, job.task.name, job.message.id, err) from err
 
 
-def unstorable(value: Any, job: Job, err: Exception) -> ResultError:
+def unstorable(value: Any, task: str, message_id: str, err: Exception) -> ResultError:
     """The error that fails a call whose return value msgpack cannot encode."""
-    task = job.task.name
     return ResultError(
-        f"task {task}[{job.message.id}] returned a value of type {type(value).__name__} "
+        f"task {task}[{message_id}] returned a value of type {type(value).__name__} "
         f"that cannot be stored as its result ({err}); return something msgpack can "
         f"encode (None, bool, int, float, str, bytes, lists, dicts, msgspec Structs, "
         f"dataclasses, datetimes), or set store_result=False on {task}"
@@ -109,21 +108,28 @@ class Results(Middleware):
     def worker_start(self, worker: Worker) -> None:
         self.acker = worker.acker
 
-    def after_calls(self, jobs: list[Job]) -> None:
-        # one loop per batch: the encodes, and no hook call per job
-        encode = _encode
-        for job in jobs:
-            if job.failure is not None or job.outcome is None:
-                continue
-            value = job.outcome.result
-            try:
-                payload = encode((SUCCEEDED, value))  # the bytes of Record(SUCCEEDED, value)
-            except (TypeError, ValueError, OverflowError) as err:
-                failure = unstorable(value, job, err)
-                failure.__cause__ = err
-                job.fail(failure)
-                continue
-            job.stored = StoredResult(job.message.id, payload, job.task.result_ttl)
+    def after_calls(self, calls: Calls) -> None:
+        # one comprehension per batch: the encodes, and no hook call per task
+        ttl = calls.task.result_ttl
+        try:
+            payloads = [_encode((SUCCEEDED, value)) for value in calls.results]
+        except (TypeError, ValueError, OverflowError):
+            payloads = [self._payload(calls, i) for i in range(len(calls))]
+        calls.stored = [
+            StoredResult(m.id, p, ttl) for m, p in zip(calls.messages, payloads, strict=True)
+        ]
+
+    @staticmethod
+    def _payload(calls: Calls, i: int) -> bytes:
+        """Call ``i``'s record, or ``b""`` after failing it (a value msgpack cannot encode)."""
+        value = calls.results[i]
+        try:
+            return _encode((SUCCEEDED, value))  # the bytes of Record(SUCCEEDED, value)
+        except (TypeError, ValueError, OverflowError) as err:
+            failure = unstorable(value, calls.task.name, calls.messages[i].id, err)
+            failure.__cause__ = err
+            calls.fail(i, failure)
+            return b""
 
     def after_outcome(self, job: Job, outcome: Outcome) -> None:
         if outcome.kind in ("retry", "dead") and outcome.error is not None:

@@ -153,10 +153,12 @@ class Acker:
         if len(pending) == self.batch_size:
             self._wake.set()
 
-    def ack_many_with_results(self, items: list[tuple[Delivery, StoredResult]]) -> None:
-        """``ack_with_result`` for a batch."""
+    def ack_many_with_results(
+        self, deliveries: list[Delivery], results: list[StoredResult]
+    ) -> None:
+        """``ack_with_result`` for a batch: ``results[i]`` rides with ``deliveries[i]``."""
         pending = self._with_results
-        pending.extend(items)
+        pending.extend(zip(deliveries, results, strict=True))
         if len(pending) >= self.batch_size:
             self._wake.set()
 

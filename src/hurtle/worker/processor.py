@@ -65,7 +65,7 @@ from ..brokers import Delivery, StoredResult
 from ..brokers.reports import UNDECODABLE, Tally
 from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
-from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
+from ..middleware import JOB_HOOKS, Calls, Middleware, Outcome, overrides
 from ..middleware.retries import Retries
 from .acker import Acker
 
@@ -203,8 +203,6 @@ class Job(msgspec.Struct, eq=False):
     outcome: Outcome | None = None
     #: The result to store with the acknowledgement (set by the results middleware).
     stored: StoredResult | None = None
-    #: Why a call that returned fails all the same (``after_calls``: ``fail``).
-    failure: Exception | None = None
     #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
     deferrals: ClassVar[int] = 0
 
@@ -215,11 +213,6 @@ class Job(msgspec.Struct, eq=False):
         self.defer_delay = max(float(delay), 0.0)
         self.defer_reason = reason
         Job.deferrals += 1
-
-    def fail(self, error: Exception) -> None:
-        """Fail a call that returned (from ``after_calls``): retried or dead-lettered by its
-        policy, as if it had raised ``error``."""
-        self.failure = error
 
     def call(self) -> Any:
         """Call the task function (a coroutine function returns its coroutine)."""
@@ -425,11 +418,12 @@ class Processor:
     def _process_batch(self, deliveries: list[Delivery], state: BatchState) -> None:
         """``process_many`` when middleware has batch hooks: decode the whole batch, show each
         middleware its jobs (``before_batch``), defer what it deferred, run the rest as
-        ``process_many`` does, then ``after_batch``."""
+        ``process_many`` does, then ``after_batch``. Only tasks with batch hooks or per-call
+        hooks get a ``Job``; the others' messages go as they are."""
         runnable: list[Delivery] = []
-        items: list[Message | Job] = []  # per runnable delivery: a Message (inline) or a Job
+        items: list[Message | Job] = []  # per runnable delivery: a Message or a Job
         batched: list[Job] = []  # the jobs whose middleware have batch hooks
-        inline, pipelines = self._inline, self._pipelines
+        pipelines = self._pipelines
         decode = decode_unchecked
         for delivery in deliveries:
             try:
@@ -437,14 +431,14 @@ class Processor:
             except Exception:
                 self.process(delivery)  # dead-letters it with the reason
                 continue
-            if message.task in inline:
+            pipeline = pipelines.get(message.task) or self.pipeline(message.task)
+            if pipeline is None:  # unknown task
+                self.processed += 1
+                self._unknown(delivery, message)
+                continue
+            if pipeline.inline or not (pipeline.batched or pipeline.per_call):
                 items.append(message)
             else:
-                pipeline = pipelines.get(message.task) or self.pipeline(message.task)
-                if pipeline is None:  # unknown task
-                    self.processed += 1
-                    self._unknown(delivery, message)
-                    continue
                 job = Job(delivery, message, pipeline.task, pipeline, batch=pipeline.batched)
                 items.append(job)
                 if job.batch:
@@ -473,9 +467,10 @@ class Processor:
     def _run_items(
         self, runnable: list[Delivery], items: list[Message | Job], state: BatchState
     ) -> None:
-        inline = self._inline
+        pipelines = self._pipelines
         done: list[Delivery] = []
-        returned: list[Job] = []  # calls that returned, for ``after_calls`` before their acks
+        returned: dict[str, Calls] = {}  # by task: calls for ``after_calls``, before their acks
+        calls: Calls | None = None
         counts: dict[tuple[str, str], int] = {}
         started = 0
         pending = state.pending = deque(runnable)
@@ -499,36 +494,46 @@ class Processor:
                 job: Job | None = None
                 if type(item) is Job:
                     job = item
-                    message, task = job.message, job.task
-                    key = (delivery.queue, task.name)
-                    counts[key] = counts.get(key, 0) + 1
-                    if job.pipeline is None or job.pipeline.per_call:
+                    message, pipeline = job.message, job.pipeline
+                    assert pipeline is not None
+                    if pipeline.per_call:
+                        counts[delivery.queue, pipeline.task.name] = (
+                            counts.get((delivery.queue, pipeline.task.name), 0) + 1
+                        )
                         state.time_limit = None
                         self.run(job, state)
                         state.current = None
                         continue
-                    # only batch hooks and ``after_calls``: call it here
                 else:
                     assert isinstance(item, Message)
-                    message, task = item, inline[item.task]
-                    key = (delivery.queue, task.name)
-                    counts[key] = counts.get(key, 0) + 1
+                    message, pipeline = item, pipelines[item.task]
+                task = pipeline.task
+                key = (delivery.queue, task.name)
+                counts[key] = counts.get(key, 0) + 1
                 state.time_limit = task.time_limit
                 try:
                     result = task.fn(*message.args, **message.kwargs)
                 except Exception as err:
                     state.current = None
-                    self._failed(job or Job(delivery, message, task), err)
+                    self._failed(job or Job(delivery, message, task, pipeline), err)
                     continue
                 state.current = None
-                if job is None:
+                if job is not None and pipeline.after_batch:
+                    job.outcome = Outcome("ack", result)
+                if not pipeline.after_calls:
                     done.append(delivery)
                     continue
-                job.outcome = Outcome("ack", result)
-                if job.pipeline.after_calls:  # type: ignore[union-attr]
-                    returned.append(job)
-                else:
-                    done.append(delivery)
+                if calls is None or calls.task is not task:
+                    calls = returned.get(task.name)
+                    if calls is None:
+                        calls = returned[task.name] = Calls(task)
+                        if job is not None:
+                            calls.jobs = []
+                calls.deliveries.append(delivery)
+                calls.messages.append(message)
+                calls.results.append(result)
+                if job is not None and calls.jobs is not None:
+                    calls.jobs.append(job)
         except BaseException:
             state.unstarted.extend(_take_all(pending))
             raise
@@ -536,54 +541,61 @@ class Processor:
             self.processed += started
             self.tally.add_many(counts)
             if state.overran:
-                if returned:
-                    returned = self._overran_jobs(returned, state.overran)
+                late = {id(d) for d in state.overran}
+                for c in returned.values():
+                    for i, d in enumerate(c.deliveries):
+                        if id(d) in late:
+                            c.fail(i, TimeLimitExceeded(""))  # made precise in _settle_calls
                 self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
-            if returned:
-                self._settle_returned(returned)
+            for c in returned.values():
+                self._settle_calls(c)
 
-    def _overran_jobs(self, returned: list[Job], overran: list[Delivery]) -> list[Job]:
-        """Fail the returned jobs that were interrupted at their limit; return the others."""
-        late = {id(d) for d in overran}
-        kept = []
-        for job in returned:
-            if id(job.delivery) in late:
-                self._failed(job, job.time_limit_error())
-            else:
-                kept.append(job)
-        return kept
-
-    def _settle_returned(self, returned: list[Job]) -> None:
-        """``after_calls`` for the jobs whose calls returned, then their acknowledgements (with
-        the results they store) or, for those a hook failed, their failures."""
-        groups: dict[Middleware, list[Job]] = {}
-        for pipeline, run in groupby(returned, _PIPELINE_OF):
-            jobs = list(run)
-            for m in pipeline.after_calls:
-                groups.setdefault(m, []).extend(jobs)
-        self._after_calls(groups)
-        acks: list[Delivery] = []
-        with_results: list[tuple[Delivery, StoredResult]] = []
-        for job in returned:
-            if job.failure is not None:
-                self._failed(job, job.failure)
-            elif job.stored is None:
-                acks.append(job.delivery)
-            else:
-                with_results.append((job.delivery, job.stored))
-        if acks:
-            self.acker.ack_many(acks)
-        if with_results:
-            self.acker.ack_many_with_results(with_results)
-
-    def _after_calls(self, groups: dict[Middleware, list[Job]]) -> None:
-        for m, jobs in groups.items():
+    def _settle_calls(self, calls: Calls, job: Job | None = None) -> None:
+        """``after_calls`` for calls of one task that returned, then their acknowledgements
+        (with the results they store) or, for those failed, their failures. With ``job``: the
+        call of that job alone (``finish``), whose failure, if any, is returned to it."""
+        pipeline = self._pipelines[calls.task.name]
+        overran = dict(calls.failures)  # calls interrupted at their time limit
+        for m in pipeline.after_calls:
             try:
-                m.after_calls(jobs)
+                m.after_calls(calls)
             except Exception as err:  # a bug in the hook: the calls stand
                 log.error("middleware %s failed in after_calls: %s", safe_repr(m), describe(err))
+        deliveries, stored = calls.deliveries, calls.stored
+        if stored is None and job is not None and job.stored is not None:
+            stored = [job.stored]  # set by an ``after_process`` hook
+        if stored is not None and len(stored) != len(deliveries):
+            log.error(
+                "middleware set %d results to store for %d calls of %s: none is stored",
+                len(stored),
+                len(deliveries),
+                calls.task.name,
+            )
+            stored = None
+        failures = calls.failures
+        if failures:
+            for i, failure in sorted(failures.items()):
+                failed = job or (
+                    calls.jobs[i]
+                    if calls.jobs is not None
+                    else Job(deliveries[i], calls.messages[i], calls.task, pipeline)
+                )
+                self._failed(failed, failed.time_limit_error() if i in overran else failure)
+            kept = [i for i in range(len(deliveries)) if i not in failures]
+            deliveries = [deliveries[i] for i in kept]
+            if stored is not None:
+                stored = [stored[i] for i in kept]
+        if not deliveries:
+            return
+        if stored is None:
+            self.acker.ack_many(deliveries)
+        else:
+            self.acker.ack_many_with_results(deliveries, stored)
+        if job is not None:
+            job.outcome = Outcome("ack", calls.results[0])
+            self._after_outcome(job)
 
     def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None:
         for m, jobs in groups.items():
@@ -712,15 +724,20 @@ class Processor:
                         describe(err),
                     )
             if error is None and pipeline.after_calls:
-                job.outcome = Outcome("ack", result)
-                self._after_calls({m: [job] for m in pipeline.after_calls})
-                error = job.failure
+                calls = Calls(job.task)
+                calls.deliveries.append(job.delivery)
+                calls.messages.append(job.message)
+                calls.results.append(result)
+                self._settle_calls(calls, job)  # acknowledged, or failed
+                if job.alone and pipeline.after_batch:
+                    self._after_batch({m: [job] for m in pipeline.after_batch})
+                return
         if error is None:
             stored = job.stored
             if stored is None:
                 self.acker.ack(job.delivery)
             else:
-                self.acker.ack_many_with_results([(job.delivery, stored)])
+                self.acker.ack_many_with_results([job.delivery], [stored])
             job.outcome = Outcome("ack", result)
             self._after_outcome(job)
         else:
