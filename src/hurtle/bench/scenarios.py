@@ -62,7 +62,7 @@ SCENARIOS: list[Scenario] = [
         worker=(*_HURTLE_WORKER, "--pool", "solo"),
         modules=("redis", "hurtle.brokers.redis"),
         version_of="hurtle",
-        install="the Redis broker (hurtle/brokers/redis.py) and pip install -e '.[redis]'",
+        install="the Redis broker (hurtle/brokers/redis/) and pip install -e '.[redis]'",
         leftover=leftover.hurtle,
     ),
     Scenario(
@@ -75,7 +75,7 @@ SCENARIOS: list[Scenario] = [
         env=_LOCK,
         modules=("redis", "hurtle.brokers.redis"),
         version_of="hurtle",
-        install="the Redis broker (hurtle/brokers/redis.py) and pip install -e '.[redis]'",
+        install="the Redis broker (hurtle/brokers/redis/) and pip install -e '.[redis]'",
         leftover=leftover.hurtle,
     ),
     Scenario(
@@ -88,7 +88,7 @@ SCENARIOS: list[Scenario] = [
         worker=(*_HURTLE_WORKER, "--pool", "solo"),
         modules=("hurtle.brokers.sqlite",),
         version_of="hurtle",
-        install="the SQLite broker (hurtle/brokers/sqlite.py)",
+        install="the SQLite broker (hurtle/brokers/sqlite/)",
         leftover=leftover.hurtle,
     ),
     Scenario(

@@ -1,0 +1,346 @@
+"""``RedisBroker``: publishing, the admin side, and the connections everything else uses."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+import redis
+
+from ...errors import ConfigurationError, EncodeError
+from ...ids import new_id
+from ...message import MAX_PRIORITY, Message, check_messages, encode_many
+from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from ..base import (
+    Broker,
+    DeadLetter,
+    QueueStats,
+    check_dead_letter_limits,
+    check_tick_claim,
+    unique_key_of,
+)
+from ..keys import QUEUES, queue_keys, rate_key, result_key
+from .consumer import MAX_BLOCK, RedisConsumer
+from .results import _ResultListener
+from .scripts import _PRIORITIES, _PRIORITY_ARG, _Command, _get_scripts, _publish_keys
+from .workers import _Workers
+
+#: Socket timeout of the connections that block; must exceed ``MAX_BLOCK``.
+BLOCKING_SOCKET_TIMEOUT = MAX_BLOCK + 10.0
+#: Defaults for the other connections; ``?socket_timeout=…`` in the URL overrides them.
+SOCKET_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 5.0
+#: Connections one broker object uses for results: the listener's, and the rest for reads.
+RESULT_CONNECTIONS = 4
+
+
+def _public_url(url: str) -> str:
+    """``url`` without its password, for messages and ``Broker.url``."""
+    return _PASSWORD.sub(lambda m: f"//{m.group(1)}@" if m.group(1) else "//", url, count=1)
+
+
+_PASSWORD = re.compile(r"//([^:@/]*):[^@/]*@")
+
+
+class RedisBroker(_Workers, Broker):
+    """The broker contract on one Redis server (6.2 or later)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        heartbeat_timeout: float = 20.0,
+        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        max_recoveries: int = 3,
+    ) -> None:
+        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
+            dead_letter_max, dead_letter_ttl
+        )
+        self.url = _public_url(url)
+        self._url = url  # with its password: for the heartbeat's own connections
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
+        self._scripts = _get_scripts()
+        options: dict[str, Any] = {
+            "socket_timeout": SOCKET_TIMEOUT,
+            "socket_connect_timeout": CONNECT_TIMEOUT,
+            "socket_keepalive": True,
+            # One quick retry covers a pooled connection that died with a restarted server;
+            # timeouts are not retried, since the command may have run.
+            "retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        }
+        # Typed ``Any``: redis-py's command methods carry no annotations.
+        self._client: Any
+        self._blocking: Any
+        db = urlsplit(url).path.lstrip("/")
+        if db and not db.isdigit():
+            raise ConfigurationError(
+                f"bad Redis URL {self.url!r}: the database {db!r} is not a number; expected "
+                "redis://[:password@]host:port/db with db an integer such as 0"
+            )
+        try:
+            self._client = redis.Redis.from_url(url, **options)
+            blocking_pool = redis.ConnectionPool.from_url(url, **options)
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(
+                f"bad Redis URL {self.url!r}: {err}; expected redis://[:password@]host:port/db "
+                "or rediss://…"
+            ) from err
+        self._client.connection_pool.connection_kwargs["decode_responses"] = False
+        blocking_pool.connection_kwargs["decode_responses"] = False
+        blocking_pool.connection_kwargs["socket_timeout"] = BLOCKING_SOCKET_TIMEOUT
+        self._blocking = redis.Redis(connection_pool=blocking_pool)
+        # results: waiters share a few connections (a read waits for a free one)
+        results_pool = redis.BlockingConnectionPool.from_url(
+            url, max_connections=RESULT_CONNECTIONS, timeout=None, **options
+        )
+        results_pool.connection_kwargs["decode_responses"] = False
+        self._results = redis.Redis(connection_pool=results_pool)
+        self._listener = _ResultListener(self._results, self.url)
+
+    # -- producing --------------------------------------------------------------------------
+
+    def publish(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return
+        payloads = encode_many(batch)
+        now = time.time()
+        # queue -> (ready payloads per priority, flat (eta, priority, payload) triples)
+        groups: dict[str, tuple[dict[int, list[bytes]], list[Any]]] = {}
+        for m, raw in zip(batch, payloads, strict=True):
+            group = groups.get(m.queue)
+            if group is None:
+                group = groups[m.queue] = ({p: [] for p in _PRIORITIES}, [])
+            try:
+                if m.eta > now:
+                    group[1].extend((m.eta, _PRIORITY_ARG[m.priority], raw))
+                else:
+                    group[0][m.priority].append(raw)
+            except (KeyError, TypeError):
+                raise EncodeError(
+                    f"priority {m.priority!r} of task {m.task!r} is out of range: use an int "
+                    f"from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                ) from None
+        commands: list[_Command] = [(("SADD", QUEUES, *groups), None)]
+        for name, (ready, delayed) in groups.items():
+            args: list[Any] = [len(ready[p]) for p in _PRIORITIES]
+            for p in _PRIORITIES:
+                args += ready[p]
+            args += delayed
+            commands.append(self._call(self._scripts.publish, _publish_keys(name), args))
+        self._pipeline(commands, f"publishing {len(batch)} messages")
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return []
+        locks = [unique_key_of(m) for m in batch]
+        payloads = encode_many(batch)
+        # (queue, priority, eta) -> (positions in the batch, script arguments); a send_many
+        # is one group
+        groups: dict[tuple[str, int, float], tuple[list[int], list[Any]]] = {}
+        ttl = repr(float(unique_for))
+        for i, (m, lock, raw) in enumerate(zip(batch, locks, payloads, strict=True)):
+            group = groups.get((m.queue, m.priority, m.eta))
+            if group is None:
+                priority = _PRIORITY_ARG.get(m.priority)
+                if priority is None:
+                    raise EncodeError(
+                        f"priority {m.priority!r} of task {m.task!r} is out of range: use an "
+                        f"int from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                    )
+                group = groups[(m.queue, m.priority, m.eta)] = (
+                    [],
+                    [ttl, priority, repr(float(m.eta))],
+                )
+            group[0].append(i)
+            group[1].extend((lock, m.id, raw))
+        queues = {queue for queue, _, _ in groups}
+        commands: list[_Command] = [(("SADD", QUEUES, *queues), None)]
+        for (name, _, _), (_, args) in groups.items():
+            k = queue_keys(name)
+            commands.append(
+                self._call(
+                    self._scripts.publish_unique,
+                    (*_publish_keys(name), k.unique, k.unique_sweep),
+                    args,
+                )
+            )
+        results = self._pipeline(commands, f"publishing {len(batch)} unique messages")
+        out = [m.id for m in batch]
+        for (positions, _), skipped in zip(groups.values(), results[1:], strict=True):
+            for at in range(0, len(skipped), 2):
+                holder = skipped[at + 1]
+                out[positions[skipped[at] - 1]] = (
+                    holder.decode() if isinstance(holder, bytes) else str(holder)
+                )
+        return out
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        if not requests:
+            return []
+        script = self._scripts.rate
+        commands = [
+            self._call(script, (rate_key(key),), (limit, repr(float(period)), wanted))
+            for key, limit, period, wanted in requests
+        ]
+        return [
+            (int(granted), float(wait))
+            for granted, wait in self._pipeline(
+                commands, f"taking tokens of {len(requests)} rate limits"
+            )
+        ]
+
+    def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
+        if not payloads:
+            return
+        args: list[Any] = [len(payloads), *([0] * MAX_PRIORITY), *payloads]
+        self._pipeline(
+            [
+                (("SADD", QUEUES, queue), None),
+                self._call(self._scripts.publish, _publish_keys(queue), args),
+            ],
+            f"publishing {len(payloads)} raw payloads to {queue!r}",
+        )
+
+    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
+        check_tick_claim(queue, tick, messages)
+        check_messages(messages)
+        payloads = encode_many(list(messages))
+        now = time.time()
+        ready: dict[int, list[bytes]] = {p: [] for p in _PRIORITIES}
+        delayed: list[Any] = []
+        for m, raw in zip(messages, payloads, strict=True):
+            if m.eta > now:
+                delayed.extend((m.eta, _PRIORITY_ARG[m.priority], raw))
+            else:
+                ready[m.priority].append(raw)
+        args: list[Any] = [repr(float(tick)), *(len(ready[p]) for p in _PRIORITIES)]
+        for p in _PRIORITIES:
+            args += ready[p]
+        args += delayed
+        keys = (queue_keys(queue).schedule(name), *_publish_keys(queue))
+        _, won = self._pipeline(
+            [(("SADD", QUEUES, queue), None), self._call(self._scripts.claim_tick, keys, args)],
+            f"claiming tick {tick!r} of schedule {name!r}",
+        )
+        return bool(won)
+
+    def last_tick(self, queue: str, name: str) -> float | None:
+        try:
+            raw = self._client.get(queue_keys(queue).schedule(name))
+        except redis.RedisError as err:
+            self._fail(err, f"reading the last tick of schedule {name!r}")
+        return None if raw is None else float(raw)
+
+    # -- consuming --------------------------------------------------------------------------
+
+    def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> RedisConsumer:
+        if isinstance(queues, str):
+            queues = [queues]
+        if not queues:
+            raise ConfigurationError("a consumer needs at least one queue name")
+        if worker_id is None:
+            worker_id = f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
+        return RedisConsumer(self, tuple(queues), worker_id)
+
+    # -- admin ------------------------------------------------------------------------------
+
+    def queues(self) -> list[str]:
+        names = self._pipeline([(("SMEMBERS", QUEUES), None)], "listing queues")[0]
+        return sorted(n.decode() for n in names)
+
+    def stats(self, queues: Iterable[str] | None = None) -> dict[str, QueueStats]:
+        names = self.queues() if queues is None else list(queues)
+        if not names:
+            return {}
+        commands = []
+        for name in names:
+            k = queue_keys(name)
+            keys = (*k.ready, k.delayed, k.workers, k.dead, k.quarantine)
+            commands.append(self._call(self._scripts.stats, keys, (k.inflight_prefix,)))
+        results = self._pipeline(commands, "reading queue stats")
+        return {
+            name: QueueStats(ready=r[0], delayed=r[1], in_flight=r[2], dead=r[3])
+            for name, r in zip(names, results, strict=True)
+        }
+
+    def recover(self) -> int:
+        return self._heartbeat(self.queues(), "", 0.0)[0]
+
+    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        k = queue_keys(queue)
+        flat = self._eval(
+            self._scripts.dead_list,
+            (k.dead, k.dead_raw, k.dead_reason),
+            (offset, limit),
+            f"listing dead letters of {queue!r}",
+        )
+        return [
+            DeadLetter(
+                id=flat[i].decode(),
+                queue=queue,
+                failed_at=float(flat[i + 1]),
+                reason=flat[i + 2].decode("utf-8", "replace"),
+                raw=flat[i + 3],
+            )
+            for i in range(0, len(flat), 4)
+        ]
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        if not ids:
+            return 0
+        k = queue_keys(queue)
+        return int(
+            self._eval(
+                self._scripts.dead_delete,
+                (k.dead, k.dead_raw, k.dead_reason),
+                list(ids),
+                f"deleting dead letters of {queue!r}",
+            )
+        )
+
+    def purge_dead(self, queue: str) -> int:
+        k = queue_keys(queue)
+        return int(
+            self._eval(
+                self._scripts.dead_purge,
+                (k.dead, k.dead_raw, k.dead_reason),
+                (),
+                f"purging dead letters of {queue!r}",
+            )
+        )
+
+    def get_result(self, id: str) -> bytes | None:
+        try:
+            payload: Any = self._results.get(result_key(id))
+        except redis.RedisError as err:
+            self._fail(err, f"reading the result of {id}")
+        return None if payload is None else bytes(payload)
+
+    def watch_results(
+        self, ids: Sequence[str], wake: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        return self._listener.watch(ids, wake)
+
+    def close(self) -> None:
+        self._listener.close()
+        self._client.close()
+        self._blocking.connection_pool.disconnect()
+        self._blocking.close()
+        self._results.connection_pool.disconnect()
+        self._results.close()

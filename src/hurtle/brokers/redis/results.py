@@ -1,0 +1,133 @@
+"""Results: the commands that store a batch's records, and the listener that wakes waiters."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..base import StoredResult
+from ..keys import RESULTS_CHANNEL, result_key
+from .scripts import _Command
+
+if TYPE_CHECKING:
+    from .broker import RedisBroker
+
+log = logging.getLogger(__name__)
+
+
+def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
+    """One ``results.lua`` call per distinct ttl (most batches have one)."""
+    by_ttl: dict[float, list[StoredResult]] = {}
+    for r in results:
+        by_ttl.setdefault(r.ttl, []).append(r)
+    script = broker._scripts.results
+    commands = []
+    for ttl, group in by_ttl.items():
+        ids = [r.id for r in group]
+        commands.append(
+            broker._call(
+                script,
+                [result_key(i) for i in ids],
+                [
+                    RESULTS_CHANNEL,
+                    " ".join(ids),
+                    max(int(ttl * 1000), 1),
+                    *[r.payload for r in group],
+                ],
+            )
+        )
+    return commands
+
+
+class _ResultListener:
+    """One thread on one connection, subscribed to ``RESULTS_CHANNEL`` while anyone waits,
+    waking the waiters of the ids each announcement names.
+
+    Each (re)subscription wakes every waiter, so that one that started watching before the
+    subscription took effect re-reads its record: nothing announced in between is missed. A
+    forked child starts a listener of its own (the parent's thread did not come along).
+    """
+
+    def __init__(self, client: Any, url: str) -> None:
+        self._client = client
+        self._url = url
+        self._lock = threading.Lock()
+        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._pid = os.getpid()
+
+    def watch(self, ids: Sequence[str], wake: Callable[[], None]) -> Callable[[], None]:
+        if self._pid != os.getpid():  # forked: the thread and any lock holder stayed behind
+            self._pid = os.getpid()
+            self._lock = threading.Lock()
+            self._watchers = {}
+            self._thread = None
+        with self._lock:
+            for id_ in ids:
+                self._watchers.setdefault(id_, []).append(wake)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(
+                    target=self._run, name="hurtle-results", daemon=True
+                )
+                self._thread.start()
+
+        def stop() -> None:
+            with self._lock:
+                for id_ in ids:
+                    watchers = self._watchers.get(id_)
+                    if watchers is not None:
+                        watchers.remove(wake)
+                        if not watchers:
+                            del self._watchers[id_]
+
+        return stop
+
+    def _wake(self, ids: Iterable[str] | None) -> None:
+        with self._lock:
+            if ids is None:
+                wakes = [w for ws in self._watchers.values() for w in ws]
+            else:
+                wakes = [w for id_ in ids for w in self._watchers.get(id_, ())]
+        for wake in wakes:
+            wake()
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            pubsub = self._client.pubsub()
+            try:
+                pubsub.subscribe(RESULTS_CHANNEL)
+                while not self._closed:
+                    message = pubsub.get_message(timeout=1.0)
+                    if message is None:
+                        continue
+                    if message["type"] == "message":
+                        self._wake(message["data"].decode("ascii", "replace").split())
+                    elif message["type"] == "subscribe":
+                        self._wake(None)
+                    backoff = 0.1
+            except Exception as err:  # redis-py's errors, or its state after a disconnect
+                if self._closed:
+                    return
+                log.warning(
+                    "lost the result announcements of Redis at %s (%s); subscribing again in %.1fs",
+                    self._url,
+                    err,
+                    backoff,
+                )
+                self._wake(None)  # waiters re-read meanwhile
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                with contextlib.suppress(Exception):
+                    pubsub.close()
+
+    def close(self) -> None:
+        """Stop; the thread ends at its next read, which the pool's disconnect cuts short."""
+        self._closed = True

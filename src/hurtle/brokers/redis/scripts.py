@@ -1,0 +1,160 @@
+"""The Lua scripts in ``../lua/``, read once per process, and the plumbing that runs them: one
+script or a pipeline of commands in one round trip, redis-py errors turned into ``BrokerError``."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any, NoReturn
+
+from redis.exceptions import NoScriptError
+
+import redis
+
+from ...errors import BrokerError
+from ...message import MAX_PRIORITY
+from ..keys import queue_keys
+
+_PRIORITIES = range(MAX_PRIORITY + 1)
+_INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
+
+
+class _Script:
+    """One Lua file, run with ``EVALSHA`` (loaded again on ``NOSCRIPT``)."""
+
+    __slots__ = ("name", "sha", "source")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = _read_lua(name)
+        self.sha = hashlib.sha1(self.source.encode()).hexdigest()
+
+
+def _read_lua(name: str) -> str:
+    text = resources.files("hurtle.brokers").joinpath("lua", f"{name}.lua").read_text("utf-8")
+    return _INCLUDE.sub(lambda m: _read_lua(m.group(1)), text)
+
+
+class _Scripts:
+    """Every script, read once per process."""
+
+    def __init__(self) -> None:
+        self.publish = _Script("publish")
+        self.fetch = _Script("fetch")
+        self.ack = _Script("ack")
+        self.retry = _Script("retry")
+        self.dead_letter = _Script("dead_letter")
+        self.release = _Script("release")
+        self.held = _Script("held")
+        self.heartbeat = _Script("heartbeat")
+        self.close = _Script("close")
+        self.stats = _Script("stats")
+        self.dead_list = _Script("dead_list")
+        self.dead_delete = _Script("dead_delete")
+        self.dead_purge = _Script("dead_purge")
+        self.claim_tick = _Script("claim_tick")
+        self.results = _Script("results")
+        self.rate = _Script("rate")
+        self.slots = _Script("slots")
+        self.publish_unique = _Script("publish_unique")
+        self.unique_release = _Script("unique_release")
+
+    def all(self) -> list[_Script]:
+        return [v for v in vars(self).values() if isinstance(v, _Script)]
+
+
+_scripts: _Scripts | None = None
+
+
+def _get_scripts() -> _Scripts:
+    global _scripts
+    if _scripts is None:
+        _scripts = _Scripts()
+    return _scripts
+
+
+# One command of a pipeline: (args of execute_command, script or None).
+_Command = tuple[tuple[Any, ...], "_Script | None"]
+
+
+class _ScriptRunner:
+    """What ``RedisBroker`` is built on: its connection and how commands run on it."""
+
+    url: str
+    # Typed ``Any``: redis-py's command methods carry no annotations.
+    _client: Any
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _fail(self, err: redis.RedisError, doing: str) -> NoReturn:
+        if isinstance(err, redis.AuthenticationError):
+            raise BrokerError(
+                f"Redis at {self.url} refused the credentials while {doing}: {err}; check the "
+                "user and password in the broker URL"
+            ) from err
+        if isinstance(err, redis.ConnectionError):
+            raise BrokerError(
+                f"cannot reach Redis at {self.url} while {doing}: {err}; is redis-server "
+                "running there?"
+            ) from err
+        if isinstance(err, redis.TimeoutError):
+            raise BrokerError(
+                f"Redis at {self.url} did not answer in time while {doing}: {err}"
+            ) from err
+        raise BrokerError(f"Redis at {self.url} failed while {doing}: {err}") from err
+
+    def _eval(self, script: _Script, keys: Sequence[str], args: Sequence[Any], doing: str) -> Any:
+        """Run one script in one round trip (two more if the server forgot the script)."""
+        client = self._client
+        try:
+            try:
+                return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+            except NoScriptError:
+                client.script_load(script.source)
+                return client.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        except redis.RedisError as err:
+            self._fail(err, doing)
+
+    def _pipeline(self, commands: list[_Command], doing: str) -> list[Any]:
+        """Run commands in one round trip; scripts the server forgot are loaded and rerun."""
+        if len(commands) == 1:
+            cmd, script = commands[0]
+            if script is not None:
+                return [self._eval(script, cmd[3 : 3 + cmd[2]], cmd[3 + cmd[2] :], doing)]
+            try:
+                return [self._client.execute_command(*cmd)]
+            except redis.RedisError as err:
+                self._fail(err, doing)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for cmd, _ in commands:
+                pipe.execute_command(*cmd)
+            results: list[Any] = pipe.execute(raise_on_error=False)
+            missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if missing:  # the server restarted or SCRIPT FLUSH: those commands did not run
+                for script in {id(s): s for _, s in commands if s is not None}.values():
+                    self._client.script_load(script.source)
+                pipe = self._client.pipeline(transaction=False)
+                for i in missing:
+                    pipe.execute_command(*commands[i][0])
+                for i, r in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+                    results[i] = r
+        except redis.RedisError as err:
+            self._fail(err, doing)
+        for r in results:
+            if isinstance(r, redis.RedisError):
+                self._fail(r, doing)
+        return results
+
+    def _call(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> _Command:
+        return ("EVALSHA", script.sha, len(keys), *keys, *args), script
+
+
+_PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
+
+
+def _publish_keys(name: str) -> tuple[str, ...]:
+    k = queue_keys(name)
+    return (*k.ready, k.delayed, k.wake, k.seq)

@@ -1,0 +1,122 @@
+"""Workers: heartbeats (and the recovery they run), reports and the cluster's counters."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..keys import TOTALS, WORKER_DEADLINES, WORKER_REPORT, queue_keys
+from ..reports import KINDS, TaskCounts, WorkerReport, decode_report, encode_report
+from .scripts import _Command, _ScriptRunner, _Scripts
+
+if TYPE_CHECKING:
+    from .broker import RedisBroker
+    from .consumer import RedisConsumer
+
+
+class _Workers(_ScriptRunner):
+    """``RedisBroker``'s side of workers."""
+
+    max_recoveries: int
+    _scripts: _Scripts
+
+    def workers(self) -> list[WorkerReport]:
+        now = time.time()
+        live = self._pipeline(
+            [(("ZRANGEBYSCORE", WORKER_DEADLINES, repr(now), "+inf", "WITHSCORES"), None)],
+            "reading workers' deadlines",
+        )[0]
+        # redis-py pairs the scores up itself (RESP2 and RESP3 alike)
+        deadlines = {member.decode(): float(score) for member, score in live}
+        if not deadlines:
+            return []
+        ids = sorted(deadlines)
+        records = self._pipeline(
+            [(("GET", WORKER_REPORT + worker_id), None) for worker_id in ids],
+            "reading workers' reports",
+        )
+        out = []
+        for worker_id, record in zip(ids, records, strict=True):
+            report = record and decode_report(record, deadlines[worker_id])
+            if report:
+                out.append(report)
+        return out
+
+    def totals(self) -> list[TaskCounts]:
+        raw = self._pipeline([(("HGETALL", TOTALS), None)], "reading the cluster's counters")[0]
+        rows: dict[tuple[str, str], list[int]] = {}
+        for field, value in raw.items():
+            queue, task, kind = field.decode().split("\x1f")
+            if kind in KINDS:
+                rows.setdefault((queue, task), [0, 0, 0, 0])[KINDS.index(kind)] = int(value)
+        return [TaskCounts(q, t, *row) for (q, t), row in sorted(rows.items())]
+
+    def _heartbeat(
+        self,
+        queues: Sequence[str],
+        worker_id: str,
+        timeout: float,
+        report: WorkerReport | None = None,
+    ) -> tuple[int, bool]:
+        """Push ``worker_id``'s deadline to now + ``timeout`` (unless it is ``""``) and recover
+        ``queues`` from the workers whose deadline passed; store ``report``, if any, in the same
+        round trip. Returns how many deliveries were recovered, and whether messages wait in
+        quarantine."""
+        if not queues:
+            return 0, False
+        commands: list[_Command] = []
+        if report is not None:
+            now = time.time()
+            commands += [
+                (
+                    (
+                        "SET",
+                        WORKER_REPORT + worker_id,
+                        encode_report(report),
+                        "PX",
+                        max(int(timeout * 1000), 1),
+                    ),
+                    None,
+                ),
+                (("ZADD", WORKER_DEADLINES, repr(now + timeout), worker_id), None),
+                # dead workers' entries; their reports expire by themselves
+                (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
+            ]
+            for c in report.delta:
+                for kind in KINDS:
+                    if n := getattr(c, kind):
+                        field = f"{c.queue}\x1f{c.task}\x1f{kind}"
+                        commands.append((("HINCRBY", TOTALS, field, n), None))
+        n_report = len(commands)
+        for name in queues:
+            k = queue_keys(name)
+            args = (worker_id, repr(float(timeout)), k.inflight_prefix, self.max_recoveries)
+            keys = (
+                *k.ready,
+                k.workers,
+                k.wake,
+                k.quarantine,
+                k.deaths,
+                k.probes,
+                k.probe,
+                k.dead,
+                k.dead_raw,
+                k.dead_reason,
+                k.seq,
+            )
+            commands.append(self._call(self._scripts.heartbeat, keys, args))
+        results = self._pipeline(commands, "recording a heartbeat and recovering")[n_report:]
+        return sum(r[0] for r in results), any(r[1] for r in results)
+
+
+def _beat_reporting(consumer: RedisConsumer, broker: RedisBroker) -> bool:
+    """``consumer``'s heartbeat through ``broker``'s connections, with its report if any."""
+    reporter = consumer.reporter
+    report = reporter.report() if reporter is not None else None
+    pending = broker._heartbeat(
+        list(consumer._targets), consumer.worker_id, consumer.heartbeat_timeout, report
+    )[1]
+    if report is not None and reporter is not None:
+        reporter.confirm(report)
+    return pending

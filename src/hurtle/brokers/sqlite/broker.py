@@ -1,0 +1,333 @@
+"""``SQLiteBroker``: publishing, schedules, limits and the admin side."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+
+from ...ids import new_id
+from ...message import Message, check_messages, encode_many
+from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from ..base import (
+    Broker,
+    Consumer,
+    DeadLetter,
+    QueueStats,
+    check_dead_letter_limits,
+    check_tick_claim,
+    gcra,
+    unique_key_of,
+)
+from ..reports import TaskCounts, WorkerReport, decode_report
+from .connection import _path_of, _synchronous_of
+from .consumer import _SQLiteConsumer
+from .recovery import _Recovery
+from .schema import (
+    _ADD_CURSOR,
+    _ADD_QUEUE,
+    _CAP_DEAD,
+    _CLAIM_TICK,
+    _EXPIRE_DEAD,
+    _GET_RESULT,
+    _HAS_SCHEDULES,
+    _IDS,
+    _INSERT,
+    _INSERT_DELAYED,
+    _LAST_TICK,
+    _SCHEDULES,
+    _eta_of,
+    _next_ids,
+    _report_tables,
+)
+
+
+class SQLiteBroker(_Recovery, Broker):
+    """The contract on one SQLite file, shared by every process and thread that opens it."""
+
+    def __init__(
+        self,
+        url: str = "sqlite:///hurtle.db",
+        *,
+        heartbeat_timeout: float = 20.0,
+        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        max_recoveries: int = 3,
+    ) -> None:
+        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
+            dead_letter_max, dead_letter_ttl
+        )
+        self.url = url
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
+        self.path = _path_of(url)
+        self.synchronous = _synchronous_of(url)
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(threading.Lock())
+        self._ticket = 0  # bumped (under _wake) by every local commit that may make work ready
+        # (queue, priority) pairs this object knows have a cursor (and their queue a name row)
+        self._known: set[tuple[str, int]] = set()
+        self._closed = False
+        self._pid = os.getpid()
+        self._conn = self._open()
+
+    def _register(
+        self, conn: sqlite3.Connection, pairs: set[tuple[str, int]]
+    ) -> set[tuple[str, int]]:
+        """Make sure these (queue, priority) pairs have a cursor; returns those this object did
+        not know of, to add to ``_known`` once the transaction committed."""
+        new = pairs - self._known
+        if new:
+            conn.executemany(_ADD_QUEUE, [(q,) for q in {q for q, _ in new}])
+            conn.executemany(_ADD_CURSOR, sorted(new))
+        return new
+
+    def _store(
+        self, conn: sqlite3.Connection, items: Sequence[tuple[str, int, float, bytes]], now: float
+    ) -> set[tuple[str, int]]:
+        """Insert ``(queue, priority, eta, raw)`` items: due ones ready, the others delayed."""
+        new = self._register(conn, {(q, p) for q, p, _, _ in items})
+        ready = [(q, p, raw) for q, p, eta, raw in items if eta <= now]
+        if ready:
+            start = _next_ids(conn, len(ready))
+            conn.executemany(
+                _INSERT, [(q, p, start + i, raw) for i, (q, p, raw) in enumerate(ready)]
+            )
+        if len(ready) < len(items):
+            conn.executemany(
+                _INSERT_DELAYED, [(q, eta, p, raw) for q, p, eta, raw in items if eta > now]
+            )
+        return new
+
+    # -- producer side ---------------------------------------------------------------------
+
+    def publish(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
+        if not messages:
+            return
+        payloads = encode_many(list(messages))
+        now = time.time()
+        pairs = {(m.queue, m.priority) for m in messages}
+        if max(map(_eta_of, messages)) <= now:
+            # the common case: every message ready, one pass to build the rows
+            with self._write() as conn:
+                new = self._register(conn, pairs)
+                start = _next_ids(conn, len(messages))
+                conn.executemany(
+                    _INSERT,
+                    [
+                        (m.queue, m.priority, i, raw)
+                        for m, i, raw in zip(
+                            messages, range(start, start + len(messages)), payloads, strict=True
+                        )
+                    ],
+                )
+        else:
+            items = [
+                (m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, payloads, strict=True)
+            ]
+            with self._write() as conn:
+                new = self._store(conn, items, now)
+        self._known.update(new)
+        self._notify()
+
+    def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
+        check_messages(messages)
+        keys = [unique_key_of(m) for m in messages]
+        payloads = encode_many(list(messages))
+        out: list[str] = []
+        items: list[tuple[str, int, float, bytes]] = []
+        with self._write() as conn:
+            now = time.time()
+            conn.execute(  # a bounded sweep of expired locks
+                "DELETE FROM uniques WHERE (queue, key) IN (SELECT queue, key FROM uniques "
+                "WHERE expires <= ? LIMIT 1000)",
+                (now,),
+            )
+            for m, key, raw in zip(messages, keys, payloads, strict=True):
+                row = conn.execute(
+                    "SELECT id FROM uniques WHERE queue = ? AND key = ? AND expires > ?",
+                    (m.queue, key, now),
+                ).fetchone()
+                if row is not None:
+                    out.append(row[0])
+                    continue
+                conn.execute(
+                    "INSERT OR REPLACE INTO uniques (queue, key, id, expires) VALUES (?, ?, ?, ?)",
+                    (m.queue, key, m.id, now + unique_for),
+                )
+                items.append((m.queue, m.priority, m.eta, raw))
+                out.append(m.id)
+            new = self._store(conn, items, now) if items else set()
+        self._known.update(new)
+        if items:
+            self._notify()
+        return out
+
+    def take_tokens(
+        self, requests: Sequence[tuple[str, int, float, int]]
+    ) -> list[tuple[int, float]]:
+        out = []
+        with self._write() as conn:
+            now = time.time()
+            for key, limit, period, wanted in requests:
+                row = conn.execute("SELECT tat FROM rates WHERE key = ?", (key,)).fetchone()
+                granted, wait, tat = gcra(row[0] if row else 0.0, now, limit, period, wanted)
+                conn.execute("INSERT OR REPLACE INTO rates (key, tat) VALUES (?, ?)", (key, tat))
+                out.append((granted, wait))
+        return out
+
+    def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
+        if not payloads:
+            return
+        items = [(queue, 0, 0.0, bytes(raw)) for raw in payloads]
+        with self._write() as conn:
+            new = self._store(conn, items, time.time())
+        self._known.update(new)
+        self._notify()
+
+    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
+        check_tick_claim(queue, tick, messages)
+        check_messages(messages)
+        payloads = encode_many(list(messages))
+        now = time.time()
+        items = [
+            (m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, payloads, strict=True)
+        ]
+        with self._write() as conn:
+            conn.execute(_SCHEDULES)
+            won = conn.execute(_CLAIM_TICK, (queue, name, float(tick))).fetchone() is not None
+            new = self._store(conn, items, now) if won else set()
+        self._known.update(new)
+        if won:
+            self._notify()
+        return won
+
+    def last_tick(self, queue: str, name: str) -> float | None:
+        with self._read() as conn:
+            if conn.execute(_HAS_SCHEDULES).fetchone() is None:
+                return None
+            row = conn.execute(_LAST_TICK, (queue, name)).fetchone()
+        return None if row is None else float(row[0])
+
+    def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> Consumer:
+        return _SQLiteConsumer(self, tuple(queues), worker_id or f"sqlite-{os.getpid()}-{new_id()}")
+
+    # -- admin side ------------------------------------------------------------------------
+
+    def queues(self) -> list[str]:
+        with self._read() as conn:
+            return [r[0] for r in conn.execute("SELECT name FROM queues ORDER BY name")]
+
+    def stats(self, queues: Iterable[str] | None = None) -> dict[str, QueueStats]:
+        now = time.time()
+        with self._read() as conn:
+            if queues is None:
+                names = [r[0] for r in conn.execute("SELECT name FROM queues ORDER BY name")]
+            else:
+                names = list(queues)
+            if not names:
+                return {}
+            wanted = (json.dumps(names),)
+            # ready, delayed, in flight, dead
+            counts = {name: [0, 0, 0, 0] for name in names}
+            for queue, ready, n in conn.execute(  # above its cursor: ready; at or below: held
+                "SELECT c.queue, m.id > c.last, count(*) FROM cursors c JOIN messages m "
+                "ON m.queue = c.queue AND m.priority = c.priority "
+                f"WHERE c.queue IN ({_IDS}) GROUP BY 1, 2",
+                wanted,
+            ):
+                counts[queue][0 if ready else 2] += n
+            for queue, due, n in conn.execute(  # delayed rows already due are ready
+                f"SELECT queue, eta <= ?, count(*) FROM delayed WHERE queue IN ({_IDS}) "
+                "GROUP BY 1, 2",
+                (now, wanted[0]),
+            ):
+                counts[queue][0 if due else 1] += n
+            for queue, n in conn.execute(
+                f"SELECT queue, count(*) FROM dead WHERE queue IN ({_IDS}) GROUP BY queue",
+                wanted,
+            ):
+                counts[queue][3] += n
+            for queue, n in conn.execute(  # waiting to be let out one at a time: ready
+                f"SELECT queue, count(*) FROM quarantine WHERE queue IN ({_IDS}) GROUP BY queue",
+                wanted,
+            ):
+                counts[queue][0] += n
+        return {
+            name: QueueStats(ready=c[0], delayed=c[1], in_flight=c[2], dead=c[3])
+            for name, c in counts.items()
+        }
+
+    def recover(self) -> int:
+        with self._write() as conn:
+            moved, released, _ = self._recover_in(conn, time.time())
+        if moved or released:
+            self._notify()
+        return moved
+
+    def _trim_dead(self, conn: sqlite3.Connection, queue: str, now: float) -> tuple[int, int]:
+        """Drop dead letters past the ttl, then the oldest beyond the cap; (expired, dropped)."""
+        expired = dropped = 0
+        if self.dead_letter_ttl:
+            expired = conn.execute(_EXPIRE_DEAD, (queue, now - self.dead_letter_ttl)).rowcount
+        if self.dead_letter_max:
+            dropped = conn.execute(_CAP_DEAD, (queue, self.dead_letter_max)).rowcount
+        return expired, dropped
+
+    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT id, queue, reason, body, failed_at FROM dead WHERE queue = ? "
+                "ORDER BY seq LIMIT ? OFFSET ?",
+                (queue, limit, offset),
+            ).fetchall()
+        return [
+            DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4]) for r in rows
+        ]
+
+    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        if not ids:
+            return 0
+        with self._write() as conn:
+            deleted: int = conn.execute(
+                f"DELETE FROM dead WHERE queue = ? AND id IN ({_IDS})",
+                (queue, json.dumps(list(ids))),
+            ).rowcount
+        return deleted
+
+    def purge_dead(self, queue: str) -> int:
+        with self._write() as conn:
+            deleted: int = conn.execute("DELETE FROM dead WHERE queue = ?", (queue,)).rowcount
+        return deleted
+
+    def workers(self) -> list[WorkerReport]:
+        with self._write() as conn:
+            _report_tables(conn)
+            conn.execute("DELETE FROM worker_reports WHERE deadline < ?", (time.time(),))
+            rows = conn.execute(
+                "SELECT deadline, record FROM worker_reports ORDER BY worker_id"
+            ).fetchall()
+        return [r for d, raw in rows if (r := decode_report(raw, d)) is not None]
+
+    def totals(self) -> list[TaskCounts]:
+        with self._write() as conn:
+            _report_tables(conn)
+            rows = conn.execute("SELECT * FROM worker_totals ORDER BY queue, task").fetchall()
+        return [TaskCounts(*row) for row in rows]
+
+    def get_result(self, id: str) -> bytes | None:
+        with self._read() as conn:
+            row = conn.execute(_GET_RESULT, (id, time.time())).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                if self._pid == os.getpid():
+                    self._conn.close()
+        self._notify()

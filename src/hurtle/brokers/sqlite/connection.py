@@ -1,0 +1,185 @@
+"""The file and its one connection per broker object: URL options, opening and upgrading the
+file, write and read transactions, and the wake-ups of local waiters."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+from ...errors import BrokerError, ConfigurationError
+from .schema import _RESULTS_SCHEMA, _SCHEMA, _SCHEMA_VERSION, _UPGRADES
+
+#: ``?synchronous=`` levels a SQLite URL may ask for, and the one it gets without asking.
+SYNCHRONOUS_LEVELS = ("full", "normal")
+DEFAULT_SYNCHRONOUS = "full"
+_BUSY_TIMEOUT_MS = 30_000
+
+
+def _path_of(url: str) -> Path:
+    """``sqlite:///rel/x.db`` -> ``rel/x.db``; ``sqlite:////abs/x.db`` -> ``/abs/x.db``."""
+    scheme, sep, rest = url.partition("://")
+    if scheme.lower() != "sqlite" or not sep:
+        raise ConfigurationError(f"not a SQLite URL: {url!r}; use sqlite:///path/to/file.db")
+    rest = rest.split("?", 1)[0]
+    if not rest.startswith("/") or len(rest) < 2:
+        raise ConfigurationError(
+            f"bad SQLite URL {url!r}: use sqlite:///relative/path.db or "
+            "sqlite:////absolute/path.db (three slashes, then the path)"
+        )
+    return Path(rest[1:])
+
+
+def _synchronous_of(url: str) -> str:
+    """The ``PRAGMA synchronous`` level a SQLite URL asks for (``?synchronous=full|normal``).
+
+    The query string holds options only; any other option, or another level, is refused.
+    """
+    query = url.partition("?")[2]
+    level = DEFAULT_SYNCHRONOUS
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name != "synchronous":
+            raise ConfigurationError(
+                f"unknown option {name!r} in the SQLite URL {url!r}: the only option is "
+                "synchronous (sqlite:///path.db?synchronous=full or normal)"
+            )
+        level = value.strip().lower()
+        if level not in SYNCHRONOUS_LEVELS:
+            raise ConfigurationError(
+                f"synchronous={value!r} in the SQLite URL {url!r} is not a level hurtle "
+                f"offers: use one of {', '.join(SYNCHRONOUS_LEVELS)}"
+            )
+    return level
+
+
+class _Connection:
+    """What ``SQLiteBroker`` is built on: its file, its connection and their transactions."""
+
+    url: str
+    path: Path
+    synchronous: str
+    _lock: threading.Lock
+    _wake: threading.Condition
+    _ticket: int
+    _closed: bool
+    _pid: int
+    _conn: sqlite3.Connection
+
+    # -- connection and transactions -------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            if not self.path.parent.is_dir():  # a typo must not quietly start an empty queue
+                raise FileNotFoundError(f"no directory {str(self.path.parent.absolute())!r}")
+            conn = sqlite3.connect(
+                self.path,
+                timeout=_BUSY_TIMEOUT_MS / 1000,
+                isolation_level=None,
+                check_same_thread=False,
+                cached_statements=256,
+            )
+            try:
+                conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+                if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
+                    raise sqlite3.OperationalError("the file cannot be put in WAL mode")
+                conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
+                self._migrate(conn)
+            except BaseException:
+                conn.close()
+                raise
+        except (OSError, sqlite3.Error) as err:
+            raise ConfigurationError(
+                f"cannot open the SQLite broker file {str(self.path)!r} (from {self.url!r}): "
+                f"{err}; check that the path names a writable file in a writable directory"
+            ) from err
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > _SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(
+                    f"schema version {version} is newer than this hurtle ({_SCHEMA_VERSION})"
+                )
+            while 0 < version < _SCHEMA_VERSION and version in _UPGRADES:
+                for statement in _UPGRADES[version].split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                version += 1
+                conn.execute(f"PRAGMA user_version = {version}")
+            if 0 < version < _SCHEMA_VERSION:
+                raise ConfigurationError(
+                    f"the SQLite broker file {str(self.path)!r} (from {self.url!r}) was written "
+                    f"by an older hurtle (schema version {version}; this one uses "
+                    f"{_SCHEMA_VERSION}) and cannot be upgraded: delete it or move it away "
+                    "(whatever it still holds is lost to this hurtle), then start again"
+                )
+            if version < _SCHEMA_VERSION:
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            for statement in _RESULTS_SCHEMA:
+                conn.execute(statement)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _connection(self) -> sqlite3.Connection:
+        """The connection, reopened in a forked child. Call with ``_lock`` held."""
+        if self._closed:
+            raise BrokerError(f"the SQLite broker {self.url!r} is closed")
+        if self._pid != os.getpid():
+            self._pid = os.getpid()
+            self._conn = self._open()  # never touch the parent's connection
+        return self._conn
+
+    def _after_fork_check(self) -> None:
+        if self._pid != os.getpid():  # a lock held by another thread at fork time stays held
+            self._lock = threading.Lock()
+            self._wake = threading.Condition(threading.Lock())
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``) on the shared connection."""
+        self._after_fork_check()
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as err:
+                raise BrokerError(f"SQLite broker {self.url!r}: {err}") from err
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """One read transaction: a consistent snapshot across several statements."""
+        self._after_fork_check()
+        with self._lock:
+            conn = self._connection()
+            try:
+                conn.execute("BEGIN")
+                try:
+                    yield conn
+                finally:
+                    if conn.in_transaction:
+                        conn.execute("COMMIT")
+            except sqlite3.Error as err:
+                raise BrokerError(f"SQLite broker {self.url!r}: {err}") from err
+
+    def _notify(self) -> None:
+        with self._wake:
+            self._ticket += 1
+            self._wake.notify_all()

@@ -1,0 +1,262 @@
+"""The file's tables, the upgrades from older versions, the statements the broker runs on them,
+and the small helpers over held rows."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from operator import attrgetter, itemgetter
+
+from ...message import MAX_PRIORITY, MIN_PRIORITY
+from ..base import Delivery
+
+_SCHEMA_VERSION = 4
+#: A receipt is ``id << _PRIORITY_BITS | priority``, i.e. ``id * 16 + priority``.
+_PRIORITY_BITS = 4
+_PRIORITY_MASK = (1 << _PRIORITY_BITS) - 1
+assert MAX_PRIORITY <= _PRIORITY_MASK and MIN_PRIORITY >= 0
+_POISON_SCHEMA = """
+CREATE TABLE deaths (
+    queue  TEXT    NOT NULL,
+    digest TEXT    NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (queue, digest)
+) WITHOUT ROWID;
+CREATE TABLE quarantine (
+    seq      INTEGER PRIMARY KEY,
+    queue    TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    body     BLOB    NOT NULL
+);
+CREATE INDEX quarantine_queue ON quarantine (queue, seq);
+CREATE TABLE probes (
+    queue    TEXT    NOT NULL,
+    digest   TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    id       INTEGER NOT NULL,
+    PRIMARY KEY (queue, digest)
+) WITHOUT ROWID;
+"""
+
+# Rate limits (key -> theoretical arrival time), concurrency slots (held per worker: only those
+# of workers whose deadline has not passed count) and unique locks (message id, until expires).
+_LIMITS_SCHEMA = """
+CREATE TABLE rates (
+    key TEXT PRIMARY KEY,
+    tat REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE slots (
+    key    TEXT    NOT NULL,
+    worker TEXT    NOT NULL,
+    n      INTEGER NOT NULL,
+    PRIMARY KEY (key, worker)
+) WITHOUT ROWID;
+CREATE TABLE uniques (
+    queue   TEXT NOT NULL,
+    key     TEXT NOT NULL,
+    id      TEXT NOT NULL,
+    expires REAL NOT NULL,
+    PRIMARY KEY (queue, key)
+) WITHOUT ROWID;
+CREATE INDEX uniques_expires ON uniques (expires);
+"""
+
+_SCHEMA = (
+    """
+CREATE TABLE messages (
+    queue    TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    id       INTEGER NOT NULL,
+    body     BLOB    NOT NULL,
+    PRIMARY KEY (queue, priority, id)
+) WITHOUT ROWID;
+CREATE TABLE cursors (
+    queue    TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    last     INTEGER NOT NULL,
+    PRIMARY KEY (queue, priority)
+) WITHOUT ROWID;
+CREATE TABLE claims (
+    batch    INTEGER PRIMARY KEY,
+    worker   TEXT    NOT NULL,
+    queue    TEXT    NOT NULL,
+    priority INTEGER NOT NULL,
+    lo       INTEGER NOT NULL,
+    hi       INTEGER NOT NULL
+);
+CREATE INDEX claims_worker ON claims (worker);
+CREATE TABLE seq (next INTEGER NOT NULL);
+INSERT INTO seq (next) VALUES (1);
+CREATE TABLE delayed (
+    seq      INTEGER PRIMARY KEY,
+    queue    TEXT    NOT NULL,
+    eta      REAL    NOT NULL,
+    priority INTEGER NOT NULL,
+    body     BLOB    NOT NULL
+);
+CREATE INDEX delayed_due ON delayed (queue, eta);
+CREATE TABLE workers (
+    worker_id TEXT PRIMARY KEY,
+    deadline  REAL NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE dead (
+    seq       INTEGER PRIMARY KEY,
+    id        TEXT    NOT NULL UNIQUE,
+    queue     TEXT    NOT NULL,
+    reason    TEXT    NOT NULL,
+    body      BLOB    NOT NULL,
+    failed_at REAL    NOT NULL
+);
+CREATE INDEX dead_queue ON dead (queue);
+CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
+"""
+    + _POISON_SCHEMA
+    + _LIMITS_SCHEMA
+)
+
+# Schema version -> the statements that turn it into the next one.
+_UPGRADES = {
+    # version 2 recorded a worker's last beat; version 3 its deadline (the writer's timeout of
+    # those days was 20 s unless set otherwise: workers still running get that much)
+    2: "ALTER TABLE workers RENAME COLUMN last_seen TO deadline; "
+    "UPDATE workers SET deadline = deadline + 20.0;" + _POISON_SCHEMA,
+    3: _LIMITS_SCHEMA,
+}
+
+_RESULTS_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS results (id TEXT PRIMARY KEY, expires REAL NOT NULL, "
+    "body BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS results_expires ON results (expires)",
+)
+_PUT_RESULT = "INSERT OR REPLACE INTO results (id, expires, body) VALUES (?, ?, ?)"
+_EXPIRE_RESULTS = (
+    "DELETE FROM results WHERE id IN (SELECT id FROM results WHERE expires <= ? LIMIT 100)"
+)
+_GET_RESULT = "SELECT body FROM results WHERE id = ? AND expires > ?"
+
+_IDS = "SELECT value FROM json_each(?)"
+_NEXT_IDS = "UPDATE seq SET next = next + ? RETURNING next"
+_INSERT = "INSERT INTO messages (queue, priority, id, body) VALUES (?, ?, ?, ?)"
+_INSERT_DELAYED = "INSERT INTO delayed (queue, eta, priority, body) VALUES (?, ?, ?, ?)"
+_ADD_QUEUE = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
+_ADD_CURSOR = "INSERT OR IGNORE INTO cursors (queue, priority, last) VALUES (?, ?, 0)"
+_UPSERT_WORKER = (
+    "INSERT INTO workers (worker_id, deadline) VALUES (?, ?) "
+    "ON CONFLICT (worker_id) DO UPDATE SET deadline = excluded.deadline"
+)
+_CURSORS = "SELECT priority, last FROM cursors WHERE queue = ? ORDER BY priority DESC"
+_TAKE = (
+    "SELECT id, body FROM messages WHERE queue = ? AND priority = ? AND id > ? ORDER BY id LIMIT ?"
+)
+_MOVE_CURSOR = "UPDATE cursors SET last = ? WHERE queue = ? AND priority = ?"
+_ADD_CLAIM = "INSERT INTO claims (worker, queue, priority, lo, hi) VALUES (?, ?, ?, ?, ?)"
+_SETTLE = "DELETE FROM messages WHERE queue = ? AND priority = ? AND id = ?"
+_SETTLE_MANY = f"DELETE FROM messages WHERE queue = ? AND priority = ? AND id IN ({_IDS})"
+_TAKE_BACK = (
+    f"DELETE FROM messages WHERE queue = ? AND priority = ? AND id IN ({_IDS}) "
+    "RETURNING queue, priority, id, body"
+)
+_TAKE_BACK_RANGE = (
+    "DELETE FROM messages WHERE queue = ? AND priority = ? AND id BETWEEN ? AND ? "
+    "RETURNING queue, priority, id, body"
+)
+_CLAIM_IS_EMPTY = (
+    "NOT EXISTS (SELECT 1 FROM messages m WHERE m.queue = claims.queue "
+    "AND m.priority = claims.priority AND m.id BETWEEN claims.lo AND claims.hi)"
+)
+# Claims of a worker that an ack reached (their ``lo`` is at most the highest id acked) and
+# that hold nothing any more: one index seek per claim of the worker, per batch.
+_DROP_REACHED = (
+    "DELETE FROM claims WHERE worker = ? AND queue = ? AND priority = ? AND lo <= ? "
+    f"AND {_CLAIM_IS_EMPTY}"
+)
+_DROP_EMPTY = f"DELETE FROM claims WHERE worker = ? AND {_CLAIM_IS_EMPTY}"
+_INSERT_DEAD = "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)"
+# Dead letters of a queue are trimmed in the order they were recorded (``seq``, which the
+# ``dead_queue`` index holds): expiry reads the oldest rows only until the first one still
+# within the ttl, so a write that expires nothing reads one row; the cap walks that index.
+_EXPIRE_DEAD = (
+    "DELETE FROM dead WHERE queue = ?1 AND seq < (SELECT seq FROM dead WHERE queue = ?1 "
+    "AND failed_at >= ?2 ORDER BY seq LIMIT 1)"
+)
+_CAP_DEAD = (
+    "DELETE FROM dead WHERE queue = ?1 AND seq <= (SELECT seq FROM dead WHERE queue = ?1 "
+    "ORDER BY seq DESC LIMIT 1 OFFSET ?2)"
+)
+_SCHEDULES = (
+    "CREATE TABLE IF NOT EXISTS schedules (queue TEXT NOT NULL, name TEXT NOT NULL, "
+    "last REAL NOT NULL, PRIMARY KEY (queue, name)) WITHOUT ROWID"
+)
+_HAS_SCHEDULES = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schedules'"
+# A row comes back only when this call recorded the tick: new, or newer than the last one.
+_CLAIM_TICK = (
+    "INSERT INTO schedules (queue, name, last) VALUES (?, ?, ?) ON CONFLICT (queue, name) "
+    "DO UPDATE SET last = excluded.last WHERE schedules.last < excluded.last RETURNING last"
+)
+_LAST_TICK = "SELECT last FROM schedules WHERE queue = ? AND name = ?"
+# Workers' reports (``reports.py``): made when first needed, outside the versioned schema, so
+# that files of older versions work unchanged.
+_REPORT_TABLES = (
+    "CREATE TABLE IF NOT EXISTS worker_reports (worker_id TEXT PRIMARY KEY, "
+    "deadline REAL NOT NULL, record BLOB NOT NULL) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS worker_totals (queue TEXT NOT NULL, task TEXT NOT NULL, "
+    "processed INTEGER NOT NULL, failed INTEGER NOT NULL, retried INTEGER NOT NULL, "
+    "dead_lettered INTEGER NOT NULL, PRIMARY KEY (queue, task)) WITHOUT ROWID",
+)
+_UPSERT_REPORT = (
+    "INSERT INTO worker_reports (worker_id, deadline, record) VALUES (?, ?, ?) "
+    "ON CONFLICT (worker_id) DO UPDATE SET deadline = excluded.deadline, "
+    "record = excluded.record"
+)
+_ADD_TOTALS = (
+    "INSERT INTO worker_totals VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (queue, task) DO UPDATE "
+    "SET processed = processed + excluded.processed, failed = failed + excluded.failed, "
+    "retried = retried + excluded.retried, dead_lettered = dead_lettered + excluded.dead_lettered"
+)
+_eta_of = attrgetter("eta")
+_held_order = itemgetter(0, 1, 2)
+
+Rows = list[tuple[str, int, int, bytes]]  # (queue, priority, id, body)
+
+
+def _clamp(priority: int) -> int:
+    return min(max(priority, MIN_PRIORITY), MAX_PRIORITY)
+
+
+def _next_ids(conn: sqlite3.Connection, n: int) -> int:
+    """Reserve ``n`` new message ids; returns the first. Call in a write transaction."""
+    end: int = conn.execute(_NEXT_IDS, (n,)).fetchone()[0]
+    return end - n
+
+
+def _requeue(conn: sqlite3.Connection, rows: Rows) -> int:
+    """Insert held rows (already deleted) again as ready, under new ids, at the back of their
+    priority and in their order among themselves; returns how many."""
+    if not rows:
+        return 0
+    rows.sort(key=_held_order)
+    start = _next_ids(conn, len(rows))
+    conn.executemany(_INSERT, [(q, p, start + i, body) for i, (q, p, _, body) in enumerate(rows)])
+    return len(rows)
+
+
+def _group(deliveries: Sequence[Delivery]) -> dict[tuple[str, int], list[int]]:
+    """Receipts as ``{(queue, priority): [id, ...]}``."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    for d in deliveries:
+        receipt = d.receipt
+        key = (d.queue, receipt & _PRIORITY_MASK)
+        ids = groups.get(key)
+        if ids is None:
+            groups[key] = ids = []
+        ids.append(receipt >> _PRIORITY_BITS)
+    return groups
+
+
+def _report_tables(conn: sqlite3.Connection) -> None:
+    for statement in _REPORT_TABLES:
+        conn.execute(statement)
+
+
+def _placeholders(n: int) -> str:
+    return ", ".join("?" * n)
