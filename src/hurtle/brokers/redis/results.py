@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -21,27 +22,44 @@ log = logging.getLogger(__name__)
 
 
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
-    """One ``results.lua`` call per distinct ttl (most batches have one)."""
+    """One ``results.lua`` call per distinct ttl (most batches have one), its ids and payloads
+    packed into a few strings (a batch is a handful of arguments, not two per result)."""
     by_ttl: dict[float, list[StoredResult]] = {}
     for r in results:
-        by_ttl.setdefault(r.ttl, []).append(r)
+        group = by_ttl.get(r.ttl)
+        if group is None:
+            by_ttl[r.ttl] = [r]
+        else:
+            group.append(r)
     script = broker._scripts.results
     commands = []
     for ttl, group in by_ttl.items():
-        ids = [r.id for r in group]
+        ids = [r.id.encode() for r in group]
+        payloads = [r.payload for r in group]
+        lengths = [0] * (2 * len(group))
+        lengths[0::2] = map(len, ids)
+        lengths[1::2] = map(len, payloads)
         commands.append(
             broker._call(
                 script,
-                [result_key(i) for i in ids],
+                (),
                 [
                     RESULTS_CHANNEL,
-                    " ".join(ids),
+                    b" ".join(ids),
                     max(int(ttl * 1000), 1),
-                    *[r.payload for r in group],
+                    _RESULT_KEY_PREFIX,
+                    b"".join(ids),
+                    b"".join(payloads),
+                    struct.pack(f"<{len(lengths)}I", *lengths),
                 ],
             )
         )
     return commands
+
+
+#: ``result_key(id)`` is this, the id, then "}" (``results.lua`` makes the keys).
+_RESULT_KEY_PREFIX = result_key("")[:-1]
+assert result_key("x") == f"{_RESULT_KEY_PREFIX}x}}"
 
 
 class _ResultListener:
