@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult
-from ..keys import RESULTS_CHANNEL, result_key
+from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL
 from .scripts import _Command
 
 if TYPE_CHECKING:
@@ -47,7 +47,8 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
                     RESULTS_CHANNEL,
                     b" ".join(ids),
                     max(int(ttl * 1000), 1),
-                    _RESULT_KEY_PREFIX,
+                    RESULT_KEY_PREFIX,
+                    RESULT_BUCKET_CUT,
                     b"".join(ids),
                     b"".join(payloads),
                     struct.pack(f"<{len(lengths)}I", *lengths),
@@ -55,11 +56,6 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
             )
         )
     return commands
-
-
-#: ``result_key(id)`` is this, the id, then "}" (``results.lua`` makes the keys).
-_RESULT_KEY_PREFIX = result_key("")[:-1]
-assert result_key("x") == f"{_RESULT_KEY_PREFIX}x}}"
 
 
 class _ResultListener:

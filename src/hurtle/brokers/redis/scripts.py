@@ -56,6 +56,7 @@ class _Scripts:
         self.dead_purge = _Script("dead_purge")
         self.claim_tick = _Script("claim_tick")
         self.results = _Script("results")
+        self.result_get = _Script("result_get")
         self.rate = _Script("rate")
         self.slots = _Script("slots")
         self.publish_unique = _Script("publish_unique")
