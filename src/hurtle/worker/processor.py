@@ -20,7 +20,14 @@ seen), the processor composes its ``Pipeline``: the middleware that apply to it 
 worker-side hook. A task with none, no time limit and no ``async def`` is *inline*: called
 directly in ``process_many``'s loop and acknowledged with its batch, whatever other tasks use.
 When some middleware has batch hooks, a batch is decoded first, ``before_batch`` sees its jobs
-(and may defer some), they run, then ``after_batch``.
+(and may defer some), they run, then ``after_batch``. Only tasks whose middleware need a
+``Job`` (batch or per-call hooks) get one per message.
+
+``after_calls`` (the batch-wide ``after_process`` of the success path) sees, per task, the
+calls that returned as columns (``Calls``: deliveries, messages, return values), before their
+acknowledgements are handed to the acker; a task whose middleware have only ``after_calls``,
+``after_outcome`` and batch hooks is called in the batch loop like an inline one, its return
+values appended to those columns, and its hooks run once per batch (``_settle_calls``).
 
 A delivery of a non-inline task goes through three steps, which executors may drive separately:
 
@@ -35,10 +42,11 @@ A delivery of a non-inline task goes through three steps, which executors may dr
   later than the outcome — else a quick next attempt elsewhere could store its success first
   and the stale failure replace it.
 
-A result rides its acknowledgement: a job whose ``stored`` was set (by the results middleware's
-``after_process``) is acknowledged with ``Acker.ack_with_result``, in the same broker call as the
-other acknowledgements of its flush. Only tasks that keep results have that middleware in their
-pipeline: the others stay inline.
+A result rides its acknowledgement: the results middleware's ``after_calls`` sets
+``Calls.stored`` (one ``StoredResult`` per call), and the calls are acknowledged with
+``Acker.ack_many_with_results``, in the same broker call as the other acknowledgements of its
+flush. Only tasks that keep results have that middleware in their pipeline: the others stay
+inline.
 
 Time limits are the executor's business (``Limit``): only it knows how a running call can be
 stopped.
