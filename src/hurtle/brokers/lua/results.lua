@@ -34,26 +34,33 @@ local lengths = ARGV[8]
 local t = redis.call('TIME')
 local stamp = string.format('%013d', tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl)
 local n = #lengths / 8
-local buckets = {}  -- key -> { id, value, id, value, ... }
+local buckets = {}  -- bucket -> { id, value, id, value, ... }
 local order = {}
+local last, fields, k = nil, nil, 0  -- consecutive ids mostly share their bucket
 local at_id, at_payload, pos = 1, 1, 1
 for _ = 1, n do
   local id_len, payload_len
   id_len, payload_len, pos = struct.unpack('<I4I4', lengths, pos)
-  local key = prefix .. string.sub(ids, at_id, at_id + math.max(id_len - cut, 0) - 1) .. '}'
-  local fields = buckets[key]
-  if not fields then
-    fields = {}
-    buckets[key] = fields
-    order[#order + 1] = key
+  local bucket = string.sub(ids, at_id, at_id + math.max(id_len - cut, 0) - 1)
+  if bucket ~= last then
+    fields = buckets[bucket]
+    if not fields then
+      fields = {}
+      buckets[bucket] = fields
+      order[#order + 1] = bucket
+    end
+    last = bucket
+    k = #fields
   end
-  fields[#fields + 1] = string.sub(ids, at_id, at_id + id_len - 1)
-  fields[#fields + 1] = stamp .. string.sub(payloads, at_payload, at_payload + payload_len - 1)
+  fields[k + 1] = string.sub(ids, at_id, at_id + id_len - 1)
+  fields[k + 2] = stamp .. string.sub(payloads, at_payload, at_payload + payload_len - 1)
+  k = k + 2
   at_id = at_id + id_len
   at_payload = at_payload + payload_len
 end
-for _, key in ipairs(order) do
-  call_chunked('HSET', key, buckets[key])
+for _, bucket in ipairs(order) do
+  local key = prefix .. bucket .. '}'
+  call_chunked('HSET', key, buckets[bucket])
   if redis.call('PTTL', key) < ttl then
     redis.call('PEXPIRE', key, ttl)
   end
