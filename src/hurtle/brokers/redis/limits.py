@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..keys import queue_keys, slot_keys
-from .scripts import _Command
+from .scripts import _Command, _packed
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -81,11 +81,11 @@ class _Limits:
         script = self.broker._scripts.unique_release
         commands = []
         for queue, group in by_queue.items():
-            keys = [lock[1].encode() for lock in group]
-            ids = [lock[2].encode() for lock in group]
+            keys, packed_keys = _packed([lock[1] for lock in group])
+            ids, packed_ids = _packed([lock[2] for lock in group])
             lengths = [0] * (2 * len(group))
             lengths[0::2] = map(len, keys)
             lengths[1::2] = map(len, ids)
-            args = (b"".join(keys), b"".join(ids), struct.pack(f"<{len(lengths)}I", *lengths))
+            args = (packed_keys, packed_ids, struct.pack(f"<{len(lengths)}I", *lengths))
             commands.append(self.broker._call(script, (queue_keys(queue).unique,), args))
         self.broker._pipeline(commands, f"releasing {len(locks)} unique locks")

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult
 from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL
-from .scripts import _Command
+from .scripts import _Command, _packed
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -34,7 +34,7 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
     script = broker._scripts.results
     commands = []
     for ttl, group in by_ttl.items():
-        ids = [r.id.encode() for r in group]
+        ids, packed_ids = _packed([r.id for r in group])
         payloads = [r.payload for r in group]
         lengths = [0] * (2 * len(group))
         lengths[0::2] = map(len, ids)
@@ -45,11 +45,11 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
                 (),
                 [
                     RESULTS_CHANNEL,
-                    b" ".join(ids),
+                    " ".join(r.id for r in group),
                     max(int(ttl * 1000), 1),
                     RESULT_KEY_PREFIX,
                     RESULT_BUCKET_CUT,
-                    b"".join(ids),
+                    packed_ids,
                     b"".join(payloads),
                     struct.pack(f"<{len(lengths)}I", *lengths),
                 ],
