@@ -41,9 +41,10 @@
                  prefix .. worker id, its batches index .. ':' .. batch id
                  (same hash tag as KEYS, so still one slot)
     ARGV[4]      max_recoveries: deaths a probe may survive
-    ARGV[5]      result key prefix (keys.result_key without the id's braces), ARGV[6] the ttl in
-                 ms and ARGV[7] the results channel: a workflow member dead-lettered here fails
-                 its workflow (a ``dead`` record under the workflow's id, naming the member)
+    ARGV[5]      result key prefix (keys.RESULT_KEY_PREFIX), ARGV[6] the ttl in ms, ARGV[7] the
+                 results channel and ARGV[8] keys.RESULT_BUCKET_CUT: a workflow member
+                 dead-lettered here fails its workflow (a ``dead`` record under the workflow's
+                 id, naming the member)
 
   Output:
     { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
@@ -77,8 +78,16 @@ local function fail_workflow(payload, reason)
     return
   end
   local record = cmsgpack.pack({ 'dead', { m[2], m[1] }, 'WorkerLost', reason, '' })
-  redis.call('SET', ARGV[5] .. '{' .. flow[1] .. '}', record, 'PX', ARGV[6])
-  redis.call('PUBLISH', ARGV[7], flow[1])
+  -- stored as results.lua stores a result: a field of its bucket's hash, after its expiry
+  local id, ttl = flow[1], tonumber(ARGV[6])
+  local key = ARGV[5] .. string.sub(id, 1, math.max(#id - tonumber(ARGV[8]), 0)) .. '}'
+  local t = redis.call('TIME')
+  local stamp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl
+  redis.call('HSET', key, id, string.format('%013d', stamp) .. record)
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  redis.call('PUBLISH', ARGV[7], id)
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', now))
 local moved = 0

@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult
-from ..keys import RESULTS_CHANNEL, result_key
-from .scripts import _Command
+from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL
+from .scripts import _Command, _packed
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -21,23 +22,36 @@ log = logging.getLogger(__name__)
 
 
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
-    """One ``results.lua`` call per distinct ttl (most batches have one)."""
+    """One ``results.lua`` call per distinct ttl (most batches have one), its ids and payloads
+    packed into a few strings (a batch is a handful of arguments, not two per result)."""
     by_ttl: dict[float, list[StoredResult]] = {}
     for r in results:
-        by_ttl.setdefault(r.ttl, []).append(r)
+        group = by_ttl.get(r.ttl)
+        if group is None:
+            by_ttl[r.ttl] = [r]
+        else:
+            group.append(r)
     script = broker._scripts.results
     commands = []
     for ttl, group in by_ttl.items():
-        ids = [r.id for r in group]
+        ids, packed_ids = _packed([r.id for r in group])
+        payloads = [r.payload for r in group]
+        lengths = [0] * (2 * len(group))
+        lengths[0::2] = map(len, ids)
+        lengths[1::2] = map(len, payloads)
         commands.append(
             broker._call(
                 script,
-                [result_key(i) for i in ids],
+                (),
                 [
                     RESULTS_CHANNEL,
-                    " ".join(ids),
+                    " ".join(r.id for r in group),
                     max(int(ttl * 1000), 1),
-                    *[r.payload for r in group],
+                    RESULT_KEY_PREFIX,
+                    RESULT_BUCKET_CUT,
+                    packed_ids,
+                    b"".join(payloads),
+                    struct.pack(f"<{len(lengths)}I", *lengths),
                 ],
             )
         )
