@@ -13,7 +13,7 @@ import pytest
 
 from helpers import Project
 from hurtle import ConfigurationError, Hurtle, HurtleError, Message, Reject
-from hurtle.middleware import Middleware, Outcome
+from hurtle.middleware import Calls, Middleware, Outcome
 from hurtle.middleware.retries import Retries
 from hurtle.task import Task
 from hurtle.worker import Worker
@@ -418,3 +418,54 @@ def test_middleware_added_after_the_worker_was_made_still_runs_in_it(app: Hurtle
     app.add_middleware(late)
     worker.run()
     assert [kind for _, kind, _ in late.hooks("after_outcome")] == ["ack"]
+
+
+class EvenOnly(Middleware):
+    """``after_calls``: fails the calls that returned an odd number; records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, list[Any], list[Any]]] = []
+        self.outcomes: list[tuple[Any, str]] = []
+
+    def after_calls(self, calls: Calls) -> None:
+        self.seen.append((calls.task.name, [m.args for m in calls.messages], list(calls.results)))
+        for i, result in enumerate(calls.results):
+            if result % 2:
+                calls.fail(i, Reject(f"odd result {result}"))
+
+    def after_outcome(self, job: Job, outcome: Outcome) -> None:
+        self.outcomes.append((job.message.args, outcome.kind))
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads", "asyncio"])
+def test_after_calls_sees_returned_calls_in_columns_and_may_fail_some(
+    app: Hurtle, pool: str
+) -> None:
+    m = EvenOnly()
+    app.add_middleware(m)
+
+    @app.task(name="t.double")
+    def double(i: int) -> int:
+        return 2 * i
+
+    @app.task(name="t.same")
+    def same(i: int) -> int:
+        return i
+
+    double.send_many([(i,) for i in range(20)])
+    same.send_many([(i,) for i in range(20)])
+    worker = app.worker(pool=pool, burst=True)
+    worker.run()
+    assert worker.processor is not None
+    pipeline = worker.processor.pipeline("t.same")
+    assert pipeline is not None and not pipeline.per_call  # the batch path calls it
+    seen: dict[str, tuple[list[Any], list[Any]]] = {"t.double": ([], []), "t.same": ([], [])}
+    for name, args, results in m.seen:
+        seen[name][0].extend(args)
+        seen[name][1].extend(results)
+    assert sorted(seen["t.double"][0]) == [(i,) for i in range(20)]
+    assert sorted(seen["t.same"][1]) == list(range(20))
+    # acknowledgements are seen in after_calls only; the failed calls reach after_outcome
+    assert sorted(m.outcomes) == sorted(((i,), "dead") for i in range(1, 20, 2))
+    stats = app.broker.stats(["default"])["default"]
+    assert (stats.dead, stats.ready, stats.in_flight) == (10, 0, 0)

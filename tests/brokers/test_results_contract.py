@@ -84,6 +84,21 @@ def test_a_result_expires_after_its_ttl_and_others_stay(make: MakeBroker) -> Non
     assert b.get_result("other") == b"z"
 
 
+def test_results_of_neighbouring_and_odd_ids_are_kept_apart_each_with_its_own_ttl(
+    make: MakeBroker,
+) -> None:
+    # ids that differ only in their last bytes may share storage (Redis keeps them in one hash)
+    a, b = make(), make()
+    c = a.consumer(["q"])
+    ids = ["0123456789abcdef00000001", "0123456789abcdef00000002", "a", "ab", "é", "éé1", "x" * 300]
+    c.ack((), [StoredResult(i, f"value of {i}".encode(), 3600.0) for i in ids])
+    c.ack((), [StoredResult("0123456789abcdef00000003", b"short", 0.05)])  # a neighbour
+    assert [b.get_result(i) for i in ids] == [f"value of {i}".encode() for i in ids]
+    eventually(lambda: b.get_result("0123456789abcdef00000003") is None)
+    assert b.get_result("0123456789abcdef00000001") == b"value of 0123456789abcdef00000001"
+    assert b.get_result("0123456789abcdef00000004") is None
+
+
 def test_watchers_of_an_id_are_woken_when_its_result_is_stored(make: MakeBroker) -> None:
     waiter, worker = make(), make()
     woken = threading.Event()

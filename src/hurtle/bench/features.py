@@ -2,7 +2,9 @@
 
 Each row publishes N calls of ``bench.add(i, 6)`` registered with some task options, then consumes
 them with one worker process (``hurtle.bench.peers.features_app``), like ``hurtle bench tasks``
-does; it reports tasks/s and the ratio to the ``bare`` row of the same run. With ``--rounds R``
+does; it reports consume tasks/s and the ratio to the ``bare`` row of the same run (the ratio,
+and the targets, are about consuming), and the publish rate beside it (``unique_for`` costs
+there too: each send takes its lock). With ``--rounds R``
 the rows run R times in turn (so that a noisy moment hits every row alike) and each row shows
 its median. A row whose option
 this hurtle does not have (registering the task raises ``TypeError``) is skipped with the note
@@ -148,21 +150,28 @@ def run(args: argparse.Namespace) -> int:
 def table(rounds: list[list[Row]]) -> str:
     """One line per row: the median consume rate over the rounds and its ratio to bare's."""
 
-    def median(name: str) -> float | None:
+    def median(name: str, publish: bool = False) -> float | None:
         rates = [
-            r.consume_rate for rows in rounds for r in rows if r.name == name and r.consume_rate
+            rate
+            for rows in rounds
+            for r in rows
+            if r.name == name and (rate := r.publish_rate if publish else r.consume_rate)
         ]
         return statistics.median(rates) if rates else None
 
     bare = median("bare")
-    lines = [f"{'row':<14} {'consume/s':>12} {'x bare':>7}  config / note"]
+    lines = [f"{'row':<14} {'consume/s':>12} {'x bare':>7} {'publish/s':>12}  config / note"]
     for r in rounds[0]:
         if r.skipped:
-            lines.append(f"{r.name:<14} {'-':>12} {'-':>7}  skipped: {r.skipped}")
+            lines.append(f"{r.name:<14} {'-':>12} {'-':>7} {'-':>12}  skipped: {r.skipped}")
             continue
         rate = median(r.name)
         ratio = f"{rate / bare:.2f}" if rate and bare else "-"
         shown = f"{rate:,.0f}" if rate else "-"
+        published = median(r.name, publish=True)
+        sent = f"{published:,.0f}" if published else "-"
         notes = [n for rows in rounds for row in rows if row.name == r.name for n in row.notes]
-        lines.append(f"{r.name:<14} {shown:>12} {ratio:>7}  " + "; ".join([r.config, *notes]))
+        lines.append(
+            f"{r.name:<14} {shown:>12} {ratio:>7} {sent:>12}  " + "; ".join([r.config, *notes])
+        )
     return "\n".join(lines)

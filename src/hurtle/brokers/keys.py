@@ -11,8 +11,11 @@ Cancellations live outside any queue too (who cancels knows only message ids):
 ``cancels`` flag tells its fetch script, under the queue's own hash tag, that the set may hold a
 live id.
 
-Results live outside any queue: ``hurtle:result:{ID}`` (a STRING per message id, with its
-expiry; its own hash tag, since who reads it knows only the id) and the pub/sub channel
+Results live outside any queue: ``hurtle:results:{BUCKET}``, a HASH of message id -> the
+result's expiry (13 digits, server milliseconds) then its payload, where BUCKET is the id less
+its last 3 bytes (a reader knows only the id; consecutive ids of one publisher share a hash, so
+a batch of results is a few writes). A result reads as absent once its own expiry has passed;
+the hash expires when the last result written to it does. And the pub/sub channel
 ``hurtle:results``, on which each batch of stored results announces its ids (space-separated).
 
 Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch id)::
@@ -78,9 +81,18 @@ RESULTS_CHANNEL = f"{PREFIX}:results"
 CANCELLED = f"{PREFIX}:cancelled"
 
 
-def result_key(id: str) -> str:
-    """The key of the result of message ``id``."""
-    return f"{PREFIX}:result:{{{id}}}"
+#: Results are kept in hashes, one per run of ids that differ only in their last
+#: ``RESULT_BUCKET_CUT`` bytes (4096 consecutive ids of one publisher): a batch of results is a
+#: few ``HSET`` calls, not a key (and an expiry) per result.
+RESULT_BUCKET_CUT = 3
+#: ``result_key(id)`` is this, the bytes of the id less its last ``RESULT_BUCKET_CUT``, then "}".
+RESULT_KEY_PREFIX = f"{PREFIX}:results:{{"
+
+
+def result_key(id: str) -> bytes:
+    """The key of the hash that holds the result of message ``id`` (field: the id)."""
+    raw = id.encode()
+    return b"%s%s}" % (RESULT_KEY_PREFIX.encode(), raw[: max(len(raw) - RESULT_BUCKET_CUT, 0)])
 
 
 class QueueKeys:

@@ -27,6 +27,7 @@ import msgspec
 from ..message import Message
 
 if TYPE_CHECKING:
+    from ..brokers import Delivery, StoredResult
     from ..task import Task
     from ..worker.processor import Job
     from ..worker.worker import Worker
@@ -44,6 +45,47 @@ class Outcome(msgspec.Struct):
     error: BaseException | None = None
     message: Message | None = None
     reason: str = ""
+
+
+class Calls:
+    """Calls of one task that returned, what ``after_calls`` sees: one column per field, one
+    row per call, so that a hook costs a loop (or a comprehension) per batch, not a call per
+    task. ``deliveries[i]``, ``messages[i]``, ``results[i]`` (the return value) and
+    ``runtimes[i]`` (seconds the call ran) describe call ``i``. A hook may set ``stored`` (one
+    ``StoredResult`` per call, in order: each is written with its call's acknowledgement) and
+    fail a call with ``fail(i, error)``."""
+
+    __slots__ = (
+        "deliveries",
+        "failures",
+        "jobs",
+        "messages",
+        "results",
+        "runtimes",
+        "stored",
+        "task",
+    )
+
+    def __init__(self, task: Task[Any, Any]) -> None:
+        self.task = task
+        self.deliveries: list[Delivery] = []
+        self.messages: list[Message] = []
+        self.results: list[Any] = []
+        self.runtimes: list[float] = []
+        #: The jobs of the calls, when the batch made some (tasks with batch hooks), else None.
+        self.jobs: list[Job] | None = None
+        #: The results to store with the acknowledgements, one per call, or None.
+        self.stored: list[StoredResult] | None = None
+        #: Calls that fail all the same: index -> error (``fail``).
+        self.failures: dict[int, Exception] = {}
+
+    def __len__(self) -> int:
+        return len(self.deliveries)
+
+    def fail(self, index: int, error: Exception) -> None:
+        """Fail call ``index`` with ``error``, as if it had raised it: it is retried or
+        dead-lettered by its policy, and not acknowledged (its ``stored`` entry is ignored)."""
+        self.failures[index] = error
 
 
 class Middleware:
@@ -84,6 +126,15 @@ class Middleware:
         after a call that returned fails that call with it (retried or dead-lettered by its
         policy); any other exception is logged and changes nothing."""
 
+    def after_calls(self, calls: Calls) -> None:
+        """Called with calls of one task that returned, before their acknowledgements are
+        handed to the acker: the batch-wide counterpart of ``after_process`` and of
+        ``after_outcome`` for "ack" (a middleware that overrides this hook never sees an "ack"
+        in ``after_outcome``). Called once per task per batch, with all of its calls that
+        returned (with one call when a call runs on its own). A task whose middleware override
+        only this, ``after_outcome`` and the batch hooks keeps the processor's batch path: no
+        hook call, and no ``Job`` unless batch hooks need one, per task."""
+
     def after_batch(self, jobs: list[Job]) -> None:
         """After every job of the batch that this middleware applies to has an outcome."""
 
@@ -97,7 +148,14 @@ class Middleware:
 
 #: The hooks that run around a task's calls in a worker: a middleware overriding none of them
 #: takes no task off the inline path.
-JOB_HOOKS = ("before_batch", "before_process", "after_process", "after_batch", "after_outcome")
+JOB_HOOKS = (
+    "before_batch",
+    "before_process",
+    "after_process",
+    "after_calls",
+    "after_batch",
+    "after_outcome",
+)
 
 
 def overrides(middleware: Middleware, hook: str) -> bool:
@@ -105,4 +163,4 @@ def overrides(middleware: Middleware, hook: str) -> bool:
     return getattr(type(middleware), hook) is not getattr(Middleware, hook)
 
 
-__all__ = ["JOB_HOOKS", "Middleware", "Outcome", "overrides"]
+__all__ = ["JOB_HOOKS", "Calls", "Middleware", "Outcome", "overrides"]

@@ -25,6 +25,8 @@ from __future__ import annotations
 import logging
 import random
 import threading
+from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Reject
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_TASK_NAME_OF = attrgetter("task.name")
 #: A job throttled by a concurrency limit waits this long, give or take half, before it is
 #: fetched again (nothing says when a slot will be free).
 CONCURRENCY_PAUSE = 0.2
@@ -148,8 +151,12 @@ class RateLimitMiddleware(Middleware):
             return
         by_key: dict[str, tuple[tuple[int, float], list[Job]]] = {}
         by_task: dict[str, list[Job]] = {}
-        for job in jobs:
-            by_task.setdefault(job.task.name, []).append(job)
+        for name, run in groupby(jobs, _TASK_NAME_OF):  # a batch is mostly one run of a task
+            group = by_task.get(name)
+            if group is None:
+                by_task[name] = list(run)
+            else:
+                group.extend(run)
         for name, js in by_task.items():
             limits = _limits(js[0])
             assert limits.rate is not None

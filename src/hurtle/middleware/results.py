@@ -2,8 +2,9 @@
 
 What a record holds, encoded with msgspec msgpack (never pickle), and when it is written:
 
-* ``succeeded`` — the task returned; the record holds the value. Written with the message's
-  acknowledgement, in the same broker call (``Acker.ack_with_result``). A value msgpack cannot
+* ``succeeded`` — the task returned; the record holds the value. Encoded for a whole batch of
+  returned calls at once (``after_calls``) and written with the messages' acknowledgements, in
+  the same broker call (``Acker.ack_many_with_results``). A value msgpack cannot
   encode fails the call instead (``ResultError`` naming the type), which is then retried or
   dead-lettered like any failure;
 * ``failed`` — an attempt failed and another is scheduled; the record holds the error's type
@@ -39,7 +40,7 @@ import msgspec
 from .._text import safe_str, trace
 from ..brokers import StoredResult
 from ..errors import ResultError
-from . import Middleware, Outcome
+from . import Calls, Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -116,13 +117,17 @@ def encode_value(value: Any, job: Job) -> bytes:
         # the bytes of Record(SUCCEEDED, value, ...), made faster
         return _encode((SUCCEEDED, value, "", "", "", *_about(job)))
     except (TypeError, ValueError, OverflowError) as err:
-        task = job.task.name
-        raise ResultError(
-            f"task {task}[{job.message.id}] returned a value of type {type(value).__name__} "
-            f"that cannot be stored as its result ({err}); return something msgpack can "
-            f"encode (None, bool, int, float, str, bytes, lists, dicts, msgspec Structs, "
-            f"dataclasses, datetimes), or set store_result=False on {task}"
-        ) from err
+        raise unstorable(value, job.task.name, job.message.id, err) from err
+
+
+def unstorable(value: Any, task: str, message_id: str, err: Exception) -> ResultError:
+    """The error that fails a call whose return value msgpack cannot encode."""
+    return ResultError(
+        f"task {task}[{message_id}] returned a value of type {type(value).__name__} "
+        f"that cannot be stored as its result ({err}); return something msgpack can "
+        f"encode (None, bool, int, float, str, bytes, lists, dicts, msgspec Structs, "
+        f"dataclasses, datetimes), or set store_result=False on {task}"
+    )
 
 
 def encode_failure(state: str, error: BaseException, job: Job | None = None) -> bytes:
@@ -169,11 +174,77 @@ class Results(Middleware):
     def worker_start(self, worker: Worker) -> None:
         self.acker = worker.acker
 
-    def after_process(self, job: Job, result: Any, error: BaseException | None) -> None:
-        if error is None:
-            job.stored = StoredResult(
-                job.message.id, encode_value(result, job), job.task.result_ttl
-            )
+    def after_calls(self, calls: Calls) -> None:
+        # one comprehension per batch: the encodes, and no hook call per task. A call's record
+        # says it finished when its batch's results were made (one clock read per batch) and
+        # started its run time before that.
+        ttl = calls.task.result_ttl
+        task = calls.task.name
+        now = time.time()
+        rows = zip(calls.results, calls.messages, calls.deliveries, calls.runtimes, strict=True)
+        try:
+            payloads = [
+                _encode(
+                    (
+                        SUCCEEDED,
+                        value,
+                        "",
+                        "",
+                        "",
+                        task,
+                        m.queue,
+                        m.attempt,
+                        True,
+                        m.args,
+                        m.kwargs,
+                        m.created,
+                        now - ran,
+                        now,
+                    )
+                    if len(d.raw) <= ARGS_KEPT_UP_TO
+                    else (
+                        SUCCEEDED,
+                        value,
+                        "",
+                        "",
+                        "",
+                        task,
+                        m.queue,
+                        m.attempt,
+                        False,
+                        (),
+                        {},
+                        m.created,
+                        now - ran,
+                        now,
+                    )
+                )
+                for value, m, d, ran in rows
+            ]
+        except (TypeError, ValueError, OverflowError):
+            payloads = [self._payload(calls, i, now) for i in range(len(calls))]
+        calls.stored = [
+            StoredResult(m.id, p, ttl) for m, p in zip(calls.messages, payloads, strict=True)
+        ]
+
+    @staticmethod
+    def _payload(calls: Calls, i: int, now: float) -> bytes:
+        """Call ``i``'s record, or ``b""`` after failing it (a value msgpack cannot encode)."""
+        value, m = calls.results[i], calls.messages[i]
+        kept = len(calls.deliveries[i].raw) <= ARGS_KEPT_UP_TO
+        about = (calls.task.name, m.queue, m.attempt, kept)
+        when = (m.created, now - calls.runtimes[i], now)
+        try:
+            try:
+                args = (m.args, m.kwargs) if kept else ((), {})
+                return _encode((SUCCEEDED, value, "", "", "", *about, *args, *when))
+            except (TypeError, ValueError, OverflowError):  # the arguments, perhaps
+                return _encode((SUCCEEDED, value, "", "", "", *about[:3], False, (), {}, *when))
+        except (TypeError, ValueError, OverflowError) as err:
+            failure = unstorable(value, calls.task.name, m.id, err)
+            failure.__cause__ = err
+            calls.fail(i, failure)
+            return b""
 
     def after_outcome(self, job: Job, outcome: Outcome) -> None:
         if outcome.kind in ("retry", "dead") and outcome.error is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import Middleware, Outcome
+from . import Calls, Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..task import Task
@@ -32,8 +32,21 @@ class UniqueMiddleware(Middleware):
     def worker_start(self, worker: Worker) -> None:
         self._acker = worker.acker
 
+    def after_calls(self, calls: Calls) -> None:
+        # the acknowledgements of a batch: their locks go in one list
+        if self._acker is None:
+            return
+        failed = calls.failures
+        locks = [
+            (d.queue, key, m.id)
+            for i, (d, m) in enumerate(zip(calls.deliveries, calls.messages, strict=True))
+            if isinstance(key := m.headers.get("unique"), str) and i not in failed
+        ]
+        self._acker.release_uniques(locks)
+
     def after_outcome(self, job: Job, outcome: Outcome) -> None:
-        if outcome.kind not in ("ack", "dead") or self._acker is None:
+        # acknowledgements come through ``after_calls``
+        if outcome.kind != "dead" or self._acker is None:
             return
         key = job.message.headers.get("unique")
         if isinstance(key, str):

@@ -110,7 +110,7 @@ class Acker:
         # whoever flushes: the hot path pays one append and one length check per task
         self._acks: deque[Delivery] = deque()
         # likewise: acknowledgements that carry a result, and records to store on their own
-        self._with_results: deque[tuple[Delivery, str, bytes, float]] = deque()
+        self._with_results: deque[tuple[Delivery, StoredResult]] = deque()
         self._records: list[StoredResult] = []
         # workflow members: acknowledged with what they set off, in one call per flush
         self._flows: deque[FlowStep] = deque()
@@ -153,7 +153,7 @@ class Acker:
         """Acknowledge ``delivery`` and store ``payload`` as the result of ``message_id`` for
         ``ttl`` seconds, in the same broker call as the batch's other acknowledgements."""
         pending = self._with_results
-        pending.append((delivery, message_id, payload, ttl))  # made a StoredResult when flushed
+        pending.append((delivery, StoredResult(message_id, payload, ttl)))
         if len(pending) == self.batch_size:
             self._wake.set()
 
@@ -162,6 +162,15 @@ class Acker:
         broker call per flush for all of them."""
         self._flows.append(step)
         self._wake.set()
+
+    def ack_many_with_results(
+        self, deliveries: list[Delivery], results: list[StoredResult]
+    ) -> None:
+        """``ack_with_result`` for a batch: ``results[i]`` rides with ``deliveries[i]``."""
+        pending = self._with_results
+        pending.extend(zip(deliveries, results, strict=True))
+        if len(pending) >= self.batch_size:
+            self._wake.set()
 
     def store_result(self, message_id: str, payload: bytes, ttl: float) -> None:
         """Store a record with nothing to acknowledge (a failed attempt), in the next flush."""
@@ -210,6 +219,10 @@ class Acker:
         """End the unique lock of a settled message with the next flush."""
         self._uniques.append((queue, key, message_id))
 
+    def release_uniques(self, locks: list[tuple[str, str, str]]) -> None:
+        """``release_unique`` for a batch of (queue, lock, message id)."""
+        self._uniques.extend(locks)
+
     def _op(self, op: _Op) -> None:
         with self._lock:
             self._ops.append(op)
@@ -251,10 +264,7 @@ class Acker:
         acks = [popleft() for _ in range(len(pending))]
         pending_results = self._with_results
         take = pending_results.popleft
-        with_results = [
-            (item[0], StoredResult(item[1], item[2], item[3]))
-            for item in [take() for _ in range(len(pending_results))]
-        ]
+        with_results = [take() for _ in range(len(pending_results))]
         kept: list[_Op] = []  # to try again, in order
         error: Exception | None = None  # why the broker could not be reached
         settled = 0
@@ -308,9 +318,7 @@ class Acker:
             with self._lock:  # put back in front, in order
                 self._ops[:0] = kept
             pending.extendleft(reversed(acks))
-            pending_results.extendleft(
-                (d, r.id, r.payload, r.ttl) for d, r in reversed(with_results)
-            )
+            pending_results.extendleft(reversed(with_results))
         if error is None and self._flows:
             settled += self._flush_flows()
         if error is None:

@@ -20,7 +20,14 @@ seen), the processor composes its ``Pipeline``: the middleware that apply to it 
 worker-side hook. A task with none, no time limit and no ``async def`` is *inline*: called
 directly in ``process_many``'s loop and acknowledged with its batch, whatever other tasks use.
 When some middleware has batch hooks, a batch is decoded first, ``before_batch`` sees its jobs
-(and may defer some), they run, then ``after_batch``.
+(and may defer some), they run, then ``after_batch``. Only tasks whose middleware need a
+``Job`` (batch or per-call hooks) get one per message.
+
+``after_calls`` (the batch-wide ``after_process`` of the success path) sees, per task, the
+calls that returned as columns (``Calls``: deliveries, messages, return values), before their
+acknowledgements are handed to the acker; a task whose middleware have only ``after_calls``,
+``after_outcome`` and batch hooks is called in the batch loop like an inline one, its return
+values appended to those columns, and its hooks run once per batch (``_settle_calls``).
 
 A delivery of a non-inline task goes through three steps, which executors may drive separately:
 
@@ -35,10 +42,11 @@ A delivery of a non-inline task goes through three steps, which executors may dr
   later than the outcome — else a quick next attempt elsewhere could store its success first
   and the stale failure replace it.
 
-A result rides its acknowledgement: a job whose ``stored`` was set (by the results middleware's
-``after_process``) is acknowledged with ``Acker.ack_with_result``, in the same broker call as the
-other acknowledgements of its flush. Only tasks that keep results have that middleware in their
-pipeline: the others stay inline.
+A result rides its acknowledgement: the results middleware's ``after_calls`` sets
+``Calls.stored`` (one ``StoredResult`` per call), and the calls are acknowledged with
+``Acker.ack_many_with_results``, in the same broker call as the other acknowledgements of its
+flush. Only tasks that keep results have that middleware in their pipeline: the others stay
+inline.
 
 Expiry. A message whose ``expires`` time passed before it started is not run: each path that
 decodes a delivery checks that field (one compare per message, the clock read only for messages
@@ -60,6 +68,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from contextlib import AbstractContextManager
+from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import msgspec
@@ -69,7 +79,7 @@ from ..brokers import Delivery, StoredResult
 from ..brokers.reports import UNDECODABLE, Tally, Timings
 from ..errors import DecodeError, HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
-from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
+from ..middleware import JOB_HOOKS, Calls, Middleware, Outcome, overrides
 from ..middleware.results import CANCELLED, EXPIRED, encode_skipped
 from ..middleware.retries import Retries
 from ..workflows import FLOW
@@ -86,6 +96,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _decode = Message.decode
 _clock = time.perf_counter
+_PIPELINE_OF = attrgetter("pipeline")
 #: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
 BEFORE_BATCH_PAUSE = 1.0
 
@@ -134,12 +145,15 @@ class Pipeline:
     """
 
     __slots__ = (
+        "ack_outcome",
         "after_batch",
+        "after_calls",
         "after_outcome",
         "after_process",
         "batched",
         "before_batch",
         "before_process",
+        "grouped",
         "inline",
         "middleware",
         "per_call",
@@ -161,12 +175,23 @@ class Pipeline:
             m.after_process for m in reversed(used) if overrides(m, "after_process")
         ]
         self.after_outcome = [m.after_outcome for m in used if overrides(m, "after_outcome")]
+        #: Middleware with ``after_calls``: they see acknowledgements there, batch-wide.
+        self.after_calls = [m for m in used if overrides(m, "after_calls")]
+        #: The ``after_outcome`` hooks that see acknowledgements one by one.
+        self.ack_outcome = [
+            m.after_outcome
+            for m in used
+            if overrides(m, "after_outcome") and not overrides(m, "after_calls")
+        ]
         self.batched = bool(self.before_batch or self.after_batch)
-        #: False when only batch hooks apply: the batch path then calls the task inline too.
+        #: The middleware a batch shows its jobs of this task to (``before/after_batch``).
+        self.grouped = [m for m in used if m in self.before_batch or m in self.after_batch]
+        #: False when only batch hooks (and ``after_calls``, and ``after_outcome`` beside it)
+        #: apply: the batch path then calls the task inline too.
         self.per_call = bool(
             self.before_process
             or self.after_process
-            or self.after_outcome
+            or self.ack_outcome
             or task.is_async
             or (task.time_limit is not None and not inline_limits)
         )
@@ -274,7 +299,9 @@ class Processor:
         self._inline: dict[str, Task[Any, Any]] = {}
         #: True when some middleware has batch hooks: batches are then decoded before they run.
         self._batch_hooks = any(
-            overrides(m, "before_batch") or overrides(m, "after_batch") for m in self.middleware
+            overrides(m, hook)
+            for m in self.middleware
+            for hook in ("before_batch", "after_batch", "after_calls")
         )
         for name in list(self.tasks):
             self.pipeline(name)
@@ -449,11 +476,12 @@ class Processor:
     def _process_batch(self, deliveries: list[Delivery], state: BatchState) -> None:
         """``process_many`` when middleware has batch hooks: decode the whole batch, show each
         middleware its jobs (``before_batch``), defer what it deferred, run the rest as
-        ``process_many`` does, then ``after_batch``."""
+        ``process_many`` does, then ``after_batch``. Only tasks with batch hooks or per-call
+        hooks get a ``Job``; the others' messages go as they are."""
         runnable: list[Delivery] = []
-        items: list[Message | Job] = []  # per runnable delivery: a Message (inline) or a Job
-        groups: dict[Middleware, list[Job]] = {}
-        inline, pipelines = self._inline, self._pipelines
+        items: list[Message | Job] = []  # per runnable delivery: a Message or a Job
+        batched: list[Job] = []  # the jobs whose middleware have batch hooks
+        pipelines = self._pipelines
         decode = decode_unchecked
         late: list[tuple[Delivery, str]] = []
         for delivery in deliveries:
@@ -465,25 +493,28 @@ class Processor:
             if message.expires and message.expires <= time.time():
                 self._too_late(delivery, message, late)
                 continue
-            if message.task in inline and not (message.headers and FLOW in message.headers):
+            pipeline = pipelines.get(message.task) or self.pipeline(message.task)
+            if pipeline is None:  # unknown task
+                self.processed += 1
+                self._unknown(delivery, message)
+                continue
+            if not (message.headers and FLOW in message.headers) and (
+                pipeline.inline or not (pipeline.batched or pipeline.per_call)
+            ):
                 items.append(message)
             else:
-                pipeline = pipelines.get(message.task) or self.pipeline(message.task)
-                if pipeline is None:  # unknown task
-                    self.processed += 1
-                    self._unknown(delivery, message)
-                    continue
                 job = Job(delivery, message, pipeline.task, pipeline, batch=pipeline.batched)
                 items.append(job)
                 if job.batch:
-                    for m in pipeline.middleware:
-                        if m in groups:
-                            groups[m].append(job)
-                        else:
-                            groups[m] = [job]
+                    batched.append(job)
             runnable.append(delivery)
         if late:
             self.acker.dead_letter_many(late)
+        groups: dict[Middleware, list[Job]] = {}
+        for pipeline, run in groupby(batched, _PIPELINE_OF):  # a batch is mostly one run
+            jobs = list(run)
+            for m in pipeline.grouped:
+                groups.setdefault(m, []).extend(jobs)
         deferrals = Job.deferrals
         self._before_batch(groups)
         if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
@@ -502,8 +533,11 @@ class Processor:
     def _run_items(
         self, runnable: list[Delivery], items: list[Message | Job], state: BatchState
     ) -> None:
-        inline = self._inline
+        pipelines = self._pipelines
         done: list[Delivery] = []
+        returned: dict[str, Calls] = {}  # by task: calls for ``after_calls``, before their acks
+        calls: Calls | None = None
+        counts: dict[tuple[str, str], int] = {}
         started = 0
         runtimes: dict[tuple[str, str], list[float]] = {}
         pending = state.pending = deque(runnable)
@@ -526,18 +560,23 @@ class Processor:
                 started += 1
                 job: Job | None = None
                 if type(item) is Job:
-                    self.tally.add(delivery.queue, item.task.name, PROCESSED)
                     job = item
-                    if job.pipeline is None or job.pipeline.per_call or flows.is_flow(job.message):
+                    message, pipeline = job.message, job.pipeline
+                    assert pipeline is not None
+                    if pipeline.per_call or flows.is_flow(message):
+                        counts[delivery.queue, pipeline.task.name] = (
+                            counts.get((delivery.queue, pipeline.task.name), 0) + 1
+                        )
                         state.time_limit = None
                         self.run(job, state)
                         state.current = None
                         continue
-                    message, task = job.message, job.task  # only batch hooks: call it here
                 else:
                     assert isinstance(item, Message)
-                    message, task = item, inline[item.task]
-                    self.tally.add(delivery.queue, task.name, PROCESSED)
+                    message, pipeline = item, pipelines[item.task]
+                task = pipeline.task
+                key = (delivery.queue, task.name)
+                counts[key] = counts.get(key, 0) + 1
                 state.time_limit = task.time_limit
                 times = runtimes.get((delivery.queue, task.name))
                 if times is None:
@@ -548,24 +587,92 @@ class Processor:
                 except Exception as err:
                     times.append(_clock() - begin)
                     state.current = None
-                    self._failed(job or Job(delivery, message, task), err)
+                    self._failed(job or Job(delivery, message, task, pipeline), err)
                     continue
-                times.append(_clock() - begin)
-                if job is not None:
-                    job.outcome = Outcome("ack", result)
+                elapsed = _clock() - begin
+                times.append(elapsed)
                 state.current = None
-                done.append(delivery)
+                if job is not None and pipeline.after_batch:
+                    job.outcome = Outcome("ack", result)
+                if not pipeline.after_calls:
+                    done.append(delivery)
+                    continue
+                if calls is None or calls.task is not task:
+                    calls = returned.get(task.name)
+                    if calls is None:
+                        calls = returned[task.name] = Calls(task)
+                        if job is not None:
+                            calls.jobs = []
+                calls.deliveries.append(delivery)
+                calls.messages.append(message)
+                calls.results.append(result)
+                calls.runtimes.append(elapsed)
+                if job is not None and calls.jobs is not None:
+                    calls.jobs.append(job)
         except BaseException:
             state.unstarted.extend(_take_all(pending))
             raise
         finally:
             self.processed += started
+            self.tally.add_many(counts)
             if runtimes:
                 self.timings.add_batch(runtimes)
             if state.overran:
+                late = {id(d) for d in state.overran}
+                for c in returned.values():
+                    for i, d in enumerate(c.deliveries):
+                        if id(d) in late:
+                            c.fail(i, TimeLimitExceeded(""))  # made precise in _settle_calls
                 self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
+            for c in returned.values():
+                self._settle_calls(c)
+
+    def _settle_calls(self, calls: Calls, job: Job | None = None) -> None:
+        """``after_calls`` for calls of one task that returned, then their acknowledgements
+        (with the results they store) or, for those failed, their failures. With ``job``: the
+        call of that job alone (``finish``), whose failure, if any, is returned to it."""
+        pipeline = self._pipelines[calls.task.name]
+        overran = dict(calls.failures)  # calls interrupted at their time limit
+        for m in pipeline.after_calls:
+            try:
+                m.after_calls(calls)
+            except Exception as err:  # a bug in the hook: the calls stand
+                log.error("middleware %s failed in after_calls: %s", safe_repr(m), describe(err))
+        deliveries, stored = calls.deliveries, calls.stored
+        if stored is None and job is not None and job.stored is not None:
+            stored = [job.stored]  # set by an ``after_process`` hook
+        if stored is not None and len(stored) != len(deliveries):
+            log.error(
+                "middleware set %d results to store for %d calls of %s: none is stored",
+                len(stored),
+                len(deliveries),
+                calls.task.name,
+            )
+            stored = None
+        failures = calls.failures
+        if failures:
+            for i, failure in sorted(failures.items()):
+                failed = job or (
+                    calls.jobs[i]
+                    if calls.jobs is not None
+                    else Job(deliveries[i], calls.messages[i], calls.task, pipeline)
+                )
+                self._failed(failed, failed.time_limit_error() if i in overran else failure)
+            kept = [i for i in range(len(deliveries)) if i not in failures]
+            deliveries = [deliveries[i] for i in kept]
+            if stored is not None:
+                stored = [stored[i] for i in kept]
+        if not deliveries:
+            return
+        if stored is None:
+            self.acker.ack_many(deliveries)
+        else:
+            self.acker.ack_many_with_results(deliveries, stored)
+        if job is not None:
+            job.outcome = Outcome("ack", calls.results[0])
+            self._after_outcome(job)
 
     def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None:
         for m, jobs in groups.items():
@@ -702,6 +809,16 @@ class Processor:
                         safe_repr(getattr(hook, "__self__", hook)),
                         describe(err),
                     )
+            if error is None and pipeline.after_calls and job.flow is None:
+                calls = Calls(job.task)
+                calls.deliveries.append(job.delivery)
+                calls.messages.append(job.message)
+                calls.results.append(result)
+                calls.runtimes.append(job.finished - job.started if job.started else 0.0)
+                self._settle_calls(calls, job)  # acknowledged, or failed
+                if job.alone and pipeline.after_batch:
+                    self._after_batch({m: [job] for m in pipeline.after_batch})
+                return
         stepped = False
         if error is None and job.flow is not None:
             try:  # its acknowledgement carries what it sets off
@@ -715,7 +832,7 @@ class Processor:
             elif (stored := job.stored) is None:
                 self.acker.ack(job.delivery)
             else:
-                self.acker.ack_with_result(job.delivery, stored.id, stored.payload, stored.ttl)
+                self.acker.ack_many_with_results([job.delivery], [stored])
             job.outcome = Outcome("ack", result)
             self._after_outcome(job)
         else:
@@ -740,7 +857,9 @@ class Processor:
         pipeline, outcome = job.pipeline, job.outcome
         if pipeline is None or outcome is None:
             return
-        for hook in pipeline.after_outcome:
+        # middleware with ``after_calls`` saw the acknowledgement there
+        hooks = pipeline.ack_outcome if outcome.kind == "ack" else pipeline.after_outcome
+        for hook in hooks:
             try:
                 hook(job, outcome)
             except Exception as err:

@@ -8,7 +8,7 @@
   Input:
     KEYS[1]      in-flight index of the worker (batch id -> count held)
     KEYS[2]      the set of known queues
-    KEYS[3..]    the result keys (ARGV[3] of them); then 13 keys per published message (ready
+    KEYS[3..]    the result hashes (keys.result_key, ARGV[3] of them); then 13 keys per published message (ready
                  lists 0..9, delayed zset, wake list, seq counter of its queue); then, with a
                  chord, the chord's hash and the 13 keys of its callback's queue; then, with
                  forget, the chord hash to drop
@@ -18,7 +18,7 @@
     ARGV[3]      how many results, ARGV[4] how many messages to publish, ARGV[5] 1 with a chord,
                  ARGV[6] 1 with a chord to forget
     ARGV[7]      the channel that announces results, ARGV[8] their ids, space-separated
-    ARGV[9..]    per result: payload, ttl in ms; per published message: queue, priority, eta
+    ARGV[9..]    per result: id, payload, ttl in ms; per published message: queue, priority, eta
                  (0: ready now), payload; with a chord: member index, member count, member
                  payload, ttl in ms, then the callback as a published message
 
@@ -35,9 +35,15 @@ end
 local nres, npub = tonumber(ARGV[3]), tonumber(ARGV[4])
 local k, a = 3, 9
 
-for _ = 1, nres do
-  redis.call('SET', KEYS[k], ARGV[a], 'PX', ARGV[a + 1])
-  k, a = k + 1, a + 2
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+for _ = 1, nres do  -- as results.lua stores them: a field of the bucket's hash, after its expiry
+  local ttl = tonumber(ARGV[a + 2])
+  redis.call('HSET', KEYS[k], ARGV[a], string.format('%013d', now_ms + ttl) .. ARGV[a + 1])
+  if redis.call('PTTL', KEYS[k]) < ttl then
+    redis.call('PEXPIRE', KEYS[k], ttl)
+  end
+  k, a = k + 1, a + 3
 end
 if nres > 0 then
   redis.call('PUBLISH', ARGV[7], ARGV[8])

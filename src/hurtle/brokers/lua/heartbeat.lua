@@ -43,11 +43,12 @@
     ARGV[1]      worker id to mark alive ('' = only recover)
     ARGV[2]      that worker's heartbeat timeout in seconds (its deadline is now + this)
     ARGV[3]      max_recoveries: deaths a probe may survive
-    ARGV[4]      result key prefix (keys.result_key without the id's braces), ARGV[5] the ttl in
-                 ms and ARGV[6] the results channel: a workflow member dead-lettered here fails
-                 its workflow (a ``dead`` record under the workflow's id, naming the member).
-                 ARGV[4] = '' (a Redis Cluster, where the record's key has another slot than
-                 this queue's): the records are returned instead, for the caller to store
+    ARGV[4]      result key prefix (keys.RESULT_KEY_PREFIX), ARGV[5] the ttl in ms, ARGV[6] the
+                 results channel and ARGV[7] keys.RESULT_BUCKET_CUT: a workflow member
+                 dead-lettered here fails its workflow (a ``dead`` record under the workflow's
+                 id, naming the member). ARGV[4] = '' (a Redis Cluster, where the record's key
+                 has another slot than this queue's): the records are returned instead, for
+                 the caller to store
 
   Output:
     { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
@@ -88,8 +89,16 @@ local function fail_workflow(payload, reason)
     failed[#failed + 1] = record
     return
   end
-  redis.call('SET', ARGV[4] .. '{' .. flow[1] .. '}', record, 'PX', ARGV[5])
-  redis.call('PUBLISH', ARGV[6], flow[1])
+  -- stored as results.lua stores a result: a field of its bucket's hash, after its expiry
+  local id, ttl = flow[1], tonumber(ARGV[5])
+  local key = ARGV[4] .. string.sub(id, 1, math.max(#id - tonumber(ARGV[7]), 0)) .. '}'
+  local t = redis.call('TIME')
+  local stamp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl
+  redis.call('HSET', key, id, string.format('%013d', stamp) .. record)
+  if redis.call('PTTL', key) < ttl then
+    redis.call('PEXPIRE', key, ttl)
+  end
+  redis.call('PUBLISH', ARGV[6], id)
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', now))
 local moved = 0

@@ -12,6 +12,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
 from redis.retry import Retry
 
 import redis
@@ -159,7 +160,7 @@ class RedisBroker(_Workers, Broker):
             url, max_connections=RESULT_CONNECTIONS, timeout=None, **options
         )
         results_pool.connection_kwargs["decode_responses"] = False
-        self._results = redis.Redis(connection_pool=results_pool)
+        self._results: Any = redis.Redis(connection_pool=results_pool)
         self._listener = _ResultListener(self._results, self.url)
 
     def _publishing(self, commands: list[_Command], doing: str) -> list[Any]:
@@ -468,6 +469,18 @@ class RedisBroker(_Workers, Broker):
             )
         )
 
+    def purge(self, queue: str) -> int:
+        check_queue_name(queue)
+        k = queue_keys(queue)
+        return int(
+            self._eval(
+                self._scripts.purge,
+                (*k.ready, k.delayed, k.quarantine, k.wake),
+                (),
+                f"purging the waiting messages of {queue!r}",
+            )
+        )
+
     def chord_results(self, id: str, total: int) -> list[bytes] | None:
         return flows.chord_results(self, id, total)
 
@@ -482,8 +495,14 @@ class RedisBroker(_Workers, Broker):
         return [(float(eta), bytes(m).split(b":", 2)[2]) for m, eta in members]
 
     def get_result(self, id: str) -> bytes | None:
+        script = self._scripts.result_get
+        args = ("EVALSHA", script.sha, 1, result_key(id), id)
         try:
-            payload: Any = self._results.get(result_key(id))
+            try:
+                payload: Any = self._results.execute_command(*args)
+            except NoScriptError:
+                self._results.script_load(script.source)
+                payload = self._results.execute_command(*args)
         except redis.RedisError as err:
             self._fail(err, f"reading the result of {id}")
         return None if payload is None else bytes(payload)

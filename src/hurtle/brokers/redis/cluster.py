@@ -63,7 +63,7 @@ import redis
 from ...errors import BrokerError, ConfigurationError
 from ...message import MAX_PRIORITY, Message, check_messages
 from ..base import FLOW_FAILURE_TTL, ChordStep, FlowStep
-from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULTS_CHANNEL, chord_key
+from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULT_BUCKET_CUT, RESULTS_CHANNEL, chord_key
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
 from .consumer import MAX_BLOCK, RedisConsumer, _Target
 from .results import _ResultListener, _results_commands
@@ -268,7 +268,7 @@ class RedisClusterBroker(RedisBroker):
     _consumer_class = RedisClusterConsumer
     _sharded = True
     # a workflow record's key has its own slot: heartbeat.lua hands the records back
-    _heartbeat_flow_args = ("", int(FLOW_FAILURE_TTL * 1000), RESULTS_CHANNEL)
+    _heartbeat_flow_args = ("", int(FLOW_FAILURE_TTL * 1000), RESULTS_CHANNEL, RESULT_BUCKET_CUT)
 
     def _connect(self, url: str, options: dict[str, Any]) -> None:
         parts = urlsplit(url)

@@ -24,6 +24,8 @@ from ..keys import (
     BATCH_BITS,
     BATCH_MASK,
     QUEUES,
+    RESULT_BUCKET_CUT,
+    RESULT_KEY_PREFIX,
     RESULTS_CHANNEL,
     chord_key,
     result_key,
@@ -31,7 +33,12 @@ from ..keys import (
 from .scripts import _publish_keys
 
 #: The extra ``heartbeat.lua`` arguments with which a member it dead-letters fails its workflow.
-HEARTBEAT_FLOW_ARGS = (result_key("")[:-2], int(FLOW_FAILURE_TTL * 1000), RESULTS_CHANNEL)
+HEARTBEAT_FLOW_ARGS = (
+    RESULT_KEY_PREFIX,
+    int(FLOW_FAILURE_TTL * 1000),
+    RESULTS_CHANNEL,
+    RESULT_BUCKET_CUT,
+)
 
 
 def _message_args(m: Message) -> list[Any]:
@@ -39,9 +46,9 @@ def _message_args(m: Message) -> list[Any]:
     return [m.queue, str(min(max(m.priority, 0), MAX_PRIORITY)), repr(float(eta)), m.encode()]
 
 
-def _step_call(consumer: Any, step: FlowStep) -> tuple[list[str], list[Any]]:
+def _step_call(consumer: Any, step: FlowStep) -> tuple[list[str | bytes], list[Any]]:
     d = step.delivery
-    keys: list[str] = [consumer._target(d.queue).inflight, QUEUES]
+    keys: list[str | bytes] = [consumer._target(d.queue).inflight, QUEUES]
     args: list[Any] = [
         d.receipt >> BATCH_BITS,
         d.receipt & BATCH_MASK,
@@ -54,7 +61,7 @@ def _step_call(consumer: Any, step: FlowStep) -> tuple[list[str], list[Any]]:
     ]
     for r in step.results:
         keys.append(result_key(r.id))
-        args += [r.payload, max(int(r.ttl * 1000), 1)]
+        args += [r.id, r.payload, max(int(r.ttl * 1000), 1)]
     for m in step.publish:
         keys += _publish_keys(m.queue)
         args += _message_args(m)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..keys import queue_keys, slot_keys
-from .scripts import _Command
+from .scripts import _Command, _packed
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -68,12 +69,23 @@ class _Limits:
     def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
         if not locks:
             return
-        by_queue: dict[str, list[str]] = {}
-        for queue, key, message_id in locks:
-            by_queue.setdefault(queue, []).extend((key, message_id))
+        queues = {lock[0] for lock in locks}
+        by_queue: dict[str, Sequence[tuple[str, str, str]]]
+        if len(queues) == 1:  # the usual case: no grouping per lock
+            by_queue = {queues.pop(): locks}
+        else:
+            grouped: dict[str, list[tuple[str, str, str]]] = {}
+            for lock in locks:
+                grouped.setdefault(lock[0], []).append(lock)
+            by_queue = dict(grouped)
         script = self.broker._scripts.unique_release
         commands = []
-        for queue, args in by_queue.items():
-            k = queue_keys(queue)
-            commands.append(self.broker._call(script, (k.unique,), args))
+        for queue, group in by_queue.items():
+            keys, packed_keys = _packed([lock[1] for lock in group])
+            ids, packed_ids = _packed([lock[2] for lock in group])
+            lengths = [0] * (2 * len(group))
+            lengths[0::2] = map(len, keys)
+            lengths[1::2] = map(len, ids)
+            args = (packed_keys, packed_ids, struct.pack(f"<{len(lengths)}I", *lengths))
+            commands.append(self.broker._call(script, (queue_keys(queue).unique,), args))
         self.broker._pipeline(commands, f"releasing {len(locks)} unique locks")

@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult
-from ..keys import RESULTS_CHANNEL, result_key
-from .scripts import _Command
+from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL, result_key
+from .scripts import _Command, _packed
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -21,33 +22,61 @@ log = logging.getLogger(__name__)
 
 
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
-    """One ``results.lua`` call per distinct ttl (most batches have one)."""
+    """One ``results.lua`` call per distinct ttl (most batches have one), its ids and payloads
+    packed into a few strings (a batch is a handful of arguments, not two per result)."""
     if broker._sharded:
-        # A cluster: each record has a slot of its own (a reader knows only the id), so no
-        # one script stores them; one SET each, in the same pipeline, then one announcement.
-        return [
-            (("SET", result_key(r.id), r.payload, "PX", max(int(r.ttl * 1000), 1)), None)
-            for r in results
-        ] + [(("SPUBLISH", RESULTS_CHANNEL, " ".join(r.id for r in results)), None)]
+        return _sharded_results_commands(broker, results)
     by_ttl: dict[float, list[StoredResult]] = {}
     for r in results:
-        by_ttl.setdefault(r.ttl, []).append(r)
-    script = broker._scripts.results
-    commands = []
-    for ttl, group in by_ttl.items():
-        ids = [r.id for r in group]
-        commands.append(
-            broker._call(
-                script,
-                [result_key(i) for i in ids],
-                [
-                    RESULTS_CHANNEL,
-                    " ".join(ids),
-                    max(int(ttl * 1000), 1),
-                    *[r.payload for r in group],
-                ],
-            )
-        )
+        group = by_ttl.get(r.ttl)
+        if group is None:
+            by_ttl[r.ttl] = [r]
+        else:
+            group.append(r)
+    return [_results_call(broker, group, ttl, (), RESULTS_CHANNEL) for ttl, group in by_ttl.items()]
+
+
+def _results_call(
+    broker: RedisBroker,
+    group: Sequence[StoredResult],
+    ttl: float,
+    keys: Sequence[Any],
+    channel: str,
+) -> _Command:
+    ids, packed_ids = _packed([r.id for r in group])
+    payloads = [r.payload for r in group]
+    lengths = [0] * (2 * len(group))
+    lengths[0::2] = map(len, ids)
+    lengths[1::2] = map(len, payloads)
+    return broker._call(
+        broker._scripts.results,
+        keys,
+        [
+            channel,
+            " ".join(r.id for r in group),
+            max(int(ttl * 1000), 1),
+            RESULT_KEY_PREFIX,
+            RESULT_BUCKET_CUT,
+            packed_ids,
+            b"".join(payloads),
+            struct.pack(f"<{len(lengths)}I", *lengths),
+        ],
+    )
+
+
+def _sharded_results_commands(
+    broker: RedisBroker, results: Sequence[StoredResult]
+) -> list[_Command]:
+    """On a cluster: one ``results.lua`` call per hash of results (per slot) and ttl, each
+    declaring its hash, none announcing; then one announcement of the batch on the sharded
+    channel (``SPUBLISH``)."""
+    groups: dict[tuple[float, bytes], list[StoredResult]] = {}
+    for r in results:
+        groups.setdefault((r.ttl, result_key(r.id)), []).append(r)
+    commands = [
+        _results_call(broker, group, ttl, (key,), "") for (ttl, key), group in groups.items()
+    ]
+    commands.append((("SPUBLISH", RESULTS_CHANNEL, " ".join(r.id for r in results)), None))
     return commands
 
 

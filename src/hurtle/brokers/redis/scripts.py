@@ -55,8 +55,10 @@ class _Scripts:
         self.dead_list = _Script("dead_list")
         self.dead_delete = _Script("dead_delete")
         self.dead_purge = _Script("dead_purge")
+        self.purge = _Script("purge")
         self.claim_tick = _Script("claim_tick")
         self.results = _Script("results")
+        self.result_get = _Script("result_get")
         self.rate = _Script("rate")
         self.slots = _Script("slots")
         self.publish_unique = _Script("publish_unique")
@@ -163,3 +165,13 @@ _PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
 def _publish_keys(name: str) -> tuple[str, ...]:
     k = queue_keys(name)
     return (*k.ready, k.delayed, k.wake, k.seq)
+
+
+def _packed(texts: list[str]) -> tuple[Sequence[str | bytes], bytes]:
+    """``texts`` (or their UTF-8 bytes, so that their ``len`` counts bytes) and their bytes,
+    concatenated: one encode for the lot when they are ASCII (ids and keys mostly are)."""
+    joined = "".join(texts)
+    if joined.isascii():
+        return texts, joined.encode()
+    encoded = [t.encode() for t in texts]
+    return encoded, b"".join(encoded)

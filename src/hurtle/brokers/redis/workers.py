@@ -6,7 +6,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..keys import RESULTS_CHANNEL, TOTALS, WORKER_DEADLINES, WORKER_REPORT, queue_keys, result_key
+from ..base import StoredResult
+from ..keys import TOTALS, WORKER_DEADLINES, WORKER_REPORT, queue_keys
 from ..reports import KINDS, TaskCounts, WorkerReport, decode_report, encode_report
 from .flows import HEARTBEAT_FLOW_ARGS
 from .scripts import _Command, _ScriptRunner, _Scripts
@@ -128,14 +129,21 @@ class _Workers(_ScriptRunner):
         a heartbeat dead-lettered: on a cluster, where the script cannot (another slot). The
         members are dead letters already, so a failure here (``BrokerError``) leaves their
         workflows without a record: a window a cluster has and one server has not."""
-        ttl = max(int(self._heartbeat_flow_args[1]), 1)
-        publish = "SPUBLISH" if self._sharded else "PUBLISH"
-        commands: list[_Command] = []
-        for at in range(0, len(failed), 2):
-            flow = failed[at].decode() if isinstance(failed[at], bytes) else str(failed[at])
-            commands.append((("SET", result_key(flow), failed[at + 1], "PX", ttl), None))
-            commands.append(((publish, RESULTS_CHANNEL, flow), None))
-        self._pipeline(commands, "failing the workflows of dead-lettered members")
+        from .results import _results_commands  # here: results.py imports scripts only
+
+        ttl = self._heartbeat_flow_args[1] / 1000
+        records = [
+            StoredResult(
+                failed[at].decode() if isinstance(failed[at], bytes) else str(failed[at]),
+                bytes(failed[at + 1]),
+                ttl,
+            )
+            for at in range(0, len(failed), 2)
+        ]
+        self._pipeline(
+            _results_commands(self, records),  # type: ignore[arg-type]
+            "failing the workflows of dead-lettered members",
+        )
 
 
 def _beat_reporting(consumer: RedisConsumer, broker: RedisBroker) -> bool:

@@ -1,0 +1,20 @@
+--[[
+  Read one stored result (results.lua): its payload, or nil when there is none or it expired.
+
+  Input:
+    KEYS[1]  the hash that holds it (keys.result_key)
+    ARGV[1]  the message id
+
+  Output:
+    the payload, or nil
+]]
+
+local value = redis.call('HGET', KEYS[1], ARGV[1])
+if not value then
+  return false
+end
+local t = redis.call('TIME')
+if tonumber(string.sub(value, 1, 13)) <= tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) then
+  return false
+end
+return string.sub(value, 14)
