@@ -1,17 +1,19 @@
 """Control across processes: a worker process running while its queue is paused (by the CLI, in
 another process) does not consume it, and does once the queue is resumed; a cancellation made
-by the CLI holds for a worker started afterwards."""
+by the CLI holds for a worker started afterwards; a purge by the CLI asks first."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import Project
+from helpers import Project, hurtle_env
 
 TASKS = textwrap.dedent(
     """
@@ -84,3 +86,34 @@ def test_a_cancellation_from_the_cli_holds_for_workers_started_later(project: Pr
     assert sorted(project.lines("done")) == ["o1", "o3"]
     dead = project.app.broker.dead_letters("oq")
     assert sorted(d.reason for d in dead) == ["cancelled", "cancelled"]
+
+
+def test_queue_purge_asks_first_and_drops_only_the_waiting_messages(project: Project) -> None:
+    project.send_many("tasks.paused", [(f"p{i}",) for i in range(3)])
+    project.send("tasks.other", "o1")
+
+    def purge(*extra: str, answer: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "hurtle", "queue", "tasks:app", "purge", "pq", *extra],
+            cwd=project.root,
+            env=hurtle_env(**project.env),
+            input=answer,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    refused = purge(answer="n\n")
+    assert refused.returncode == 1, refused.stderr
+    assert "3 ready" in refused.stdout and "nothing purged" in refused.stdout
+    assert project.status()["pq"]["ready"] == 3
+    confirmed = purge(answer="y\n")
+    assert confirmed.returncode == 0, confirmed.stderr
+    assert "3 waiting message(s) dropped" in confirmed.stdout
+    assert (project.status()["pq"]["ready"], project.status()["oq"]["ready"]) == (0, 1)
+    project.send("tasks.paused", "p3")
+    unasked = purge("--yes")
+    assert unasked.returncode == 0, unasked.stderr
+    assert "1 waiting message(s) dropped" in unasked.stdout
+    assert project.status()["pq"]["ready"] == 0

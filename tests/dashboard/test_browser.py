@@ -6,11 +6,13 @@ saves the overview there (that is how ``docs/dashboard.png`` is made).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,12 @@ def fragile(n):
 @app.task(name="square", store_result=True)
 def square(n):
     return n * n
+
+
+@app.task(name="canary", queue="other", retries=0)
+def canary(n):
+    with open(os.environ["RUNS_LOG"], "a") as f:
+        f.write(f"canary {n}\\n")
 
 
 app.periodic(work, every=3600, args=(0,), name="hourly-work")
@@ -223,7 +231,7 @@ def test_purging_a_queues_dead_letters_from_the_page_asks_first(
     )
     page.goto(server + "/#/queues")
     wait_for(lambda: "2" in page.inner_text("#queue-table"), what="the queue's dead count")
-    page.click("#queue-table button[data-queue=default]")
+    page.click("#queue-table button.purge-dead[data-queue=default]")
     wait_for(lambda: project.app.broker.stats(["default"])["default"].dead == 0, what="the purge")
     assert len(dialogs) == 1 and "Delete all 2 dead letters of queue default" in dialogs[0]
 
@@ -265,3 +273,88 @@ def test_the_scheduled_page_shows_periodic_tasks_and_delayed_messages(
     delayed = page.inner_text("#delayed-table")
     assert "counts only" not in delayed  # SQLite lists the ETAs of the soonest ones
     page.screenshot(path=str(tmp_path / "scheduled.png"))
+
+
+def queue_row(server: str, name: str) -> dict[str, Any]:
+    """The queue's row as the JSON API gives it."""
+    with urllib.request.urlopen(server + "/api/queues", timeout=10) as r:
+        rows = json.load(r)
+    return next(q for q in rows if q["name"] == name)
+
+
+def processed(server: str, task: str) -> int:
+    """The cluster's processed counter of ``task``, as workers reported it."""
+    with urllib.request.urlopen(server + "/api/tasks", timeout=10) as r:
+        return sum(row["processed"] for row in json.load(r) if row["task"] == task)
+
+
+def test_pausing_a_queue_from_the_page_stops_its_consumption_until_resumed(
+    project: Project,
+    server: str,
+    page: Page,
+    worker: subprocess.Popen[str],
+    dialogs: list[str],
+    tmp_path: Path,
+) -> None:
+    project.app.task(name="canary", queue="other", retries=0)(lambda *a: None)
+    # the worker runs at all: it takes a first canary
+    project.send("canary", 1)
+    wait_for(lambda: "canary 1" in project.runs(), what="the worker to run a first task")
+
+    page.goto(server + "/#/queues")
+    pause = "#queue-table button.pause-queue[data-queue=default]"
+    wait_for(lambda: page.query_selector(pause), what="the pause button")
+    page.click(pause)  # by selector: the table is redrawn every 2 s
+    wait_for(lambda: queue_row(server, "default")["paused"], what="the queue to be paused")
+    wait_for(
+        lambda: page.query_selector("#queue-table button.resume-queue[data-queue=default]"),
+        what="the page to offer a resume",
+    )
+    assert "Pause queue default?" in dialogs[0]
+    assert "paused" in page.inner_text("#queue-status")
+    done_before = processed(server, "work")
+
+    project.send_many("work", [(i,) for i in range(20)])
+    # Sent after them, from a queue the worker serves after theirs: once it ran, the worker
+    # has fetched since the pause, and would have taken the queue's messages first.
+    project.send("canary", 2)
+    wait_for(lambda: "canary 2" in project.runs(), what="the worker to fetch after the pause")
+    row = queue_row(server, "default")
+    assert (row["ready"], row["in_flight"], row["paused"]) == (20, 0, True)
+    # and its next report (which counts the second canary) still counts no work done
+    wait_for(lambda: processed(server, "canary") >= 2, what="the worker's next report")
+    assert processed(server, "work") == done_before
+    wait_for(lambda: "20" in page.inner_text("#queue-table"), what="the page to show 20 ready")
+    page.screenshot(path=str(tmp_path / "queues-paused.png"))
+
+    page.click("#queue-table button.resume-queue[data-queue=default]")
+    wait_for(
+        lambda: (lambda q: (q["ready"], q["in_flight"], q["paused"]) == (0, 0, False))(
+            queue_row(server, "default")
+        ),
+        what="every message of the resumed queue to be consumed",
+    )
+    wait_for(lambda: processed(server, "work") >= done_before + 20, what="the work done")
+    assert "Resume queue default?" in dialogs[1]
+    wait_for(
+        lambda: page.query_selector("#queue-table button.pause-queue[data-queue=default]"),
+        what="the page to offer a pause again",
+    )
+    page.screenshot(path=str(tmp_path / "queues-resumed.png"))
+
+
+def test_purging_a_queue_from_the_page_asks_first_and_keeps_its_dead_letters(
+    project: Project, server: str, page: Page, dialogs: list[str], tmp_path: Path
+) -> None:
+    project.app.broker.pause("default")  # no worker here; paused so that nothing else counts
+    project.send_many("work", [(i,) for i in range(5)])
+    project.app.tasks["work"].options(delay=900).send(99)
+    page.goto(server + "/#/queues")
+    wait_for(lambda: "5" in page.inner_text("#queue-table"), what="the queue's ready count")
+    page.screenshot(path=str(tmp_path / "queues.png"))
+    page.click("#queue-table button.purge-queue[data-queue=default]")
+    wait_for(lambda: queue_row(server, "default")["ready"] == 0, what="the purge")
+    row = queue_row(server, "default")
+    assert (row["delayed"], row["paused"]) == (0, True)
+    assert len(dialogs) == 1 and "Drop the 5 ready and 1 delayed messages" in dialogs[0]
+    wait_for(lambda: "6 messages dropped" in page.inner_text("#queue-status"), what="the status")

@@ -306,6 +306,110 @@ def test_answers_match_the_openapi_document(app: Hurtle, client: TestClient) -> 
     check("/api/queues/{queue}/dead", "delete", r.status_code, r.json())
 
 
+# -- queue controls: pause, resume, purge -------------------------------------------------------
+
+
+def validator(client: TestClient) -> Callable[[str, str, Any], None]:
+    """Checks an answer against its schema in the OpenAPI document."""
+    jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
+    doc = client.get("/api/openapi.json").json()
+
+    def check(path: str, method: str, r: Any) -> None:
+        schema = doc["paths"][path][method]["responses"][str(r.status_code)]["content"][
+            "application/json"
+        ]["schema"]
+        jsonschema.validate(r.json(), {**schema, "components": doc["components"]})
+
+    return check
+
+
+def test_a_queue_is_paused_resumed_and_purged_through_the_api(
+    app: Hurtle, client: TestClient
+) -> None:
+    check = validator(client)
+    add = app.tasks["add"]
+    add.send_many([(i, i) for i in range(3)])
+    add.options(delay=3600).send(9, 9)
+    consumer = app.broker.consumer(["math"])
+    try:
+        held = consumer.fetch(1, 1.0)
+        assert len(held) == 1
+
+        r = client.post("/api/queues/math/pause")
+        assert (r.status_code, r.json()) == (200, {"queue": "math", "paused": True})
+        check("/api/queues/{queue}/pause", "post", r)
+        assert app.broker.paused() == {"math"}
+        [row] = [q for q in client.get("/api/queues").json() if q["name"] == "math"]
+        assert (row["paused"], row["ready"], row["delayed"], row["in_flight"]) == (True, 2, 1, 1)
+        check("/api/queues", "get", client.get("/api/queues"))
+
+        r = client.delete("/api/queues/math/messages")
+        assert (r.status_code, r.json()) == (200, {"purged": 3})
+        check("/api/queues/{queue}/messages", "delete", r)
+        stats = app.broker.stats(["math"])["math"]
+        assert (stats.ready, stats.delayed, stats.in_flight, stats.paused) == (0, 0, 1, True)
+        consumer.ack(held)  # what was in flight finishes as usual
+
+        r = client.post("/api/queues/math/resume")
+        assert (r.status_code, r.json()) == (200, {"queue": "math", "paused": False})
+        check("/api/queues/{queue}/resume", "post", r)
+        assert app.broker.paused() == set()
+        assert client.delete("/api/queues/math/messages").json() == {"purged": 0}
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/api/queues/math/pause"),
+        ("POST", "/api/queues/math/resume"),
+        ("DELETE", "/api/queues/math/messages"),
+    ],
+)
+def test_queue_controls_need_the_token_and_with_a_cookie_the_csrf_token(
+    app: Hurtle, method: str, path: str
+) -> None:
+    app.tasks["add"].send(1, 2)
+    if path.endswith("/resume"):
+        app.broker.pause("math")
+    before = app.broker.stats(["math"])["math"]
+    with TestClient(create_app(app, token=TOKEN)) as c:
+        assert c.request(method, path).status_code == 401
+        wrong = c.request(method, path, headers={"authorization": "Bearer wrong"})
+        assert wrong.status_code == 401
+        cross = c.request(
+            method,
+            path,
+            headers={"authorization": f"Bearer {TOKEN}", "origin": "https://evil.example"},
+        )
+        assert cross.status_code == 403
+        assert c.post("/login", data={"token": TOKEN}, follow_redirects=False).status_code == 303
+        refused = c.request(method, path)  # the session cookie alone: no CSRF token
+        assert refused.status_code == 403 and "CSRF" in refused.json()["error"]
+        forged = c.request(method, path, headers={"x-csrf-token": "guessed"})
+        assert forged.status_code == 403
+        assert app.broker.stats(["math"])["math"] == before  # nothing changed so far
+        ok = c.request(method, path, headers={"x-csrf-token": c.cookies["hurtle_csrf"]})
+        assert ok.status_code == 200, ok.text
+    after = app.broker.stats(["math"])["math"]
+    if path.endswith("/pause"):
+        assert (after.paused, after.ready) == (True, 1)
+    elif path.endswith("/resume"):
+        assert (after.paused, after.ready) == (False, 1)
+    else:
+        assert (after.paused, after.ready) == (False, 0)
+
+
+def test_a_bearer_token_changes_a_queue_without_a_csrf_token(app: Hurtle) -> None:
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    with TestClient(create_app(app, token=TOKEN)) as c:
+        assert c.post("/api/queues/math/pause", headers=bearer).status_code == 200
+        assert app.broker.paused() == {"math"}
+        assert c.post("/api/queues/math/resume", headers=bearer).status_code == 200
+        assert app.broker.paused() == set()
+
+
 def test_retries_are_counted_per_task(app: Hurtle, client: TestClient) -> None:
     @app.task(name="flaky", queue="math", retries=1, retry_delay=0)
     def flaky() -> None:

@@ -50,6 +50,8 @@ Control (``tests/brokers/test_control_contract.py``):
   the batch are cancelled — one call per batch, none while nothing is cancelled;
 * pause: ``Broker.pause`` / ``resume`` set a flag per queue that every fetch reads in its own
   step: a paused queue is not fetched by any worker until resumed (what is in flight finishes).
+* purge: ``Broker.purge`` drops a queue's waiting messages (ready and delayed), never those in
+  flight (``tests/brokers/test_purge_contract.py``).
 
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
@@ -367,6 +369,17 @@ class Broker(abc.ABC):
     def paused(self) -> set[str]:
         """The queues paused now."""
         raise NotImplementedError(f"{type(self).__name__} does not support pausing queues")
+
+    def purge(self, queue: str) -> int:
+        """Drop every message of ``queue`` waiting to be fetched (ready, delayed, and recovered
+        ones waiting to be let out), in one step of the store; returns how many.
+
+        What workers hold (in flight) finishes as usual, dead letters stay (``purge_dead``),
+        and unique locks of dropped messages are kept until they expire.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot purge a queue's waiting messages: its purge is missing"
+        )
 
     @abc.abstractmethod
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:

@@ -444,6 +444,19 @@ class MemoryBroker(Broker):
                 return 0
             return sum(1 for i in ids if q.dead.pop(i, None) is not None)
 
+    def purge(self, queue: str) -> int:
+        check_queue_name(queue)
+        with self._lock:
+            q = self._queues.get(queue)
+            if q is None:
+                return 0
+            n = q.ready_count() + len(q.delayed)
+            for level in q.ready:
+                level.clear()
+            q.quarantine.clear()
+            q.delayed.clear()
+            return n
+
     def purge_dead(self, queue: str) -> int:
         with self._lock:
             q = self._queues.get(queue)

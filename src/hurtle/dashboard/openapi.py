@@ -62,8 +62,16 @@ OPENAPI: dict[str, Any] = {
         "schemas": {
             "Error": _obj({"error": _STR}),
             "Queue": _obj(
-                {"name": _STR, "ready": _INT, "delayed": _INT, "in_flight": _INT, "dead": _INT}
+                {
+                    "name": _STR,
+                    "ready": _INT,
+                    "delayed": _INT,
+                    "in_flight": _INT,
+                    "dead": _INT,
+                    "paused": {"type": "boolean"},
+                }
             ),
+            "Paused": _obj({"queue": _STR, "paused": {"type": "boolean"}}),
             "Point": _obj({"t": _NUM, "processed": _NUM, "failed": _NUM}),
             "Counts": _obj(_COUNTS),
             "TaskCounts": _obj({"queue": _STR, "task": _STR, **_COUNTS}),
@@ -297,6 +305,29 @@ OPENAPI: dict[str, Any] = {
                     ),
                     "400": _ERROR,
                 },
+            },
+            "delete": {
+                "summary": "Purge a queue: drop its waiting messages (ready and delayed)",
+                "description": "Messages workers hold (in flight) finish as usual; dead "
+                "letters stay. purged is how many messages were dropped.",
+                "parameters": [_QUEUE],
+                "responses": _ok(_obj({"purged": _INT})),
+            },
+        },
+        "/api/queues/{queue}/pause": {
+            "post": {
+                "summary": "Pause a queue: no worker fetches from it until it is resumed",
+                "description": "Tasks already fetched finish; workers started later see the "
+                "pause too (it lives in the broker).",
+                "parameters": [_QUEUE],
+                "responses": _ok(_ref("Paused")),
+            }
+        },
+        "/api/queues/{queue}/resume": {
+            "post": {
+                "summary": "Resume a paused queue: workers fetch from it again",
+                "parameters": [_QUEUE],
+                "responses": _ok(_ref("Paused")),
             }
         },
         "/api/queues/{queue}/dead": {

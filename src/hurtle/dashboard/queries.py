@@ -39,7 +39,7 @@ def queue_names(broker: Broker, declared: Iterable[str] = ()) -> list[str]:
 
 
 def queue_stats(broker: Broker, declared: Iterable[str] = ()) -> dict[str, QueueStats]:
-    """Counts per queue: ready, delayed, in flight, dead."""
+    """Counts per queue: ready, delayed, in flight, dead; and whether it is paused."""
     return broker.stats(queue_names(broker, declared))
 
 
@@ -51,6 +51,7 @@ def queue_rows(stats: dict[str, QueueStats]) -> list[dict[str, Any]]:
             "delayed": s.delayed,
             "in_flight": s.in_flight,
             "dead": s.dead,
+            "paused": s.paused,
         }
         for name, s in stats.items()
     ]

@@ -95,6 +95,9 @@ def create_app(
             Route("/api/delayed", dash.delayed),
             Route("/api/workers", dash.workers),
             Route("/api/queues/{queue}/messages", dash.enqueue, methods=["POST"]),
+            Route("/api/queues/{queue}/messages", dash.purge_waiting, methods=["DELETE"]),
+            Route("/api/queues/{queue}/pause", dash.pause, methods=["POST"]),
+            Route("/api/queues/{queue}/resume", dash.resume, methods=["POST"]),
             Route("/api/queues/{queue}/dead", dash.dead_letters, methods=["GET"]),
             Route("/api/queues/{queue}/dead", dash.purge_dead, methods=["DELETE"]),
             Route("/api/queues/{queue}/dead/retry", dash.retry_dead, methods=["POST"]),
@@ -392,6 +395,21 @@ class _Dashboard:
         return 201, _encode_json(
             {"ids": ids} if isinstance(doc, list) else {"id": ids[0], "ids": ids}
         )
+
+    async def pause(self, request: Request) -> Response:
+        queue = request.path_params["queue"]
+        await self._run(self.broker.pause, queue)
+        return _json({"queue": queue, "paused": True})
+
+    async def resume(self, request: Request) -> Response:
+        queue = request.path_params["queue"]
+        await self._run(self.broker.resume, queue)
+        return _json({"queue": queue, "paused": False})
+
+    async def purge_waiting(self, request: Request) -> Response:
+        """Drop the queue's ready and delayed messages; those in flight finish."""
+        n = await self._run(self.broker.purge, request.path_params["queue"])
+        return _json({"purged": n})
 
     async def purge_dead(self, request: Request) -> Response:
         n = await self._run(self.broker.purge_dead, request.path_params["queue"])

@@ -399,6 +399,18 @@ class RedisBroker(_Workers, Broker):
             )
         )
 
+    def purge(self, queue: str) -> int:
+        check_queue_name(queue)
+        k = queue_keys(queue)
+        return int(
+            self._eval(
+                self._scripts.purge,
+                (*k.ready, k.delayed, k.quarantine, k.wake),
+                (),
+                f"purging the waiting messages of {queue!r}",
+            )
+        )
+
     def chord_results(self, id: str, total: int) -> list[bytes] | None:
         return flows.chord_results(self, id, total)
 

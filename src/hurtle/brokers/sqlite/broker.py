@@ -363,6 +363,20 @@ class SQLiteBroker(_Recovery, Broker):
             ).rowcount
         return deleted
 
+    def purge(self, queue: str) -> int:
+        """Delete the rows above each cursor of ``queue`` (ready; those at or below are held),
+        its delayed rows and its quarantined ones, in one transaction."""
+        check_queue_name(queue)
+        with self._write() as conn:
+            n: int = conn.execute(
+                "DELETE FROM messages WHERE queue = ?1 AND id > (SELECT c.last FROM cursors c "
+                "WHERE c.queue = ?1 AND c.priority = messages.priority)",
+                (queue,),
+            ).rowcount
+            n += conn.execute("DELETE FROM delayed WHERE queue = ?", (queue,)).rowcount
+            n += conn.execute("DELETE FROM quarantine WHERE queue = ?", (queue,)).rowcount
+        return n
+
     def purge_dead(self, queue: str) -> int:
         with self._write() as conn:
             deleted: int = conn.execute("DELETE FROM dead WHERE queue = ?", (queue,)).rowcount

@@ -66,6 +66,7 @@ const QUEUE_COLUMNS = [
   { title: "Delayed", value: (q) => fmt(q.delayed), numeric: true },
   { title: "In flight", value: (q) => fmt(q.in_flight), numeric: true },
   { title: "Dead", value: (q) => fmt(q.dead), numeric: true },
+  { title: "Paused", value: (q) => (q.paused ? el("span", { class: "paused" }, "paused") : "–") },
 ];
 
 async function loadOverview() {
@@ -141,11 +142,39 @@ async function loadQueues() {
   if (!rows) return;
   table(document.getElementById("queue-table"), [
     ...QUEUE_COLUMNS,
-    { title: "", value: (q) => el("button", {
-      class: "danger", "data-queue": q.name,
-      onclick: () => purge(q.name, q.dead),
-    }, "Purge dead letters") },
+    { title: "", value: (q) => el("span", { class: "row-actions" },
+      q.paused
+        ? el("button", { class: "resume-queue", "data-queue": q.name,
+          onclick: () => queueAction(q, "resume") }, "Resume")
+        : el("button", { class: "pause-queue", "data-queue": q.name,
+          onclick: () => queueAction(q, "pause") }, "Pause"),
+      el("button", { class: "purge-queue danger", "data-queue": q.name,
+        onclick: () => queueAction(q, "purge") }, "Purge messages"),
+      el("button", { class: "purge-dead danger", "data-queue": q.name,
+        onclick: () => purge(q.name, q.dead) }, "Purge dead letters")) },
   ], rows);
+}
+
+// What each queue action asks before it acts, and the request it sends.
+const QUEUE_ACTIONS = {
+  pause: { ask: (q) => `Pause queue ${q.name}? No worker fetches from it until it is resumed `
+      + "(tasks already fetched finish).", method: "POST", path: "pause",
+    done: (q) => `queue ${q.name} paused` },
+  resume: { ask: (q) => `Resume queue ${q.name}? Workers fetch from it again.`,
+    method: "POST", path: "resume", done: (q) => `queue ${q.name} resumed` },
+  purge: { ask: (q) => `Drop the ${q.ready} ready and ${q.delayed} delayed messages of queue `
+      + `${q.name}? Messages in flight finish; dead letters stay. This cannot be undone.`,
+    method: "DELETE", path: "messages",
+    done: (q, doc) => `queue ${q.name} purged: ${doc.purged} messages dropped` },
+};
+
+async function queueAction(q, verb) {
+  const action = QUEUE_ACTIONS[verb];
+  if (!confirm(action.ask(q))) return;
+  const doc = await api(`/api/queues/${encodeURIComponent(q.name)}/${action.path}`,
+    { method: action.method });
+  if (doc) document.getElementById("queue-status").textContent = action.done(q, doc);
+  await loadQueues();
 }
 
 async function purge(queue, count) {
