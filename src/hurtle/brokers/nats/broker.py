@@ -47,6 +47,7 @@ from ..base import (
 )
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
 from . import control, flows, names, results
+from .purge import purge
 from .deadletters import DeadLetters
 from .delays import Promoters
 from .loop import run
@@ -361,6 +362,9 @@ class NatsBroker(Broker):
 
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         return run(self.dead.delete(queue, list(ids)))
+
+    def purge(self, queue: str) -> int:
+        return run(purge(self.store, check_queue_name(queue)))
 
     def purge_dead(self, queue: str) -> int:
         return run(self.dead.purge(queue))
