@@ -47,10 +47,10 @@ from ..base import (
 )
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
 from . import control, flows, names, results
-from .purge import purge
 from .deadletters import DeadLetters
 from .delays import Promoters
 from .loop import run
+from .purge import purge
 from .recovery import recover_dead_workers
 from .store import REPORTS_BUCKET, Store
 
@@ -303,8 +303,8 @@ class NatsBroker(Broker):
         return run(self._stats(chosen))
 
     async def _stats(self, queues: list[str]) -> dict[str, QueueStats]:
-        (paused, _), *found = await asyncio.gather(
-            control.read(self.store), *(self._stats_of(q) for q in queues)
+        (paused, _), found = await asyncio.gather(
+            control.read(self.store), asyncio.gather(*(self._stats_of(q) for q in queues))
         )
         return {
             q: msgspec.structs.replace(s, paused=True) if q in paused else s

@@ -138,8 +138,8 @@ class NatsConsumer(Consumer):
         limit = self.broker.max_recoveries
         dead: list[tuple[str, str, bytes, str]] = []
         # the control record (paused queues, live cancellations) read beside the levels
-        (paused, cancels), *levels = await asyncio.gather(
-            control.read(self.store), *(self.store.levels(q) for q in self.queues)
+        (paused, cancels), levels = await asyncio.gather(
+            control.read(self.store), asyncio.gather(*(self.store.levels(q) for q in self.queues))
         )
         for queue, queue_levels in zip(self.queues, levels, strict=True):
             if queue in paused:

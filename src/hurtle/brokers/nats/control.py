@@ -15,6 +15,7 @@ the record says are live, every id at once (pipelined).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -97,9 +98,7 @@ async def cancelled(store: Store, ids: Sequence[str]) -> set[str]:
 
     async def one(bucket: str, id_: str) -> str | None:
         try:
-            msg = await store.js.get_msg(
-                f"KV_{bucket}", subject=f"$KV.{bucket}.{names.token(id_)}"
-            )
+            msg = await store.js.get_msg(f"KV_{bucket}", subject=f"$KV.{bucket}.{names.token(id_)}")
         except NotFoundError:
             return None
         if not msg.data or unpack(msg.data) <= now:
@@ -119,9 +118,7 @@ async def uncancel(store: Store, ids: Sequence[str]) -> None:
         kv = await store.kv(cancel_bucket(seconds), ttl=float(seconds))
 
         async def drop(kv: Any, key: str) -> None:
-            try:
+            with contextlib.suppress(KeyNotFoundError, NotFoundError):
                 await kv.purge(key)
-            except (KeyNotFoundError, NotFoundError):
-                pass
 
         await asyncio.gather(*(drop(kv, names.token(str(i))) for i in ids))
