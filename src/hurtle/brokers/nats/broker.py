@@ -8,6 +8,17 @@ results (buckets by ttl, ``results.py``). Dead letters are a stream per queue
 (``deadletters.py``); delayed messages wait in the queue's ``d`` subject until a promoter hands
 them to their level (``delays.py``).
 
+Control (``control.py``): one KV record names the paused queues and until when cancellations
+are live; every fetch reads it once, beside the levels it pulls, and skips paused queues.
+Workflows (``flows.py``): JetStream has no transaction across subjects and buckets, so
+``ack_flow`` applies each step in an order where every part is repeatable (results, chord
+payloads, a compare-and-set count per chord, the next link and callback published under their
+message ids as ``Nats-Msg-Id``, the acknowledgement last). A worker killed part-way leaves its
+delivery to come back, and its step publishes the same link or callback again, which JetStream
+drops as a duplicate — within the queue streams' duplicate window (``duplicate_window``, two
+minutes). A worker recovered later than that (a heartbeat timeout above about a minute) can set
+a link or callback off twice. ``purge.py`` empties a queue without touching what workers hold.
+
 Every call runs on the process's one event-loop thread (``loop.py``); each broker has a
 connection of its own.
 """
