@@ -293,7 +293,8 @@ class NatsBroker(Broker):
                 # a stream is made for a consumer too: a queue is one that had messages
                 if info.config.name.startswith("HQ_") and info.state.last_seq:
                     out.append(names.untoken(info.config.name[3:]))
-            return sorted(out)
+            paused, _ = await control.read(self.store)  # a paused queue is known, as elsewhere
+            return sorted({*out, *paused})
 
         return run(names_())
 
