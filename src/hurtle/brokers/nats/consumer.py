@@ -1,13 +1,15 @@
 """One worker's session on NATS: pulls by level, a record of what it holds, settling by batch.
 
 A fetch pulls the queues in the order given and each queue's levels from quarantine down to
-priority 0 (only the levels that may hold messages, ``Store.levels``), then writes the worker's
+priority 0 (only the levels that may hold messages, ``Store.levels``), skipping the queues the
+control record says are paused (read once per fetch, ``control.py``), then writes the worker's
 record (its deadline and the ack subjects it holds) with a compare-and-set on the revision it
 wrote last. A record gone or changed means a recoverer declared this worker dead: what it held
 went back, so it forgets it (settling it later does nothing) and starts a fresh record with
 what it took since.
 
-Acknowledgements are pipelined per batch (``Store.settle``). A beat stores the worker's report,
+Acknowledgements are pipelined per batch (``Store.settle``); workflow steps are settled by
+``flows.py``. A beat stores the worker's report,
 pushes its deadline, tells JetStream the held messages are in progress (``+WPI``, which restarts
 their ``AckWait``: a slow task on a live worker is never redelivered) and recovers dead workers.
 A blocked fetch waits on the queues' wake subjects, and asks again at least once a second.
