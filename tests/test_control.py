@@ -17,16 +17,17 @@ from hurtle.brokers import Delivery
 from hurtle.dashboard.queries import task_lookup
 from hurtle.errors import ConfigurationError, DecodeError, EncodeError
 from hurtle.message import Message
+from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 
-@pytest.fixture(params=["memory", "sqlite", "redis"])
+@pytest.fixture(params=["memory", "sqlite", "redis", "nats"])
 def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Hurtle]:
     if request.param == "memory":
         url = "memory://"
     elif request.param == "sqlite":
         url = f"sqlite:///{tmp_path / 'hurtle.db'}"
     else:
-        url = str(request.getfixturevalue("redis_url"))
+        url = str(request.getfixturevalue(f"{request.param}_url"))
     a = Hurtle(url)
     yield a
     a.close()

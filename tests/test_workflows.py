@@ -19,6 +19,7 @@ import pytest
 from helpers import Project
 from hurtle import ConfigurationError, Hurtle, TaskFailed, chain, chord, group
 from hurtle.workflows import FLOW
+from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 
 @pytest.fixture
@@ -206,13 +207,13 @@ FLOW_TASKS = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster", "nats"])
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
     url = None
-    if request.param == "redis":
-        url = str(request.getfixturevalue("redis_url"))
-    elif request.param == "redis-cluster":
+    if request.param == "redis-cluster":
         url = str(request.getfixturevalue("redis_cluster_url"))
+    elif request.param != "sqlite":
+        url = str(request.getfixturevalue(f"{request.param}_url"))
     p = Project(tmp_path, FLOW_TASKS, ("flows.member", "flows.fail", "flows.total"), url)
     yield p
     p.app.close()

@@ -8,6 +8,17 @@ results (buckets by ttl, ``results.py``). Dead letters are a stream per queue
 (``deadletters.py``); delayed messages wait in the queue's ``d`` subject until a promoter hands
 them to their level (``delays.py``).
 
+Control (``control.py``): one KV record names the paused queues and until when cancellations
+are live; every fetch reads it once, beside the levels it pulls, and skips paused queues.
+Workflows (``flows.py``): JetStream has no transaction across subjects and buckets, so
+``ack_flow`` applies each step in an order where every part is repeatable (results, chord
+payloads, a compare-and-set count per chord, the next link and callback published under their
+message ids as ``Nats-Msg-Id``, the acknowledgement last). A worker killed part-way leaves its
+delivery to come back, and its step publishes the same link or callback again, which JetStream
+drops as a duplicate — within the queue streams' duplicate window (``duplicate_window``, two
+minutes). A worker recovered later than that (a heartbeat timeout above about a minute) can set
+a link or callback off twice. ``purge.py`` empties a queue without touching what workers hold.
+
 Every call runs on the process's one event-loop thread (``loop.py``); each broker has a
 connection of its own.
 """
@@ -16,12 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import msgspec
 from nats.js.errors import NotFoundError
 
 from ...errors import ConfigurationError
@@ -34,21 +47,28 @@ from ..base import (
     DeadLetter,
     QueueStats,
     StoredResult,
+    check_cancel_ttl,
     check_dead_letter_limits,
+    check_queue_name,
     check_tick_claim,
+    flow_failure,
     gcra,
     log_trimmed,
     unique_key_of,
 )
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
-from . import names, results
+from . import control, flows, names, results
 from .deadletters import DeadLetters
 from .delays import Promoters
 from .loop import run
+from .purge import purge
 from .recovery import recover_dead_workers
 from .store import REPORTS_BUCKET, Store
 
 Item = tuple[str, bytes, dict[str, str] | None]
+
+#: Most delayed messages of a queue ``next_delayed`` reads (one server round trip each).
+NEXT_DELAYED_SCAN = 10_000
 
 
 class NatsBroker(Broker):
@@ -175,6 +195,34 @@ class NatsBroker(Broker):
 
         return run(all_())
 
+    # -- control -------------------------------------------------------------------------
+
+    def cancel(self, ids: Sequence[str], ttl: float) -> None:
+        ttl = check_cancel_ttl(ttl)
+        if ids:
+            run(control.cancel(self.store, list(ids), ttl))
+
+    def cancelled(self, ids: Sequence[str]) -> set[str]:
+        return run(control.cancelled(self.store, list(ids)))
+
+    def uncancel(self, ids: Sequence[str]) -> None:
+        if ids:
+            run(control.uncancel(self.store, list(ids)))
+
+    def pause(self, queue: str) -> None:
+        run(control.set_paused(self.store, check_queue_name(queue), True))
+
+    def resume(self, queue: str) -> None:
+        run(control.set_paused(self.store, check_queue_name(queue), False))
+
+    def paused(self) -> set[str]:
+        return run(control.read(self.store))[0]
+
+    # -- workflows -------------------------------------------------------------------------
+
+    def chord_results(self, id: str, total: int) -> list[bytes] | None:
+        return run(flows.chord_results(self.store, id, total))
+
     # -- ticks ---------------------------------------------------------------------------
 
     def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
@@ -217,12 +265,24 @@ class NatsBroker(Broker):
 
         return NatsConsumer(self, tuple(queues), worker_id or f"nats-{new_id()}")
 
-    async def write_dead(self, queue: str, items: list[tuple[bytes, str]]) -> None:
+    async def write_dead(
+        self, queue: str, items: list[tuple[bytes, str]], fail_flows: bool = False
+    ) -> None:
+        """Store dead letters; with ``fail_flows`` (the broker dead-letters them itself, no
+        worker did), record the failure of the workflows they belong to, first."""
+        if fail_flows:
+            failed = [f for raw, reason in items if (f := flow_failure(raw, reason)) is not None]
+            if failed:
+                await results.put(self.store, failed)
         expired, dropped = await self.dead.write(queue, items)
         log_trimmed(self, queue, expired, dropped)
 
+    async def write_lost(self, queue: str, items: list[tuple[bytes, str]]) -> None:
+        """Dead letters of messages whose workers kept dying: their workflows fail too."""
+        await self.write_dead(queue, items, fail_flows=True)
+
     def recover(self) -> int:
-        return run(recover_dead_workers(self.store, self.max_recoveries, self.write_dead))
+        return run(recover_dead_workers(self.store, self.max_recoveries, self.write_lost))
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -233,7 +293,8 @@ class NatsBroker(Broker):
                 # a stream is made for a consumer too: a queue is one that had messages
                 if info.config.name.startswith("HQ_") and info.state.last_seq:
                     out.append(names.untoken(info.config.name[3:]))
-            return sorted(out)
+            paused, _ = await control.read(self.store)  # a paused queue is known, as elsewhere
+            return sorted({*out, *paused})
 
         return run(names_())
 
@@ -254,8 +315,13 @@ class NatsBroker(Broker):
         return run(self._stats(chosen))
 
     async def _stats(self, queues: list[str]) -> dict[str, QueueStats]:
-        found = await asyncio.gather(*(self._stats_of(q) for q in queues))
-        return dict(zip(queues, found, strict=True))
+        (paused, _), found = await asyncio.gather(
+            control.read(self.store), asyncio.gather(*(self._stats_of(q) for q in queues))
+        )
+        return {
+            q: msgspec.structs.replace(s, paused=True) if q in paused else s
+            for q, s in zip(queues, found, strict=True)
+        }
 
     async def _stats_of(self, queue: str) -> QueueStats:
         js = self.store.js
@@ -276,6 +342,31 @@ class NatsBroker(Broker):
             dead=dead,
         )
 
+    def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
+        return run(self._next_delayed(queue, limit))
+
+    async def _next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]]:
+        """Reads the queue's delayed subject in stream order (JetStream 2.9 keeps no order by
+        eta), at most ``NEXT_DELAYED_SCAN`` messages: past that, the soonest of those."""
+        js = self.store.js
+        stream = names.stream(queue)
+        subject = names.subject(queue, names.DELAYED)
+        latest: list[tuple[float, int, bytes]] = []  # the soonest so far, latest on top
+        seq = 1
+        for _ in range(NEXT_DELAYED_SCAN):
+            try:
+                msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+            except NotFoundError:
+                break
+            seq = msg.seq + 1
+            eta = float((msg.headers or {}).get(names.ETA, "0"))
+            item = (-eta, -msg.seq, bytes(msg.data or b""))
+            if len(latest) < limit:
+                heapq.heappush(latest, item)
+            elif item > latest[0]:
+                heapq.heapreplace(latest, item)
+        return [(-eta, raw) for eta, _, raw in sorted(latest, reverse=True)]
+
     # -- dead letters ----------------------------------------------------------------------
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
@@ -283,6 +374,9 @@ class NatsBroker(Broker):
 
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         return run(self.dead.delete(queue, list(ids)))
+
+    def purge(self, queue: str) -> int:
+        return run(purge(self.store, check_queue_name(queue)))
 
     def purge_dead(self, queue: str) -> int:
         return run(self.dead.purge(queue))

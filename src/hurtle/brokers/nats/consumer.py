@@ -1,13 +1,15 @@
 """One worker's session on NATS: pulls by level, a record of what it holds, settling by batch.
 
 A fetch pulls the queues in the order given and each queue's levels from quarantine down to
-priority 0 (only the levels that may hold messages, ``Store.levels``), then writes the worker's
+priority 0 (only the levels that may hold messages, ``Store.levels``), skipping the queues the
+control record says are paused (read once per fetch, ``control.py``), then writes the worker's
 record (its deadline and the ack subjects it holds) with a compare-and-set on the revision it
 wrote last. A record gone or changed means a recoverer declared this worker dead: what it held
 went back, so it forgets it (settling it later does nothing) and starts a fresh record with
 what it took since.
 
-Acknowledgements are pipelined per batch (``Store.settle``). A beat stores the worker's report,
+Acknowledgements are pipelined per batch (``Store.settle``); workflow steps are settled by
+``flows.py``. A beat stores the worker's report,
 pushes its deadline, tells JetStream the held messages are in progress (``+WPI``, which restarts
 their ``AckWait``: a slow task on a live worker is never redelivered) and recovers dead workers.
 A blocked fetch waits on the queues' wake subjects, and asks again at least once a second.
@@ -25,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 from nats.js.errors import BadRequestError, KeyWrongLastSequenceError
 
-from ...message import Message
-from ..base import Consumer, Delivery, StoredResult
+from ...message import Message, check_messages
+from ..base import Consumer, Delivery, FlowStep, StoredResult
 from ..reports import encode_report
-from . import names
+from . import control, flows, names
 from .loop import run
 from .pull import Puller
 from .recovery import recover_dead_workers
@@ -137,8 +139,14 @@ class NatsConsumer(Consumer):
         fresh: list[str] = []
         limit = self.broker.max_recoveries
         dead: list[tuple[str, str, bytes, str]] = []
-        for queue in self.queues:
-            for level in await self.store.levels(queue):
+        # the control record (paused queues, live cancellations) read beside the levels
+        (paused, cancels), levels = await asyncio.gather(
+            control.read(self.store), asyncio.gather(*(self.store.levels(q) for q in self.queues))
+        )
+        for queue, queue_levels in zip(self.queues, levels, strict=True):
+            if queue in paused:
+                continue
+            for level in queue_levels:
                 want = max_count - len(out)
                 if want <= 0:
                     break
@@ -173,8 +181,9 @@ class NatsConsumer(Consumer):
             await self._write_record(fresh)
             with self._lock:
                 out = [d for d in out if d.receipt in self._held]
+            self.cancellations = control.live(cancels, time.time())
         for queue, reply, raw, reason in dead:
-            await self.broker.write_dead(queue, [(bytes(raw), reason)])
+            await self.broker.write_lost(queue, [(bytes(raw), reason)])
             await self.store.settle([reply], b"+TERM")
         return out
 
@@ -198,6 +207,15 @@ class NatsConsumer(Consumer):
         if results:
             await self.broker.store_results(results)
         await self.store.settle(replies, b"+ACK")
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        payloads: dict[str, bytes] = {}  # encoded first: a message that cannot be settles nothing
+        for step in steps:
+            out = [*step.publish, *([step.chord.callback] if step.chord is not None else [])]
+            check_messages(out)
+            payloads.update((m.id, m.encode()) for m in out)
+        if steps:
+            run(flows.ack_flow(self, steps, payloads))
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         raw = message.encode()
@@ -352,7 +370,7 @@ class NatsConsumer(Consumer):
         await asyncio.gather(*steps)
         # then the chores of every beat: forget dead workers' reports, recover their messages
         chores: list[Coroutine[Any, Any, object]] = [
-            recover_dead_workers(self.store, self.broker.max_recoveries, self.broker.write_dead)
+            recover_dead_workers(self.store, self.broker.max_recoveries, self.broker.write_lost)
         ]
         if report is not None:
             chores.append(self.broker._workers(forget=True))
