@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import RedisServer
+from helpers import RedisClusterServer, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +26,42 @@ def redis_url(redis_server: RedisServer) -> str:
     client.flushall()
     client.close()
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterServer]:
+    """One private Redis Cluster (three masters, three replicas) for the session."""
+    pytest.importorskip("redis")
+    cluster = RedisClusterServer(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterServer) -> str:
+    """The cluster's URL, every master flushed; a test that kills a node gets a cluster of its
+    own (``make_redis_cluster``) rather than this one."""
+    redis_cluster.flushall()
+    return redis_cluster.url
+
+
+@pytest.fixture
+def make_redis_cluster(tmp_path: Path) -> Iterator[type[RedisClusterServer]]:
+    """Start a cluster of its own inside one test (to kill its nodes)."""
+    started: list[RedisClusterServer] = []
+
+    def make(**kwargs: int) -> RedisClusterServer:
+        cluster = RedisClusterServer(tmp_path, **kwargs)
+        started.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield make  # type: ignore[misc]
+    for cluster in started:
+        cluster.stop()
 
 
 @pytest.fixture

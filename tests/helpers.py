@@ -88,6 +88,198 @@ class RedisServer:
             self.proc = None
 
 
+class RedisClusterServer:
+    """A private Redis Cluster: three masters and three replicas on free loopback ports, each
+    ``redis-server`` in its own directory, joined by ``redis-cli --cluster create``."""
+
+    #: Milliseconds before a silent master is failed over (low: tests kill masters).
+    NODE_TIMEOUT = 1000
+
+    def __init__(self, workdir: Path, *, masters: int = 3, replicas: int = 1) -> None:
+        self.workdir = workdir
+        self.masters = masters
+        self.replicas = replicas
+        self.ports = [_free_cluster_port() for _ in range(masters * (1 + replicas))]
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def start_node(self, port: int) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("redis-server is not installed")
+        node_dir = self.workdir / str(port)
+        node_dir.mkdir(exist_ok=True)
+        args = [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(node_dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            str(node_dir / "nodes.conf"),
+            "--cluster-node-timeout",
+            str(self.NODE_TIMEOUT),
+            "--repl-diskless-sync-delay",
+            "0",
+            "--logfile",
+            str(node_dir / "redis.log"),
+        ]
+        self.procs[port] = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        _wait_for_pong(port)
+
+    def start(self) -> None:
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            pytest.skip("redis-cli is not installed")
+        for port in self.ports:
+            self.start_node(port)
+        subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{p}" for p in self.ports),
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        self.wait_ok()
+
+    def cluster_info(self, port: int) -> dict[str, str]:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(port), "cluster", "info"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+        return dict(line.split(":", 1) for line in out.split() if ":" in line)
+
+    def replication(self, port: int) -> dict[str, str]:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(port), "info", "replication"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout
+        return dict(line.split(":", 1) for line in out.split() if ":" in line)
+
+    def wait_ok(self, timeout: float = 30) -> None:
+        """Until every live node sees the cluster as ok with all slots served, and every
+        replica is in sync with its master."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            infos = [self.cluster_info(p) for p in self.procs]
+            if all(
+                i.get("cluster_state") == "ok" and i.get("cluster_slots_ok") == "16384"
+                for i in infos
+            ) and all(
+                r.get("role") == "master" or r.get("master_link_status") == "up"
+                for r in map(self.replication, self.procs)
+            ):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("the Redis cluster did not become ok")
+
+    def master_of(self, key: str) -> int:
+        """The port of the master serving ``key`` now."""
+        out = subprocess.run(
+            ["redis-cli", "-c", "-p", str(next(iter(self.procs))), "cluster", "keyslot", key],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        slot = int(out.strip())
+        nodes = subprocess.run(
+            ["redis-cli", "-p", str(next(iter(self.procs))), "cluster", "nodes"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        for line in nodes.splitlines():
+            fields = line.split()
+            if "master" not in fields[2] or "fail" in fields[2]:
+                continue
+            for r in fields[8:]:
+                lo, _, hi = r.partition("-")
+                if r[0] != "[" and int(lo) <= slot <= int(hi or lo):
+                    return int(fields[1].split("@")[0].rsplit(":", 1)[1])
+        raise RuntimeError(f"no master serves slot {slot}")
+
+    def kill(self, port: int) -> None:
+        proc = self.procs.pop(port)
+        proc.kill()
+        proc.wait()
+
+    def flushall(self) -> None:
+        for port in self.procs:
+            subprocess.run(
+                ["redis-cli", "-p", str(port), "flushall"],
+                capture_output=True,
+                timeout=10,
+                check=False,
+            )
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self.procs.clear()
+
+
+def _free_cluster_port() -> int:
+    """A free port whose cluster bus port (+10000) is free too."""
+    for _ in range(1000):
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+def _wait_for_pong(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"redis-server did not start on port {port}")
+
+
 def hurtle_env(**extra: str) -> dict[str, str]:
     """The environment for a subprocess running hurtle from this checkout."""
     env = dict(os.environ)

@@ -1,4 +1,5 @@
-"""Crash recovery with real worker processes killed by SIGKILL, on SQLite, Redis and NATS."""
+"""Crash recovery with real worker processes killed by SIGKILL, on SQLite, Redis, a Redis
+Cluster and NATS."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 from test_cli import TASKS
 
 
-@pytest.fixture(params=["sqlite", "redis", "nats"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster", "nats"])
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
     url = None
     if request.param in ("redis", "nats"):
         url = str(request.getfixturevalue(f"{request.param}_url"))
+    elif request.param == "redis-cluster":
+        url = str(request.getfixturevalue("redis_cluster_url"))
     p = Project(tmp_path, TASKS, ("tasks.add", "tasks.slow", "tasks.broken"), url)
     yield p
     p.app.close()

@@ -207,10 +207,12 @@ FLOW_TASKS = textwrap.dedent(
 )
 
 
-@pytest.fixture(params=["sqlite", "redis", "nats"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster", "nats"])
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
     url = None
-    if request.param != "sqlite":
+    if request.param == "redis-cluster":
+        url = str(request.getfixturevalue("redis_cluster_url"))
+    elif request.param != "sqlite":
         url = str(request.getfixturevalue(f"{request.param}_url"))
     p = Project(tmp_path, FLOW_TASKS, ("flows.member", "flows.fail", "flows.total"), url)
     yield p

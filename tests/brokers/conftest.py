@@ -10,7 +10,7 @@ import pytest
 from hurtle.brokers import Broker, make_broker
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
-BROKER_KINDS = ["memory", "sqlite", "redis", "nats"]
+BROKER_KINDS = ["memory", "sqlite", "redis", "redis-cluster", "nats"]
 
 MakeBroker = Callable[..., Broker]
 
@@ -24,6 +24,8 @@ def broker_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return f"sqlite:///{tmp_path / 'hurtle.db'}"
     if kind == "redis":
         return str(request.getfixturevalue("redis_url"))
+    if kind == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
     if kind == "nats":
         return str(request.getfixturevalue("nats_url"))
     raise AssertionError(kind)

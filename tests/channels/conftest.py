@@ -1,4 +1,5 @@
-"""An app per broker for the channel conformance suite: memory, sqlite (a temp file), redis."""
+"""An app per broker for the channel conformance suite: memory, sqlite (a temp file), redis,
+a Redis Cluster."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 
 from hurtle import Hurtle
 
-BROKERS = ["memory", "sqlite", "redis"]
+BROKERS = ["memory", "sqlite", "redis", "redis-cluster"]
 
 
 @pytest.fixture(params=BROKERS)
@@ -18,6 +19,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return "memory://"
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'channels.db'}"
+    if request.param == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
     return str(request.getfixturevalue("redis_url"))
 
 

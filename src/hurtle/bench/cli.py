@@ -40,8 +40,11 @@ def add_parser(sub: Any) -> None:
     tasks.add_argument(
         "--broker-url",
         default=None,
-        help="a NATS server (nats://host:port) for the NATS rows (raw-nats, hurtle-nats-solo), "
-        "which are skipped without it; its streams are DELETED before every NATS row",
+        action="append",
+        help="a broker for the rows that need one, skipped without it (may be given twice): a "
+        "NATS server (nats://host:port) for raw-nats and hurtle-nats-solo, whose streams are "
+        "DELETED before every NATS row; a Redis Cluster (redis+cluster://host:port, any node) "
+        "for the hurtle-cluster-* rows, FLUSHED before every row",
     )
     tasks.add_argument("--only", default="", help="comma-separated rows to run (default: all)")
     tasks.add_argument("--json", type=Path, default=None, help="write rows and machine here")
@@ -92,6 +95,17 @@ def run_tasks(args: argparse.Namespace) -> int:
             f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(BY_NAME)}"
         )
     chosen = [BY_NAME[n] for n in wanted] if wanted else SCENARIOS
+    brokers: dict[str, str] = {}
+    for broker_url in args.broker_url or ():
+        if broker_url.startswith("nats://"):
+            brokers["nats"] = broker_url
+        elif "+cluster://" in broker_url:
+            brokers["cluster"] = broker_url
+        else:
+            raise ConfigurationError(
+                f"--broker-url takes a NATS server (nats://host:port) or a Redis Cluster "
+                f"(redis+cluster://host:port), got {broker_url!r}; a single Redis is --redis-url"
+            )
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
     rows: list[Row] = []
@@ -100,11 +114,13 @@ def run_tasks(args: argparse.Namespace) -> int:
         tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="hurtle-bench-")
         root = args.workdir or Path(tmp.name if tmp else ".")
         root.mkdir(parents=True, exist_ok=True)
-        if args.broker_url and not args.broker_url.startswith("nats://"):
-            raise ConfigurationError(
-                f"--broker-url takes a NATS server (nats://host:port), got {args.broker_url!r}"
-            )
-        runner = Runner(url, root, timeout=args.timeout, nats_url=args.broker_url)
+        runner = Runner(
+            url,
+            root,
+            timeout=args.timeout,
+            nats_url=brokers.get("nats"),
+            cluster_url=brokers.get("cluster"),
+        )
         try:
             for scenario in chosen:
                 print(f"-- {scenario.name}", file=sys.stderr, flush=True)

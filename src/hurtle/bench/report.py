@@ -117,6 +117,27 @@ def ratios(rows: list[Row]) -> list[Ratio]:
             3,
         ),
         Ratio("consume: hurtle solo / Sidekiq", _over(hurtle.consume_rate, _consume(sidekiq)), 10),
+        Ratio(
+            "consume: hurtle on a 3-master cluster, solo / on one Redis",
+            _over(_consume(_get(rows, "hurtle-cluster-solo")), hurtle.consume_rate),
+            0.8,
+        ),
+        Ratio(
+            "consume: cluster, 3 queues x 3 processes / cluster solo",
+            _over(
+                _consume(_get(rows, "hurtle-cluster-3q")),
+                _consume(_get(rows, "hurtle-cluster-solo")),
+            ),
+            None,
+        ),
+        Ratio(
+            "publish: cluster with ?wait_replicas=1 / cluster",
+            _over(
+                _publish(_get(rows, "hurtle-cluster-wait")),
+                _publish(_get(rows, "hurtle-cluster-solo")),
+            ),
+            None,
+        ),
         *nats_ratios(rows),
     ]
 

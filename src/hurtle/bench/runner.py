@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..cli._progress import Progress
 from . import probe
@@ -94,11 +95,19 @@ class Runner:
     """Runs scenarios against one Redis URL, each in a fresh work directory under ``root``."""
 
     def __init__(
-        self, redis_url: str, root: Path, *, timeout: float = 900.0, nats_url: str | None = None
+        self,
+        redis_url: str,
+        root: Path,
+        *,
+        timeout: float = 900.0,
+        nats_url: str | None = None,
+        cluster_url: str | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.root = root
         self.timeout = timeout
+        #: ``redis+cluster://…``: where the ``cluster`` rows run (skipped without it)
+        self.cluster_url = cluster_url
         self.nats_url = nats_url
 
     def flush_nats(self) -> None:
@@ -120,11 +129,19 @@ class Runner:
         asyncio.run(clear())
 
     def flush(self) -> None:
+        from redis.cluster import RedisCluster
+
         import redis
 
         client = redis.Redis.from_url(self.redis_url)
         client.flushdb()
         client.close()
+        if self.cluster_url:
+            parts = urlsplit(self.cluster_url)
+            plain = parts._replace(scheme=parts.scheme.split("+")[0], query="").geturl()
+            cluster = RedisCluster.from_url(plain)
+            cluster.flushall(target_nodes=RedisCluster.PRIMARIES)
+            cluster.close()
 
     def run(self, scenario: Scenario, count: int) -> Row:
         asked = count
@@ -141,17 +158,22 @@ class Runner:
         missing = scenario.missing()
         if scenario.store == "nats" and not self.nats_url:
             missing = "needs a NATS server: --broker-url nats://host:port"
+        if scenario.store == "cluster" and not self.cluster_url:
+            missing = f"needs {scenario.install}"
         if missing:
             row.skipped = missing
             return row
         workdir = self.root / scenario.name
         shutil.rmtree(workdir, ignore_errors=True)
         (workdir / "probe").mkdir(parents=True)
-        broker_url = (
-            self.redis_url if scenario.store == "redis" else f"sqlite:///{workdir / 'bench.db'}"
-        )
-        if scenario.store == "nats" and self.nats_url:
+        if scenario.store == "cluster":
+            broker_url = f"{self.cluster_url}{scenario.url_query}"
+        elif scenario.store == "redis":
+            broker_url = f"{self.redis_url}{scenario.url_query}"
+        elif scenario.store == "nats" and self.nats_url:
             broker_url = self.nats_url
+        else:
+            broker_url = f"sqlite:///{workdir / 'bench.db'}"
         env = dict(os.environ)
         if count != asked:
             row.notes.append(f"capped at {count:,} tasks (this row is too slow for {asked:,})")

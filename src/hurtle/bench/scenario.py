@@ -31,8 +31,11 @@ class Scenario:
     publisher: tuple[str, ...]
     worker: tuple[str, ...]
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    #: ``redis``, ``sqlite`` or ``nats``: the store the row's broker URL points at.
+    #: ``redis``, ``sqlite``, ``nats`` (the NATS server of ``--broker-url``) or ``cluster`` (the
+    #: Redis Cluster of ``--broker-url``): the store the row's broker URL points at.
     store: str = "redis"
+    #: Appended to the row's broker URL: ``?wait_replicas=1``, ...
+    url_query: str = ""
     #: Python modules and programs the row needs; when one is missing the row is skipped.
     modules: tuple[str, ...] = ()
     programs: tuple[str, ...] = ()

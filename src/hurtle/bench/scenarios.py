@@ -31,6 +31,22 @@ _HURTLE_WORKER = (
     "hurtle.bench.peers.hurtle_app:app",
 )
 _LOCK = {"HURTLE_BENCH_PROBE_LOCK": "1"}
+#: The ``-3q`` rows: three worker processes, each reading one of the three queues of
+#: ``hurtle_app.SPREAD`` (one per master of a 3-master cluster).
+_THREE_WORKERS = (
+    "sh",
+    "-c",
+    " & ".join(
+        f"{_PY} -m hurtle --log-level WARNING worker hurtle.bench.peers.hurtle_app:app "
+        f"--pool solo -Q {queue}"
+        for queue in ("bench-0", "bench-2", "bench-3")
+    )
+    + " & wait",
+)
+_CLUSTER = (
+    "a Redis Cluster: hurtle bench tasks --broker-url redis+cluster://host:port (any node; "
+    "the cluster is FLUSHED before every row)"
+)
 #: RQ's default worker forks per job (~30 jobs/s on 2 cores): 100,000 would take an hour.
 RQ_FORK_MAX = 2000
 
@@ -76,6 +92,59 @@ SCENARIOS: list[Scenario] = [
         modules=("redis", "hurtle.brokers.redis"),
         version_of="hurtle",
         install="the Redis broker (hurtle/brokers/redis/) and pip install -e '.[redis]'",
+        leftover=leftover.hurtle,
+    ),
+    Scenario(
+        name="hurtle-redis-3q",
+        system="hurtle",
+        guarantee="acknowledged",
+        config=f"3 queues, 3 solo worker processes (one per queue), {_HURTLE_BATCHES}",
+        publisher=(*_PUBLISH, "hurtle.bench.peers.hurtle_app:publish_spread", "{count}"),
+        worker=_THREE_WORKERS,
+        modules=("redis", "hurtle.brokers.redis"),
+        version_of="hurtle",
+        install="the Redis broker (hurtle/brokers/redis/) and pip install -e '.[redis]'",
+        leftover=leftover.hurtle,
+    ),
+    Scenario(
+        name="hurtle-cluster-solo",
+        system="hurtle",
+        guarantee="acknowledged",
+        config=f"Redis Cluster, solo pool, concurrency 1, {_HURTLE_BATCHES}",
+        store="cluster",
+        publisher=(*_PUBLISH, "hurtle.bench.peers.hurtle_app:publish", "{count}"),
+        worker=(*_HURTLE_WORKER, "--pool", "solo"),
+        modules=("redis", "hurtle.brokers.redis"),
+        version_of="hurtle",
+        install=_CLUSTER,
+        leftover=leftover.hurtle,
+    ),
+    Scenario(
+        name="hurtle-cluster-wait",
+        system="hurtle",
+        guarantee="acknowledged",
+        config=f"Redis Cluster, ?wait_replicas=1, solo pool, concurrency 1, {_HURTLE_BATCHES}",
+        store="cluster",
+        url_query="?wait_replicas=1",
+        publisher=(*_PUBLISH, "hurtle.bench.peers.hurtle_app:publish", "{count}"),
+        worker=(*_HURTLE_WORKER, "--pool", "solo"),
+        modules=("redis", "hurtle.brokers.redis"),
+        version_of="hurtle",
+        install=_CLUSTER,
+        leftover=leftover.hurtle,
+    ),
+    Scenario(
+        name="hurtle-cluster-3q",
+        system="hurtle",
+        guarantee="acknowledged",
+        config=f"Redis Cluster, 3 queues on 3 masters, 3 solo worker processes (one per "
+        f"queue), {_HURTLE_BATCHES}",
+        store="cluster",
+        publisher=(*_PUBLISH, "hurtle.bench.peers.hurtle_app:publish_spread", "{count}"),
+        worker=_THREE_WORKERS,
+        modules=("redis", "hurtle.brokers.redis"),
+        version_of="hurtle",
+        install=_CLUSTER,
         leftover=leftover.hurtle,
     ),
     Scenario(

@@ -29,7 +29,7 @@ __all__ = [
     "make_broker",
 ]
 
-SCHEMES = ("sqlite", "memory", "redis", "rediss", "nats")
+SCHEMES = ("sqlite", "memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "nats")
 
 
 def make_broker(
@@ -40,7 +40,8 @@ def make_broker(
     dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
     max_recoveries: int = 3,
 ) -> Broker:
-    """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``, ``nats://host:4222``."""
+    """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``,
+    ``redis+cluster://host:port``, ``nats://host:4222``."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme == "memory":
         from .memory import MemoryBroker
@@ -62,14 +63,15 @@ def make_broker(
             dead_letter_ttl=dead_letter_ttl,
             max_recoveries=max_recoveries,
         )
-    if scheme in ("redis", "rediss"):
+    if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         try:
-            from .redis import RedisBroker
+            from .redis import RedisBroker, RedisClusterBroker
         except ImportError as err:
             raise ConfigurationError(
                 f"the redis broker needs the redis package ({err}): pip install 'hurtle[redis]'"
             ) from err
-        return RedisBroker(
+        kind = RedisClusterBroker if scheme.endswith("+cluster") else RedisBroker
+        return kind(
             url,
             heartbeat_timeout=heartbeat_timeout,
             dead_letter_max=dead_letter_max,
@@ -92,5 +94,5 @@ def make_broker(
         )
     raise ConfigurationError(
         f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory://, "
-        "redis://host:port/db or nats://host:4222"
+        "redis://host:port/db, redis+cluster://host:port or nats://host:4222"
     )

@@ -1,7 +1,8 @@
 """Every Redis key name hurtle uses, built here and nowhere else.
 
 All keys of one queue share the hash tag ``{queue}`` so that they live in one Redis Cluster slot
-and every Lua script touches a single slot. The only key outside a queue is the ``hurtle:queues``
+and every Lua script touches a single slot (``redis/cluster.py``); keys outside a queue are never
+touched from a queue's script. The only key outside a queue is the ``hurtle:queues``
 set of known queue names, which scripts never touch, and the three keys of workers' reports
 (``reports.py``), written by plain commands in the heartbeat's round trip.
 

@@ -98,7 +98,15 @@ def make_backend(url: str) -> Backend:
                 f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
             ) from err
         return RedisBackend(url)
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        try:
+            from .redis import RedisClusterBackend
+        except ImportError as err:
+            raise ConfigurationError(
+                f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
+            ) from err
+        return RedisClusterBackend(url)
     raise ConfigurationError(
         f"channels are not available for the broker URL {url!r}: use memory://, "
-        "sqlite:///path/to/file.db or redis://host:port/db"
+        "sqlite:///path/to/file.db, redis://host:port/db or redis+cluster://host:port"
     )

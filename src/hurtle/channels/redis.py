@@ -16,19 +16,26 @@ lost its connection reads those numbers for every (channel, publisher) its subsc
 from (one ``MGET``) *before* it subscribes again, and hands them to the subscription as empty
 frames: everything below them was published while it was away.
 
-Not done yet: Redis Cluster (``SPUBLISH``/``SSUBSCRIBE``, sharded by channel). hurtle's Redis
-broker speaks to one server, and so do its channels.
+On a Redis Cluster (``redis+cluster://``, ``RedisClusterBackend``) a frame is one ``SPUBLISH``:
+sharded pub/sub, each channel served by the master of its slot, rather than a ``PUBLISH`` that
+every node of the cluster relays to every other. A feed subscribes (``SSUBSCRIBE``) on each
+master that serves one of its channels and waits on all their connections at once. Sharded
+pub/sub has no patterns: a cluster feed takes channel names only, and says so.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import selectors
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 import redis
@@ -37,7 +44,7 @@ from ..errors import BrokerError, ConfigurationError
 from . import frame as frames_
 from .backend import Frames
 
-__all__ = ["RedisBackend"]
+__all__ = ["RedisBackend", "RedisClusterBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +80,7 @@ class _RedisFeed:
         self._prefix = backend.prefix
         self._channels = [backend.prefix + c for c in channels]
         self._patterns = [backend.prefix + p for p in patterns]
-        self._client = _client(backend.dsn)
+        self._client: Any = backend._new_client()
         self._pubsub: redis.client.PubSub | None = None
         self._closed = False
         #: Frames to hand out before reading the socket again (see ``_reconnect``).
@@ -82,7 +89,7 @@ class _RedisFeed:
 
     def _subscribe(self) -> list[tuple[str, bytes]]:
         """Subscribe on a new connection; returns frames that came with the confirmations."""
-        pubsub = self._client.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         early: list[tuple[str, bytes]] = []
         cut = len(self._prefix)
         try:
@@ -200,6 +207,10 @@ class RedisBackend:
         self.prefix = f"hurtle:ch:{int(db)}:"
         self._client = _client(url)
 
+    def _new_client(self) -> Any:
+        """A client of its own, for a feed."""
+        return _client(self.dsn)
+
     def publish(self, frames: Frames) -> None:
         prefix = self.prefix
         try:
@@ -223,3 +234,142 @@ class RedisBackend:
 
     def close(self) -> None:
         self._client.close()
+
+
+# -- Redis Cluster: sharded pub/sub -----------------------------------------------------------
+
+
+class _ClusterFeed(_RedisFeed):
+    """``SSUBSCRIBE`` on the masters serving the channels' slots; ``receive`` waits on all."""
+
+    _backend: RedisClusterBackend
+
+    def _subscribe(self) -> list[tuple[str, bytes]]:
+        pubsub: Any = self._client.pubsub()
+        early: list[tuple[str, bytes]] = []
+        cut = len(self._prefix)
+        try:
+            pubsub.ssubscribe(*self._channels)
+            got = 0
+            deadline = time.monotonic() + 10
+            while got < len(self._channels) and time.monotonic() < deadline:
+                reply = pubsub.get_sharded_message(timeout=0.1)
+                if reply is None:
+                    continue
+                if reply["type"] == "ssubscribe":
+                    got += 1
+                elif reply["type"] == "smessage":
+                    early.append((reply["channel"][cut:].decode(), reply["data"]))
+        except RedisClusterException as err:
+            pubsub.close()
+            raise redis.ConnectionError(f"{type(err).__name__}: {err}") from err
+        except BaseException:
+            pubsub.close()
+            raise
+        self._pubsub = pubsub
+        return early
+
+    def _read_marks(self) -> list[tuple[str, bytes]]:
+        pairs = self.known()
+        if not pairs:
+            return []
+        client: Any = self._client
+        # one slot per key: MGET by slot, in one round trip per master
+        found = client.mget_nonatomic([seq_key(p, c) for c, p in pairs])
+        return [
+            (c, frames_.pack(frames_.publisher_bytes(p), int(n), []))
+            for (c, p), n in zip(pairs, found, strict=True)
+            if n is not None
+        ]
+
+    def _reconnect(self, err: Exception, until: float) -> bool:
+        client: Any = self._client
+        with contextlib.suppress(Exception):  # the masters may have changed: ask the cluster
+            client.nodes_manager.initialize()
+        return super()._reconnect(err, until)
+
+    def receive(self, timeout: float) -> list[tuple[str, bytes]]:
+        until = time.monotonic() + timeout
+        if self._pubsub is None and not self._reconnect(ConnectionError("not connected"), until):
+            return []
+        pubsub: Any = self._pubsub
+        frames, self._marks = self._marks, []
+        cut = len(self._prefix)
+        try:
+            while len(frames) < _MAX_BATCH:
+                # one look at every master's connection, without waiting
+                reply = pubsub.get_sharded_message(timeout=0)
+                if reply is not None:
+                    if reply["type"] == "smessage":
+                        frames.append((reply["channel"][cut:].decode(), reply["data"]))
+                    continue
+                wait = until - time.monotonic()
+                if frames or wait <= 0:
+                    break
+                with selectors.DefaultSelector() as sel:
+                    for node_pubsub in list(pubsub.node_pubsub_mapping.values()):
+                        sock = node_pubsub.connection and node_pubsub.connection._sock
+                        if sock is None:
+                            raise redis.ConnectionError("a shard's connection is closed")
+                        sel.register(sock, selectors.EVENT_READ)
+                    if not sel.select(wait):
+                        break
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+            self._reconnect(err, until)
+        return frames
+
+
+class RedisClusterBackend(RedisBackend):
+    """Channels on a Redis Cluster: ``SPUBLISH`` and ``SSUBSCRIBE`` (Redis 7.0 or later)."""
+
+    def __init__(self, url: str) -> None:
+        self.dsn = url
+        parts = urlsplit(url)
+        self.url = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
+        self.prefix = "hurtle:ch:0:"  # a cluster has database 0 only
+        self._plain = parts._replace(
+            scheme=parts.scheme.split("+")[0], path="", query=""
+        ).geturl()
+        self._client: Any = self._new_client()
+
+    def _new_client(self) -> Any:
+        try:
+            return RedisCluster.from_url(self._plain, retry=Retry(NoBackoff(), 0))
+        except (ValueError, TypeError) as err:
+            raise ConfigurationError(
+                f"bad Redis Cluster URL for channels {self.url!r}: {err}; expected "
+                "redis+cluster://host:port"
+            ) from err
+        except RedisClusterException as err:
+            raise BrokerError(
+                f"cannot reach the Redis Cluster at {self.url}: {err}; is it running?"
+            ) from err
+
+    def publish(self, frames: Frames) -> None:
+        prefix = self.prefix
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for f in frames:
+                pipe.execute_command("SPUBLISH", prefix + f.channel, f.data)
+                pipe.set(seq_key(f.publisher, f.channel), f.next_seq, ex=SEQ_TTL)
+            pipe.execute()
+        except (redis.RedisError, RedisClusterException, OSError) as err:
+            with contextlib.suppress(Exception):
+                self._client.nodes_manager.initialize()
+            raise BrokerError(
+                f"cannot publish to the Redis Cluster at {self.url}: {err}; is it running?"
+            ) from err
+
+    def open_feed(self, channels: Sequence[str], patterns: Sequence[str]) -> _RedisFeed:
+        if patterns:
+            raise ConfigurationError(
+                f"cannot subscribe to {', '.join(map(repr, patterns))} on a Redis Cluster: "
+                "channels there are sharded (SSUBSCRIBE), which has no patterns; subscribe to "
+                "the channels by name"
+            )
+        try:
+            return _ClusterFeed(self, channels, patterns)
+        except (redis.RedisError, RedisClusterException, OSError) as err:
+            raise BrokerError(
+                f"cannot subscribe at the Redis Cluster {self.url}: {err}; is it running?"
+            ) from err

@@ -6,7 +6,14 @@
 --   * a worker's in-flight record is an index hash (batch id B -> how many it still holds), and
 --     per batch a list of payloads (index .. ':' .. B) and a bitmap of settled ones (.. ':done');
 --     B = SEQ * 10 + priority, so a batch says where its messages go back;
---   * time is the server's (TIME), in seconds, so every host agrees on heartbeats and etas.
+--   * time is the server's (TIME), in seconds, so every host agrees on heartbeats and etas;
+--   * every key a script touches is in its KEYS, or is derived from one of them by appending
+--     to its name: the batch keys (their ids are made by the fetch script, or read from the
+--     index) and the indexes of other workers (found in a workers zset, from the declared
+--     in-flight prefix). The hash tag {queue} comes first in every name, so a suffix never
+--     changes the slot: a Redis Cluster routes the script by its declared keys to the node
+--     that owns that slot, where the derived keys live too (Redis allows a script keys of the
+--     slot it was routed by, declared or not).
 
 -- Lua's unpack() is limited by the C stack; commands with many values go in chunks of this size
 -- (even, so that field/value pairs are never split).

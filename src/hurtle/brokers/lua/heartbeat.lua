@@ -34,21 +34,26 @@
     KEYS[18]     dead raw hash (id -> payload)
     KEYS[19]     dead reason hash (id -> reason)
     KEYS[20]     seq counter (dead-letter ids)
+    KEYS[21]     in-flight key prefix of this queue (no key of that name exists): a dead
+                 worker's in-flight index is prefix .. worker id, its batches index .. ':' ..
+                 batch id. Those names are only known here (the dead are found in KEYS[11]),
+                 so they are derived from this declared key: a suffix after the hash tag
+                 keeps the slot, and a cluster routes the script by its declared keys.
 
     ARGV[1]      worker id to mark alive ('' = only recover)
     ARGV[2]      that worker's heartbeat timeout in seconds (its deadline is now + this)
-    ARGV[3]      in-flight key prefix of this queue; a worker's in-flight index is
-                 prefix .. worker id, its batches index .. ':' .. batch id
-                 (same hash tag as KEYS, so still one slot)
-    ARGV[4]      max_recoveries: deaths a probe may survive
-    ARGV[5]      result key prefix (keys.RESULT_KEY_PREFIX), ARGV[6] the ttl in ms, ARGV[7] the
-                 results channel and ARGV[8] keys.RESULT_BUCKET_CUT: a workflow member
+    ARGV[3]      max_recoveries: deaths a probe may survive
+    ARGV[4]      result key prefix (keys.RESULT_KEY_PREFIX), ARGV[5] the ttl in ms, ARGV[6] the
+                 results channel and ARGV[7] keys.RESULT_BUCKET_CUT: a workflow member
                  dead-lettered here fails its workflow (a ``dead`` record under the workflow's
-                 id, naming the member)
+                 id, naming the member). ARGV[4] = '' (a Redis Cluster, where the record's key
+                 has another slot than this queue's): the records are returned instead, for
+                 the caller to store
 
   Output:
     { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
-      how many messages wait in quarantine }
+      how many messages wait in quarantine, then per failed workflow (ARGV[4] = '' only) its
+      id and its record }
 ]]
 -- @include _lib
 
@@ -61,12 +66,13 @@ local now = server_now()
 if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[11], now + tonumber(ARGV[2]), ARGV[1])
 end
-local max_recoveries = tonumber(ARGV[4])
+local max_recoveries = tonumber(ARGV[3])
+local failed = {}  -- flow id, record, ...: the workflows to fail, when the caller stores them
 
 -- A dead-lettered workflow member (headers["flow"], see hurtle/workflows.py) fails its workflow:
 -- a Record (middleware/results.py) {state, value = {task, id}, error type, message, traceback}.
 local function fail_workflow(payload, reason)
-  if not ARGV[5] then
+  if not ARGV[4] then
     return
   end
   local ok, m = pcall(cmsgpack.unpack, payload)
@@ -78,22 +84,27 @@ local function fail_workflow(payload, reason)
     return
   end
   local record = cmsgpack.pack({ 'dead', { m[2], m[1] }, 'WorkerLost', reason, '' })
+  if ARGV[4] == '' then  -- another slot: the caller stores it
+    failed[#failed + 1] = flow[1]
+    failed[#failed + 1] = record
+    return
+  end
   -- stored as results.lua stores a result: a field of its bucket's hash, after its expiry
-  local id, ttl = flow[1], tonumber(ARGV[6])
-  local key = ARGV[5] .. string.sub(id, 1, math.max(#id - tonumber(ARGV[8]), 0)) .. '}'
+  local id, ttl = flow[1], tonumber(ARGV[5])
+  local key = ARGV[4] .. string.sub(id, 1, math.max(#id - tonumber(ARGV[7]), 0)) .. '}'
   local t = redis.call('TIME')
   local stamp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl
   redis.call('HSET', key, id, string.format('%013d', stamp) .. record)
   if redis.call('PTTL', key) < ttl then
     redis.call('PEXPIRE', key, ttl)
   end
-  redis.call('PUBLISH', ARGV[7], id)
+  redis.call('PUBLISH', ARGV[6], id)
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', now))
 local moved = 0
 local back = {}
 for _, worker in ipairs(dead) do
-  local held = take_unsettled(ARGV[3] .. worker)
+  local held = take_unsettled(KEYS[21] .. worker)
   redis.call('ZREM', KEYS[11], worker)
   local digests = {}
   local probes = 0
@@ -116,7 +127,7 @@ for _, worker in ipairs(dead) do
       redis.call('ZADD', KEYS[17], now, id)
       redis.call('HSET', KEYS[18], id, item[2])
       local reason = 'its worker died ' .. string.format('%d', deaths)
-        .. ' times while holding it (max_recoveries is ' .. ARGV[4] .. ')'
+        .. ' times while holding it (max_recoveries is ' .. ARGV[3] .. ')'
       redis.call('HSET', KEYS[19], id, reason)
       fail_workflow(item[2], reason)
       redis.call('ZREM', KEYS[14], digest)
@@ -162,4 +173,8 @@ end
 if #back > 0 or released then
   wake_one(KEYS[12])
 end
-return { moved, redis.call('LLEN', KEYS[13]) }
+local out = { moved, redis.call('LLEN', KEYS[13]) }
+for i = 1, #failed do
+  out[#out + 1] = failed[i]
+end
+return out

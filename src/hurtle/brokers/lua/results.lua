@@ -8,9 +8,13 @@
   result_get.lua checks; the hash expires when the last result written to it does. The batch
   comes in a few packed strings rather than two arguments per result, so that neither the
   client nor the server handles thousands of arguments. The keys are made here (a reader knows
-  only the id): on a Redis Cluster this script would have to be split by slot.
+  only the id). On a Redis Cluster (cluster.py) each call holds the ids of one hash, declared
+  as KEYS[1] so that the call goes to its slot (the name made here is the same), and ARGV[1] is
+  '': the caller announces the batch itself, on a sharded channel.
 
   Input:
+    KEYS[1]      on a Redis Cluster only: the one hash of this call's ids
+
     ARGV[1]      the channel that announces results (keys.RESULTS_CHANNEL)
     ARGV[2]      the ids of the results, space-separated (the announcement)
     ARGV[3]      their time to live, in milliseconds (one call per distinct ttl)
@@ -65,5 +69,7 @@ for _, bucket in ipairs(order) do
     redis.call('PEXPIRE', key, ttl)
   end
 end
-redis.call('PUBLISH', ARGV[1], ARGV[2])
+if ARGV[1] ~= '' then
+  redis.call('PUBLISH', ARGV[1], ARGV[2])
+end
 return n

@@ -8,9 +8,9 @@
     KEYS[13]     dead zset
     KEYS[14]     quarantine list (recovered messages let out one at a time: they count as ready)
     KEYS[15]     paused flag
-
-    ARGV[1]      in-flight key prefix of this queue (prefix .. worker id = the worker's
-                 index, batch id -> count held)
+    KEYS[16]     in-flight key prefix of this queue (no key of that name exists): prefix ..
+                 worker id = the worker's index, batch id -> count held. Derived here from
+                 this declared key, for each worker of KEYS[12]: same hash tag, same slot.
 
   Output:
     { ready, delayed, in_flight, dead, paused (1 or 0) }; in_flight counts what every registered worker holds,
@@ -24,7 +24,7 @@ end
 ready = ready + redis.call('LLEN', KEYS[14])
 local in_flight = 0
 for _, worker in ipairs(redis.call('ZRANGE', KEYS[12], 0, -1)) do
-  for _, held in ipairs(redis.call('HVALS', ARGV[1] .. worker)) do
+  for _, held in ipairs(redis.call('HVALS', KEYS[16] .. worker)) do
     in_flight = in_flight + tonumber(held)
   end
 end

@@ -3,7 +3,8 @@
 What this module owns: turning the broker contract into calls of the Lua scripts in ``lua/``, one
 round trip per batch, and turning redis-py errors into ``BrokerError``. Key names come from
 ``keys``; every state change is one script touching the keys of one queue (one hash tag), so a
-consumer of several queues runs one script per queue and Redis Cluster can come later.
+consumer of several queues runs one script per queue, and the same scripts run on a Redis Cluster
+(``cluster.py``: ``redis+cluster://``).
 
 How it works, in short:
 
@@ -63,9 +64,10 @@ from .broker import CONNECT_TIMEOUT as CONNECT_TIMEOUT
 from .broker import RESULT_CONNECTIONS as RESULT_CONNECTIONS
 from .broker import SOCKET_TIMEOUT as SOCKET_TIMEOUT
 from .broker import RedisBroker
+from .cluster import RedisClusterBroker, RedisClusterConsumer
 from .consumer import MAX_BLOCK as MAX_BLOCK
 from .consumer import PROMOTE_LIMIT as PROMOTE_LIMIT
 from .consumer import RedisConsumer
 from .scripts import _get_scripts as _get_scripts
 
-__all__ = ["RedisBroker", "RedisConsumer"]
+__all__ = ["RedisBroker", "RedisClusterBroker", "RedisClusterConsumer", "RedisConsumer"]

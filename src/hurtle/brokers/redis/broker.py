@@ -17,7 +17,7 @@ from redis.retry import Retry
 
 import redis
 
-from ...errors import ConfigurationError, EncodeError
+from ...errors import BrokerError, ConfigurationError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
@@ -54,9 +54,52 @@ def _public_url(url: str) -> str:
 
 _PASSWORD = re.compile(r"//([^:@/]*):[^@/]*@")
 
+#: Seconds ``WAIT`` waits for replicas unless ``?wait_timeout=`` says otherwise.
+WAIT_TIMEOUT = 1.0
+
+
+def _wait_option(url: str, public: str) -> tuple[str, int, float]:
+    """``url`` without hurtle's own query options, ``wait_replicas`` and ``wait_timeout``."""
+    parts = urlsplit(url)
+    if "wait_" not in parts.query:
+        return url, 0, WAIT_TIMEOUT
+    kept, replicas, timeout = [], 0, WAIT_TIMEOUT
+    for pair in parts.query.split("&"):
+        name, _, value = pair.partition("=")
+        try:
+            if name == "wait_replicas":
+                replicas = int(value)
+                if replicas < 0:
+                    raise ValueError(value)
+            elif name == "wait_timeout":
+                timeout = float(value)
+                if not timeout > 0:
+                    raise ValueError(value)
+            else:
+                kept.append(pair)
+        except ValueError:
+            raise ConfigurationError(
+                f"bad Redis URL {public!r}: {name}={value!r}; wait_replicas is a count of "
+                "replicas (0 or more), wait_timeout a number of seconds above 0"
+            ) from None
+    return parts._replace(query="&".join(kept)).geturl(), replicas, timeout
+
+
+def _check_replicas(acked: Any, wanted: int, url: str, doing: str) -> None:
+    if int(acked) < wanted:
+        raise BrokerError(
+            f"Redis at {url}: only {int(acked)} of the {wanted} replicas wanted "
+            f"(wait_replicas) acknowledged the writes of {doing} in time; they are stored on "
+            "the master and may be lost if it fails now"
+        )
+
 
 class RedisBroker(_Workers, Broker):
     """The broker contract on one Redis server (6.2 or later)."""
+
+    _consumer_class: type[RedisConsumer] = RedisConsumer
+    #: Whether results are announced on a sharded channel (``SPUBLISH``: a cluster).
+    _sharded = False
 
     def __init__(
         self,
@@ -71,18 +114,26 @@ class RedisBroker(_Workers, Broker):
             dead_letter_max, dead_letter_ttl
         )
         self.url = _public_url(url)
-        self._url = url  # with its password: for the heartbeat's own connections
+        #: the URL with its password: for the heartbeat's own connections
         self.heartbeat_timeout = heartbeat_timeout
         self.max_recoveries = max_recoveries
         self._scripts = _get_scripts()
-        options: dict[str, Any] = {
-            "socket_timeout": SOCKET_TIMEOUT,
-            "socket_connect_timeout": CONNECT_TIMEOUT,
-            "socket_keepalive": True,
-            # One quick retry covers a pooled connection that died with a restarted server;
-            # timeouts are not retried, since the command may have run.
-            "retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
-        }
+        url, self.wait_replicas, self.wait_timeout = _wait_option(url, self.url)
+        self._url = url
+        self._connect(
+            url,
+            {
+                "socket_timeout": SOCKET_TIMEOUT,
+                "socket_connect_timeout": CONNECT_TIMEOUT,
+                "socket_keepalive": True,
+                # One quick retry covers a pooled connection that died with a restarted
+                # server; timeouts are not retried, since the command may have run.
+                "retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+            },
+        )
+
+    def _connect(self, url: str, options: dict[str, Any]) -> None:
+        """Open the connections: commands, blocking waits, results and their listener."""
         # Typed ``Any``: redis-py's command methods carry no annotations.
         self._client: Any
         self._blocking: Any
@@ -111,6 +162,16 @@ class RedisBroker(_Workers, Broker):
         results_pool.connection_kwargs["decode_responses"] = False
         self._results: Any = redis.Redis(connection_pool=results_pool)
         self._listener = _ResultListener(self._results, self.url)
+
+    def _publishing(self, commands: list[_Command], doing: str) -> list[Any]:
+        """Run a pipeline that stores messages; with ``?wait_replicas=N`` it ends with ``WAIT``
+        on the same connection, and raises unless N replicas acknowledged every write."""
+        if not self.wait_replicas:
+            return self._pipeline(commands, doing)
+        wait = ("WAIT", self.wait_replicas, max(int(self.wait_timeout * 1000), 1))
+        results = self._pipeline([*commands, (wait, None)], doing)
+        _check_replicas(results[-1], self.wait_replicas, self.url, doing)
+        return results[:-1]
 
     # -- producing --------------------------------------------------------------------------
 
@@ -144,7 +205,7 @@ class RedisBroker(_Workers, Broker):
                 args += ready[p]
             args += delayed
             commands.append(self._call(self._scripts.publish, _publish_keys(name), args))
-        self._pipeline(commands, f"publishing {len(batch)} messages")
+        self._publishing(commands, f"publishing {len(batch)} messages")
 
     def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
         check_messages(messages)
@@ -183,7 +244,7 @@ class RedisBroker(_Workers, Broker):
                     args,
                 )
             )
-        results = self._pipeline(commands, f"publishing {len(batch)} unique messages")
+        results = self._publishing(commands, f"publishing {len(batch)} unique messages")
         out = [m.id for m in batch]
         for (positions, _), skipped in zip(groups.values(), results[1:], strict=True):
             for at in range(0, len(skipped), 2):
@@ -284,7 +345,7 @@ class RedisBroker(_Workers, Broker):
         if not payloads:
             return
         args: list[Any] = [len(payloads), *([0] * MAX_PRIORITY), *payloads]
-        self._pipeline(
+        self._publishing(
             [
                 (("SADD", QUEUES, queue), None),
                 self._call(self._scripts.publish, _publish_keys(queue), args),
@@ -309,7 +370,7 @@ class RedisBroker(_Workers, Broker):
             args += ready[p]
         args += delayed
         keys = (queue_keys(queue).schedule(name), *_publish_keys(queue))
-        _, won = self._pipeline(
+        _, won = self._publishing(
             [(("SADD", QUEUES, queue), None), self._call(self._scripts.claim_tick, keys, args)],
             f"claiming tick {tick!r} of schedule {name!r}",
         )
@@ -331,7 +392,7 @@ class RedisBroker(_Workers, Broker):
             raise ConfigurationError("a consumer needs at least one queue name")
         if worker_id is None:
             worker_id = f"{socket.gethostname()}:{os.getpid()}:{new_id()}"
-        return RedisConsumer(self, tuple(queues), worker_id)
+        return self._consumer_class(self, tuple(queues), worker_id)
 
     # -- admin ------------------------------------------------------------------------------
 
@@ -346,8 +407,16 @@ class RedisBroker(_Workers, Broker):
         commands = []
         for name in names:
             k = queue_keys(name)
-            keys = (*k.ready, k.delayed, k.workers, k.dead, k.quarantine, k.paused)
-            commands.append(self._call(self._scripts.stats, keys, (k.inflight_prefix,)))
+            keys = (
+                *k.ready,
+                k.delayed,
+                k.workers,
+                k.dead,
+                k.quarantine,
+                k.paused,
+                k.inflight_prefix,
+            )
+            commands.append(self._call(self._scripts.stats, keys, ()))
         results = self._pipeline(commands, "reading queue stats")
         return {
             name: QueueStats(ready=r[0], delayed=r[1], in_flight=r[2], dead=r[3], paused=bool(r[4]))

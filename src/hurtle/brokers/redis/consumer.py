@@ -125,8 +125,9 @@ class RedisConsumer(_Limits, Consumer):
         self._reading = list(self._targets.values())
         self._wake_keys = [t.keys.wake for t in self._reading]
         self._fetch = broker._scripts.fetch
-        # a fetch script sent by ``prefetch`` whose reply is still to be read: (connection, want)
-        self._pending: tuple[Any, int] | None = None
+        # a fetch script sent by ``prefetch`` whose reply is still to be read:
+        # (connection, its pool, want)
+        self._pending: tuple[Any, Any, int] | None = None
         #: concurrency key -> slots this consumer holds (their deadlines move with each beat)
         self._slots: dict[str, int] = {}
 
@@ -140,7 +141,7 @@ class RedisConsumer(_Limits, Consumer):
         if self._pending is not None or len(self._reading) != 1 or max_count <= 0:
             return  # several queues are read in turn: nothing to overlap
         max_count = min(max_count, BATCH_MASK)
-        pool = self.broker._client.connection_pool
+        pool = self._pool_of(self._reading[0])
         # Whatever fails here, the next fetch meets the problem and reports it; if the command
         # did reach the server, that fetch carries the same token and hands the batch back.
         try:
@@ -153,7 +154,15 @@ class RedisConsumer(_Limits, Consumer):
             pool.release(conn)
             conn.disconnect()
             return
-        self._pending = (conn, max_count)
+        self._pending = (conn, pool, max_count)
+
+    def _pool_of(self, target: _Target) -> Any:
+        """The connection pool of the server that holds ``target``'s keys."""
+        return self.broker._client.connection_pool
+
+    def _block(self, seconds: float) -> None:
+        """Wait until a publish pushes a token to one of the wake lists, or ``seconds`` pass."""
+        self.broker._blocking.execute_command("BLPOP", *self._wake_keys, seconds)
 
     def take_prefetched(self) -> list[Delivery]:
         if self._pending is None:
@@ -179,9 +188,8 @@ class RedisConsumer(_Limits, Consumer):
     def _collect(self) -> list[Delivery]:
         """Read the reply of the fetch ``prefetch`` sent."""
         assert self._pending is not None
-        conn, want = self._pending
+        conn, pool, want = self._pending
         self._pending = None
-        pool = self.broker._client.connection_pool
         try:
             res = conn.read_response()
         except NoScriptError:
@@ -222,7 +230,7 @@ class RedisConsumer(_Limits, Consumer):
             # BLPOP takes seconds with millisecond resolution, and 0 would mean forever.
             block = max(math.ceil(block * 1000), 1) / 1000
             try:
-                self.broker._blocking.execute_command("BLPOP", *self._wake_keys, block)
+                self._block(block)
             except redis.RedisError as err:
                 self.broker._fail(err, f"waiting for messages on {list(self.queues)}")
 
@@ -335,7 +343,7 @@ class RedisConsumer(_Limits, Consumer):
         else:
             args[message.priority] = 1
             args.append(raw)
-        b._pipeline(
+        b._publishing(
             [
                 (("SADD", QUEUES, message.queue), None),
                 b._call(b._scripts.publish, _publish_keys(message.queue), args),
@@ -440,9 +448,7 @@ class RedisConsumer(_Limits, Consumer):
         return _beat_reporting(self, self.broker)
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
-        from .broker import RedisBroker  # here: broker.py imports this module
-
-        own = RedisBroker(
+        own = type(self.broker)(
             self.broker._url,
             heartbeat_timeout=self.heartbeat_timeout,
             max_recoveries=self.broker.max_recoveries,

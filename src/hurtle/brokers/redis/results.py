@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult
-from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL
+from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL, result_key
 from .scripts import _Command, _packed
 
 if TYPE_CHECKING:
@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
     """One ``results.lua`` call per distinct ttl (most batches have one), its ids and payloads
     packed into a few strings (a batch is a handful of arguments, not two per result)."""
+    if broker._sharded:
+        return _sharded_results_commands(broker, results)
     by_ttl: dict[float, list[StoredResult]] = {}
     for r in results:
         group = by_ttl.get(r.ttl)
@@ -31,30 +33,50 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
             by_ttl[r.ttl] = [r]
         else:
             group.append(r)
-    script = broker._scripts.results
-    commands = []
-    for ttl, group in by_ttl.items():
-        ids, packed_ids = _packed([r.id for r in group])
-        payloads = [r.payload for r in group]
-        lengths = [0] * (2 * len(group))
-        lengths[0::2] = map(len, ids)
-        lengths[1::2] = map(len, payloads)
-        commands.append(
-            broker._call(
-                script,
-                (),
-                [
-                    RESULTS_CHANNEL,
-                    " ".join(r.id for r in group),
-                    max(int(ttl * 1000), 1),
-                    RESULT_KEY_PREFIX,
-                    RESULT_BUCKET_CUT,
-                    packed_ids,
-                    b"".join(payloads),
-                    struct.pack(f"<{len(lengths)}I", *lengths),
-                ],
-            )
-        )
+    return [_results_call(broker, group, ttl, (), RESULTS_CHANNEL) for ttl, group in by_ttl.items()]
+
+
+def _results_call(
+    broker: RedisBroker,
+    group: Sequence[StoredResult],
+    ttl: float,
+    keys: Sequence[Any],
+    channel: str,
+) -> _Command:
+    ids, packed_ids = _packed([r.id for r in group])
+    payloads = [r.payload for r in group]
+    lengths = [0] * (2 * len(group))
+    lengths[0::2] = map(len, ids)
+    lengths[1::2] = map(len, payloads)
+    return broker._call(
+        broker._scripts.results,
+        keys,
+        [
+            channel,
+            " ".join(r.id for r in group),
+            max(int(ttl * 1000), 1),
+            RESULT_KEY_PREFIX,
+            RESULT_BUCKET_CUT,
+            packed_ids,
+            b"".join(payloads),
+            struct.pack(f"<{len(lengths)}I", *lengths),
+        ],
+    )
+
+
+def _sharded_results_commands(
+    broker: RedisBroker, results: Sequence[StoredResult]
+) -> list[_Command]:
+    """On a cluster: one ``results.lua`` call per hash of results (per slot) and ttl, each
+    declaring its hash, none announcing; then one announcement of the batch on the sharded
+    channel (``SPUBLISH``)."""
+    groups: dict[tuple[float, bytes], list[StoredResult]] = {}
+    for r in results:
+        groups.setdefault((r.ttl, result_key(r.id)), []).append(r)
+    commands = [
+        _results_call(broker, group, ttl, (key,), "") for (ttl, key), group in groups.items()
+    ]
+    commands.append((("SPUBLISH", RESULTS_CHANNEL, " ".join(r.id for r in results)), None))
     return commands
 
 
@@ -67,9 +89,21 @@ class _ResultListener:
     forked child starts a listener of its own (the parent's thread did not come along).
     """
 
-    def __init__(self, client: Any, url: str) -> None:
+    def __init__(
+        self,
+        client: Any,
+        url: str,
+        *,
+        sharded: bool = False,
+        on_error: Callable[[], None] | None = None,
+    ) -> None:
         self._client = client
         self._url = url
+        #: On a cluster: ``SSUBSCRIBE`` on the node serving the channel's slot.
+        self._sharded = sharded
+        #: Called after a lost subscription, before subscribing again (a cluster refreshes
+        #: its map of slots: the node may have failed over).
+        self._on_error = on_error
         self._lock = threading.Lock()
         self._watchers: dict[str, list[Callable[[], None]]] = {}
         self._thread: threading.Thread | None = None
@@ -116,14 +150,19 @@ class _ResultListener:
         while not self._closed:
             pubsub = self._client.pubsub()
             try:
-                pubsub.subscribe(RESULTS_CHANNEL)
+                if self._sharded:
+                    pubsub.ssubscribe(RESULTS_CHANNEL)
+                    read = pubsub.get_sharded_message
+                else:
+                    pubsub.subscribe(RESULTS_CHANNEL)
+                    read = pubsub.get_message
                 while not self._closed:
-                    message = pubsub.get_message(timeout=1.0)
+                    message = read(timeout=1.0)
                     if message is None:
                         continue
-                    if message["type"] == "message":
+                    if message["type"] in ("message", "smessage"):
                         self._wake(message["data"].decode("ascii", "replace").split())
-                    elif message["type"] == "subscribe":
+                    elif message["type"] in ("subscribe", "ssubscribe"):
                         self._wake(None)
                     backoff = 0.1
             except Exception as err:  # redis-py's errors, or its state after a disconnect
@@ -137,6 +176,9 @@ class _ResultListener:
                 )
                 self._wake(None)  # waiters re-read meanwhile
                 time.sleep(backoff)
+                if self._on_error is not None:
+                    with contextlib.suppress(Exception):
+                        self._on_error()
                 backoff = min(backoff * 2, 5.0)
             finally:
                 with contextlib.suppress(Exception):

@@ -64,6 +64,7 @@ class _Scripts:
         self.publish_unique = _Script("publish_unique")
         self.unique_release = _Script("unique_release")
         self.cancel_flag = _Script("cancel_flag")
+        self.chord_count = _Script("chord_count")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]
@@ -138,6 +139,8 @@ class _ScriptRunner:
             results: list[Any] = pipe.execute(raise_on_error=False)
             missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
             if missing:  # the server restarted or SCRIPT FLUSH: those commands did not run
+                # a WAIT covers the writes of its own connection: it goes again after them
+                missing += [i for i, (c, _) in enumerate(commands) if c[0] == "WAIT"]
                 for script in {id(s): s for _, s in commands if s is not None}.values():
                     self._client.script_load(script.source)
                 pipe = self._client.pipeline(transaction=False)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ..base import StoredResult
 from ..keys import TOTALS, WORKER_DEADLINES, WORKER_REPORT, queue_keys
 from ..reports import KINDS, TaskCounts, WorkerReport, decode_report, encode_report
 from .flows import HEARTBEAT_FLOW_ARGS
@@ -21,6 +22,10 @@ class _Workers(_ScriptRunner):
 
     max_recoveries: int
     _scripts: _Scripts
+    _sharded: bool
+    #: ``heartbeat.lua``'s workflow arguments; on a cluster the result prefix is ``''``: the
+    #: script hands the records of failed workflows back, stored by ``_fail_flows``
+    _heartbeat_flow_args: tuple[Any, ...] = HEARTBEAT_FLOW_ARGS
 
     def workers(self) -> list[WorkerReport]:
         now = time.time()
@@ -95,9 +100,8 @@ class _Workers(_ScriptRunner):
             args = (
                 worker_id,
                 repr(float(timeout)),
-                k.inflight_prefix,
                 self.max_recoveries,
-                *HEARTBEAT_FLOW_ARGS,
+                *self._heartbeat_flow_args,
             )
             keys = (
                 *k.ready,
@@ -111,10 +115,35 @@ class _Workers(_ScriptRunner):
                 k.dead_raw,
                 k.dead_reason,
                 k.seq,
+                k.inflight_prefix,
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
         results = self._pipeline(commands, "recording a heartbeat and recovering")[n_report:]
+        failed = [x for r in results for x in r[2:]]
+        if failed:
+            self._fail_flows(failed)
         return sum(r[0] for r in results), any(r[1] for r in results)
+
+    def _fail_flows(self, failed: list[Any]) -> None:
+        """Store and announce the records (flow id, record, ...) of the workflows whose members
+        a heartbeat dead-lettered: on a cluster, where the script cannot (another slot). The
+        members are dead letters already, so a failure here (``BrokerError``) leaves their
+        workflows without a record: a window a cluster has and one server has not."""
+        from .results import _results_commands  # here: results.py imports scripts only
+
+        ttl = self._heartbeat_flow_args[1] / 1000
+        records = [
+            StoredResult(
+                failed[at].decode() if isinstance(failed[at], bytes) else str(failed[at]),
+                bytes(failed[at + 1]),
+                ttl,
+            )
+            for at in range(0, len(failed), 2)
+        ]
+        self._pipeline(
+            _results_commands(self, records),  # type: ignore[arg-type]
+            "failing the workflows of dead-lettered members",
+        )
 
 
 def _beat_reporting(consumer: RedisConsumer, broker: RedisBroker) -> bool:

@@ -1,0 +1,221 @@
+"""What only a Redis Cluster has: slots on several masters, and masters that fail over.
+
+The conformance suite and the crash tests run on a cluster too (``redis-cluster`` in their
+parameters); these tests cover the rest.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import Project, RedisClusterServer
+from hurtle.brokers import StoredResult, make_broker
+from hurtle.brokers.keys import RESULTS_CHANNEL, queue_keys
+from hurtle.brokers.redis import RedisClusterConsumer
+from hurtle.errors import BrokerError, ConfigurationError
+from test_cli import TASKS
+
+pytest.importorskip("redis")
+
+
+def _blocked_on(port: int) -> list[str]:
+    """The clients blocked in a ``BLPOP`` on the node at ``port`` (``CLIENT LIST``)."""
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "client", "list"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout
+    # ``cmd`` is a client's last command; the flag ``b`` says it is blocked in it now
+    return [
+        line
+        for line in out.splitlines()
+        if "cmd=blpop" in line and "b" in line.split(" flags=")[1].split()[0]
+    ]
+
+
+def _shard_subscribers(port: int, channel: str) -> int:
+    out = subprocess.run(
+        ["redis-cli", "-p", str(port), "pubsub", "shardnumsub", channel],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout.split()
+    return int(out[1])
+
+
+def _queues_on_every_master(cluster: RedisClusterServer) -> list[str]:
+    """Three queue names whose keys live on three different masters."""
+    by_master: dict[int, str] = {}
+    for i in range(200):
+        name = f"q{i}"
+        by_master.setdefault(cluster.master_of(queue_keys(name).wake), name)
+        if len(by_master) == 3:
+            return list(by_master.values())
+    raise AssertionError("no three queues on three masters")
+
+
+def test_a_consumer_of_queues_on_several_masters_waits_on_each_while_idle_only(
+    redis_cluster: RedisClusterServer, redis_cluster_url: str
+) -> None:
+    queues = _queues_on_every_master(redis_cluster)
+    broker = make_broker(redis_cluster_url)
+    consumer = broker.consumer(queues)
+    got: list[bytes] = []
+    fetching = threading.Thread(target=lambda: got.extend(d.raw for d in consumer.fetch(1, 60)))
+    fetching.start()
+    try:
+        masters = {redis_cluster.master_of(queue_keys(q).wake) for q in queues}
+        deadline = time.monotonic() + 30
+        # one BLPOP waits on each queue's master (one command cannot span slots)
+        while not all(_blocked_on(port) for port in masters):
+            assert time.monotonic() < deadline, "the consumer never blocked on every master"
+            time.sleep(0.05)
+        broker.publish_raw(queues[2], [b"last queue"])
+        fetching.join(60)
+        assert not fetching.is_alive()
+        assert got == [b"last queue"]
+        # awake, it waits on no queue: a busy consumer must not take tokens meant for idle ones
+        assert isinstance(consumer, RedisClusterConsumer)
+        assert not consumer._sent  # no BLPOP of its is outstanding
+        for port in masters:
+            deadline = time.monotonic() + 10
+            while _blocked_on(port):
+                assert time.monotonic() < deadline, "a wait outlived the consumer's idleness"
+                time.sleep(0.05)
+        # idle again: it waits on every queue again
+        fetching = threading.Thread(target=lambda: got.extend(d.raw for d in consumer.fetch(1, 60)))
+        fetching.start()
+        deadline = time.monotonic() + 30
+        while not all(_blocked_on(port) for port in masters):
+            assert time.monotonic() < deadline, "the consumer never blocked on every master"
+            time.sleep(0.05)
+        broker.publish_raw(queues[0], [b"first queue"])
+        fetching.join(60)
+        assert not fetching.is_alive()
+        assert got == [b"last queue", b"first queue"]
+    finally:
+        consumer.close()
+        broker.close()
+
+
+def test_a_cluster_url_with_a_database_is_refused(redis_cluster: RedisClusterServer) -> None:
+    with pytest.raises(ConfigurationError, match="only database 0"):
+        make_broker(redis_cluster.url + "/3")
+
+
+def test_bad_wait_options_are_refused(redis_cluster: RedisClusterServer) -> None:
+    with pytest.raises(ConfigurationError, match="wait_replicas"):
+        make_broker(redis_cluster.url + "?wait_replicas=some")
+    with pytest.raises(ConfigurationError, match="wait_timeout"):
+        make_broker(redis_cluster.url + "?wait_replicas=1&wait_timeout=0")
+
+
+def test_wait_replicas_publishes_once_replicas_have_the_messages(
+    redis_cluster: RedisClusterServer, redis_cluster_url: str
+) -> None:
+    queues = _queues_on_every_master(redis_cluster)
+    broker = make_broker(redis_cluster_url + "?wait_replicas=1")
+    try:
+        for q in queues:
+            broker.publish_raw(q, [b"a", b"b"])
+        assert {q: s.ready for q, s in broker.stats(queues).items()} == dict.fromkeys(queues, 2)
+    finally:
+        broker.close()
+
+
+def test_wait_replicas_raises_when_too_few_replicas_acknowledge(
+    redis_cluster: RedisClusterServer, redis_cluster_url: str
+) -> None:
+    # each master has one replica: two can never acknowledge
+    broker = make_broker(redis_cluster_url + "?wait_replicas=2&wait_timeout=0.05")
+    try:
+        with pytest.raises(BrokerError, match="only 1 of the 2 replicas"):
+            broker.publish_raw("q", [b"a"])
+    finally:
+        broker.close()
+
+
+def test_wait_replicas_on_one_server_without_replicas_raises(redis_url: str) -> None:
+    broker = make_broker(redis_url + "?wait_replicas=1&wait_timeout=0.05")
+    try:
+        with pytest.raises(BrokerError, match="only 0 of the 1 replicas"):
+            broker.publish_raw("q", [b"a"])
+    finally:
+        broker.close()
+
+
+def test_consumption_goes_on_when_a_master_is_killed_and_its_replica_promoted(
+    make_redis_cluster: type[RedisClusterServer], tmp_path: Path
+) -> None:
+    cluster = make_redis_cluster()
+    total = 3000
+    # published with WAIT: every message is on the replica before the master dies
+    project = Project(
+        tmp_path, TASKS, ("tasks.slow",), cluster.url + "?wait_replicas=1&wait_timeout=5"
+    )
+    try:
+        project.send_many("tasks.slow", [(i, 0.001) for i in range(total)])
+        worker = project.popen("worker", "tasks:app", HURTLE_HEARTBEAT_TIMEOUT="5")
+        project.wait_for(lambda: len(project.lines("done")) >= 300, timeout=60)
+        master = cluster.master_of(queue_keys("default").wake)
+        cluster.kill(master)  # SIGKILL, while the worker consumes
+        at_kill = len(project.lines("done"))
+        assert at_kill < total  # still consuming when the master died
+        project.wait_for(lambda: len(set(project.lines("done"))) == total, timeout=120)
+        assert cluster.master_of(queue_keys("default").wake) != master  # a replica took over
+        worker.terminate()
+        assert project.stop(worker) == 0, project.output(worker)
+    finally:
+        project.app.close()
+    done = collections.Counter(project.lines("done"))
+    assert set(done) == {str(i) for i in range(total)}  # nothing published was lost
+
+
+def test_result_waiters_hear_announcements_after_the_channels_master_fails_over(
+    make_redis_cluster: type[RedisClusterServer],
+) -> None:
+    cluster = make_redis_cluster()
+    waiter, worker = make_broker(cluster.url), make_broker(cluster.url)
+    woken = threading.Event()
+    stop = waiter.watch_results(["m1"], woken.set)
+    assert stop is not None
+    consumer = worker.consumer(["q"])
+
+    def store_until_woken() -> None:
+        deadline = time.monotonic() + 60
+        while not woken.wait(0.1):
+            assert time.monotonic() < deadline, "the watcher was never woken"
+            with contextlib.suppress(BrokerError):  # the cluster may be failing over
+                consumer.ack((), [StoredResult("m1", b"done", 60.0)])
+
+    try:
+        store_until_woken()
+        master = cluster.master_of(RESULTS_CHANNEL)
+        cluster.kill(master)
+        cluster.wait_ok(60)
+        promoted = cluster.master_of(RESULTS_CHANNEL)
+        assert promoted != master
+        # the listener lost its shard: it subscribes again, on the promoted replica ...
+        deadline = time.monotonic() + 60
+        while _shard_subscribers(promoted, RESULTS_CHANNEL) == 0:
+            assert time.monotonic() < deadline, "the listener never subscribed again"
+            time.sleep(0.1)
+        woken.clear()
+        # ... and hears announcements there
+        store_until_woken()
+        assert waiter.get_result("m1") == b"done"
+    finally:
+        stop()
+        consumer.close()
+        waiter.close()
+        worker.close()
