@@ -327,9 +327,7 @@ class RedisClusterBackend(RedisBackend):
         parts = urlsplit(url)
         self.url = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
         self.prefix = "hurtle:ch:0:"  # a cluster has database 0 only
-        self._plain = parts._replace(
-            scheme=parts.scheme.split("+")[0], path="", query=""
-        ).geturl()
+        self._plain = parts._replace(scheme=parts.scheme.split("+")[0], path="", query="").geturl()
         self._client: Any = self._new_client()
 
     def _new_client(self) -> Any:
