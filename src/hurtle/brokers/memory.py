@@ -42,6 +42,8 @@ from .base import (
     FlowStep,
     QueueStats,
     StoredResult,
+)
+from .common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,

@@ -1,7 +1,7 @@
 --[[
   Take up to ARGV[3] tokens of one rate limit: a generic cell rate (GCRA) in the server's clock,
   `limit` tokens per `period`, one every period / limit seconds, at most a tenth of `limit`
-  (and at least 2) at once. Same arithmetic as ``base.gcra`` (memory and SQLite brokers).
+  (and at least 2) at once. Same arithmetic as ``common.gcra`` (memory and SQLite brokers).
 
   Input:
     KEYS[1]  the limit's theoretical arrival time (STRING, server seconds; expires once past)

@@ -41,12 +41,8 @@ from ...errors import ConfigurationError
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import (
-    Broker,
-    Consumer,
-    DeadLetter,
-    QueueStats,
-    StoredResult,
+from ..base import Broker, Consumer, DeadLetter, QueueStats, StoredResult
+from ..common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,

@@ -21,10 +21,8 @@ from ...errors import BrokerError, ConfigurationError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import (
-    Broker,
-    DeadLetter,
-    QueueStats,
+from ..base import Broker, DeadLetter, QueueStats
+from ..common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,

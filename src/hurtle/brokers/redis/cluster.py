@@ -62,7 +62,8 @@ import redis
 
 from ...errors import BrokerError, ConfigurationError
 from ...message import MAX_PRIORITY, Message, check_messages
-from ..base import FLOW_FAILURE_TTL, ChordStep, FlowStep
+from ..base import ChordStep, FlowStep
+from ..common import FLOW_FAILURE_TTL
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULT_BUCKET_CUT, RESULTS_CHANNEL, chord_key
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
 from .consumer import MAX_BLOCK, RedisConsumer, _Target

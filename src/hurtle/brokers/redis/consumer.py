@@ -20,7 +20,8 @@ import redis
 from ...errors import BrokerError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message
-from ..base import Consumer, Delivery, FlowStep, StoredResult, log_trimmed
+from ..base import Consumer, Delivery, FlowStep, StoredResult
+from ..common import log_trimmed
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
 from . import flows
 from .limits import _Limits

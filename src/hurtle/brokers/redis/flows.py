@@ -19,7 +19,8 @@ from typing import Any
 import redis
 
 from ...message import MAX_PRIORITY, Message, check_messages
-from ..base import FLOW_FAILURE_TTL, FlowStep
+from ..base import FlowStep
+from ..common import FLOW_FAILURE_TTL
 from ..keys import (
     BATCH_BITS,
     BATCH_MASK,

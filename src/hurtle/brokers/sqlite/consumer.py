@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 from ...errors import BrokerError
 from ...ids import new_id
 from ...message import Message
-from ..base import Consumer, Delivery, FlowStep, StoredResult, log_trimmed
+from ..base import Consumer, Delivery, FlowStep, StoredResult
+from ..common import log_trimmed
 from ..reports import encode_report
 from . import flows
 from .schema import (

@@ -9,7 +9,7 @@ import logging
 import sqlite3
 
 from ...ids import new_id
-from ..base import flow_failure
+from ..common import flow_failure
 from .connection import _Connection
 from .schema import _IDS, _INSERT, _PUT_RESULT, _TAKE_BACK_RANGE, Rows, _next_ids, _requeue
 

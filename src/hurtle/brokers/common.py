@@ -1,0 +1,154 @@
+"""What the brokers share beyond their contract (``base``): the checks of arguments every store
+makes the same way, the rate-limit arithmetic (GCRA) of the stores that do it in Python, lock
+keys, the log line of trimmed dead letters, and the failure record of a workflow whose member a
+store dead-letters itself."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigurationError
+from ..message import Message
+from .base import StoredResult
+
+if TYPE_CHECKING:
+    from .base import Broker
+
+log = logging.getLogger("hurtle.brokers.base")  # the name these lines were always logged under
+
+
+def check_dead_letter_limits(dead_letter_max: int, dead_letter_ttl: float) -> tuple[int, float]:
+    """The limits, checked: a whole number and a finite number of seconds, each ``>= 0``."""
+    if (
+        isinstance(dead_letter_max, bool)
+        or not isinstance(dead_letter_max, int)
+        or (dead_letter_max < 0)
+    ):
+        raise ConfigurationError(
+            f"dead_letter_max must be a whole number >= 0 (0: keep every dead letter), "
+            f"got {dead_letter_max!r}"
+        )
+    if (
+        isinstance(dead_letter_ttl, bool)
+        or not isinstance(dead_letter_ttl, int | float)
+        or not math.isfinite(dead_letter_ttl)
+        or dead_letter_ttl < 0
+    ):
+        raise ConfigurationError(
+            f"dead_letter_ttl must be a finite number of seconds >= 0 (0: keep dead letters "
+            f"until purged), got {dead_letter_ttl!r}"
+        )
+    return dead_letter_max, float(dead_letter_ttl)
+
+
+def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
+    """Say what a dead-letter write dropped: expiries at info, drops by the cap as a warning."""
+    if expired:
+        log.info(
+            "dropped %d dead letters of queue %r older than dead_letter_ttl (%g s)",
+            expired,
+            queue,
+            broker.dead_letter_ttl,
+        )
+    if dropped:
+        log.warning(
+            "dropped the %d oldest dead letters of queue %r to keep dead_letter_max (%d); "
+            "raise it, or retry or purge them sooner, to keep more",
+            dropped,
+            queue,
+            broker.dead_letter_max,
+        )
+
+
+def check_cancel_ttl(ttl: object) -> float:
+    """A cancellation's ttl, checked: a finite number of seconds > 0."""
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not math.isfinite(ttl)
+        or ttl <= 0
+    ):
+        raise ConfigurationError(
+            f"a cancellation's ttl must be a finite number of seconds > 0, got {ttl!r}"
+        )
+    return float(ttl)
+
+
+def check_queue_name(queue: object) -> str:
+    """A queue name to pause or resume, checked: a non-empty str."""
+    if not isinstance(queue, str) or not queue:
+        raise ConfigurationError(f"a queue name must be a non-empty str, got {queue!r}")
+    return queue
+
+
+def check_tick_claim(queue: str, tick: float, messages: Sequence[Message]) -> None:
+    """Refuse a tick claim whose messages are not all of ``queue``, or a tick that is no time."""
+    if isinstance(tick, bool) or not isinstance(tick, int | float) or not math.isfinite(tick):
+        raise ConfigurationError(f"a tick must be a finite Unix time, got {tick!r}")
+    if not messages:
+        raise ConfigurationError("a tick claim needs at least one message to publish")
+    for m in messages:
+        if m.queue != queue:
+            raise ConfigurationError(
+                f"a tick claim of queue {queue!r} holds a message of queue {m.queue!r}: the "
+                "schedule's record and its messages must share one queue"
+            )
+
+
+def gcra(
+    tat: float, now: float, limit: int, period: float, wanted: int
+) -> tuple[int, float, float]:
+    """Generic cell rate: ``(granted, wait, new tat)`` for ``wanted`` tokens of a key whose
+    theoretical arrival time is ``tat``. Tokens come evenly, one every ``period / limit``
+    seconds, and at most ``burst(limit)`` are taken at once, so any period holds at most about
+    ``limit`` starts. The memory and SQLite brokers use it; ``lua/rate.lua`` is the same."""
+    interval = period / limit
+    tolerance = (burst(limit) - 1) * interval
+    tat = max(tat, now)
+    room = math.floor((now + tolerance - tat) / interval + 1e-4) + 1
+    granted = max(0, min(wanted, room))
+    tat += granted * interval
+    wait = 0.0 if granted == wanted else max(tat - tolerance - now, 0.0)
+    return granted, wait, tat
+
+
+def burst(limit: int) -> int:
+    """Most tokens of a rate limit taken at once: a tenth of the limit, at least 2 (so that a
+    worker that comes a little late for its token does not lose it)."""
+    return max(2, limit // 10)
+
+
+def unique_key_of(message: Message) -> str:
+    """The unique lock key a message names, checked."""
+    key = message.headers.get("unique")
+    if not isinstance(key, str) or not key:
+        raise ConfigurationError(
+            f"message {message.id} of task {message.task!r} has no unique key: "
+            "publish_unique needs headers['unique'] (a non-empty str) on every message"
+        )
+    return key
+
+
+#: Seconds the failure of a workflow a broker dead-lettered itself is kept (a day, as results).
+FLOW_FAILURE_TTL = 86400.0
+
+
+def flow_failure(raw: bytes, reason: str) -> StoredResult | None:
+    """The ``dead`` record of the workflow whose member ``raw`` the broker dead-letters itself
+    (its workers kept dying), to store in the same step: its handle then raises at once. None
+    when ``raw`` is not a workflow's message."""
+    from ..workflows import FLOW, read_flow  # the workflows import the brokers
+
+    try:
+        message = Message.decode(raw)
+        if not message.headers or FLOW not in message.headers:
+            return None
+        flow = read_flow(message)
+    except Exception:  # not a message, or not a workflow's: nothing to fail
+        return None
+    from ..worker.flows import dead_record
+
+    return dead_record(flow.id, message, None, reason, FLOW_FAILURE_TTL)
