@@ -34,8 +34,8 @@ from hurtle import (
     Message,
     Retry,
 )
+from hurtle.arity import Arity
 from hurtle.message import check_messages, decode_unchecked
-from hurtle.task import _Arity
 
 
 @pytest.fixture
@@ -226,7 +226,7 @@ def test_the_cheap_arity_check_agrees_with_python_binding_on_every_call_shape() 
     names = ["a", "b", "c", "d", "e", "f", "k", "zz"]
     keyword_sets = [kw for r in range(4) for kw in itertools.combinations(names, r)]
     for sig in _signatures():
-        arity = _Arity(sig)
+        arity = Arity(sig)
         for n in range(6):
             for kw in keyword_sets:
                 args, kwargs = tuple(range(n)), dict.fromkeys(kw, 0)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
 
 import msgspec
 
+from .arity import arity_of
 from .errors import ArgumentError, ConfigurationError
 from .handles import Handle
 from .ids import new_id
@@ -93,112 +94,6 @@ def _check_seconds(task: str, value: object, what: str, unit: str = "a number of
     problem = seconds_problem(value, what, unit)
     if problem is not None:
         raise ConfigurationError(f"task {task!r}: {problem}")
-
-
-_MAX_SHAPES = 256
-
-
-class _Arity:
-    """Which calls a function accepts, precomputed once, for a cheap check at send time."""
-
-    __slots__ = (
-        "bare_max",
-        "bare_min",
-        "keywords",
-        "max_positional",
-        "positional",
-        "required",
-        "required_keywords",
-        "required_positional_only",
-        "shapes",
-        "signature",
-        "var_keyword",
-    )
-
-    def __init__(self, signature: inspect.Signature) -> None:
-        kinds = inspect.Parameter
-        params = list(signature.parameters.values())
-        positional = [
-            p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)
-        ]
-        self.signature = signature
-        #: names of the positional parameters, in order
-        self.positional = [p.name for p in positional]
-        self.required = sum(1 for p in positional if p.default is p.empty)
-        #: required parameters that only a position can fill
-        self.required_positional_only = sum(
-            1 for p in positional if p.default is p.empty and p.kind is kinds.POSITIONAL_ONLY
-        )
-        self.max_positional = (
-            sys.maxsize if any(p.kind is kinds.VAR_POSITIONAL for p in params) else len(positional)
-        )
-        self.keywords = frozenset(
-            p.name for p in params if p.kind in (kinds.POSITIONAL_OR_KEYWORD, kinds.KEYWORD_ONLY)
-        )
-        self.required_keywords = frozenset(
-            p.name for p in params if p.kind is kinds.KEYWORD_ONLY and p.default is p.empty
-        )
-        self.var_keyword = any(p.kind is kinds.VAR_KEYWORD for p in params)
-        # a call without keywords fits when bare_min <= len(args) <= bare_max
-        self.bare_min = self.required
-        self.bare_max = -1 if self.required_keywords else self.max_positional
-        #: (positional count, *keyword names) -> whether such a call fits
-        self.shapes: dict[tuple[Any, ...], bool] = {}
-
-    def fits(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
-        n = len(args)
-        if not kwargs:
-            return self.bare_min <= n <= self.bare_max
-        shape = (n, *kwargs)  # calls in a batch mostly share their shape: decide once per shape
-        known = self.shapes.get(shape)
-        if known is None:
-            known = self._fits(n, kwargs)
-            if len(self.shapes) < _MAX_SHAPES:
-                self.shapes[shape] = known
-        return known
-
-    def _fits(self, n: int, kwargs: Mapping[str, Any]) -> bool:
-        if n > self.max_positional:
-            return False
-        taken = self.positional[:n]
-        for name in kwargs:
-            if name in self.keywords:
-                if name in taken:
-                    return False
-            elif not self.var_keyword:
-                return False
-        if n < self.required and (
-            n < self.required_positional_only
-            or any(name not in kwargs for name in self.positional[n : self.required])
-        ):
-            return False
-        return self.required_keywords.issubset(kwargs)
-
-    def problem(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
-        """Why a call does not fit, in Python's own words."""
-        try:
-            self.signature.bind(*args, **kwargs)
-        except TypeError as err:
-            return str(err)
-        return "the arguments do not fit"
-
-    def text(self) -> str:
-        """The signature without annotations: ``(x, y=0, *, z)``."""
-        return str(
-            self.signature.replace(
-                parameters=[
-                    p.replace(annotation=p.empty) for p in self.signature.parameters.values()
-                ],
-                return_annotation=inspect.Signature.empty,
-            )
-        )
-
-
-def _arity_of(fn: Callable[..., Any]) -> _Arity | None:
-    try:
-        return _Arity(inspect.signature(fn))
-    except (TypeError, ValueError):  # some builtins have no signature: nothing to check
-        return None
 
 
 class Task(Generic[P, R]):
@@ -268,7 +163,7 @@ class Task(Generic[P, R]):
         self.limits: Limits | None = (
             limits if limits.rate or limits.concurrency or limits.unique_for else None
         )
-        self.arity = _arity_of(fn)
+        self.arity = arity_of(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
