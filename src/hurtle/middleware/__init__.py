@@ -29,7 +29,7 @@ from ..message import Message
 if TYPE_CHECKING:
     from ..brokers import Delivery, StoredResult
     from ..task import Task
-    from ..worker.processor import Job
+    from ..worker.jobs import Job
     from ..worker.worker import Worker
 
 

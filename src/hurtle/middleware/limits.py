@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from ..task import Task
     from ..worker import Worker
     from ..worker.acker import Acker
-    from ..worker.processor import Job
+    from ..worker.jobs import Job
 
 log = logging.getLogger(__name__)
 

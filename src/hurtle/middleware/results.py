@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from ..message import Message
     from ..task import Task
     from ..worker.acker import Acker
-    from ..worker.processor import Job
+    from ..worker.jobs import Job
     from ..worker.worker import Worker
 
 PENDING = "pending"

@@ -29,7 +29,7 @@ from . import Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..task import Task
-    from ..worker.processor import Job
+    from ..worker.jobs import Job
 
 log = logging.getLogger("hurtle.worker.processor")
 

@@ -39,7 +39,7 @@ from ..message import Message
 from . import Middleware
 
 if TYPE_CHECKING:
-    from ..worker.processor import Job
+    from ..worker.jobs import Job
 
 __all__ = ["Tracing"]
 

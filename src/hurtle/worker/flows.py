@@ -30,7 +30,7 @@ from ..workflows import FLOW, Flow, read_flow
 
 if TYPE_CHECKING:
     from ..app import Hurtle
-    from .processor import Job
+    from .jobs import Job
 
 _encode = msgspec.msgpack.Encoder().encode
 _replace = msgspec.structs.replace
