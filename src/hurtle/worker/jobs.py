@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import msgspec
@@ -172,3 +172,13 @@ def late_limit(job: Job, call: Callable[[], Any]) -> Any:
     if job.overran():
         raise job.time_limit_error()
     return result
+
+
+def take_all(pending: deque[Delivery]) -> Iterator[Delivery]:
+    """Take what is left of a batch, one at a time (another thread may take from the right)."""
+    take = pending.popleft
+    while True:
+        try:
+            yield take()
+        except IndexError:
+            return

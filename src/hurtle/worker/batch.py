@@ -1,0 +1,292 @@
+"""The batch path of ``Processor``: a batch whose tasks' middleware have batch hooks (or
+``after_calls``) is decoded whole, ``before_batch`` sees its jobs and may defer some, the rest run
+in one loop, ``after_calls`` settles the calls that returned as columns, then ``after_batch``.
+A mixin of ``Processor`` (its methods read the processor's state), kept apart from the inline
+path and the per-call steps in ``processor``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from itertools import groupby
+from operator import attrgetter
+from typing import TYPE_CHECKING
+
+from .._text import describe, safe_repr
+from ..brokers import Delivery
+from ..errors import TimeLimitExceeded
+from ..message import Message, decode_unchecked
+from ..middleware import Calls, Middleware, Outcome, overrides
+from ..workflows import FLOW
+from . import flows
+from .jobs import BatchState, Job, take_all
+
+if TYPE_CHECKING:
+    from ..brokers.reports import Tally, Timings
+    from .acker import Acker
+    from .jobs import Pipeline
+
+log = logging.getLogger("hurtle.worker.processor")  # the name these lines were always logged under
+_clock = time.perf_counter
+_PIPELINE_OF = attrgetter("pipeline")
+#: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
+BEFORE_BATCH_PAUSE = 1.0
+
+
+class BatchPath:
+    if TYPE_CHECKING:  # what the batch path uses of the ``Processor`` it is mixed into
+        acker: Acker
+        processed: int
+        tally: Tally
+        timings: Timings
+        _pipelines: dict[str, Pipeline]
+
+        def pipeline(self, name: str) -> Pipeline | None: ...
+        def process(self, delivery: Delivery) -> None: ...
+        def run(self, job: Job, state: BatchState | None = None) -> None: ...
+        def _after_outcome(self, job: Job) -> None: ...
+        def _defer(self, job: Job) -> None: ...
+        def _failed(self, job: Job, err: Exception) -> None: ...
+        def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None: ...
+        def _unknown(self, delivery: Delivery, message: Message) -> None: ...
+        def _too_late(
+            self,
+            delivery: Delivery,
+            message: Message,
+            late: list[tuple[Delivery, str]] | None = None,
+        ) -> None: ...
+
+    # -- batches with batch hooks ----------------------------------------------------------
+
+    def _process_batch(self, deliveries: list[Delivery], state: BatchState) -> None:
+        """``process_many`` when middleware has batch hooks: decode the whole batch, show each
+        middleware its jobs (``before_batch``), defer what it deferred, run the rest as
+        ``process_many`` does, then ``after_batch``. Only tasks with batch hooks or per-call
+        hooks get a ``Job``; the others' messages go as they are."""
+        runnable: list[Delivery] = []
+        items: list[Message | Job] = []  # per runnable delivery: a Message or a Job
+        batched: list[Job] = []  # the jobs whose middleware have batch hooks
+        pipelines = self._pipelines
+        decode = decode_unchecked
+        late: list[tuple[Delivery, str]] = []
+        for delivery in deliveries:
+            try:
+                message = decode(delivery.raw)
+            except Exception:
+                self.process(delivery)  # dead-letters it with the reason
+                continue
+            if message.expires and message.expires <= time.time():
+                self._too_late(delivery, message, late)
+                continue
+            pipeline = pipelines.get(message.task) or self.pipeline(message.task)
+            if pipeline is None:  # unknown task
+                self.processed += 1
+                self._unknown(delivery, message)
+                continue
+            if not (message.headers and FLOW in message.headers) and (
+                pipeline.inline or not (pipeline.batched or pipeline.per_call)
+            ):
+                items.append(message)
+            else:
+                job = Job(delivery, message, pipeline.task, pipeline, batch=pipeline.batched)
+                items.append(job)
+                if job.batch:
+                    batched.append(job)
+            runnable.append(delivery)
+        if late:
+            self.acker.dead_letter_many(late)
+        groups: dict[Middleware, list[Job]] = {}
+        for pipeline, run in groupby(batched, _PIPELINE_OF):  # a batch is mostly one run
+            jobs = list(run)
+            for m in pipeline.grouped:
+                groups.setdefault(m, []).extend(jobs)
+        deferrals = Job.deferrals
+        self._before_batch(groups)
+        if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
+            kept = [i for i, it in enumerate(items) if not (type(it) is Job and it.deferred)]
+            for it in items:
+                if type(it) is Job and it.deferred:
+                    self.processed += 1
+                    self._defer(it)
+            runnable = [runnable[i] for i in kept]
+            items = [items[i] for i in kept]
+        try:
+            self._run_items(runnable, items, state)
+        finally:
+            self._after_batch(groups)
+
+    def _run_items(
+        self, runnable: list[Delivery], items: list[Message | Job], state: BatchState
+    ) -> None:
+        pipelines = self._pipelines
+        done: list[Delivery] = []
+        returned: dict[str, Calls] = {}  # by task: calls for ``after_calls``, before their acks
+        calls: Calls | None = None
+        counts: dict[tuple[str, str], int] = {}
+        started = 0
+        runtimes: dict[tuple[str, str], list[float]] = {}
+        pending = state.pending = deque(runnable)
+        take = pending.popleft
+        index = -1  # ``pending`` is taken from the left in order: its index into ``items``
+        try:
+            while True:
+                try:
+                    delivery = take()
+                except IndexError:
+                    break
+                index += 1
+                item = items[index]
+                state.current = delivery
+                if state.stopping:
+                    state.current = None
+                    state.unstarted.append(delivery)
+                    state.unstarted.extend(take_all(pending))
+                    break
+                started += 1
+                job: Job | None = None
+                if type(item) is Job:
+                    job = item
+                    message, pipeline = job.message, job.pipeline
+                    assert pipeline is not None
+                    if pipeline.per_call or flows.is_flow(message):
+                        counts[delivery.queue, pipeline.task.name] = (
+                            counts.get((delivery.queue, pipeline.task.name), 0) + 1
+                        )
+                        state.time_limit = None
+                        self.run(job, state)
+                        state.current = None
+                        continue
+                else:
+                    assert isinstance(item, Message)
+                    message, pipeline = item, pipelines[item.task]
+                task = pipeline.task
+                key = (delivery.queue, task.name)
+                counts[key] = counts.get(key, 0) + 1
+                state.time_limit = task.time_limit
+                times = runtimes.get((delivery.queue, task.name))
+                if times is None:
+                    times = runtimes[(delivery.queue, task.name)] = []
+                begin = _clock()
+                try:
+                    result = task.fn(*message.args, **message.kwargs)
+                except Exception as err:
+                    times.append(_clock() - begin)
+                    state.current = None
+                    self._failed(job or Job(delivery, message, task, pipeline), err)
+                    continue
+                elapsed = _clock() - begin
+                times.append(elapsed)
+                state.current = None
+                if job is not None and pipeline.after_batch:
+                    job.outcome = Outcome("ack", result)
+                if not pipeline.after_calls:
+                    done.append(delivery)
+                    continue
+                if calls is None or calls.task is not task:
+                    calls = returned.get(task.name)
+                    if calls is None:
+                        calls = returned[task.name] = Calls(task)
+                        if job is not None:
+                            calls.jobs = []
+                calls.deliveries.append(delivery)
+                calls.messages.append(message)
+                calls.results.append(result)
+                calls.runtimes.append(elapsed)
+                if job is not None and calls.jobs is not None:
+                    calls.jobs.append(job)
+        except BaseException:
+            state.unstarted.extend(take_all(pending))
+            raise
+        finally:
+            self.processed += started
+            self.tally.add_many(counts)
+            if runtimes:
+                self.timings.add_batch(runtimes)
+            if state.overran:
+                late = {id(d) for d in state.overran}
+                for c in returned.values():
+                    for i, d in enumerate(c.deliveries):
+                        if id(d) in late:
+                            c.fail(i, TimeLimitExceeded(""))  # made precise in _settle_calls
+                self._overran(done, state.overran)
+            if done:
+                self.acker.ack_many(done)
+            for c in returned.values():
+                self._settle_calls(c)
+
+    def _settle_calls(self, calls: Calls, job: Job | None = None) -> None:
+        """``after_calls`` for calls of one task that returned, then their acknowledgements
+        (with the results they store) or, for those failed, their failures. With ``job``: the
+        call of that job alone (``finish``), whose failure, if any, is returned to it."""
+        pipeline = self._pipelines[calls.task.name]
+        overran = dict(calls.failures)  # calls interrupted at their time limit
+        for m in pipeline.after_calls:
+            try:
+                m.after_calls(calls)
+            except Exception as err:  # a bug in the hook: the calls stand
+                log.error("middleware %s failed in after_calls: %s", safe_repr(m), describe(err))
+        deliveries, stored = calls.deliveries, calls.stored
+        if stored is None and job is not None and job.stored is not None:
+            stored = [job.stored]  # set by an ``after_process`` hook
+        if stored is not None and len(stored) != len(deliveries):
+            log.error(
+                "middleware set %d results to store for %d calls of %s: none is stored",
+                len(stored),
+                len(deliveries),
+                calls.task.name,
+            )
+            stored = None
+        failures = calls.failures
+        if failures:
+            for i, failure in sorted(failures.items()):
+                failed = job or (
+                    calls.jobs[i]
+                    if calls.jobs is not None
+                    else Job(deliveries[i], calls.messages[i], calls.task, pipeline)
+                )
+                self._failed(failed, failed.time_limit_error() if i in overran else failure)
+            kept = [i for i in range(len(deliveries)) if i not in failures]
+            deliveries = [deliveries[i] for i in kept]
+            if stored is not None:
+                stored = [stored[i] for i in kept]
+        if not deliveries:
+            return
+        if stored is None:
+            self.acker.ack_many(deliveries)
+        else:
+            self.acker.ack_many_with_results(deliveries, stored)
+        if job is not None:
+            job.outcome = Outcome("ack", calls.results[0])
+            self._after_outcome(job)
+
+    def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None:
+        for m, jobs in groups.items():
+            if not overrides(m, "before_batch"):
+                continue
+            try:
+                m.before_batch(jobs)
+            except Exception as err:  # (the broker is unreachable...) run none of them now
+                log.error(
+                    "middleware %s failed in before_batch: %s; its %d jobs go back to "
+                    "their queue for %gs",
+                    safe_repr(m),
+                    describe(err),
+                    len(jobs),
+                    BEFORE_BATCH_PAUSE,
+                )
+                for job in jobs:
+                    if not job.deferred:
+                        job.defer(BEFORE_BATCH_PAUSE, "before_batch failed")
+
+    def _after_batch(self, groups: dict[Middleware, list[Job]]) -> None:
+        for m, jobs in groups.items():
+            if not overrides(m, "after_batch"):
+                continue
+            settled = [j for j in jobs if j.outcome is not None]
+            if not settled:
+                continue
+            try:
+                m.after_batch(settled)
+            except Exception as err:
+                log.error("middleware %s failed in after_batch: %s", safe_repr(m), describe(err))
