@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import socket
@@ -23,15 +22,15 @@ from ...message import MAX_PRIORITY, Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from ..base import Broker, DeadLetter, QueueStats
 from ..common import (
-    check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,
     check_tick_claim,
     unique_key_of,
 )
-from ..keys import CANCELLED, QUEUES, queue_keys, rate_key, result_key
+from ..keys import QUEUES, queue_keys, rate_key, result_key
 from . import flows
 from .consumer import MAX_BLOCK, RedisConsumer
+from .control import _Control
 from .results import _ResultListener
 from .scripts import _PRIORITIES, _PRIORITY_ARG, _Command, _get_scripts, _publish_keys
 from .workers import _Workers
@@ -92,7 +91,7 @@ def _check_replicas(acked: Any, wanted: int, url: str, doing: str) -> None:
         )
 
 
-class RedisBroker(_Workers, Broker):
+class RedisBroker(_Workers, _Control, Broker):
     """The broker contract on one Redis server (6.2 or later)."""
 
     _consumer_class: type[RedisConsumer] = RedisConsumer
@@ -268,76 +267,6 @@ class RedisBroker(_Workers, Broker):
                 commands, f"taking tokens of {len(requests)} rate limits"
             )
         ]
-
-    # -- control: cancellations and paused queues ------------------------------------------
-
-    def cancel(self, ids: Sequence[str], ttl: float) -> None:
-        """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then
-        raise the cancels flag of every known queue until this one ends: two round trips."""
-        ttl = check_cancel_ttl(ttl)
-        now = time.time()
-        until = now + ttl
-        mapping = {str(i): until for i in ids}
-        if not mapping:
-            return
-        _, _, names = self._pipeline(
-            [
-                (("ZADD", CANCELLED, *[x for i in mapping for x in (until, i)]), None),
-                (("ZREMRANGEBYSCORE", CANCELLED, "-inf", f"({now!r}"), None),
-                (("SMEMBERS", QUEUES), None),
-            ],
-            f"cancelling {len(mapping)} messages",
-        )
-        until_ms = math.ceil(until * 1000)
-        flags = [
-            self._call(self._scripts.cancel_flag, (queue_keys(n.decode()).cancels,), (until_ms,))
-            for n in names
-        ]
-        if flags:
-            self._pipeline(flags, "raising the cancels flags of the queues")
-
-    def cancelled(self, ids: Sequence[str]) -> set[str]:
-        if not ids:
-            return set()
-        (scores,) = self._pipeline(
-            [(("ZMSCORE", CANCELLED, *ids), None)], f"reading the cancellations of {len(ids)} ids"
-        )
-        now = time.time()
-        return {
-            i
-            for i, score in zip(ids, scores, strict=True)
-            if score is not None and float(score) > now
-        }
-
-    def uncancel(self, ids: Sequence[str]) -> None:
-        if ids:
-            self._pipeline([(("ZREM", CANCELLED, *ids), None)], "lifting cancellations")
-
-    def pause(self, queue: str) -> None:
-        check_queue_name(queue)
-        self._pipeline(
-            [(("SADD", QUEUES, queue), None), (("SET", queue_keys(queue).paused, "1"), None)],
-            f"pausing queue {queue!r}",
-        )
-
-    def resume(self, queue: str) -> None:
-        check_queue_name(queue)
-        k = queue_keys(queue)
-        # a token on the wake list wakes a consumer blocked on it; the fetch that takes the
-        # last ready message clears stale tokens
-        self._pipeline(
-            [(("DEL", k.paused), None), (("RPUSH", k.wake, "1"), None)],
-            f"resuming queue {queue!r}",
-        )
-
-    def paused(self) -> set[str]:
-        names = self.queues()
-        if not names:
-            return set()
-        flags = self._pipeline(
-            [(("EXISTS", queue_keys(n).paused), None) for n in names], "reading paused queues"
-        )
-        return {n for n, flag in zip(names, flags, strict=True) if flag}
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         if not payloads:
