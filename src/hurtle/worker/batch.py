@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
+from collections.abc import Iterable
 from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -204,11 +205,7 @@ class BatchPath:
             if runtimes:
                 self.timings.add_batch(runtimes)
             if state.overran:
-                late = {id(d) for d in state.overran}
-                for c in returned.values():
-                    for i, d in enumerate(c.deliveries):
-                        if id(d) in late:
-                            c.fail(i, TimeLimitExceeded(""))  # made precise in _settle_calls
+                _fail_overran(returned.values(), state.overran)
                 self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
@@ -290,3 +287,13 @@ class BatchPath:
                 m.after_batch(settled)
             except Exception as err:
                 log.error("middleware %s failed in after_batch: %s", safe_repr(m), describe(err))
+
+
+def _fail_overran(returned: Iterable[Calls], overran: list[Delivery]) -> None:
+    """Fail the gathered calls that returned after they were interrupted at their time limit
+    (``_settle_calls`` makes the error precise)."""
+    late = {id(d) for d in overran}
+    for c in returned:
+        for i, d in enumerate(c.deliveries):
+            if id(d) in late:
+                c.fail(i, TimeLimitExceeded(""))

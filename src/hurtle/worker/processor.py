@@ -81,7 +81,7 @@ from ..middleware.retries import Retries
 from ..workflows import FLOW
 from . import flows
 from .acker import Acker
-from .batch import BatchPath
+from .batch import BatchPath, _fail_overran
 from .jobs import BatchState, Job, Limit, Pipeline, late_limit, take_all
 
 # Counter indexes of a ``Tally`` (``brokers/reports.py``).
@@ -136,14 +136,16 @@ class Processor(BatchPath):
         self._turns: AbstractContextManager[Any] = (
             threading.Lock() if loops_take_turns else contextlib.nullcontext()
         )
-        #: Pipelines by task name, composed once per task; ``_inline`` holds the inline tasks.
+        #: Pipelines by task name, composed once per task; ``_inline`` holds the inline tasks,
+        #: ``_columned`` the pipelines of tasks whose middleware has only ``after_calls`` (and
+        #: ``after_outcome`` beside it): ``process_many`` calls those inline too, gathering the
+        #: calls that returned as columns for the hooks.
         self._pipelines: dict[str, Pipeline] = {}
         self._inline: dict[str, Task[Any, Any]] = {}
+        self._columned: dict[str, Pipeline] = {}
         #: True when some middleware has batch hooks: batches are then decoded before they run.
         self._batch_hooks = any(
-            overrides(m, hook)
-            for m in self.middleware
-            for hook in ("before_batch", "after_batch", "after_calls")
+            overrides(m, hook) for m in self.middleware for hook in ("before_batch", "after_batch")
         )
         for name in list(self.tasks):
             self.pipeline(name)
@@ -165,6 +167,8 @@ class Processor(BatchPath):
             pipeline = self._pipelines[name] = Pipeline(task, self.middleware, self.inline_limits)
             if pipeline.inline:
                 self._inline[name] = task
+            elif pipeline.after_calls and not (pipeline.per_call or pipeline.batched):
+                self._columned[name] = pipeline
         return pipeline
 
     # -- the short path --------------------------------------------------------------------
@@ -202,14 +206,19 @@ class Processor(BatchPath):
         """Run a batch one delivery after another on this thread (solo, and each thread's share
         of a batch in the threads pool).
 
-        Inline tasks are called here and acknowledged together once the batch is done; anything
-        else (bad bytes, unknown tasks, tasks with a pipeline) takes ``run``. When middleware has
-        batch hooks, the batch takes ``_process_batch`` instead.
+        Inline tasks are called here and acknowledged together once the batch is done; so are
+        the tasks whose middleware has only ``after_calls``, whose calls that returned are
+        gathered per task (``Calls``) and settled after the batch. Anything else (bad bytes,
+        unknown tasks, tasks with per-call hooks) takes ``run``. When middleware has batch hooks
+        (``before_batch``, ``after_batch``), the batch takes ``_process_batch`` instead.
         """
         if self._batch_hooks:
             self._process_batch(deliveries, state)
             return
         inline = self._inline
+        columned = self._columned
+        returned: dict[str, Calls] = {}  # by task: the calls ``after_calls`` settles
+        run_calls: Calls | None = None  # the current run's, when its task has ``after_calls``
         decode = decode_unchecked
         done: list[Delivery] = []
         started = 0
@@ -243,6 +252,8 @@ class Processor(BatchPath):
                 try:
                     message = decode(delivery.raw)
                     task = inline.get(message.task)
+                    if task is None and (columns := columned.get(message.task)) is not None:
+                        task = columns.task
                     if task is not None and message.headers and FLOW in message.headers:
                         task = None  # a workflow's: its outcome sets off the next step
                 except Exception:
@@ -262,6 +273,11 @@ class Processor(BatchPath):
                     run_task, run_queue, run_start = task, delivery.queue, started
                     if task is not None:
                         run_times = runtimes.setdefault((run_queue, task.name), [])
+                        run_calls = None
+                        if task.name in columned:
+                            run_calls = returned.get(task.name)
+                            if run_calls is None:
+                                run_calls = returned[task.name] = Calls(task)
                 started += 1
                 if task is None:  # not inline (or unknown: dead-lettered); timed in ``finish``
                     state.time_limit = None
@@ -272,18 +288,24 @@ class Processor(BatchPath):
                     continue
                 state.time_limit = task.time_limit
                 try:
-                    task.fn(*message.args, **message.kwargs)
+                    result = task.fn(*message.args, **message.kwargs)
                 except Exception as err:
                     state.current = None
                     run_times.append(clock() - last)
-                    self._failed(Job(delivery, message, task), err)
+                    self._failed(Job(delivery, message, task, columned.get(task.name)), err)
                     last = clock()
                     continue
                 state.current = None  # before the outcome: a hard stop now hands nothing back
                 now = clock()
                 run_times.append(now - last)
+                if run_calls is None:
+                    done.append(delivery)
+                else:
+                    run_calls.deliveries.append(delivery)
+                    run_calls.messages.append(message)
+                    run_calls.results.append(result)
+                    run_calls.runtimes.append(now - last)
                 last = now
-                done.append(delivery)
         except BaseException:  # a hard stop raised in a task: the rest goes back unstarted
             state.unstarted.extend(take_all(pending))
             raise
@@ -296,9 +318,12 @@ class Processor(BatchPath):
             if runtimes:
                 self.timings.add_batch(runtimes)
             if state.overran:
+                _fail_overran(returned.values(), state.overran)
                 self._overran(done, state.overran)
             if done:
                 self.acker.ack_many(done)
+            for c in returned.values():
+                self._settle_calls(c)
             if late:
                 self.acker.dead_letter_many(late)
 
