@@ -480,15 +480,25 @@ def _send_many(
 
 
 def _publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
-    """Publish calls of a ``unique_for`` task, each naming its lock in ``headers["unique"]``,
-    through the app's ``before_publish`` hooks; returns per published call the id of the
-    message that holds its lock (its own when enqueued)."""
+    """Publish calls of a ``unique_for`` task, each naming its lock in ``headers["unique"]``
+    and when the lock ends at the latest in ``headers["unique_until"]`` (its ``created`` plus
+    ``unique_for``), through the app's ``before_publish`` hooks; returns per published call the
+    id of the message that holds its lock (its own when enqueued)."""
     limits = task.limits
     assert limits is not None and limits.unique_for is not None
     key_of = limits.unique_key_of
+    unique_for = float(limits.unique_for)
     replace = msgspec.structs.replace
     locked: list[Message] = CheckedBatch(
-        replace(m, headers={**m.headers, "unique": key_of(m.args, m.kwargs)}) for m in messages
+        replace(
+            m,
+            headers={
+                **m.headers,
+                "unique": key_of(m.args, m.kwargs),
+                "unique_until": m.created + unique_for,
+            },
+        )
+        for m in messages
     )
     hooks = task.app._publish_hooks
     if hooks:

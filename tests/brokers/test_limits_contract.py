@@ -171,13 +171,15 @@ def test_publish_unique_enqueues_one_and_returns_the_holder_id(make: MakeBroker)
     assert sorted(Message.decode(d.raw).id for d in got) == sorted([first.id, other.id])
 
 
-def test_released_lock_lets_a_new_message_in(broker: Broker) -> None:
-    first = unique("x")
+@pytest.mark.parametrize("until", [0.0, 3600.0], ids=["end-unknown", "end-far-off"])
+def test_released_lock_lets_a_new_message_in(broker: Broker, until: float) -> None:
+    # an end far off lets a broker end the lock without reading it (Redis: a plain HDEL)
+    first = msg("q", headers={"unique": "x", "unique_until": time.time() + until})
     broker.publish_unique([first], 60)
     c = broker.consumer(["q"])
     [d] = c.fetch(1, 1)
     c.ack([d])
-    c.release_unique([("q", "x", first.id)])
+    c.release_unique([("q", "x", first.id, time.time() + until if until else 0.0)])
     second = unique("x")
     assert broker.publish_unique([second], 60) == [second.id]
 
@@ -188,8 +190,22 @@ def test_release_leaves_a_lock_taken_by_another_message(broker: Broker) -> None:
     time.sleep(0.3)  # the lock expired: a new message takes it
     second = unique("x")
     assert broker.publish_unique([second], 60) == [second.id]
-    broker.consumer(["q"]).release_unique([("q", "x", first.id)])
+    # the first message's lock ended (its until passed): the release must read the lock
+    broker.consumer(["q"]).release_unique([("q", "x", first.id, time.time() - 0.1)])
     assert broker.publish_unique([unique("x")], 60) == [second.id]
+
+
+def test_lock_ends_at_the_until_its_message_names(broker: Broker) -> None:
+    # a lock lasts until headers["unique_until"] (the sender's created + unique_for) when the
+    # message names it, on a broker that keeps it (others end it unique_for after publishing)
+    first = msg("q", headers={"unique": "x", "unique_until": time.time() + 0.3})
+    assert broker.publish_unique([first], 60) == [first.id]
+    assert broker.publish_unique([unique("x")], 60) == [first.id]
+    deadline = time.monotonic() + 120
+    again = unique("x")
+    while broker.publish_unique([again], 60) != [again.id]:
+        assert time.monotonic() < deadline, "the lock outlived its message's unique_until"
+        time.sleep(0.05)
 
 
 def test_lock_expires_after_unique_for(broker: Broker) -> None:

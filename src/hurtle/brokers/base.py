@@ -257,8 +257,11 @@ class Consumer(abc.ABC):
         """Give back ``count`` slots of each ``(key, count)`` held by this consumer."""
         raise NotImplementedError(f"{type(self).__name__} does not support concurrency limits")
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
-        """End the unique locks ``(queue, key, message id)`` still held for that message."""
+    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
+        """End the unique locks ``(queue, key, message id, until)`` still held for that
+        message. ``until`` is the message's ``headers["unique_until"]`` (0 when it has none):
+        a broker whose lock ends then may end, without reading it, a lock that cannot have
+        passed to another message yet."""
         raise NotImplementedError(f"{type(self).__name__} does not support unique locks")
 
     @abc.abstractmethod

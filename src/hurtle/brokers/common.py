@@ -132,6 +132,15 @@ def unique_key_of(message: Message) -> str:
     return key
 
 
+def lock_end(message: Message, now: float, unique_for: float) -> float:
+    """When the unique lock of ``message`` ends: ``headers["unique_until"]`` (its sender's
+    ``created`` plus ``unique_for``) when it names a finite time, else ``now + unique_for``."""
+    until = message.headers.get("unique_until")
+    if (type(until) is float or type(until) is int) and math.isfinite(until):
+        return float(until)
+    return now + unique_for
+
+
 #: Seconds the failure of a workflow a broker dead-lettered itself is kept (a day, as results).
 FLOW_FAILURE_TTL = 86400.0
 

@@ -50,6 +50,7 @@ from .common import (
     check_tick_claim,
     flow_failure,
     gcra,
+    lock_end,
     log_trimmed,
     unique_key_of,
 )
@@ -227,7 +228,7 @@ class MemoryBroker(Broker):
                 if held is not None and held[1] > now:
                     out.append(held[0])
                     continue
-                self._unique[(m.queue, key)] = (m.id, now + unique_for)
+                self._unique[(m.queue, key)] = (m.id, lock_end(m, now, unique_for))
                 self._put(m.queue, raw, m.priority, m.eta)
                 out.append(m.id)
             self._wake.notify_all()
@@ -666,10 +667,10 @@ class _MemoryConsumer(Consumer):
                 else:
                     holders.pop(self.worker_id, None)
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
         b = self.broker
         with b._lock:
-            for queue, key, message_id in locks:
+            for queue, key, message_id, _ in locks:
                 held = b._unique.get((queue, key))
                 if held is not None and held[0] == message_id:
                     del b._unique[(queue, key)]

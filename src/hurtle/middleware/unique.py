@@ -1,10 +1,12 @@
 """Unique tasks (``unique_for``): the worker's side.
 
 The lock is taken when the message is published (``Task.send``, ``Broker.publish_unique``) and
-named in its ``headers["unique"]``. It ends when the message's outcome is settled — acknowledged
-or dead-lettered; a retry keeps it, since the message is still waiting — with the acker's next
-flush, in one broker call for the batch, or after ``unique_for`` seconds, whichever comes first:
-a worker that dies holding the message cannot keep the lock for ever.
+named in its ``headers["unique"]``, with when it ends at the latest in
+``headers["unique_until"]`` (the call's ``created`` plus ``unique_for``, by the sender's clock).
+It ends when the message's outcome is settled — acknowledged or dead-lettered; a retry keeps
+it, since the message is still waiting — with the acker's next flush, in one broker call for the
+batch, or at that latest end, whichever comes first: a worker that dies holding the message
+cannot keep the lock for ever.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class UniqueMiddleware(Middleware):
             return
         failed = calls.failures
         locks = [
-            (d.queue, key, m.id)
+            (d.queue, key, m.id, _until(m.headers))
             for i, (d, m) in enumerate(zip(calls.deliveries, calls.messages, strict=True))
             if isinstance(key := m.headers.get("unique"), str) and i not in failed
         ]
@@ -48,6 +50,13 @@ class UniqueMiddleware(Middleware):
         # acknowledgements come through ``after_calls``
         if outcome.kind != "dead" or self._acker is None:
             return
-        key = job.message.headers.get("unique")
+        headers = job.message.headers
+        key = headers.get("unique")
         if isinstance(key, str):
-            self._acker.release_unique(job.delivery.queue, key, job.message.id)
+            self._acker.release_unique(job.delivery.queue, key, job.message.id, _until(headers))
+
+
+def _until(headers: dict[str, Any]) -> float:
+    """When a message's lock ends at the latest (``headers["unique_until"]``), 0 if unknown."""
+    until = headers.get("unique_until")
+    return float(until) if type(until) is float or type(until) is int else 0.0

@@ -118,7 +118,7 @@ class Acker:
         # deferrals and what limits give back: (delivery, eta), (key, slots), (queue, key, id)
         self._defers: deque[tuple[Delivery, float]] = deque()
         self._slots: deque[tuple[str, int]] = deque()
-        self._uniques: deque[tuple[str, str, str]] = deque()
+        self._uniques: deque[tuple[str, str, str, float]] = deque()
         #: dead letters recorded together, one broker call per flush: (delivery, reason)
         self._dead: deque[tuple[Delivery, str]] = deque()
         self._wake = threading.Event()
@@ -215,12 +215,13 @@ class Acker:
         self._slots.append((key, count))
         self._wake.set()
 
-    def release_unique(self, queue: str, key: str, message_id: str) -> None:
-        """End the unique lock of a settled message with the next flush."""
-        self._uniques.append((queue, key, message_id))
+    def release_unique(self, queue: str, key: str, message_id: str, until: float) -> None:
+        """End the unique lock of a settled message with the next flush (``until``: when it
+        ends at the latest, ``Consumer.release_unique``)."""
+        self._uniques.append((queue, key, message_id, until))
 
-    def release_uniques(self, locks: list[tuple[str, str, str]]) -> None:
-        """``release_unique`` for a batch of (queue, lock, message id)."""
+    def release_uniques(self, locks: list[tuple[str, str, str, float]]) -> None:
+        """``release_unique`` for a batch of (queue, lock, message id, until)."""
         self._uniques.extend(locks)
 
     def _op(self, op: _Op) -> None:

@@ -1,7 +1,9 @@
 --[[
   Publish the messages of one queue that can take their unique lock. A lock is a field of the
   queue's unique hash, its value the id of the message holding it and when it ends
-  (id '@' server seconds); it is held until then or until released (``unique_release``). A message whose lock is held (by an
+  (id '@' Unix seconds: the message's headers["unique_until"], else the server's now plus
+  ARGV[1]); it is held until then or until released (``unique_release``, or a plain HDEL by a
+  worker that knows the lock cannot have passed to another message). A message whose lock is held (by an
   earlier message, or one earlier in this batch) is not stored; the id holding its lock is
   returned for it instead. Reads and writes of the locks are one bulk command each (per CHUNK),
   not one command per message. Each call looks at SWEEP more locks (HSCAN, from the cursor
@@ -18,7 +20,7 @@
     ARGV[1]      how long a lock is held, in seconds
     ARGV[2]      priority of these messages (0..9)
     ARGV[3]      their eta (Unix seconds; 0 = now)
-    ARGV[4..]    per message: lock, id, payload
+    ARGV[4..]    per message: lock, id, payload, when its lock ends ('' = ARGV[1] from now)
 
   Output:
     flat { index (1-based), id holding its lock } for each message that was not stored
@@ -45,10 +47,10 @@ redis.call('SET', KEYS[15], scan[1])
 
 local priority = tonumber(ARGV[2])
 local eta = tonumber(ARGV[3])
-local n = (#ARGV - 3) / 3
+local n = (#ARGV - 3) / 4
 local locks = {}
 for i = 1, n do
-  locks[i] = ARGV[1 + i * 3]
+  locks[i] = ARGV[i * 4]
 end
 -- the holder of every lock (id '@' end), CHUNK at a time
 local holders = {}
@@ -81,13 +83,14 @@ for m = 1, n do
     skipped[nskip + 2] = holder
     nskip = nskip + 2
   else
-    local id = ARGV[2 + m * 3]
+    local id = ARGV[1 + m * 4]
+    local lock_end = ARGV[3 + m * 4]
     taken[lock] = id
     fields[nf + 1] = lock
-    fields[nf + 2] = id .. ends
+    fields[nf + 2] = id .. (lock_end ~= '' and ('@' .. lock_end) or ends)
     nf = nf + 2
     ns = ns + 1
-    stored[ns] = ARGV[3 + m * 3]
+    stored[ns] = ARGV[2 + m * 4]
   end
 end
 call_chunked('HSET', KEYS[14], fields)

@@ -49,6 +49,7 @@ from ..common import (
     check_tick_claim,
     flow_failure,
     gcra,
+    lock_end,
     log_trimmed,
     unique_key_of,
 )
@@ -162,7 +163,7 @@ class NatsBroker(Broker):
                 now = time.time()
                 if old is not None and old[1] > now:
                     return old, old[0]
-                return [mine, now + unique_for], mine
+                return [mine, lock_end(messages[i], now, unique_for)], mine
 
             return await self.store.cas(f"u.{names.token(queue)}.{names.token(key)}", take)
 

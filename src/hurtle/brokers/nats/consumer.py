@@ -337,9 +337,9 @@ class NatsConsumer(Consumer):
 
         run(release())
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
         async def release() -> None:
-            for queue, key, message_id in locks:
+            for queue, key, message_id, _ in locks:
 
                 def change(old: Any, message_id: str = message_id) -> tuple[Any, None]:
                     if old is not None and old[0] == message_id:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
 import socket
@@ -25,13 +27,14 @@ from ..common import (
     check_dead_letter_limits,
     check_queue_name,
     check_tick_claim,
+    lock_end,
     unique_key_of,
 )
 from ..keys import QUEUES, queue_keys, rate_key, result_key
 from . import flows
 from .consumer import MAX_BLOCK, RedisConsumer
 from .control import _Control
-from .results import _ResultListener
+from .results import CLOCK_CHECK_EVERY, _ResultListener
 from .scripts import _PRIORITIES, _PRIORITY_ARG, _Command, _get_scripts, _publish_keys
 from .workers import _Workers
 
@@ -97,6 +100,9 @@ class RedisBroker(_Workers, _Control, Broker):
     _consumer_class: type[RedisConsumer] = RedisConsumer
     #: Whether results are announced on a sharded channel (``SPUBLISH``: a cluster).
     _sharded = False
+    #: The server's clock less this process's, in ms, as of ``_clock_read`` (``_server_ms``).
+    _clock_offset = 0
+    _clock_read = -CLOCK_CHECK_EVERY
 
     def __init__(
         self,
@@ -229,7 +235,7 @@ class RedisBroker(_Workers, _Control, Broker):
                     [ttl, priority, repr(float(m.eta))],
                 )
             group[0].append(i)
-            group[1].extend((lock, m.id, raw))
+            group[1].extend((lock, m.id, raw, _lock_end(m)))
         queues = {queue for queue, _, _ in groups}
         commands: list[_Command] = [(("SADD", QUEUES, *queues), None)]
         for (name, _, _), (_, args) in groups.items():
@@ -421,6 +427,23 @@ class RedisBroker(_Workers, _Control, Broker):
         # A member is "P:SEQ:" + the message's bytes (see keys.py): strip the two fields.
         return [(float(eta), bytes(m).split(b":", 2)[2]) for m, eta in members]
 
+    def _server_ms(self) -> int:
+        """Now on the server's clock, in ms, from this process's clock and their difference,
+        read with ``TIME`` at most every ``CLOCK_CHECK_EVERY`` seconds (the expiries of
+        results are the server's). When the read fails, the last difference stands."""
+        mono = time.monotonic()
+        if mono - self._clock_read >= CLOCK_CHECK_EVERY:
+            self._clock_read = mono
+            before = time.time()
+            with contextlib.suppress(redis.RedisError):
+                reply: Any = self._client.execute_command("TIME")
+                if isinstance(reply, dict):  # a cluster: one reply per node asked
+                    reply = next(iter(reply.values()))
+                after = time.time()
+                server = int(reply[0]) * 1000 + int(reply[1]) // 1000
+                self._clock_offset = server - int((before + after) * 500)
+        return int(time.time() * 1000) + self._clock_offset
+
     def get_result(self, id: str) -> bytes | None:
         script = self._scripts.result_get
         args = ("EVALSHA", script.sha, 1, result_key(id), id)
@@ -446,3 +469,10 @@ class RedisBroker(_Workers, _Control, Broker):
         self._blocking.close()
         self._results.connection_pool.disconnect()
         self._results.close()
+
+
+def _lock_end(message: Message) -> str:
+    """When the unique lock of ``message`` ends (``common.lock_end``), as ``publish_unique.lua``
+    takes it: "" when the message does not say (the script counts from the server's now)."""
+    until = lock_end(message, 0.0, math.nan)
+    return "" if math.isnan(until) else f"{until:.3f}"

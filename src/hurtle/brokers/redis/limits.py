@@ -12,6 +12,11 @@ from .scripts import _Command, _packed
 if TYPE_CHECKING:
     from .broker import RedisBroker
 
+#: A unique lock that ends more than this many seconds from now is released without reading
+#: it (``release_unique``): room for the server's clock as this process reckons it, and for
+#: the time the release takes to reach the server.
+SURE_FOR = 10.0
+
 
 class _Limits:
     """``RedisConsumer``'s slots and unique locks."""
@@ -66,26 +71,36 @@ class _Limits:
                 "refreshing concurrency slots",
             )
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
+        """A lock that ends more than ``SURE_FOR`` seconds from now (by the server's clock) is
+        still its message's: it passes to another message only once it ended or was
+        released, and only the settled delivery of a message releases it. Those go in one
+        plain ``HDEL`` per queue; the others (near their end, or whose end is unknown) through
+        ``unique_release.lua``, which ends each only while it holds the message's id."""
         if not locks:
             return
-        queues = {lock[0] for lock in locks}
-        by_queue: dict[str, Sequence[tuple[str, str, str]]]
-        if len(queues) == 1:  # the usual case: no grouping per lock
-            by_queue = {queues.pop(): locks}
-        else:
-            grouped: dict[str, list[tuple[str, str, str]]] = {}
-            for lock in locks:
-                grouped.setdefault(lock[0], []).append(lock)
-            by_queue = dict(grouped)
+        sure_until = self.broker._server_ms() / 1000 + SURE_FOR
+        by_queue: dict[str, tuple[list[str], list[tuple[str, str, str, float]]]] = {}
+        for lock in locks:
+            group = by_queue.get(lock[0])
+            if group is None:
+                group = by_queue[lock[0]] = ([], [])
+            if lock[3] > sure_until:
+                group[0].append(lock[1])
+            else:
+                group[1].append(lock)
         script = self.broker._scripts.unique_release
-        commands = []
-        for queue, group in by_queue.items():
-            keys, packed_keys = _packed([lock[1] for lock in group])
-            ids, packed_ids = _packed([lock[2] for lock in group])
-            lengths = [0] * (2 * len(group))
-            lengths[0::2] = map(len, keys)
-            lengths[1::2] = map(len, ids)
-            args = (packed_keys, packed_ids, struct.pack(f"<{len(lengths)}I", *lengths))
-            commands.append(self.broker._call(script, (queue_keys(queue).unique,), args))
+        commands: list[_Command] = []
+        for queue, (sure, checked) in by_queue.items():
+            key = queue_keys(queue).unique
+            if sure:
+                commands.append((("HDEL", key, *sure), None))
+            if checked:
+                keys, packed_keys = _packed([lock[1] for lock in checked])
+                ids, packed_ids = _packed([lock[2] for lock in checked])
+                lengths = [0] * (2 * len(checked))
+                lengths[0::2] = map(len, keys)
+                lengths[1::2] = map(len, ids)
+                args = (packed_keys, packed_ids, struct.pack(f"<{len(lengths)}I", *lengths))
+                commands.append(self.broker._call(script, (key,), args))
         self.broker._pipeline(commands, f"releasing {len(locks)} unique locks")

@@ -1,4 +1,13 @@
-"""Results: the commands that store a batch's records, and the listener that wakes waiters."""
+"""Results: the commands that store a batch's records, and the listener that wakes waiters.
+
+A batch of records is one ``results.lua`` call per distinct ttl (most batches have one) whose
+ids and values come packed in a few strings: the worker's share of the work is a few joins
+per batch, which matters more than the server's (the worker's thread is the one that is
+busy). Each value starts with the record's own expiry, 13 digits of milliseconds on the
+server's clock, which ``result_get.lua`` checks; the worker reckons it from its own clock
+corrected by the server's (``RedisBroker._server_ms``, read again every ``CLOCK_CHECK_EVERY``
+seconds), and puts it in front of each payload with one join per batch.
+"""
 
 from __future__ import annotations
 
@@ -20,12 +29,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two readings of the server's clock by one broker object (records carry
+#: their expiry in the server's milliseconds).
+CLOCK_CHECK_EVERY = 60.0
+
 
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
-    """One ``results.lua`` call per distinct ttl (most batches have one), its ids and payloads
-    packed into a few strings (a batch is a handful of arguments, not two per result)."""
+    """One ``results.lua`` call per distinct ttl, announcing the batch's ids; on a cluster, one
+    per hash of results (per slot) and ttl, none announcing, then one ``SPUBLISH``."""
+    now_ms = broker._server_ms()
     if broker._sharded:
-        return _sharded_results_commands(broker, results)
+        groups: dict[tuple[float, bytes], list[StoredResult]] = {}
+        for r in results:
+            groups.setdefault((r.ttl, result_key(r.id)), []).append(r)
+        commands = [
+            _results_call(broker, group, ttl, (key,), "", now_ms)
+            for (ttl, key), group in groups.items()
+        ]
+        commands.append((("SPUBLISH", RESULTS_CHANNEL, " ".join(r.id for r in results)), None))
+        return commands
     by_ttl: dict[float, list[StoredResult]] = {}
     for r in results:
         group = by_ttl.get(r.ttl)
@@ -33,7 +55,10 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
             by_ttl[r.ttl] = [r]
         else:
             group.append(r)
-    return [_results_call(broker, group, ttl, (), RESULTS_CHANNEL) for ttl, group in by_ttl.items()]
+    return [
+        _results_call(broker, group, ttl, (), RESULTS_CHANNEL, now_ms)
+        for ttl, group in by_ttl.items()
+    ]
 
 
 def _results_call(
@@ -42,8 +67,12 @@ def _results_call(
     ttl: float,
     keys: Sequence[Any],
     channel: str,
+    now_ms: int,
 ) -> _Command:
-    ids, packed_ids = _packed([r.id for r in group])
+    ttl_ms = max(int(ttl * 1000), 1)
+    stamp = b"%013d" % (now_ms + ttl_ms)
+    id_list = [r.id for r in group]
+    ids, packed_ids = _packed(id_list)
     payloads = [r.payload for r in group]
     lengths = [0] * (2 * len(group))
     lengths[0::2] = map(len, ids)
@@ -53,31 +82,15 @@ def _results_call(
         keys,
         [
             channel,
-            " ".join(r.id for r in group),
-            max(int(ttl * 1000), 1),
+            " ".join(id_list),
+            ttl_ms,
             RESULT_KEY_PREFIX,
             RESULT_BUCKET_CUT,
             packed_ids,
-            b"".join(payloads),
+            stamp + stamp.join(payloads),  # each payload after its stamp
             struct.pack(f"<{len(lengths)}I", *lengths),
         ],
     )
-
-
-def _sharded_results_commands(
-    broker: RedisBroker, results: Sequence[StoredResult]
-) -> list[_Command]:
-    """On a cluster: one ``results.lua`` call per hash of results (per slot) and ttl, each
-    declaring its hash, none announcing; then one announcement of the batch on the sharded
-    channel (``SPUBLISH``)."""
-    groups: dict[tuple[float, bytes], list[StoredResult]] = {}
-    for r in results:
-        groups.setdefault((r.ttl, result_key(r.id)), []).append(r)
-    commands = [
-        _results_call(broker, group, ttl, (key,), "") for (ttl, key), group in groups.items()
-    ]
-    commands.append((("SPUBLISH", RESULTS_CHANNEL, " ".join(r.id for r in results)), None))
-    return commands
 
 
 class _ResultListener:

@@ -155,7 +155,7 @@ class _ScriptRunner:
                 self._fail(r, doing)
         return results
 
-    def _call(self, script: _Script, keys: Sequence[str], args: Sequence[Any]) -> _Command:
+    def _call(self, script: _Script, keys: Sequence[str | bytes], args: Sequence[Any]) -> _Command:
         return ("EVALSHA", script.sha, len(keys), *keys, *args), script
 
 

@@ -19,6 +19,7 @@ from ..common import (
     check_queue_name,
     check_tick_claim,
     gcra,
+    lock_end,
     unique_key_of,
 )
 from ..reports import TaskCounts, WorkerReport, decode_report
@@ -157,7 +158,7 @@ class SQLiteBroker(_Recovery, Broker):
                     continue
                 conn.execute(
                     "INSERT OR REPLACE INTO uniques (queue, key, id, expires) VALUES (?, ?, ?, ?)",
-                    (m.queue, key, m.id, now + unique_for),
+                    (m.queue, key, m.id, lock_end(m, now, unique_for)),
                 )
                 items.append((m.queue, m.priority, m.eta, raw))
                 out.append(m.id)

@@ -324,9 +324,12 @@ class _SQLiteConsumer(Consumer):
                 )
             conn.execute("DELETE FROM slots WHERE worker = ? AND n <= 0", (self.worker_id,))
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str]]) -> None:
+    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
         with self.broker._write() as conn:
-            conn.executemany("DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?", locks)
+            conn.executemany(
+                "DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?",
+                [lock[:3] for lock in locks],
+            )
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
         """Give them back, under new ids: at the back of their priority (see the package doc)."""
