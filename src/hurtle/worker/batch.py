@@ -20,13 +20,11 @@ from ..errors import TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Middleware, Outcome, overrides
 from ..workflows import FLOW
-from . import flows
-from .jobs import BatchState, Job, take_all
+from .jobs import BatchState, Job, Pipeline, take_all
 
 if TYPE_CHECKING:
     from ..brokers.reports import Tally, Timings
     from .acker import Acker
-    from .jobs import Pipeline
 
 log = logging.getLogger("hurtle.worker.processor")  # the name these lines were always logged under
 _clock = time.perf_counter
@@ -120,16 +118,27 @@ class BatchPath:
     def _run_items(
         self, runnable: list[Delivery], items: list[Message | Job], state: BatchState
     ) -> None:
+        """Run the batch's runnable items in order: a ``Job`` with per-call hooks (or of a
+        workflow) through ``run``, anything else called here. Counts, run times and the
+        ``Calls`` of ``after_calls`` are kept per run of one task on one queue (a batch is
+        mostly one run), as ``process_many`` does: one clock read per call."""
         pipelines = self._pipelines
         done: list[Delivery] = []
         returned: dict[str, Calls] = {}  # by task: calls for ``after_calls``, before their acks
-        calls: Calls | None = None
         counts: dict[tuple[str, str], int] = {}
         started = 0
         runtimes: dict[tuple[str, str], list[float]] = {}
         pending = state.pending = deque(runnable)
         take = pending.popleft
         index = -1  # ``pending`` is taken from the left in order: its index into ``items``
+        clock = _clock
+        # the current run: its pipeline and queue, where its times and calls go, its count
+        run_pipeline: Pipeline | None = None
+        run_queue = ""
+        run_times: list[float] = []
+        run_calls: Calls | None = None
+        run_count = 0
+        last = clock()
         try:
             while True:
                 try:
@@ -150,57 +159,66 @@ class BatchPath:
                     job = item
                     message, pipeline = job.message, job.pipeline
                     assert pipeline is not None
-                    if pipeline.per_call or flows.is_flow(message):
-                        counts[delivery.queue, pipeline.task.name] = (
-                            counts.get((delivery.queue, pipeline.task.name), 0) + 1
-                        )
+                    if pipeline.per_call or (message.headers and FLOW in message.headers):
+                        key = (delivery.queue, pipeline.task.name)
+                        counts[key] = counts.get(key, 0) + 1
                         state.time_limit = None
                         self.run(job, state)
                         state.current = None
+                        last = clock()
                         continue
                 else:
                     assert isinstance(item, Message)
                     message, pipeline = item, pipelines[item.task]
+                if pipeline is not run_pipeline or delivery.queue != run_queue:
+                    if run_pipeline is not None:
+                        key = (run_queue, run_pipeline.task.name)
+                        counts[key] = counts.get(key, 0) + run_count
+                    run_pipeline, run_queue, run_count = pipeline, delivery.queue, 0
+                    name = pipeline.task.name
+                    run_times = runtimes.setdefault((run_queue, name), [])
+                    run_calls = None
+                    if pipeline.after_calls:
+                        run_calls = returned.get(name)
+                        if run_calls is None:
+                            run_calls = returned[name] = Calls(pipeline.task)
+                            if job is not None:
+                                run_calls.jobs = []
+                run_count += 1
                 task = pipeline.task
-                key = (delivery.queue, task.name)
-                counts[key] = counts.get(key, 0) + 1
                 state.time_limit = task.time_limit
-                times = runtimes.get((delivery.queue, task.name))
-                if times is None:
-                    times = runtimes[(delivery.queue, task.name)] = []
-                begin = _clock()
                 try:
                     result = task.fn(*message.args, **message.kwargs)
                 except Exception as err:
-                    times.append(_clock() - begin)
+                    run_times.append(clock() - last)
                     state.current = None
                     self._failed(job or Job(delivery, message, task, pipeline), err)
+                    last = clock()
                     continue
-                elapsed = _clock() - begin
-                times.append(elapsed)
+                now = clock()
+                elapsed = now - last
+                run_times.append(elapsed)
+                last = now
                 state.current = None
                 if job is not None and pipeline.after_batch:
                     job.outcome = Outcome("ack", result)
-                if not pipeline.after_calls:
+                if run_calls is None:
                     done.append(delivery)
                     continue
-                if calls is None or calls.task is not task:
-                    calls = returned.get(task.name)
-                    if calls is None:
-                        calls = returned[task.name] = Calls(task)
-                        if job is not None:
-                            calls.jobs = []
-                calls.deliveries.append(delivery)
-                calls.messages.append(message)
-                calls.results.append(result)
-                calls.runtimes.append(elapsed)
-                if job is not None and calls.jobs is not None:
-                    calls.jobs.append(job)
+                run_calls.deliveries.append(delivery)
+                run_calls.messages.append(message)
+                run_calls.results.append(result)
+                run_calls.runtimes.append(elapsed)
+                if job is not None and run_calls.jobs is not None:
+                    run_calls.jobs.append(job)
         except BaseException:
             state.unstarted.extend(take_all(pending))
             raise
         finally:
             self.processed += started
+            if run_pipeline is not None:
+                key = (run_queue, run_pipeline.task.name)
+                counts[key] = counts.get(key, 0) + run_count
             self.tally.add_many(counts)
             if runtimes:
                 self.timings.add_batch(runtimes)
