@@ -168,6 +168,21 @@ def test_a_duplicate_send_returns_the_waiting_message_id(app: Hurtle) -> None:
     assert {first.id, other.id, ids[0].id, f.send(3).id} <= {m.id for m in got}  # running: locked
 
 
+def test_every_send_names_when_its_lock_ends(app: Hurtle) -> None:
+    # a worker that knows the lock cannot have ended yet releases it without reading it
+    # (Redis: one HDEL per queue), so each message must carry created + unique_for
+    @app.task(unique_for=90)
+    def f(x: int) -> None: ...
+
+    f.send(1)
+    f.options(priority=3).send(2)
+    f.send_many([(3,), (4,)])
+    got = [Message.decode(d.raw) for d in app.broker.consumer(["default"]).fetch(100, 0)]
+    assert len(got) == 4
+    for m in got:
+        assert m.headers["unique_until"] == pytest.approx(m.created + 90)
+
+
 def test_the_lock_ends_when_the_message_is_acknowledged_or_dead(app: Hurtle) -> None:
     @app.task(unique_for=60, unique_key=lambda x, **_: x)
     def f(x: int, fail: bool = False) -> None:

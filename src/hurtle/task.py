@@ -419,6 +419,8 @@ def _send_many(
     shape_n, shape_names = -1, frozenset[str]()
     limits = task.limits
     unique = limits.unique_key_of if limits is not None and limits.unique_for else None
+    # each lock ends at the latest unique_for after the call was made (``_publish_unique``)
+    until = now + float(limits.unique_for) if limits is not None and limits.unique_for else 0.0
     for call in calls:
         if type(call) is tuple:
             args, kwargs = call, empty
@@ -458,7 +460,7 @@ def _send_many(
                     priority,
                     eta,
                     now,
-                    {**headers, "unique": unique(args, kwargs)},
+                    {**headers, "unique": unique(args, kwargs), "unique_until": until},
                     expires,
                 )
             )
