@@ -205,6 +205,58 @@ def test_cancelled_messages_are_not_run_and_say_so(app: Hurtle) -> None:
     )
 
 
+@pytest.mark.parametrize("pool", ["solo", "threads", "asyncio"])
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+def test_a_message_waiting_in_a_worker_when_cancelled_never_runs(
+    kind: str, pool: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # Slow tasks: the worker fetches several at once (a solo batch, a pool's buffer) and they
+    # wait there, checked against cancellations when fetched, before their tasks start. A
+    # message cancelled then, not started when cancel() returned, must not run either.
+    url = (
+        f"sqlite:///{tmp_path / 'h.db'}"
+        if kind == "sqlite"
+        else request.getfixturevalue("redis_url")
+    )
+    app = Hurtle(url)
+    started: list[int] = []
+
+    @app.task(name="t.slow", queue="sq", store_result=True)
+    def slow(n: int) -> int:
+        started.append(n)
+        time.sleep(0.2)
+        return n
+
+    handles = slow.send_many([(i,) for i in range(8)])
+    worker = app.worker(pool=pool, concurrency=2)
+    thread = worker.run_in_thread()
+    try:
+        deadline = time.monotonic() + 30
+        while not started:
+            assert time.monotonic() < deadline, "the worker started nothing"
+            time.sleep(0.005)
+        Hurtle(url).cancel(*handles[3:])  # another client
+        not_started = {n for n in range(3, 8) if n not in started}
+        assert len(not_started) >= 3, "the machine is too slow for this test to mean anything"
+        while len([h for h in handles if h.state() in ("succeeded", "cancelled")]) < 8:
+            assert time.monotonic() < deadline, [h.state() for h in handles]
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert not_started.isdisjoint(started), f"cancelled, not started, yet ran: {started}"
+    for n in not_started:
+        assert handles[n].state() == "cancelled"
+    assert sorted(started) == sorted(set(started))  # nothing ran twice
+    assert set(started) | not_started == set(range(8))
+    dead = app.broker.dead_letters("sq")
+    assert {m.id for d in dead if (m := d.message()) is not None} >= {
+        handles[n].id for n in not_started
+    }
+    assert {d.reason for d in dead} == {"cancelled"}
+    app.close()
+
+
 def test_the_worker_asks_for_cancelled_ids_only_while_some_are_live(app: Hurtle) -> None:
     asked: list[int] = []
 

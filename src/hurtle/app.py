@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import tzinfo
 from pathlib import Path
@@ -342,16 +343,26 @@ class Hurtle:
         """Cancel messages by id (or handle): one not started yet is never run, by any worker,
         for ``ttl`` seconds (a week by default; raise it for messages due later than that).
 
-        A cancelled message becomes a dead letter with the reason ``cancelled`` when a worker
-        fetches it, and its handle reads ``cancelled`` if its task keeps results. A task
-        already running is not stopped. The cancellations live in the broker: they survive
-        worker restarts."""
+        A cancelled message becomes a dead letter with the reason ``cancelled`` instead of
+        running, and its handle reads ``cancelled`` if its task keeps results. A task already
+        running is not stopped. The cancellations live in the broker: they survive worker
+        restarts.
+
+        The promise holds from when this returns: a message whose task had not started by
+        then never runs. A worker checks a delivery against the cancellations when it fetches
+        it and again before its task starts if more than ``hurtle.worker.screen.WINDOW``
+        (0.1 s) passed since, so this call waits that long after recording the cancellation:
+        a task that starts later was checked after it. (One that started within that wait was
+        not cancelled in time; its handle says how it ended.)"""
         wanted = [i.id if isinstance(i, Handle) else i for i in ids]
         for i in wanted:
             if not isinstance(i, str) or not i:
                 raise ConfigurationError(f"cancel takes message ids (str) or handles, got {i!r}")
         if wanted:
+            from .worker.screen import CANCEL_MARGIN, WINDOW
+
             self.broker.cancel(wanted, ttl)
+            time.sleep(WINDOW + CANCEL_MARGIN)
 
     def pause(self, queue: str) -> None:
         """Stop every worker from fetching ``queue`` until ``resume``; tasks already fetched

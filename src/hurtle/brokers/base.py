@@ -47,7 +47,9 @@ Control (``tests/brokers/test_control_contract.py``):
 * cancel: ``Broker.cancel`` records message ids in a cancel set, each for a ttl. A fetch tells
   its consumer, in the same step of the store, whether the set holds any id still live
   (``Consumer.cancellations``); only then does the worker ask ``Broker.cancelled`` which ids of
-  the batch are cancelled — one call per batch, none while nothing is cancelled;
+  the batch are cancelled — one call per batch, none while nothing is cancelled. Deliveries
+  that wait in a worker longer than ``worker.screen.WINDOW`` before they start are asked
+  about again, all in one call (``worker.screen``);
 * pause: ``Broker.pause`` / ``resume`` set a flag per queue that every fetch reads in its own
   step: a paused queue is not fetched by any worker until resumed (what is in flight finishes).
 * purge: ``Broker.purge`` drops a queue's waiting messages (ready and delayed), never those in

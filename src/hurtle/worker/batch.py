@@ -7,6 +7,7 @@ path and the per-call steps in ``processor``."""
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -25,10 +26,13 @@ from .jobs import BatchState, Job, Pipeline, take_all
 if TYPE_CHECKING:
     from ..brokers.reports import Tally, Timings
     from .acker import Acker
+    from .screen import Screen
 
 log = logging.getLogger("hurtle.worker.processor")  # the name these lines were always logged under
 _clock = time.perf_counter
 _PIPELINE_OF = attrgetter("pipeline")
+#: The skip set of a processor without a ``Screen``: always empty.
+_NO_SKIP: set[int] = set()
 #: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
 BEFORE_BATCH_PAUSE = 1.0
 
@@ -37,6 +41,7 @@ class BatchPath:
     if TYPE_CHECKING:  # what the batch path uses of the ``Processor`` it is mixed into
         acker: Acker
         processed: int
+        screen: Screen | None
         tally: Tally
         timings: Timings
         _pipelines: dict[str, Pipeline]
@@ -132,6 +137,9 @@ class BatchPath:
         take = pending.popleft
         index = -1  # ``pending`` is taken from the left in order: its index into ``items``
         clock = _clock
+        screen = self.screen  # cancellations since the batch was checked: see process_many
+        fresh_until = math.inf if screen is None else screen.fresh_until
+        skip = _NO_SKIP if screen is None else screen.skip
         # the current run: its pipeline and queue, where its times and calls go, its count
         run_pipeline: Pipeline | None = None
         run_queue = ""
@@ -147,6 +155,12 @@ class BatchPath:
                     break
                 index += 1
                 item = items[index]
+                if last > fresh_until:
+                    assert screen is not None
+                    fresh_until = screen.ensure(last, delivery)
+                if skip and id(delivery) in skip:  # cancelled while it waited: recorded
+                    skip.discard(id(delivery))
+                    continue
                 state.current = delivery
                 if state.stopping:
                     state.current = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from time import perf_counter
 
 from ..brokers import Consumer, Delivery
 from ..errors import BrokerError
@@ -47,6 +48,10 @@ class Fetcher:
         #: Whether the fetch of the last batch found cancellations live (``Consumer.
         #: cancellations``), read before the next fetch is sent.
         self.cancellations = False
+        #: ``perf_counter()`` when the fetch of the last batch was sent (its prefetch, if it
+        #: came from one): the broker read its cancellations flag after that.
+        self.sent_at = 0.0
+        self._prefetched_at: float | None = None
         self._stopping = stopping  # the worker's stop flag: it cuts a backoff wait short
 
     def fetch(self) -> list[Delivery] | None:
@@ -55,6 +60,10 @@ class Fetcher:
         if want <= 0:
             return None
         acks = self.acker.take_acks() if self.combine else None
+        sent_at = self._prefetched_at
+        self._prefetched_at = None
+        if sent_at is None:
+            sent_at = perf_counter()
         try:
             if acks:
                 batch = self.consumer.ack_and_fetch(acks, want, self.wait)
@@ -74,8 +83,10 @@ class Fetcher:
             log.info("broker reachable again after %d failed fetches", self.failures)
             self.failures = 0
         self.cancellations = bool(batch) and self.consumer.cancellations
+        self.sent_at = sent_at
         if batch and self.executor.runs_in_submit:
             try:
+                self._prefetched_at = perf_counter()
                 self.consumer.prefetch(self.executor.wait_for_capacity(0))
             except BrokerError as err:  # the batch in hand runs; the next fetch tries again
                 log.debug("prefetch failed: %s", err)

@@ -63,6 +63,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -81,7 +82,7 @@ from ..middleware.retries import Retries
 from ..workflows import FLOW
 from . import flows
 from .acker import Acker
-from .batch import BatchPath, _fail_overran
+from .batch import _NO_SKIP, BatchPath, _fail_overran
 from .jobs import BatchState, Job, Limit, Pipeline, late_limit, take_all
 
 # Counter indexes of a ``Tally`` (``brokers/reports.py``).
@@ -90,6 +91,7 @@ PROCESSED, FAILED, RETRIED, DEAD_LETTERED = range(4)
 if TYPE_CHECKING:
     from ..app import Hurtle
     from ..task import Task
+    from .screen import Screen
 
 log = logging.getLogger(__name__)
 _decode = Message.decode
@@ -156,6 +158,9 @@ class Processor(BatchPath):
         self.tally = Tally()
         #: Run times per queue and task (one clock read per call, bucketed once per batch).
         self.timings = Timings()
+        #: Cancellations recorded after a delivery was fetched (set by the worker; None: no
+        #: check before a task starts).
+        self.screen: Screen | None = None
 
     def pipeline(self, name: str) -> Pipeline | None:
         """The pipeline of the task called ``name`` (composed on first sight), None if unknown."""
@@ -173,8 +178,21 @@ class Processor(BatchPath):
 
     # -- the short path --------------------------------------------------------------------
 
+    def screened_out(self, delivery: Delivery) -> bool:
+        """True when ``delivery``, about to start, turned out cancelled (``Screen``): its
+        outcome is recorded, and it must not run."""
+        screen = self.screen
+        if screen is None:
+            return False
+        now = _clock()
+        if now > screen.fresh_until:
+            screen.ensure(now, delivery)
+        return screen.taken(delivery)
+
     def process(self, delivery: Delivery) -> None:
         """Run one delivery to its outcome (keep it short; no ``Job`` for an inline task)."""
+        if self.screen is not None and self.screened_out(delivery):
+            return
         self.processed += 1
         try:
             message = _decode(delivery.raw)
@@ -236,6 +254,11 @@ class Processor(BatchPath):
         run_times: list[float] = []
         pending = state.pending = deque(deliveries)
         take = pending.popleft
+        # cancellations recorded since the deliveries were checked (``Screen``): one compare
+        # per task, a broker call only when the bound is passed
+        screen = self.screen
+        fresh_until = math.inf if screen is None else screen.fresh_until
+        skip = _NO_SKIP if screen is None else screen.skip
         last = clock()
         try:
             while True:
@@ -243,6 +266,12 @@ class Processor(BatchPath):
                     delivery = take()
                 except IndexError:  # all taken (some perhaps handed back by another thread)
                     break
+                if last > fresh_until:
+                    assert screen is not None
+                    fresh_until = screen.ensure(last, delivery)
+                if skip and id(delivery) in skip:  # cancelled while it waited: recorded
+                    skip.discard(id(delivery))
+                    continue
                 state.current = delivery
                 if state.stopping:
                     state.current = None

@@ -42,6 +42,7 @@ from .executors import Executor, make_executor
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat
 from .processor import Processor
+from .screen import Screen
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -117,6 +118,7 @@ class Worker:
         self.consumer: Consumer | None = None
         self.acker: Acker | None = None
         self.processor: Processor | None = None
+        self.screen: Screen | None = None
         self.heartbeat: Heartbeat | None = None
         #: Set once the worker has started its parts (tests and the demo wait on it).
         self.started = threading.Event()
@@ -210,6 +212,9 @@ class Worker:
         heartbeat.beat()
         acker.start()
         heartbeat.start()
+        self.screen = processor.screen = Screen(
+            broker, executor.waiting, processor.cancelled, self._stop
+        )
         executor.start(processor)
         self._hook("worker_start")
         if (
@@ -275,10 +280,23 @@ class Worker:
                 if self._must_leave(executor):  # it may have come true during the fetch
                     self.acker.release(batch)
                     return
-                executor.submit(batch)
+                self._submit(executor, batch, fetcher.sent_at)
             elif batch is not None and self.burst and self._drained():
                 log.info("burst: queues %s are empty, stopping", ", ".join(self.queues))
                 return
+
+    def _submit(self, executor: Executor, batch: list[Delivery], sent_at: float) -> None:
+        """Hand a batch to the executor, telling the ``Screen`` when the broker state it was
+        checked against was read (solo runs it inside ``submit``: told first)."""
+        screen = self.screen
+        assert screen is not None
+        if executor.runs_in_submit:
+            screen.fetched(sent_at, alone=True)
+            executor.submit(batch)
+            return
+        alone = not executor.waiting()
+        executor.submit(batch)
+        screen.fetched(sent_at, alone)
 
     def _screen(self, batch: list[Delivery]) -> list[Delivery]:
         """The deliveries of ``batch`` not cancelled: one broker call, made only when the fetch

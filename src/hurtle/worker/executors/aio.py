@@ -44,6 +44,7 @@ class AsyncioExecutor(Executor):
         self._cond = threading.Condition()
         self._outstanding = 0  # submitted and not finished
         self._stopping = False
+        self._incoming: list[list[Delivery]] = []  # submitted, not in the buffer yet
         # the loop's own state, touched only on the loop's thread
         self._buffer: deque[Delivery] = deque()
         self._running: dict[Job, asyncio.Task[None] | None] = {}
@@ -97,7 +98,17 @@ class AsyncioExecutor(Executor):
         assert self._loop is not None, "start() the executor first"
         with self._cond:
             self._outstanding += len(deliveries)
+            self._incoming.append(deliveries)
         self._loop.call_soon_threadsafe(self._take, deliveries)
+
+    def waiting(self) -> list[Delivery]:
+        while True:
+            with self._cond:
+                incoming = [d for batch in self._incoming for d in batch]
+                try:  # the loop's deque, read from any thread: retried if it moved meanwhile
+                    return [*self._buffer, *incoming]
+                except RuntimeError:
+                    continue
 
     def idle(self) -> bool:
         with self._cond:
@@ -106,7 +117,9 @@ class AsyncioExecutor(Executor):
     # -- the loop's side -------------------------------------------------------------------
 
     def _take(self, deliveries: list[Delivery]) -> None:
-        self._buffer.extend(deliveries)
+        with self._cond:
+            self._buffer.extend(deliveries)
+            self._incoming = [b for b in self._incoming if b is not deliveries]
         self._fill()
 
     def _fill(self) -> None:
@@ -116,6 +129,9 @@ class AsyncioExecutor(Executor):
         buffer, running = self._buffer, self._running
         while buffer and len(running) < self.concurrency and not self._stopping:
             delivery = buffer.popleft()
+            if processor.screened_out(delivery):  # cancelled while it waited here
+                self._settled(1)
+                continue
             try:
                 job = processor.begin(delivery)
             except Exception as err:

@@ -58,6 +58,11 @@ class Executor(abc.ABC):
     def abort(self) -> list[Delivery]:
         """Give up on running deliveries (their outcome will not be recorded); return them."""
 
+    def waiting(self) -> list[Delivery]:
+        """A snapshot of the deliveries this executor holds and has not started (buffered,
+        or waiting in a batch), for ``Screen`` to check against cancellations."""
+        return []
+
     def request_stop(self) -> None:
         """Ask to start nothing new, from a signal handler or another thread: set flags only."""
         return None  # pools notice the worker's own stop flag soon enough

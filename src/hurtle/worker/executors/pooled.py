@@ -75,6 +75,9 @@ class PooledExecutor(Executor):
     def submit(self, deliveries: list[Delivery]) -> None:
         self.pool.submit(deliveries)
 
+    def waiting(self) -> list[Delivery]:
+        return self.pool.waiting()
+
     def idle(self) -> bool:
         pool = self.pool
         with pool.cond:

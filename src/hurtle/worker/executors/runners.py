@@ -151,6 +151,11 @@ class RunnerPool(Generic[T]):
             return len(self._buffer) + sum(slot.held() for slot in self._running)
         return len(self._buffer) + len(self._running)
 
+    def waiting(self) -> list[T]:
+        """Items buffered, and the rest of each chunk not started yet (a snapshot)."""
+        with self.cond:
+            return [*self._buffer, *(item for slot in self._running for item in slot.pending)]
+
     def running(self) -> int:
         """Runners in a call now (a snapshot, read without the lock)."""
         return len(self._running)

@@ -102,6 +102,9 @@ class SoloExecutor(Executor):
             )
             self._watchdog.start()
 
+    def waiting(self) -> list[Delivery]:
+        return list(self.pending)  # the running batch's rest (taken from both ends: a copy)
+
     def wait_for_capacity(self, timeout: float) -> int:
         if self.stopping:
             return 0

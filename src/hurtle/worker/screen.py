@@ -1,0 +1,130 @@
+"""``Screen``: cancellations recorded after a delivery was fetched, before its task starts.
+
+A fetch says whether cancellations are live, and only then is its batch screened, with one
+``Broker.cancelled`` call (``Worker._screen``). A delivery may then wait in the worker before
+its task starts: the rest of a solo batch of slow tasks, the batch prefetched for after it, the
+buffer of a pool. A cancellation recorded meanwhile would be missed. So the worker keeps one
+bound for every delivery it holds unstarted, ``fresh_until``: ``WINDOW`` seconds after the
+moment the broker state they were all checked against was read (the fetch that brought them
+was sent, or the last re-screen). A task about to start past that bound first re-screens every
+unstarted delivery the executor holds, with one ``Broker.cancelled`` call, whatever the last
+fetch said; the cancelled ones are recorded as such (``Processor.cancelled``) and skipped when
+their turn comes. Starting tasks check one float per task (the loops read the clock anyway);
+a batch that starts all its tasks within ``WINDOW`` of its fetch makes no call at all.
+
+``Hurtle.cancel`` returns ``WINDOW`` (and a margin) after the cancellation is recorded: any task
+that starts after that was checked against a state read after the cancellation, so a message
+not started when ``cancel`` returned never runs.
+
+Reads of the bound and the skip set from task loops take no lock: a float and a set read under
+the GIL. ``fetched`` and ``ensure`` take ``lock``; a fetch noted while a re-screen waits on the
+broker keeps the older bound (``_generation``), so a delivery the re-screen did not see is
+never counted as checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from time import perf_counter
+
+from ..brokers import Broker, Delivery
+from ..errors import BrokerError
+from ..message import message_id
+
+log = logging.getLogger(__name__)
+
+#: Seconds a delivery may wait unstarted after the broker state it was checked against was
+#: read; ``Hurtle.cancel`` waits this long (plus ``CANCEL_MARGIN``) before it returns.
+WINDOW = 0.1
+#: What ``Hurtle.cancel`` waits beyond ``WINDOW``: the time between a loop's clock read and the
+#: start of the task it checked.
+CANCEL_MARGIN = 0.05
+#: Seconds between tries of a re-screen while the broker cannot be reached.
+RETRY_EVERY = 0.5
+
+
+class Screen:
+    def __init__(
+        self,
+        broker: Broker,
+        unstarted: Callable[[], list[Delivery]],
+        cancelled: Callable[[list[Delivery]], None],
+        stopping: threading.Event,
+    ) -> None:
+        self._broker = broker
+        #: The deliveries the executor holds and has not started (a snapshot).
+        self._unstarted = unstarted
+        #: Records deliveries found cancelled (``Processor.cancelled``).
+        self._cancelled = cancelled
+        self._stopping = stopping
+        self.lock = threading.RLock()
+        #: ``perf_counter()`` past which an unstarted delivery must be screened again.
+        self.fresh_until = math.inf
+        #: ``id()`` of the unstarted deliveries found cancelled: skipped when taken.
+        self.skip: set[int] = set()
+        self._generation = 0
+
+    def fetched(self, sent_at: float, alone: bool) -> None:
+        """A batch whose fetch was sent at ``sent_at`` (``perf_counter``) is now held by the
+        executor; ``alone`` when it holds nothing else unstarted (solo, between batches)."""
+        with self.lock:
+            self._generation += 1
+            if alone:
+                self.fresh_until = sent_at + WINDOW
+                self.skip.clear()  # whatever was left in it was handed back
+            else:
+                self.fresh_until = min(self.fresh_until, sent_at + WINDOW)
+
+    def taken(self, delivery: Delivery) -> bool:
+        """True when ``delivery`` was found cancelled (its outcome is recorded): skip it."""
+        skip = self.skip
+        if skip and id(delivery) in skip:
+            skip.discard(id(delivery))
+            return True
+        return False
+
+    def ensure(self, now: float, starting: Delivery) -> float:
+        """Re-screen every unstarted delivery, ``starting`` (taken from the executor's buffer
+        to start now) among them, when ``now`` is past the bound; the new bound. While the
+        broker cannot be reached, tries again every ``RETRY_EVERY`` seconds until it can or
+        the worker stops (then the bound stays passed)."""
+        with self.lock:
+            if now <= self.fresh_until:
+                return self.fresh_until
+            while True:
+                generation = self._generation
+                held = [starting, *(d for d in self._unstarted() if id(d) not in self.skip)]
+                at = perf_counter()
+                try:
+                    gone = self._check(held)
+                except BrokerError as err:
+                    log.warning(
+                        "cannot check %d waiting deliveries for cancellations (%s): starting "
+                        "none of them until the broker answers",
+                        len(held),
+                        err,
+                    )
+                    if self._stopping.wait(RETRY_EVERY):
+                        return self.fresh_until
+                    continue
+                if gone:
+                    self.skip.update(id(d) for d in gone)
+                    self._cancelled(gone)
+                bound = at + WINDOW
+                # a batch noted meanwhile may be older than this read: keep its bound
+                self.fresh_until = (
+                    bound if generation == self._generation else min(bound, self.fresh_until)
+                )
+                return self.fresh_until
+
+    def _check(self, held: list[Delivery]) -> list[Delivery]:
+        if not held:
+            return []
+        ids = [message_id(d.raw) for d in held]
+        gone = self._broker.cancelled([i for i in ids if i])
+        if not gone:
+            return []
+        return [d for d, i in zip(held, ids, strict=True) if i in gone]
