@@ -90,21 +90,35 @@ class RedisServer:
 
 class RedisClusterServer:
     """A private Redis Cluster: three masters and three replicas on free loopback ports, each
-    ``redis-server`` in its own directory, joined by ``redis-cli --cluster create``."""
+    ``redis-server`` in its own directory, joined by ``redis-cli --cluster create``. With
+    ``tls``: every node speaks only TLS (clients, the cluster bus and replication), with a
+    certificate of a throwaway CA made by ``openssl`` in the work directory."""
 
     #: Milliseconds before a silent master is failed over (low: tests kill masters).
     NODE_TIMEOUT = 1000
 
-    def __init__(self, workdir: Path, *, masters: int = 3, replicas: int = 1) -> None:
+    def __init__(
+        self, workdir: Path, *, masters: int = 3, replicas: int = 1, tls: bool = False
+    ) -> None:
         self.workdir = workdir
         self.masters = masters
         self.replicas = replicas
         self.ports = [_free_cluster_port() for _ in range(masters * (1 + replicas))]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.tls_dir: Path | None = _make_certificates(workdir / "tls") if tls else None
 
     @property
     def url(self) -> str:
+        if self.tls_dir is not None:
+            ca = self.tls_dir / "ca.crt"
+            return f"rediss+cluster://127.0.0.1:{self.ports[0]}?ssl_ca_certs={ca}"
         return f"redis+cluster://127.0.0.1:{self.ports[0]}"
+
+    def cli(self, *args: str) -> list[str]:
+        """A ``redis-cli`` command line for this cluster's nodes."""
+        if self.tls_dir is None:
+            return ["redis-cli", *args]
+        return ["redis-cli", "--tls", "--cacert", str(self.tls_dir / "ca.crt"), *args]
 
     def start_node(self, port: int) -> None:
         binary = shutil.which("redis-server")
@@ -135,10 +149,29 @@ class RedisClusterServer:
             "--logfile",
             str(node_dir / "redis.log"),
         ]
+        if self.tls_dir is not None:  # TLS only: the plain port is closed
+            args[1:3] = ["--port", "0", "--tls-port", str(port)]
+            args += [
+                "--tls-cluster",
+                "yes",
+                "--tls-replication",
+                "yes",
+                "--tls-cert-file",
+                str(self.tls_dir / "server.crt"),
+                "--tls-key-file",
+                str(self.tls_dir / "server.key"),
+                "--tls-ca-cert-file",
+                str(self.tls_dir / "ca.crt"),
+                "--tls-auth-clients",
+                "no",
+            ]
         self.procs[port] = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        _wait_for_pong(port)
+        if self.tls_dir is None:
+            _wait_for_pong(port)
+        else:
+            _wait_for_tls_pong(self, port)
 
     def start(self) -> None:
         cli = shutil.which("redis-cli")
@@ -149,6 +182,7 @@ class RedisClusterServer:
         subprocess.run(
             [
                 cli,
+                *self.cli()[1:],
                 "--cluster",
                 "create",
                 *(f"127.0.0.1:{p}" for p in self.ports),
@@ -164,7 +198,7 @@ class RedisClusterServer:
 
     def cluster_info(self, port: int) -> dict[str, str]:
         out = subprocess.run(
-            ["redis-cli", "-p", str(port), "cluster", "info"],
+            self.cli("-p", str(port), "cluster", "info"),
             capture_output=True,
             text=True,
             timeout=10,
@@ -174,7 +208,7 @@ class RedisClusterServer:
 
     def replication(self, port: int) -> dict[str, str]:
         out = subprocess.run(
-            ["redis-cli", "-p", str(port), "info", "replication"],
+            self.cli("-p", str(port), "info", "replication"),
             capture_output=True,
             text=True,
             timeout=10,
@@ -202,7 +236,7 @@ class RedisClusterServer:
     def master_of(self, key: str) -> int:
         """The port of the master serving ``key`` now."""
         out = subprocess.run(
-            ["redis-cli", "-c", "-p", str(next(iter(self.procs))), "cluster", "keyslot", key],
+            self.cli("-c", "-p", str(next(iter(self.procs))), "cluster", "keyslot", key),
             capture_output=True,
             text=True,
             timeout=10,
@@ -210,7 +244,7 @@ class RedisClusterServer:
         ).stdout
         slot = int(out.strip())
         nodes = subprocess.run(
-            ["redis-cli", "-p", str(next(iter(self.procs))), "cluster", "nodes"],
+            self.cli("-p", str(next(iter(self.procs))), "cluster", "nodes"),
             capture_output=True,
             text=True,
             timeout=10,
@@ -234,7 +268,7 @@ class RedisClusterServer:
     def flushall(self) -> None:
         for port in self.procs:
             subprocess.run(
-                ["redis-cli", "-p", str(port), "flushall"],
+                self.cli("-p", str(port), "flushall"),
                 capture_output=True,
                 timeout=10,
                 check=False,
@@ -265,6 +299,70 @@ def _free_cluster_port() -> int:
                 continue
         return port
     raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
+def _make_certificates(where: Path) -> Path:
+    """A throwaway CA and a certificate it signed for 127.0.0.1, made with ``openssl``."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    where.mkdir(parents=True, exist_ok=True)
+    steps = [
+        ["genrsa", "-out", "ca.key", "2048"],
+        [
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=hurtle-test-ca",
+            "-out",
+            "ca.crt",
+        ],
+        ["genrsa", "-out", "server.key", "2048"],
+        ["req", "-new", "-key", "server.key", "-subj", "/CN=127.0.0.1", "-out", "server.csr"],
+    ]
+    for step in steps:
+        subprocess.run(["openssl", *step], cwd=where, check=True, capture_output=True)
+    (where / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    subprocess.run(
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "server.crt",
+        ],
+        cwd=where,
+        check=True,
+        capture_output=True,
+    )
+    return where
+
+
+def _wait_for_tls_pong(cluster: RedisClusterServer, port: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            cluster.cli("-p", str(port), "ping"), capture_output=True, text=True, check=False
+        )
+        if out.stdout.strip() == "PONG":
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"redis-server did not start on TLS port {port}")
 
 
 def _wait_for_pong(port: int) -> None:

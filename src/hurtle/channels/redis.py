@@ -40,6 +40,7 @@ from redis.retry import Retry
 
 import redis
 
+from ..brokers.redis.broker import _wait_option
 from ..errors import BrokerError, ConfigurationError
 from . import frame as frames_
 from .backend import Frames
@@ -58,6 +59,12 @@ SEQ_TTL = 3600
 
 def seq_key(publisher: str, channel: str) -> str:
     return f"hurtle:chseq:{publisher}:{channel}"
+
+
+def _without_broker_options(url: str, public: str) -> str:
+    """``url`` less the broker's own query options (``wait_replicas``, ``wait_timeout``),
+    with redis-py's (``ssl_ca_certs``, ``socket_timeout``, ...) kept."""
+    return _wait_option(url, public)[0]
 
 
 def _client(url: str) -> redis.Redis:
@@ -195,7 +202,6 @@ class _RedisFeed:
 
 class RedisBackend:
     def __init__(self, url: str) -> None:
-        self.dsn = url
         parts = urlsplit(url)
         self.url = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}{parts.path}"
         db = parts.path.lstrip("/") or "0"
@@ -205,7 +211,10 @@ class RedisBackend:
                 "redis://host:port/db"
             )
         self.prefix = f"hurtle:ch:{int(db)}:"
-        self._client = _client(url)
+        # redis-py's options (TLS: ssl_ca_certs, ...) stay; the broker's own (wait_replicas)
+        # are not redis-py's
+        self.dsn = _without_broker_options(url, self.url)
+        self._client = _client(self.dsn)
 
     def _new_client(self) -> Any:
         """A client of its own, for a feed."""
@@ -323,11 +332,12 @@ class RedisClusterBackend(RedisBackend):
     """Channels on a Redis Cluster: ``SPUBLISH`` and ``SSUBSCRIBE`` (Redis 7.0 or later)."""
 
     def __init__(self, url: str) -> None:
-        self.dsn = url
         parts = urlsplit(url)
         self.url = f"{parts.scheme}://{parts.hostname}:{parts.port or 6379}"
         self.prefix = "hurtle:ch:0:"  # a cluster has database 0 only
-        self._plain = parts._replace(scheme=parts.scheme.split("+")[0], path="", query="").geturl()
+        self.dsn = _without_broker_options(url, self.url)
+        plain = urlsplit(self.dsn)
+        self._plain = plain._replace(scheme=plain.scheme.split("+")[0], path="").geturl()
         self._client: Any = self._new_client()
 
     def _new_client(self) -> Any:
