@@ -15,7 +15,7 @@ import pytest
 from hurtle import Hurtle, TaskFailed
 from hurtle.brokers import Delivery
 from hurtle.dashboard.queries import task_lookup
-from hurtle.errors import ConfigurationError, DecodeError, EncodeError
+from hurtle.errors import BrokerError, ConfigurationError, DecodeError, EncodeError
 from hurtle.message import Message
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
@@ -235,7 +235,9 @@ def test_a_message_waiting_in_a_worker_when_cancelled_never_runs(
         while not started:
             assert time.monotonic() < deadline, "the worker started nothing"
             time.sleep(0.005)
-        Hurtle(url).cancel(*handles[3:])  # another client
+        other = Hurtle(url)  # another client
+        other.cancel(*handles[3:])
+        other.close()
         not_started = {n for n in range(3, 8) if n not in started}
         assert len(not_started) >= 3, "the machine is too slow for this test to mean anything"
         while len([h for h in handles if h.state() in ("succeeded", "cancelled")]) < 8:
@@ -255,6 +257,29 @@ def test_a_message_waiting_in_a_worker_when_cancelled_never_runs(
     }
     assert {d.reason for d in dead} == {"cancelled"}
     app.close()
+
+
+def test_a_worker_that_cannot_check_for_cancellations_runs_what_it_holds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a batch that outlasts the check's window asks again; with the broker unreachable the
+    # worker rides it out as it did before (no cancellation can be recorded meanwhile)
+    app = Hurtle("memory://")
+    runs: list[int] = []
+
+    @app.task(name="t.w", queue="wq")
+    def w(i: int) -> None:
+        runs.append(i)
+        time.sleep(0.05)
+
+    def unreachable(ids: Sequence[str]) -> set[str]:
+        raise BrokerError("cannot reach the broker (a test)")
+
+    app.broker.cancelled = unreachable  # type: ignore[method-assign]
+    w.send_many([(i,) for i in range(6)])
+    app.worker(burst=True).run()
+    assert sorted(runs) == list(range(6))
+    assert "starting them unchecked" in caplog.text
 
 
 def test_the_worker_asks_for_cancelled_ids_only_while_some_are_live(app: Hurtle) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -43,7 +42,11 @@ def test_tasks_results_and_channels_run_over_tls(tls_cluster: RedisClusterServer
             worker.run()
             assert sorted(done) == list(range(300))
             assert handles[7].result(10) == 8
-            assert Hurtle(url).handle(handles[299].id).result(10) == 300  # another client
+            other = Hurtle(url)  # another client
+            try:
+                assert other.handle(handles[299].id).result(10) == 300
+            finally:
+                other.close()
             app.channel("tls-feed", buffer=0).publish({"n": 1})
             deadline = time.monotonic() + 10
             got = None
@@ -59,18 +62,25 @@ def test_a_plain_url_to_a_tls_cluster_fails_with_a_clear_error(
 ) -> None:
     plain = tls_cluster.url.split("?")[0].replace("rediss+cluster://", "redis+cluster://")
     started = time.monotonic()
-    with pytest.raises(BrokerError, match="Redis"):
-        Hurtle(plain).broker.stats(["default"])
+    app = Hurtle(plain)
+    try:
+        with pytest.raises(BrokerError, match="Redis"):
+            app.broker.stats(["default"])
+    finally:
+        app.close()
     assert time.monotonic() - started < 60  # an error, not a hang
 
 
 def test_a_url_without_the_ca_is_refused_by_certificate_checks(
-    tls_cluster: RedisClusterServer, tmp_path: Path
+    tls_cluster: RedisClusterServer,
 ) -> None:
     # the server's certificate is signed by a CA the client was not told about
-    url = tls_cluster.url.split("?")[0]
-    with pytest.raises(BrokerError, match=r"(?i)certificate|ssl"):
-        Hurtle(url).broker.stats(["default"])
+    app = Hurtle(tls_cluster.url.split("?")[0])
+    try:
+        with pytest.raises(BrokerError, match=r"(?i)certificate|ssl"):
+            app.broker.stats(["default"])
+    finally:
+        app.close()
 
 
 def test_channels_keep_redis_options_and_drop_the_brokers_own(redis_url: str) -> None:

@@ -42,8 +42,6 @@ WINDOW = 0.1
 #: What ``Hurtle.cancel`` waits beyond ``WINDOW``: the time between a loop's clock read and the
 #: start of the task it checked.
 CANCEL_MARGIN = 0.05
-#: Seconds between tries of a re-screen while the broker cannot be reached.
-RETRY_EVERY = 0.5
 
 
 class Screen:
@@ -52,20 +50,19 @@ class Screen:
         broker: Broker,
         unstarted: Callable[[], list[Delivery]],
         cancelled: Callable[[list[Delivery]], None],
-        stopping: threading.Event,
     ) -> None:
         self._broker = broker
         #: The deliveries the executor holds and has not started (a snapshot).
         self._unstarted = unstarted
         #: Records deliveries found cancelled (``Processor.cancelled``).
         self._cancelled = cancelled
-        self._stopping = stopping
         self.lock = threading.RLock()
         #: ``perf_counter()`` past which an unstarted delivery must be screened again.
         self.fresh_until = math.inf
         #: ``id()`` of the unstarted deliveries found cancelled: skipped when taken.
         self.skip: set[int] = set()
         self._generation = 0
+        self._failing = False  # the last re-screen could not reach the broker
 
     def fetched(self, sent_at: float, alone: bool) -> None:
         """A batch whose fetch was sent at ``sent_at`` (``perf_counter``) is now held by the
@@ -88,37 +85,43 @@ class Screen:
 
     def ensure(self, now: float, starting: Delivery) -> float:
         """Re-screen every unstarted delivery, ``starting`` (taken from the executor's buffer
-        to start now) among them, when ``now`` is past the bound; the new bound. While the
-        broker cannot be reached, tries again every ``RETRY_EVERY`` seconds until it can or
-        the worker stops (then the bound stays passed)."""
+        to start now) among them, when ``now`` is past the bound; the new bound.
+
+        While the broker cannot be reached, the deliveries in hand start unchecked (the worker
+        rides out an outage as it did before: no cancellation can be recorded meanwhile, only
+        one recorded in the moments before it would be missed), and the next check is tried
+        ``WINDOW`` later."""
         with self.lock:
             if now <= self.fresh_until:
                 return self.fresh_until
-            while True:
-                generation = self._generation
-                held = [starting, *(d for d in self._unstarted() if id(d) not in self.skip)]
-                at = perf_counter()
-                try:
-                    gone = self._check(held)
-                except BrokerError as err:
+            generation = self._generation
+            held = [starting, *(d for d in self._unstarted() if id(d) not in self.skip)]
+            at = perf_counter()
+            try:
+                gone = self._check(held)
+            except BrokerError as err:
+                if not self._failing:
                     log.warning(
                         "cannot check %d waiting deliveries for cancellations (%s): starting "
-                        "none of them until the broker answers",
+                        "them unchecked until the broker answers",
                         len(held),
                         err,
                     )
-                    if self._stopping.wait(RETRY_EVERY):
-                        return self.fresh_until
-                    continue
-                if gone:
-                    self.skip.update(id(d) for d in gone)
-                    self._cancelled(gone)
-                bound = at + WINDOW
-                # a batch noted meanwhile may be older than this read: keep its bound
-                self.fresh_until = (
-                    bound if generation == self._generation else min(bound, self.fresh_until)
-                )
+                self._failing = True
+                self.fresh_until = perf_counter() + WINDOW
                 return self.fresh_until
+            if self._failing:
+                log.info("checking waiting deliveries for cancellations again")
+                self._failing = False
+            if gone:
+                self.skip.update(id(d) for d in gone)
+                self._cancelled(gone)
+            bound = at + WINDOW
+            # a batch noted meanwhile may be older than this read: keep its bound
+            self.fresh_until = (
+                bound if generation == self._generation else min(bound, self.fresh_until)
+            )
+            return self.fresh_until
 
     def _check(self, held: list[Delivery]) -> list[Delivery]:
         if not held:

@@ -212,9 +212,7 @@ class Worker:
         heartbeat.beat()
         acker.start()
         heartbeat.start()
-        self.screen = processor.screen = Screen(
-            broker, executor.waiting, processor.cancelled, self._stop
-        )
+        self.screen = processor.screen = Screen(broker, executor.waiting, processor.cancelled)
         executor.start(processor)
         self._hook("worker_start")
         if (
