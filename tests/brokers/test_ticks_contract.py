@@ -79,21 +79,27 @@ def test_many_threads_racing_for_each_tick_publish_each_once(make: MakeBroker) -
     brokers = [make() for _ in range(8)]
     ticks = [1000.0 + i for i in range(30)]
     wins: list[float] = []
+    errors: list[BaseException] = []
     lock = threading.Lock()
     barrier = threading.Barrier(len(brokers))
 
     def claimer(b: Broker) -> None:
-        for t in ticks:
-            barrier.wait()
-            if b.claim_tick("q", "s", t, [tick_msg(t)]):
-                with lock:
-                    wins.append(t)
+        try:
+            for t in ticks:
+                barrier.wait(30)  # a claimer that failed breaks it: the others stop too
+                if b.claim_tick("q", "s", t, [tick_msg(t)]):
+                    with lock:
+                        wins.append(t)
+        except BaseException as err:
+            errors.append(err)
+            barrier.abort()
 
-    threads = [threading.Thread(target=claimer, args=(b,)) for b in brokers]
+    threads = [threading.Thread(target=claimer, args=(b,), daemon=True) for b in brokers]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
+    assert not [e for e in errors if not isinstance(e, threading.BrokenBarrierError)], errors
     assert sorted(wins) == ticks
     consumer = brokers[0].consumer(["q"])
     assert sorted(ticks_of(drain(consumer))) == ticks
