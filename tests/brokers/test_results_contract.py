@@ -99,6 +99,23 @@ def test_results_of_neighbouring_and_odd_ids_are_kept_apart_each_with_its_own_tt
     assert b.get_result("0123456789abcdef00000004") is None
 
 
+def test_a_batch_spanning_buckets_in_runs_keeps_each_record_and_each_ttl(
+    make: MakeBroker,
+) -> None:
+    # ASCII ids in runs that cross a bucket (Redis: one hash per run of ids sharing all but
+    # their last three bytes), back again, and with two ttls in one bucket
+    a, b = make(), make()
+    c = a.consumer(["q"])
+    ids = [f"0123456789abcdef0000{n:04x}" for n in (0xFFE, 0xFFF, 0x1000, 0x1001, 0x0FFD)]
+    short = ids[1]
+    c.ack((), [StoredResult(i, i.encode(), 0.05 if i == short else 3600.0) for i in ids])
+    c.ack((), [StoredResult(i, b"same bucket", 3600.0) for i in ("q00", "q01", "q02")])
+    assert [b.get_result(i) for i in ids if i != short] == [i.encode() for i in ids if i != short]
+    eventually(lambda: b.get_result(short) is None)
+    assert b.get_result(ids[0]) == ids[0].encode()  # its bucket's hash outlived the short one
+    assert [b.get_result(i) for i in ("q00", "q01", "q02")] == [b"same bucket"] * 3
+
+
 def test_watchers_of_an_id_are_woken_when_its_result_is_stored(make: MakeBroker) -> None:
     waiter, worker = make(), make()
     woken = threading.Event()

@@ -37,7 +37,7 @@ local k, a = 3, 9
 
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _ = 1, nres do  -- as results.lua stores them: a field of the bucket's hash, after its expiry
+for _ = 1, nres do  -- as redis/results.py stores them: a field of the bucket's hash, after its expiry
   local ttl = tonumber(ARGV[a + 2])
   redis.call('HSET', KEYS[k], ARGV[a], string.format('%013d', now_ms + ttl) .. ARGV[a + 1])
   if redis.call('PTTL', KEYS[k]) < ttl then

@@ -89,7 +89,7 @@ local function fail_workflow(payload, reason)
     failed[#failed + 1] = record
     return
   end
-  -- stored as results.lua stores a result: a field of its bucket's hash, after its expiry
+  -- stored as redis/results.py stores a result: a field of its bucket's hash, after its expiry
   local id, ttl = flow[1], tonumber(ARGV[5])
   local key = ARGV[4] .. string.sub(id, 1, math.max(#id - tonumber(ARGV[7]), 0)) .. '}'
   local t = redis.call('TIME')

@@ -1,5 +1,5 @@
 --[[
-  Read one stored result (results.lua): its payload, or nil when there is none or it expired.
+  Read one stored result (redis/results.py): its payload, or nil when there is none or it expired.
 
   Input:
     KEYS[1]  the hash that holds it (keys.result_key)

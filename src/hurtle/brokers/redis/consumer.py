@@ -300,7 +300,7 @@ class RedisConsumer(_Limits, Consumer):
             self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
             for q, receipts in groups.items()
         ]
-        self.broker._pipeline(commands, f"acknowledging {len(deliveries)} deliveries")
+        self.broker._pipeline_raw(commands, f"acknowledging {len(deliveries)} deliveries")
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         flows.ack_flow(self, steps)

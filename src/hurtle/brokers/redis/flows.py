@@ -6,7 +6,7 @@ chord count and the callback happen together or not at all. The chord's hash hol
 member index (``HSETNX``: a member counted twice counts once) and ``fired`` once the callback is
 out; the member whose field makes ``total`` publishes the callback. ``chord_results`` reads the
 members' results with one ``HMGET``. The keys of one step span hash tags (the worker's queue,
-the next link's queue, the chord): like ``results.lua``, this runs on one Redis server; on a
+the next link's queue, the chord): this runs on one Redis server; on a
 Redis Cluster, ``cluster.py`` splits a batch of steps into per-slot round trips.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any, NoReturn
 
@@ -18,6 +18,15 @@ from ...message import MAX_PRIORITY
 from ..keys import queue_keys
 
 _PRIORITIES = range(MAX_PRIORITY + 1)
+
+#: hiredis' command packer (``_pipeline_raw``); redis-py runs without it (the ``redis`` extra
+#: installs it), and then so does hurtle, through redis-py's pipeline.
+_pack: Callable[[tuple[Any, ...]], bytes] | None
+try:
+    from hiredis import pack_command as _pack
+except ImportError:
+    _pack = None
+
 _INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
 
 
@@ -57,7 +66,7 @@ class _Scripts:
         self.dead_purge = _Script("dead_purge")
         self.purge = _Script("purge")
         self.claim_tick = _Script("claim_tick")
-        self.results = _Script("results")
+        self.results_expire = _Script("results_expire")
         self.result_get = _Script("result_get")
         self.rate = _Script("rate")
         self.slots = _Script("slots")
@@ -150,6 +159,50 @@ class _ScriptRunner:
                     results[i] = r
         except redis.RedisError as err:
             self._fail(err, doing)
+        for r in results:
+            if isinstance(r, redis.RedisError):
+                self._fail(r, doing)
+        return results
+
+    def _pipeline_raw(self, commands: list[_Command], doing: str) -> list[Any]:
+        """``_pipeline`` for the worker's hot flushes (acknowledgements, results): each command
+        packed by hiredis in one call, and the replies read as they come, raw (no response
+        callbacks: for scripts, ``HSET``, ``PUBLISH``). redis-py's pipeline turns every argument
+        over in Python first, which for a batch of results (two arguments a record) costs the
+        worker's busy thread more than the packing itself. One server only: a cluster routes
+        each command through ``_pipeline``."""
+        pool = getattr(self._client, "connection_pool", None)
+        if _pack is None or pool is None or getattr(self, "_sharded", False):
+            return self._pipeline(commands, doing)
+        try:
+            pack = _pack
+            packed = [pack(cmd) for cmd, _ in commands]
+        except TypeError as err:  # an argument hiredis cannot send: what redis-py says of it
+            raise BrokerError(f"{doing}: {err}") from err
+        try:
+            conn = pool.get_connection()
+        except redis.RedisError as err:
+            self._fail(err, doing)
+        results: list[Any] = []
+        try:
+            conn.send_packed_command(packed)
+            for _ in packed:
+                try:
+                    results.append(conn.read_response())
+                except redis.ResponseError as err:  # that command's error: read on
+                    results.append(err)
+        except BaseException as err:
+            conn.disconnect()  # replies half read: the connection cannot be reused
+            pool.release(conn)
+            if isinstance(err, redis.RedisError):
+                self._fail(err, doing)
+            raise
+        pool.release(conn)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:  # the server restarted or SCRIPT FLUSH: those commands did not run
+            again = self._pipeline([commands[i] for i in missing], doing)
+            for i, r in zip(missing, again, strict=True):
+                results[i] = r
         for r in results:
             if isinstance(r, redis.RedisError):
                 self._fail(r, doing)
