@@ -16,7 +16,7 @@ import pytest
 
 from helpers import Project
 from hurtle import Hurtle, ResultTimeout, TaskFailed
-from hurtle.brokers import Consumer, Delivery, StoredResult, make_broker
+from hurtle.brokers import Consumer, Delivery, StoredResult, StoredResults, make_broker
 from hurtle.brokers.memory import MemoryBroker
 from hurtle.brokers.redis import RESULT_CONNECTIONS, RedisBroker
 from hurtle.errors import BrokerError
@@ -222,6 +222,42 @@ def test_results_wait_with_their_acks_while_the_broker_is_unreachable() -> None:
     assert acker.flush()
     assert (broker.get_result("m1"), broker.get_result("m0")) == (b"value", b"failure")
     assert acker.pending == 0
+
+
+def test_batches_of_results_in_columns_go_in_one_call_and_wait_while_unreachable() -> None:
+    broker = MemoryBroker()
+    broker.publish([Message(id=f"m{i}", task="t", queue="q", args=()) for i in range(5)])
+    consumer = _Recording(broker.consumer(["q"]))
+    got = consumer.fetch(10, 1)
+    acker = Acker(consumer)
+    acker.ack_with_result(got[0], "m0", b"one by one", 60.0)
+    acker.ack_many_with_results(got[1:3], StoredResults(["m1", "m2"], [b"a", b"b"], 60.0))
+    acker.ack_many_with_results(got[3:], StoredResults(["m3", "m4"], [b"c", b"d"], 5.0))
+    with pytest.raises(ValueError, match="1 results for 2 deliveries"):
+        acker.ack_many_with_results(got[3:], StoredResults(["m3"], [b"c"], 5.0))
+    consumer.down = True
+    assert not acker.flush()
+    assert acker.pending == 5
+    consumer.down = False
+    assert acker.flush()
+    assert consumer.calls == [(5, ["m0", "m1", "m2", "m3", "m4"])]
+    got_back = [broker.get_result(f"m{i}") for i in range(5)]
+    assert got_back == [b"one by one", b"a", b"b", b"c", b"d"]
+    assert acker.pending == 0
+    assert broker.stats(["q"])["q"].in_flight == 0
+
+
+def test_stored_results_read_as_a_sequence_of_records_and_join_by_ttl() -> None:
+    a = StoredResults(["x", "y"], [b"1", b"2"], 60.0)
+    assert list(a) == [StoredResult("x", b"1", 60.0), StoredResult("y", b"2", 60.0)]
+    assert a[1] == StoredResult("y", b"2", 60.0)
+    assert list(a[1:]) == [StoredResult("y", b"2", 60.0)] and len(a) == 2
+    joined = StoredResults.join([a, StoredResults(["z"], [b"3"], 60.0)])
+    assert isinstance(joined, StoredResults) and joined.ids == ["x", "y", "z"]
+    mixed = StoredResults.join([a, StoredResults(["z"], [b"3"], 1.0)])
+    assert mixed == [*a, StoredResult("z", b"3", 1.0)]
+    with pytest.raises(ValueError):
+        StoredResults(["x"], [], 1.0)
 
 
 def test_a_failure_record_is_written_before_the_retry_it_goes_with() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from hurtle import Handle, Hurtle, ResultTimeout, TaskFailed
-from hurtle.brokers import Broker, StoredResult
+from hurtle.brokers import Broker, StoredResult, StoredResults
 from hurtle.errors import ResultError
 from hurtle.ids import new_id
 from hurtle.message import Message
@@ -114,6 +114,12 @@ def test_a_batch_spanning_buckets_in_runs_keeps_each_record_and_each_ttl(
     eventually(lambda: b.get_result(short) is None)
     assert b.get_result(ids[0]) == ids[0].encode()  # its bucket's hash outlived the short one
     assert [b.get_result(i) for i in ("q00", "q01", "q02")] == [b"same bucket"] * 3
+    # in columns, as a worker's batch comes: across a bucket, and in one
+    across = [f"0123456789abcdef0001{n:04x}" for n in range(0xFFE, 0x1003)]
+    c.ack((), StoredResults(across, [i.encode() for i in across], 3600.0))
+    c.ack((), StoredResults(["é1", "é2"], [b"1", b"2"], 3600.0))
+    assert [b.get_result(i) for i in across] == [i.encode() for i in across]
+    assert (b.get_result("é1"), b.get_result("é2")) == (b"1", b"2")
 
 
 def test_watchers_of_an_id_are_woken_when_its_result_is_stored(make: MakeBroker) -> None:

@@ -15,6 +15,7 @@ from .base import (
     FlowStep,
     QueueStats,
     StoredResult,
+    StoredResults,
 )
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "FlowStep",
     "QueueStats",
     "StoredResult",
+    "StoredResults",
     "make_broker",
 ]
 

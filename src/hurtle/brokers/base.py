@@ -63,8 +63,8 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, overload
 
 import msgspec
 
@@ -96,6 +96,65 @@ class StoredResult(msgspec.Struct, frozen=True, gc=False):
     id: str
     payload: bytes
     ttl: float
+
+
+class StoredResults(Sequence[StoredResult]):
+    """The records of one batch of calls, in columns: ``payloads[i]`` is kept under
+    ``ids[i]``, each for ``ttl`` seconds.
+
+    What a worker makes for a batch of calls that returned (``middleware.results``): no object
+    per record on its busy thread. It reads as a sequence of ``StoredResult`` (made on demand),
+    so a broker that stores records one by one takes it as it takes a list; the Redis broker
+    reads the columns.
+    """
+
+    __slots__ = ("ids", "payloads", "ttl")
+
+    def __init__(self, ids: list[str], payloads: list[bytes], ttl: float) -> None:
+        if len(ids) != len(payloads):
+            raise ValueError(f"{len(ids)} ids for {len(payloads)} payloads")
+        self.ids = ids
+        self.payloads = payloads
+        self.ttl = ttl
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @overload
+    def __getitem__(self, i: int) -> StoredResult: ...
+    @overload
+    def __getitem__(self, i: slice) -> StoredResults: ...
+    def __getitem__(self, i: int | slice) -> StoredResult | StoredResults:
+        if isinstance(i, slice):
+            return StoredResults(self.ids[i], self.payloads[i], self.ttl)
+        return StoredResult(self.ids[i], self.payloads[i], self.ttl)
+
+    def __iter__(self) -> Iterator[StoredResult]:
+        ttl = self.ttl
+        for id_, payload in zip(self.ids, self.payloads, strict=True):
+            yield StoredResult(id_, payload, ttl)
+
+    def __repr__(self) -> str:
+        return f"StoredResults({len(self)} records, ttl={self.ttl!r})"
+
+    @staticmethod
+    def join(parts: Sequence[Sequence[StoredResult]]) -> Sequence[StoredResult]:
+        """``parts`` as one sequence: columns still when every part is ``StoredResults`` with
+        one ttl (the usual flush), else a list of ``StoredResult``."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        if isinstance(first, StoredResults) and all(
+            isinstance(p, StoredResults) and p.ttl == first.ttl for p in parts
+        ):
+            ids: list[str] = []
+            payloads: list[bytes] = []
+            for p in parts:
+                assert isinstance(p, StoredResults)
+                ids += p.ids
+                payloads += p.payloads
+            return StoredResults(ids, payloads, first.ttl)
+        return [r for p in parts for r in p]
 
 
 class ChordStep(msgspec.Struct, frozen=True, gc=False):

@@ -20,6 +20,7 @@ concurrency limits (``limits.py``) and unique tasks (``unique.py``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -52,7 +53,8 @@ class Calls:
     row per call, so that a hook costs a loop (or a comprehension) per batch, not a call per
     task. ``deliveries[i]``, ``messages[i]``, ``results[i]`` (the return value) and
     ``runtimes[i]`` (seconds the call ran) describe call ``i``. A hook may set ``stored`` (one
-    ``StoredResult`` per call, in order: each is written with its call's acknowledgement) and
+    ``StoredResult`` per call, in order, or ``StoredResults``, the same in columns: each is
+    written with its call's acknowledgement) and
     fail a call with ``fail(i, error)``."""
 
     __slots__ = (
@@ -75,7 +77,7 @@ class Calls:
         #: The jobs of the calls, when the batch made some (tasks with batch hooks), else None.
         self.jobs: list[Job] | None = None
         #: The results to store with the acknowledgements, one per call, or None.
-        self.stored: list[StoredResult] | None = None
+        self.stored: Sequence[StoredResult] | None = None
         #: Calls that fail all the same: index -> error (``fail``).
         self.failures: dict[int, Exception] = {}
 

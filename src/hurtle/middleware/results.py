@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._text import safe_str, trace
-from ..brokers import StoredResult
+from ..brokers import StoredResults
 from ..errors import ResultError
 from . import Calls, Middleware, Outcome
 
@@ -223,9 +223,7 @@ class Results(Middleware):
             ]
         except (TypeError, ValueError, OverflowError):
             payloads = [self._payload(calls, i, now) for i in range(len(calls))]
-        calls.stored = [
-            StoredResult(m.id, p, ttl) for m, p in zip(calls.messages, payloads, strict=True)
-        ]
+        calls.stored = StoredResults([m.id for m in calls.messages], payloads, ttl)
 
     @staticmethod
     def _payload(calls: Calls, i: int, now: float) -> bytes:

@@ -39,11 +39,23 @@ class UniqueMiddleware(Middleware):
         if self._acker is None:
             return
         failed = calls.failures
-        locks = [
-            (d.queue, key, m.id, _until(m.headers))
-            for i, (d, m) in enumerate(zip(calls.deliveries, calls.messages, strict=True))
-            if isinstance(key := m.headers.get("unique"), str) and i not in failed
-        ]
+        if failed:
+            locks = [
+                (d.queue, key, m.id, _until(m.headers))
+                for i, (d, m) in enumerate(zip(calls.deliveries, calls.messages, strict=True))
+                if isinstance(key := m.headers.get("unique"), str) and i not in failed
+            ]
+        else:  # the usual batch: the same, with the common end (a float) read inline
+            locks = [
+                (
+                    d.queue,
+                    key,
+                    m.id,
+                    until if type(until := h.get("unique_until")) is float else _until(h),
+                )
+                for d, m in zip(calls.deliveries, calls.messages, strict=True)
+                if type(key := (h := m.headers).get("unique")) is str
+            ]
         self._acker.release_uniques(locks)
 
     def after_outcome(self, job: Job, outcome: Outcome) -> None:

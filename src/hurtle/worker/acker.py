@@ -39,9 +39,10 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
-from ..brokers import Consumer, Delivery, FlowStep, StoredResult
+from ..brokers import Consumer, Delivery, FlowStep, StoredResult, StoredResults
 from ..errors import BrokerError
 from ..message import Message
 
@@ -111,6 +112,10 @@ class Acker:
         self._acks: deque[Delivery] = deque()
         # likewise: acknowledgements that carry a result, and records to store on their own
         self._with_results: deque[tuple[Delivery, StoredResult]] = deque()
+        # a batch's acknowledgements with its records in columns (``StoredResults``), as
+        # ``after_calls`` makes them; and how many records they hold (both under ``_lock``)
+        self._result_batches: deque[tuple[list[Delivery], StoredResults]] = deque()
+        self._batched = 0
         self._records: list[StoredResult] = []
         # workflow members: acknowledged with what they set off, in one call per flush
         self._flows: deque[FlowStep] = deque()
@@ -164,9 +169,19 @@ class Acker:
         self._wake.set()
 
     def ack_many_with_results(
-        self, deliveries: list[Delivery], results: list[StoredResult]
+        self, deliveries: list[Delivery], results: Sequence[StoredResult]
     ) -> None:
         """``ack_with_result`` for a batch: ``results[i]`` rides with ``deliveries[i]``."""
+        if isinstance(results, StoredResults):  # kept in columns: no object per record
+            if len(results) != len(deliveries):
+                raise ValueError(f"{len(results)} results for {len(deliveries)} deliveries")
+            with self._lock:
+                self._result_batches.append((deliveries, results))
+                self._batched += len(results)
+                full = self._batched >= self.batch_size
+            if full:
+                self._wake.set()
+            return
         pending = self._with_results
         pending.extend(zip(deliveries, results, strict=True))
         if len(pending) >= self.batch_size:
@@ -235,6 +250,7 @@ class Acker:
             return (
                 len(self._acks)
                 + len(self._with_results)
+                + self._batched
                 + len(self._records)
                 + len(self._flows)
                 + len(self._ops)
@@ -260,6 +276,9 @@ class Acker:
         with self._lock:
             ops, self._ops = self._ops, []
             records, self._records = self._records, []
+            batches = list(self._result_batches)
+            self._result_batches.clear()
+            self._batched = 0
         pending = self._acks
         popleft = pending.popleft
         acks = [popleft() for _ in range(len(pending))]
@@ -297,12 +316,16 @@ class Acker:
                     kept.append(op)
                 continue
             settled += 1
-        if (acks or with_results) and error is None:
+        if (acks or with_results or batches) and error is None:
             try:
-                if with_results:
-                    self.consumer.ack(
-                        acks + [d for d, _ in with_results], [r for _, r in with_results]
-                    )
+                if with_results or batches:
+                    delivered = acks + [d for d, _ in with_results]
+                    parts: list[Sequence[StoredResult]] = [r for _, r in batches]
+                    if with_results:
+                        parts.insert(0, [r for _, r in with_results])
+                    for batch, _ in batches:
+                        delivered += batch
+                    self.consumer.ack(delivered, StoredResults.join(parts))
                 else:
                     self.consumer.ack(acks)
             except Exception as err:
@@ -310,14 +333,19 @@ class Acker:
                     error = err
                 else:
                     acks = self._ack_one_by_one(acks, err)
+                    with_results += [p for ds, rs in batches for p in zip(ds, rs, strict=True)]
+                    batches = []
                     with_results = self._ack_one_by_one_with_results(with_results)
             else:
-                settled += len(acks) + len(with_results)
+                settled += len(acks) + len(with_results) + sum(len(ds) for ds, _ in batches)
                 acks = []
                 with_results = []
-        if kept or acks or with_results:
+                batches = []
+        if kept or acks or with_results or batches:
             with self._lock:  # put back in front, in order
                 self._ops[:0] = kept
+                self._result_batches.extendleft(reversed(batches))
+                self._batched += sum(len(rs) for _, rs in batches)
             pending.extendleft(reversed(acks))
             pending_results.extendleft(reversed(with_results))
         if error is None and self._flows:
@@ -328,13 +356,14 @@ class Acker:
         if error is not None:
             log.warning(
                 "could not settle %d outcomes, will retry: %s",
-                len(kept) + len(acks) + len(with_results),
+                len(kept) + len(acks) + len(with_results) + sum(len(ds) for ds, _ in batches),
                 error,
             )
         return (
             not kept
             and not acks
             and not with_results
+            and not batches
             and not self._defers
             and not self._flows
             and not self._dead
@@ -547,7 +576,7 @@ class Acker:
                 time.sleep(min(backoff, left))
                 backoff = min(max(backoff * 2, 0.05), 2.0)
         with self._lock:
-            acks = len(self._acks) + len(self._with_results) + len(self._flows)
+            acks = len(self._acks) + len(self._with_results) + self._batched + len(self._flows)
             ops = list(self._ops)
         if self._defers:  # still held: they go back with the session, like the rest
             log.error(

@@ -21,11 +21,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from itertools import groupby
+from itertools import groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from ..base import StoredResult
+from ..base import StoredResult, StoredResults
 from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL, result_key
 from .scripts import _Command
 
@@ -44,51 +44,62 @@ CLOCK_CHECK_EVERY = 60.0
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
     """Per hash of results touched (most batches touch one): one ``HSET`` of its records and
     one ``results_expire.lua`` call; then one ``PUBLISH`` (``SPUBLISH`` on a cluster) of the
-    batch's ids. Each command names one key, so on a cluster each goes to its slot."""
+    batch's ids. Each command names one key, so on a cluster each goes to its slot. Records in
+    columns (``StoredResults``, what a worker's batch makes) are read as they are."""
     if not results:
         return []
     now_ms = broker._server_ms()
-    ids = [r.id for r in results]
-    announced = " ".join(ids)
-    groups: dict[str | bytes, Sequence[StoredResult]]
-    if not announced.isascii():  # a bucket is cut in bytes: let result_key cut it
-        groups = {}
-        for r in results:
-            groups.setdefault(result_key(r.id), []).append(r)  # type: ignore[attr-defined]
+    if isinstance(results, StoredResults):
+        ids, payloads, ttls = results.ids, results.payloads, [results.ttl]
     else:
-        cut = RESULT_BUCKET_CUT
-        first = ids[0][: max(len(ids[0]) - cut, 0)]
-        if _one_bucket(announced, len(ids), len(first) + cut, len(first)):  # the usual
-            groups = {f"{RESULT_KEY_PREFIX}{first}}}": results}
-        else:  # runs of one bucket, as consecutive ids come: one dict lookup a run
-            groups = {}
-            buckets = [i[:-cut] for i in ids]  # "" for ids of up to ``cut`` bytes
-            for bucket, run in groupby(zip(buckets, results, strict=True), _FIRST):
-                name = f"{RESULT_KEY_PREFIX}{bucket}}}"
-                group = groups.get(name)
-                if group is None:
-                    groups[name] = [r for _, r in run]
-                else:
-                    group.extend(r for _, r in run)  # type: ignore[attr-defined]
+        ids = [r.id for r in results]
+        payloads = [r.payload for r in results]
+        ttls = [r.ttl for r in results]
+        if ttls.count(ttls[0]) == len(ttls):
+            ttls = ttls[:1]
+    announced = " ".join(ids)
+    # hash name -> (ids, payloads, ttls: one for all, or one each)
+    groups: dict[str | bytes, tuple[list[str], list[bytes], list[float]]] = {}
+    cut = RESULT_BUCKET_CUT
+    first = ids[0][: max(len(ids[0]) - cut, 0)]
+    if announced.isascii() and _one_bucket(announced, len(ids), len(first) + cut, len(first)):
+        groups[f"{RESULT_KEY_PREFIX}{first}}}"] = (ids, payloads, ttls)  # the usual batch
+    else:
+        every_ttl = ttls if len(ttls) > 1 else repeat(ttls[0])
+        # a bucket is cut in bytes: str slices are bytes when the ids are ASCII
+        buckets: Iterable[str | bytes] = (
+            [f"{RESULT_KEY_PREFIX}{i[:-cut]}}}" for i in ids]  # "" for ids of <= ``cut``
+            if announced.isascii()
+            else map(result_key, ids)
+        )
+        rows_of = zip(buckets, ids, payloads, every_ttl, strict=False)  # the ttl may repeat
+        for name, run in groupby(rows_of, _FIRST):
+            rows = list(run)
+            group = groups.get(name)
+            if group is None:
+                group = groups[name] = ([], [], [])
+            group[0].extend([row[1] for row in rows])
+            group[1].extend([row[2] for row in rows])
+            group[2].extend([row[3] for row in rows])
     stamps: dict[float, bytes] = {}  # ttl -> the 13-digit expiry that leads each value
     commands: list[_Command] = []
     expire = broker._scripts.results_expire
-    for key, group in groups.items():
-        ttl = group[0].ttl
-        if all(r.ttl == ttl for r in group):
+    for name, (group_ids, group_payloads, group_ttls) in groups.items():
+        ttl = group_ttls[0]
+        if group_ttls.count(ttl) == len(group_ttls):
             stamp = stamps.get(ttl) or stamps.setdefault(ttl, _stamp(now_ms, ttl))
-            values = [stamp + r.payload for r in group]
+            values = [stamp + p for p in group_payloads]
         else:
-            ttl = max(r.ttl for r in group)
+            ttl = max(group_ttls)
             values = [
-                (stamps.get(r.ttl) or stamps.setdefault(r.ttl, _stamp(now_ms, r.ttl))) + r.payload
-                for r in group
+                (stamps.get(t) or stamps.setdefault(t, _stamp(now_ms, t))) + p
+                for t, p in zip(group_ttls, group_payloads, strict=True)
             ]
-        fields: list[Any] = [None] * (2 * len(group))
-        fields[0::2] = ids if group is results else [r.id for r in group]
+        fields: list[Any] = [None] * (2 * len(group_ids))
+        fields[0::2] = group_ids
         fields[1::2] = values
-        commands.append((("HSET", key, *fields), None))
-        commands.append(broker._call(expire, (key,), (_ttl_ms(ttl),)))
+        commands.append((("HSET", name, *fields), None))
+        commands.append(broker._call(expire, (name,), (_ttl_ms(ttl),)))
     announce = "SPUBLISH" if broker._sharded else "PUBLISH"
     commands.append(((announce, RESULTS_CHANNEL, announced), None))
     return commands
