@@ -9,7 +9,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from hurtle.brokers import Broker, Consumer, Delivery, QueueStats
+from hurtle.brokers import Broker, Consumer, Delivery, QueueStats, StoredResults
 from hurtle.errors import ConfigurationError
 from hurtle.ids import new_id
 from hurtle.message import Message
@@ -182,6 +182,24 @@ def test_released_lock_lets_a_new_message_in(broker: Broker, until: float) -> No
     c.release_unique([("q", "x", first.id, time.time() + until if until else 0.0)])
     second = unique("x")
     assert broker.publish_unique([second], 60) == [second.id]
+
+
+@pytest.mark.parametrize("until", [0.0, 3600.0], ids=["end-unknown", "end-far-off"])
+def test_ack_and_release_settles_stores_and_lets_new_messages_in(
+    broker: Broker, until: float
+) -> None:
+    # the acker's flush when settled messages hold locks (Redis: one round trip for all)
+    end = time.time() + until if until else 0.0
+    held = [msg("q", headers={"unique": k, "unique_until": end}) for k in ("x", "y")]
+    assert broker.publish_unique(held, 60) == [m.id for m in held]
+    c = broker.consumer(["q"])
+    got = drain(c)
+    records = StoredResults([m.id for m in held], [b"1", b"2"], 60.0)
+    c.ack_and_release(got, records, [("q", k, m.id, end) for k, m in zip("xy", held, strict=True)])
+    assert broker.stats(["q"])["q"].in_flight == 0
+    assert [broker.get_result(m.id) for m in held] == [b"1", b"2"]
+    again = [unique("x"), unique("y")]
+    assert broker.publish_unique(again, 60) == [m.id for m in again]
 
 
 def test_release_leaves_a_lock_taken_by_another_message(broker: Broker) -> None:

@@ -318,6 +318,19 @@ class Consumer(abc.ABC):
         """Give back ``count`` slots of each ``(key, count)`` held by this consumer."""
         raise NotImplementedError(f"{type(self).__name__} does not support concurrency limits")
 
+    def ack_and_release(
+        self,
+        deliveries: Sequence[Delivery],
+        results: Sequence[StoredResult],
+        locks: Sequence[tuple[str, str, str, float]],
+    ) -> None:
+        """``ack`` then ``release_unique``: the acker's flush when settled messages hold
+        unique locks. A broker that can send both in one round trip does (Redis); if this
+        raises, the locks may still be held and the caller releases them again."""
+        self.ack(deliveries, results)
+        if locks:
+            self.release_unique(locks)
+
     def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
         """End the unique locks ``(queue, key, message id, until)`` still held for that
         message. ``until`` is the message's ``headers["unique_until"]`` (0 when it has none):

@@ -317,6 +317,10 @@ class Acker:
                 continue
             settled += 1
         if (acks or with_results or batches) and error is None:
+            # the unique locks gathered so far go in the same call (most are these messages')
+            uniques = self._uniques
+            take_lock = uniques.popleft
+            locks = [take_lock() for _ in range(len(uniques))]
             try:
                 if with_results or batches:
                     delivered = acks + [d for d, _ in with_results]
@@ -325,10 +329,17 @@ class Acker:
                         parts.insert(0, [r for _, r in with_results])
                     for batch, _ in batches:
                         delivered += batch
-                    self.consumer.ack(delivered, StoredResults.join(parts))
+                    stored: Sequence[StoredResult] = StoredResults.join(parts)
                 else:
-                    self.consumer.ack(acks)
+                    delivered, stored = acks, ()
+                if locks:
+                    self.consumer.ack_and_release(delivered, stored, locks)
+                elif stored:
+                    self.consumer.ack(delivered, stored)
+                else:
+                    self.consumer.ack(delivered)
             except Exception as err:
+                uniques.extendleft(reversed(locks))  # released on their own, below
                 if unreachable(err):
                     error = err
                 else:

@@ -286,6 +286,28 @@ class RedisConsumer(_Limits, Consumer):
     def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
         if not deliveries and not results:
             return
+        self.broker._pipeline_raw(
+            self._ack_commands(deliveries, results),
+            f"acknowledging {len(deliveries)} deliveries",
+        )
+
+    def ack_and_release(
+        self,
+        deliveries: Sequence[Delivery],
+        results: Sequence[StoredResult],
+        locks: Sequence[tuple[str, str, str, float]],
+    ) -> None:
+        # one round trip: the records, the acknowledgements, then the locks they held
+        commands = self._ack_commands(deliveries, results) + self._unique_commands(locks)
+        if commands:
+            self.broker._pipeline_raw(
+                commands,
+                f"acknowledging {len(deliveries)} deliveries and releasing their unique locks",
+            )
+
+    def _ack_commands(
+        self, deliveries: Sequence[Delivery], results: Sequence[StoredResult]
+    ) -> list[_Command]:
         queues = set(map(_QUEUE_OF, deliveries))
         if len(queues) <= 1:
             groups = {queues.pop(): list(map(_RECEIPT_OF, deliveries))} if queues else {}
@@ -300,7 +322,7 @@ class RedisConsumer(_Limits, Consumer):
             self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
             for q, receipts in groups.items()
         ]
-        self.broker._pipeline_raw(commands, f"acknowledging {len(deliveries)} deliveries")
+        return commands
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         flows.ack_flow(self, steps)

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 #: it (``release_unique``): room for the server's clock as this process reckons it, and for
 #: the time the release takes to reach the server.
 SURE_FOR = 10.0
+_QUEUE = itemgetter(0)
 _KEY = itemgetter(1)
 _UNTIL = itemgetter(3)
 
@@ -80,18 +81,19 @@ class _Limits:
         released, and only the settled delivery of a message releases it. Those go in one
         plain ``HDEL`` per queue; the others (near their end, or whose end is unknown) through
         ``unique_release.lua``, which ends each only while it holds the message's id."""
+        commands = self._unique_commands(locks)
+        if commands:
+            self.broker._pipeline_raw(commands, f"releasing {len(locks)} unique locks")
+
+    def _unique_commands(self, locks: Sequence[tuple[str, str, str, float]]) -> list[_Command]:
         if not locks:
-            return
+            return []
         sure_until = self.broker._server_ms() / 1000 + SURE_FOR
         queue = locks[0][0]
-        if min(map(_UNTIL, locks)) > sure_until and all(lock[0] == queue for lock in locks):
+        if min(map(_UNTIL, locks)) > sure_until and len(set(map(_QUEUE, locks))) == 1:
             # the usual flush: one queue, every lock far from its end (a few C loops, no
             # Python one)
-            self.broker._pipeline_raw(
-                [(("HDEL", queue_keys(queue).unique, *map(_KEY, locks)), None)],
-                f"releasing {len(locks)} unique locks",
-            )
-            return
+            return [(("HDEL", queue_keys(queue).unique, *map(_KEY, locks)), None)]
         by_queue: dict[str, tuple[list[str], list[tuple[str, str, str, float]]]] = {}
         for lock in locks:
             group = by_queue.get(lock[0])
@@ -115,4 +117,4 @@ class _Limits:
                 lengths[1::2] = map(len, ids)
                 args = (packed_keys, packed_ids, struct.pack(f"<{len(lengths)}I", *lengths))
                 commands.append(self.broker._call(script, (key,), args))
-        self.broker._pipeline_raw(commands, f"releasing {len(locks)} unique locks")
+        return commands

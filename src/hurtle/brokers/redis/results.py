@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from itertools import groupby, repeat
 from operator import itemgetter
@@ -60,13 +61,19 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
     announced = " ".join(ids)
     # hash name -> (ids, payloads, ttls: one for all, or one each)
     groups: dict[str | bytes, tuple[list[str], list[bytes], list[float]]] = {}
-    cut = RESULT_BUCKET_CUT
-    first = ids[0][: max(len(ids[0]) - cut, 0)]
-    if announced.isascii() and _one_bucket(announced, len(ids), len(first) + cut, len(first)):
-        groups[f"{RESULT_KEY_PREFIX}{first}}}"] = (ids, payloads, ttls)  # the usual batch
+    runs = _runs(ids, announced, RESULT_BUCKET_CUT)
+    if runs is not None:  # a worker's batch: ids of one publisher, in order
+        one_ttl = len(ttls) == 1
+        for bucket, start, end in runs:
+            groups[f"{RESULT_KEY_PREFIX}{bucket}}}"] = (
+                ids[start:end] if len(runs) > 1 else ids,
+                payloads[start:end] if len(runs) > 1 else payloads,
+                ttls if one_ttl else ttls[start:end],
+            )
     else:
         every_ttl = ttls if len(ttls) > 1 else repeat(ttls[0])
         # a bucket is cut in bytes: str slices are bytes when the ids are ASCII
+        cut = RESULT_BUCKET_CUT
         buckets: Iterable[str | bytes] = (
             [f"{RESULT_KEY_PREFIX}{i[:-cut]}}}" for i in ids]  # "" for ids of <= ``cut``
             if announced.isascii()
@@ -105,19 +112,29 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
     return commands
 
 
-def _one_bucket(announced: str, n: int, size: int, prefix: int) -> bool:
-    """Whether the ``n`` ids of ``announced`` (joined by single spaces) are all ``size``
-    characters long and share their first ``prefix``: tested a column at a time (one slice
-    and one count each, in C), not an id at a time."""
+def _runs(ids: list[str], announced: str, cut: int) -> list[tuple[str, int, int]] | None:
+    """The runs of ``ids`` that share a bucket, as (bucket, start, end), when the ids are
+    ASCII, all of one length and in order (``announced`` is them joined by single spaces): a
+    worker's batch, consecutive ids of one publisher, whose runs a binary search per run finds
+    without a look at every id. None otherwise."""
+    n, size = len(ids), len(ids[0])
+    if size <= cut or not announced.isascii():
+        return None
     if len(announced) != n * (size + 1) - 1 or announced.count(" ") != n - 1:
-        return False
+        return None
     if n > 1 and announced[size :: size + 1].count(" ") != n - 1:
-        return False  # the spaces are not where ids of one length put them
-    for at in range(prefix):
-        column = announced[at :: size + 1]
-        if column.count(column[0]) != n:
-            return False
-    return True
+        return None  # the spaces are not where ids of one length put them
+    if ids != sorted(ids):
+        return None
+    runs = []
+    start = 0
+    top = "\x7f" * cut  # above any ASCII: ids of one bucket sort at or below bucket + top
+    while start < n:
+        bucket = ids[start][:-cut]
+        end = bisect_right(ids, bucket + top, start)
+        runs.append((bucket, start, end))
+        start = end
+    return runs
 
 
 def _ttl_ms(ttl: float) -> int:
