@@ -120,6 +120,17 @@ class Middleware:
         queue after ``delay`` seconds without running it and without spending an attempt
         (throttled by a rate or concurrency limit); ``job.deferred`` tells whether it is."""
 
+    def admit(self, counts: dict[Task[Any, Any], int]) -> dict[str, tuple[int, float, float, str]]:
+        """``before_batch`` for a middleware that decides from how many messages of each task
+        a batch holds, not from the messages themselves (a rate limit without a key function):
+        the processor's batch path calls this instead, with no ``Job`` made per message, once
+        per batch with every task this middleware applies to. Return, for each task name whose
+        messages may not all run now, ``(how many may, delay of the first one deferred, delay
+        added for each next one, reason)``: the rest of that task's messages in the batch (the
+        last ones) are deferred as ``job.defer`` would. ``before_batch`` must still be defined:
+        it serves a job met outside a batch."""
+        return {}
+
     def before_process(self, job: Job) -> None:
         """Just before the call; raising Retry/Reject skips it (as today)."""
 

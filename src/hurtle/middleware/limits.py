@@ -92,6 +92,21 @@ class RateLimitMiddleware(Middleware):
     def before_batch(self, jobs: list[Job]) -> None:
         self._take_tokens(jobs)  # every task here has a rate limit, and nothing else
 
+    def admit(self, counts: dict[Task[Any, Any], int]) -> dict[str, tuple[int, float, float, str]]:
+        # one key per task: the tokens of a batch need only how many calls each task has
+        requests = []
+        for task, n in counts.items():
+            limits = task.limits
+            assert limits is not None and limits.rate is not None
+            requests.append((task.name, *limits.rate, n))
+        assert self._broker is not None, "worker_start first"
+        granted = self._broker.take_tokens(requests)
+        return {
+            name: (got, wait, period / limit, f"rate limit of {name!r}")
+            for (name, limit, period, n), (got, wait) in zip(requests, granted, strict=True)
+            if got < n
+        }
+
     def _take_all(self, jobs: list[Job]) -> None:
         limited = [j for j in jobs if _limits(j).concurrency is not None]
         self._take_slots(limited)
@@ -191,6 +206,8 @@ class LimitsMiddleware(RateLimitMiddleware):
 
     def before_batch(self, jobs: list[Job]) -> None:
         self._take_all(jobs)
+
+    admit = Middleware.admit  # keys and slots need each job: ``before_batch`` sees them all
 
     def worker_stop(self, worker: Worker) -> None:
         with self._lock:

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr
 from ..brokers import Delivery
@@ -25,6 +25,7 @@ from .jobs import BatchState, Job, Pipeline, take_all
 
 if TYPE_CHECKING:
     from ..brokers.reports import Tally, Timings
+    from ..task import Task
     from .acker import Acker
     from .screen import Screen
 
@@ -71,6 +72,7 @@ class BatchPath:
         runnable: list[Delivery] = []
         items: list[Message | Job] = []  # per runnable delivery: a Message or a Job
         batched: list[Job] = []  # the jobs whose middleware have batch hooks
+        counted: dict[Pipeline, list[int]] = {}  # tasks with ``admit``: where their items are
         pipelines = self._pipelines
         decode = decode_unchecked
         late: list[tuple[Delivery, str]] = []
@@ -88,24 +90,28 @@ class BatchPath:
                 self.processed += 1
                 self._unknown(delivery, message)
                 continue
+            if pipeline.admits:  # counted: ``admit`` decides by task, on counts
+                counted.setdefault(pipeline, []).append(len(items))
             if not (message.headers and FLOW in message.headers) and (
-                pipeline.inline or not (pipeline.batched or pipeline.per_call)
+                pipeline.inline or not (pipeline.grouped or pipeline.per_call)
             ):
                 items.append(message)
             else:
                 job = Job(delivery, message, pipeline.task, pipeline, batch=pipeline.batched)
                 items.append(job)
-                if job.batch:
+                if pipeline.grouped:
                     batched.append(job)
             runnable.append(delivery)
         if late:
             self.acker.dead_letter_many(late)
+        deferrals = Job.deferrals
+        if counted:
+            self._admit(counted, runnable, items)
         groups: dict[Middleware, list[Job]] = {}
         for pipeline, run in groupby(batched, _PIPELINE_OF):  # a batch is mostly one run
             jobs = list(run)
             for m in pipeline.grouped:
                 groups.setdefault(m, []).extend(jobs)
-        deferrals = Job.deferrals
         self._before_batch(groups)
         if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
             kept = [i for i, it in enumerate(items) if not (type(it) is Job and it.deferred)]
@@ -119,6 +125,44 @@ class BatchPath:
             self._run_items(runnable, items, state)
         finally:
             self._after_batch(groups)
+
+    def _admit(
+        self,
+        counted: dict[Pipeline, list[int]],
+        runnable: list[Delivery],
+        items: list[Message | Job],
+    ) -> None:
+        """Ask each ``admit`` middleware about its tasks' counts, once for the batch, and
+        mark for deferral the items beyond what it admits (a ``Job`` made for those only)."""
+        by_middleware: dict[Middleware, dict[Task[Any, Any], int]] = {}
+        for pipeline, where in counted.items():
+            for m in pipeline.admits:
+                by_middleware.setdefault(m, {})[pipeline.task] = len(where)
+        pipelines = {p.task.name: p for p in counted}
+        for m, counts in by_middleware.items():
+            try:
+                verdicts = m.admit(counts)
+            except Exception as err:  # (the broker is unreachable...) run none of them now
+                log.error(
+                    "middleware %s failed in admit: %s; its %d jobs go back to their queue for %gs",
+                    safe_repr(m),
+                    describe(err),
+                    sum(counts.values()),
+                    BEFORE_BATCH_PAUSE,
+                )
+                verdicts = {t.name: (0, BEFORE_BATCH_PAUSE, 0.0, "admit failed") for t in counts}
+            for name, (admitted, wait, step, reason) in verdicts.items():
+                pipeline = pipelines[name]
+                left = [at for at in counted[pipeline] if not _deferred(items[at])]
+                for i, at in enumerate(left[max(admitted, 0) :]):  # in the order they came
+                    item = items[at]
+                    job = (
+                        item
+                        if isinstance(item, Job)
+                        else Job(runnable[at], item, pipeline.task, pipeline, batch=True)
+                    )
+                    job.defer(wait + i * step, reason)
+                    items[at] = job
 
     def _run_items(
         self, runnable: list[Delivery], items: list[Message | Job], state: BatchState
@@ -319,6 +363,10 @@ class BatchPath:
                 m.after_batch(settled)
             except Exception as err:
                 log.error("middleware %s failed in after_batch: %s", safe_repr(m), describe(err))
+
+
+def _deferred(item: Message | Job) -> bool:
+    return type(item) is Job and item.deferred
 
 
 def _fail_overran(returned: Iterable[Calls], overran: list[Delivery]) -> None:

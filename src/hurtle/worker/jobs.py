@@ -54,6 +54,7 @@ class Pipeline:
 
     __slots__ = (
         "ack_outcome",
+        "admits",
         "after_batch",
         "after_calls",
         "after_outcome",
@@ -92,8 +93,15 @@ class Pipeline:
             if overrides(m, "after_outcome") and not overrides(m, "after_calls")
         ]
         self.batched = bool(self.before_batch or self.after_batch)
+        #: The ``before_batch`` middleware that decide from counts (``admit``): in a batch they
+        #: need no ``Job`` per message.
+        self.admits = [m for m in self.before_batch if overrides(m, "admit")]
         #: The middleware a batch shows its jobs of this task to (``before/after_batch``).
-        self.grouped = [m for m in used if m in self.before_batch or m in self.after_batch]
+        self.grouped = [
+            m
+            for m in used
+            if (m in self.before_batch and m not in self.admits) or m in self.after_batch
+        ]
         #: False when only batch hooks (and ``after_calls``, and ``after_outcome`` beside it)
         #: apply: the batch path then calls the task inline too.
         self.per_call = bool(
