@@ -187,6 +187,46 @@ def test_a_deferred_job_is_not_run_and_comes_back_later_with_the_same_attempt(
     assert (stats.ready, stats.delayed, stats.in_flight, stats.dead) == (0, 0, 0, 0)
 
 
+def test_admit_decides_a_batch_from_counts_and_the_last_ones_come_back_later(
+    app: Hurtle,
+) -> None:
+    asked: list[dict[str, int]] = []
+    alone: list[int] = []
+
+    class FirstTwo(Middleware):
+        """Admits two calls of each batch; a job met alone goes through before_batch."""
+
+        def applies_to(self, task: Task[Any, Any]) -> bool:
+            return task.name.endswith("work")
+
+        def before_batch(self, jobs: list[Job]) -> None:
+            alone.append(len(jobs))
+
+        def admit(self, counts: dict[Task[Any, Any], int]) -> dict[str, Any]:
+            asked.append({t.name: n for t, n in counts.items()})
+            return {t.name: (2, 0.05, 0.01, "two at a time") for t, n in counts.items() if n > 2}
+
+    app.add_middleware(FirstTwo())
+    runs: list[int] = []
+
+    @app.task(name="work", retries=0)
+    def work(i: int) -> None:
+        runs.append(i)
+
+    @app.task(name="other")
+    def other(i: int) -> None:
+        runs.append(100 + i)
+
+    work.send_many([(i,) for i in range(5)])
+    other.send_many([(i,) for i in range(3)])
+    app.worker(burst=True).run()
+    assert asked[0] == {"work": 5}  # once for the batch, with the count: no job per message
+    assert runs[:2] == [0, 1] and sorted(runs) == [0, 1, 2, 3, 4, 100, 101, 102]
+    assert alone == []  # in a batch, admit stands for before_batch
+    stats = app.broker.stats(["default"])["default"]
+    assert (stats.ready, stats.delayed, stats.in_flight, stats.dead) == (0, 0, 0, 0)
+
+
 def test_consumer_defer_puts_the_message_back_unchanged_due_later(app: Hurtle) -> None:
     @app.task
     def work() -> None:
