@@ -185,7 +185,7 @@ class _ScriptRunner:
             self._fail(err, doing)
         results: list[Any] = []
         try:
-            conn.send_packed_command(packed)
+            conn.send_packed_command([b"".join(packed)])  # one send: one wait for the GIL after
             for _ in packed:
                 try:
                     results.append(conn.read_response())
