@@ -145,6 +145,8 @@ class Processor(BatchPath):
         self._pipelines: dict[str, Pipeline] = {}
         self._inline: dict[str, Task[Any, Any]] = {}
         self._columned: dict[str, Pipeline] = {}
+        #: Both kinds, the tasks ``process_many`` calls itself: one lookup per message.
+        self._called: dict[str, Task[Any, Any]] = {}
         #: True when some middleware has batch hooks: batches are then decoded before they run.
         self._batch_hooks = any(
             overrides(m, hook) for m in self.middleware for hook in ("before_batch", "after_batch")
@@ -171,9 +173,10 @@ class Processor(BatchPath):
                 return None
             pipeline = self._pipelines[name] = Pipeline(task, self.middleware, self.inline_limits)
             if pipeline.inline:
-                self._inline[name] = task
+                self._inline[name] = self._called[name] = task
             elif pipeline.after_calls and not (pipeline.per_call or pipeline.batched):
                 self._columned[name] = pipeline
+                self._called[name] = task
         return pipeline
 
     # -- the short path --------------------------------------------------------------------
@@ -233,7 +236,7 @@ class Processor(BatchPath):
         if self._batch_hooks:
             self._process_batch(deliveries, state)
             return
-        inline = self._inline
+        called = self._called
         columned = self._columned
         returned: dict[str, Calls] = {}  # by task: the calls ``after_calls`` settles
         run_calls: Calls | None = None  # the current run's, when its task has ``after_calls``
@@ -280,9 +283,7 @@ class Processor(BatchPath):
                     break
                 try:
                     message = decode(delivery.raw)
-                    task = inline.get(message.task)
-                    if task is None and (columns := columned.get(message.task)) is not None:
-                        task = columns.task
+                    task = called.get(message.task)
                     if task is not None and message.headers and FLOW in message.headers:
                         task = None  # a workflow's: its outcome sets off the next step
                 except Exception:
