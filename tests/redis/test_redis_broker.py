@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("redis")
 
 import redis
-from hurtle.brokers import Delivery, QueueStats, make_broker
+from hurtle.brokers import Delivery, QueueStats, StoredResults, make_broker
 from hurtle.brokers.keys import QUEUES, queue_keys
 from hurtle.brokers.redis import RedisBroker
 from hurtle.errors import ConfigurationError
@@ -227,13 +227,19 @@ def test_scripts_forgotten_by_the_server_are_loaded_again(
     client.script_flush()
     broker.publish([msg("q", 2), msg("other", 3)])  # a pipeline of two scripts
     client.script_flush()
-    assert numbers(consumer.fetch(10, 1.0)) == [1, 2]
+    held = consumer.fetch(10, 1.0)
+    assert numbers(held) == [1, 2]
     client.script_flush()
     assert broker.stats() == {
         "other": broker.stats(["other"])["other"],
         "q": broker.stats(["q"])["q"],
     }
     assert broker.stats(["q"])["q"].in_flight == 2
+    # the acker's pipeline (records and acknowledgements), sent without redis-py's layer
+    client.script_flush()
+    consumer.ack(held, StoredResults(["r1", "r2"], [b"a", b"b"], 60.0))
+    assert broker.stats(["q"])["q"].in_flight == 0
+    assert (broker.get_result("r1"), broker.get_result("r2")) == (b"a", b"b")
     consumer.close()
 
 
