@@ -4,7 +4,9 @@ Acknowledgements are flushed in one broker call every ``batch_size`` outcomes or
 ``interval`` seconds, whichever comes first, from the acker's own thread, so executors never wait
 on the network to finish a task. Retries, dead letters and hand-backs (rare) go through the same
 thread, in order. Deferrals (throttled messages), and the concurrency slots and unique locks that
-settled messages give back, are flushed the same way, each kind in one broker call per flush.
+settled messages give back, are flushed the same way, each kind in one broker call per flush;
+unique locks gathered by the time acknowledgements are flushed go in the acknowledgements' call
+(``Consumer.ack_and_release``: one round trip on Redis).
 
 When the broker cannot be reached (a ``BrokerError`` caused by a connection, a timeout or a busy
 store), outcomes are kept and retried with backoff, never dropped. ``stop`` keeps retrying so,
@@ -18,7 +20,9 @@ record (``StoredResult``), and the flush hands both to one ``Consumer.ack`` call
 results costs the round trip the acknowledgements pay anyway. Records without a delivery to
 acknowledge (``store_result``: a failed attempt, a dead letter) are written first in the flush,
 before the retries and dead letters gathered with them: a record never lands after the outcome
-of the attempt that follows it. ``take_acks`` takes only plain acknowledgements; those with
+of the attempt that follows it. A batch's records come in columns (``StoredResults``, from
+``ack_many_with_results``) and stay so: a flush joins its batches into one when they share their
+time to live. ``take_acks`` takes only plain acknowledgements; those with
 results stay with the acker's own flush.
 
 An outcome the broker refuses for its own content (anything else: an ``EncodeError``, a script
