@@ -354,3 +354,19 @@ def test_retry_of_a_stored_message_with_an_out_of_range_priority_dead_letters_it
     assert "priority 12" in dead.reason and "out of range" in dead.reason
     assert broker.stats(["q"])["q"] == QueueStats(dead=1)
     consumer.close()
+
+
+def test_a_batch_of_results_packed_by_hand_is_the_command_hiredis_would_send() -> None:
+    # the worker packs a batch's HSET itself (redis/results.py): byte for byte what hiredis makes
+    hiredis = pytest.importorskip("hiredis")
+    from hurtle.brokers.redis.results import _hset
+
+    stamp = b"1795685116430"
+    for n, size in ((1, 0), (3, 1), (1000, 150)):
+        ids = [new_id() for _ in range(n)]
+        payloads = [bytes([i % 256]) * ((size + i) % 700) for i in range(n)]
+        fields: list[object] = [None] * (2 * n)
+        fields[0::2] = ids
+        fields[1::2] = [stamp + p for p in payloads]
+        expected = hiredis.pack_command(("HSET", "hurtle:results:{k}", *fields))
+        assert _hset("hurtle:results:{k}", ids, payloads, stamp) == expected

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult, StoredResults
 from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL, result_key
-from .scripts import _Command
+from .scripts import RAW, _Command
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -91,10 +91,17 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
     stamps: dict[float, bytes] = {}  # ttl -> the 13-digit expiry that leads each value
     commands: list[_Command] = []
     expire = broker._scripts.results_expire
+    # ids of one length, ASCII, no spaces: the HSET can be packed here (``_hset``)
+    pack_here = runs is not None and broker._raw_ok
     for name, (group_ids, group_payloads, group_ttls) in groups.items():
         ttl = group_ttls[0]
         if group_ttls.count(ttl) == len(group_ttls):
             stamp = stamps.get(ttl) or stamps.setdefault(ttl, _stamp(now_ms, ttl))
+            if pack_here:
+                assert isinstance(name, str)
+                commands.append(((RAW, _hset(name, group_ids, group_payloads, stamp)), None))
+                commands.append(broker._call(expire, (name,), (_ttl_ms(ttl),)))
+                continue
             values = [stamp + p for p in group_payloads]
         else:
             ttl = max(group_ttls)
@@ -110,6 +117,27 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
     announce = "SPUBLISH" if broker._sharded else "PUBLISH"
     commands.append(((announce, RESULTS_CHANNEL, announced), None))
     return commands
+
+
+def _hset(key: str, ids: list[str], payloads: list[bytes], stamp: bytes) -> bytes:
+    """The RESP bytes of ``HSET key id stamp+payload ...``, for ASCII ids of one length without
+    spaces: made with a few slices and one join, where hiredis (after a concatenation per value
+    for the stamp) takes about twice as long (0.08 against 0.17 µs a record)."""
+    n = len(ids)
+    raw_ids = " ".join(ids).encode().split(b" ")
+    id_head = b"\r\n$%d\r\n" % len(raw_ids[0])
+    heads: dict[int, bytes] = {}  # payload length -> the value's header, then the stamp
+    parts: list[bytes] = [id_head] * (4 * n)
+    parts[0] = id_head[2:]  # the first needs no line end before it
+    parts[1::4] = raw_ids
+    parts[2::4] = [
+        heads.get(k) or heads.setdefault(k, b"\r\n$%d\r\n%s" % (k + len(stamp), stamp))
+        for k in map(len, payloads)
+    ]
+    parts[3::4] = payloads
+    name = key.encode()
+    head = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n" % (2 * n + 2, len(name), name)
+    return b"".join((head, b"".join(parts), b"\r\n"))
 
 
 def _runs(ids: list[str], announced: str, cut: int) -> list[tuple[str, int, int]] | None:

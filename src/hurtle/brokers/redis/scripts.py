@@ -27,6 +27,9 @@ try:
 except ImportError:
     _pack = None
 
+#: The first element of a command ``_pipeline_raw`` sends as it is: ``((RAW, resp_bytes), None)``.
+RAW = object()
+
 _INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
 
 
@@ -164,6 +167,16 @@ class _ScriptRunner:
                 self._fail(r, doing)
         return results
 
+    @property
+    def _raw_ok(self) -> bool:
+        """Whether ``_pipeline_raw`` sends commands itself (one server, hiredis installed):
+        then a command may also come packed already, as ``(RAW, bytes)``."""
+        return (
+            _pack is not None
+            and getattr(self._client, "connection_pool", None) is not None
+            and not getattr(self, "_sharded", False)
+        )
+
     def _pipeline_raw(self, commands: list[_Command], doing: str) -> list[Any]:
         """``_pipeline`` for the worker's hot flushes (acknowledgements, results): each command
         packed by hiredis in one call, and the replies read as they come, raw (no response
@@ -171,12 +184,13 @@ class _ScriptRunner:
         over in Python first, which for a batch of results (two arguments a record) costs the
         worker's busy thread more than the packing itself. One server only: a cluster routes
         each command through ``_pipeline``."""
-        pool = getattr(self._client, "connection_pool", None)
-        if _pack is None or pool is None or getattr(self, "_sharded", False):
+        if not self._raw_ok:
             return self._pipeline(commands, doing)
+        pool = self._client.connection_pool
         try:
             pack = _pack
-            packed = [pack(cmd) for cmd, _ in commands]
+            assert pack is not None
+            packed = [cmd[1] if cmd[0] is RAW else pack(cmd) for cmd, _ in commands]
         except TypeError as err:  # an argument hiredis cannot send: what redis-py says of it
             raise BrokerError(f"{doing}: {err}") from err
         try:
