@@ -16,7 +16,14 @@ import pytest
 
 from helpers import Project
 from hurtle import Hurtle, ResultTimeout, TaskFailed
-from hurtle.brokers import Consumer, Delivery, StoredResult, StoredResults, make_broker
+from hurtle.brokers import (
+    Consumer,
+    Delivery,
+    StoredResult,
+    StoredResults,
+    UniqueLocks,
+    make_broker,
+)
 from hurtle.brokers.memory import MemoryBroker
 from hurtle.brokers.redis import RESULT_CONNECTIONS, RedisBroker
 from hurtle.errors import BrokerError
@@ -185,6 +192,11 @@ class _Recording(Consumer):
     def release(self, deliveries: Sequence[Delivery]) -> None:
         self.inner.release(deliveries)
 
+    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
+        self._reach()
+        self.log.append("release_unique")
+        self.inner.release_unique(locks)
+
     def heartbeat(self) -> bool:
         return self.inner.heartbeat()
 
@@ -258,6 +270,47 @@ def test_stored_results_read_as_a_sequence_of_records_and_join_by_ttl() -> None:
     assert mixed == [*a, StoredResult("z", b"3", 1.0)]
     with pytest.raises(ValueError):
         StoredResults(["x"], [], 1.0)
+
+
+def test_unique_locks_read_as_tuples_and_join_by_queue() -> None:
+    a = UniqueLocks("q", ["k1", "k2"], ["m1", "m2"], [1.0, 2.0])
+    assert list(a) == [("q", "k1", "m1", 1.0), ("q", "k2", "m2", 2.0)]
+    assert a[1] == ("q", "k2", "m2", 2.0) and list(a[:1]) == [("q", "k1", "m1", 1.0)]
+    joined = UniqueLocks.join([a, UniqueLocks("q", ["k3"], ["m3"], [3.0])])
+    assert isinstance(joined, UniqueLocks) and joined.keys == ["k1", "k2", "k3"]
+    other = UniqueLocks.join([a, UniqueLocks("r", ["k3"], ["m3"], [3.0])])
+    assert other == [*a, ("r", "k3", "m3", 3.0)]
+    mixed = UniqueLocks.join([[("q", "k0", "m0", 0.0)], a])
+    assert mixed == [("q", "k0", "m0", 0.0), *a]
+    with pytest.raises(ValueError):
+        UniqueLocks("q", ["k"], [], [1.0])
+
+
+def test_locks_in_columns_go_with_the_acks_and_wait_while_unreachable() -> None:
+    broker = MemoryBroker()
+    held = [
+        Message(id=f"m{i}", task="t", queue="q", args=(), headers={"unique": f"k{i}"})
+        for i in range(3)
+    ]
+    assert broker.publish_unique(held, 60) == ["m0", "m1", "m2"]
+    consumer = _Recording(broker.consumer(["q"]))
+    got = consumer.fetch(10, 1)
+    acker = Acker(consumer)
+    acker.ack_many(got)
+    acker.release_unique("q", "k0", "m0", 0.0)
+    acker.release_unique_batch(UniqueLocks("q", ["k1", "k2"], ["m1", "m2"], [0.0, 0.0]))
+    consumer.down = True
+    assert not acker.flush()
+    assert acker.pending == 5  # 3 acks, one lock, one batch of locks
+    consumer.down = False
+    assert acker.flush()
+    assert acker.pending == 0
+    assert consumer.log == ["ack", "release_unique"]  # the acks first, in one flush
+    again = [
+        Message(id=f"n{i}", task="t", queue="q", args=(), headers={"unique": f"k{i}"})
+        for i in range(3)
+    ]
+    assert broker.publish_unique(again, 60) == ["n0", "n1", "n2"]  # every lock was released
 
 
 def test_a_failure_record_is_written_before_the_retry_it_goes_with() -> None:

@@ -370,3 +370,13 @@ def test_a_batch_of_results_packed_by_hand_is_the_command_hiredis_would_send() -
         fields[1::2] = [stamp + p for p in payloads]
         expected = hiredis.pack_command(("HSET", "hurtle:results:{k}", *fields))
         assert _hset("hurtle:results:{k}", ids, payloads, stamp) == expected
+
+
+def test_unique_locks_packed_by_hand_are_the_command_hiredis_would_send() -> None:
+    hiredis = pytest.importorskip("hiredis")
+    from hurtle.brokers.redis.limits import _hdel
+
+    for fields in (["a"], ["bench.add:929", "with space", "é"], [f"k{i}" for i in range(999)]):
+        assert _hdel("hurtle:{q}:unique", fields) == hiredis.pack_command(
+            ("HDEL", "hurtle:{q}:unique", *fields)
+        )

@@ -16,6 +16,7 @@ from .base import (
     QueueStats,
     StoredResult,
     StoredResults,
+    UniqueLocks,
 )
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "QueueStats",
     "StoredResult",
     "StoredResults",
+    "UniqueLocks",
     "make_broker",
 ]
 

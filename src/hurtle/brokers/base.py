@@ -157,6 +157,69 @@ class StoredResults(Sequence[StoredResult]):
         return [r for p in parts for r in p]
 
 
+class UniqueLocks(Sequence[tuple[str, str, str, float]]):
+    """Unique locks of one queue to release, in columns: ``(queue, keys[i], ids[i],
+    untils[i])`` is lock ``i``, as ``Consumer.release_unique`` takes them.
+
+    What the worker makes for a batch of settled calls (``middleware.unique``): no tuple per
+    lock on its busy thread. It reads as a sequence of those tuples, so a broker that releases
+    locks one by one takes it as it takes a list; the Redis broker reads the columns.
+    """
+
+    __slots__ = ("ids", "keys", "queue", "untils")
+
+    def __init__(self, queue: str, keys: list[str], ids: list[str], untils: list[float]) -> None:
+        if not len(keys) == len(ids) == len(untils):
+            raise ValueError(f"{len(keys)} keys, {len(ids)} ids and {len(untils)} ends")
+        self.queue = queue
+        self.keys = keys
+        self.ids = ids
+        self.untils = untils
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @overload
+    def __getitem__(self, i: int) -> tuple[str, str, str, float]: ...
+    @overload
+    def __getitem__(self, i: slice) -> UniqueLocks: ...
+    def __getitem__(self, i: int | slice) -> tuple[str, str, str, float] | UniqueLocks:
+        if isinstance(i, slice):
+            return UniqueLocks(self.queue, self.keys[i], self.ids[i], self.untils[i])
+        return (self.queue, self.keys[i], self.ids[i], self.untils[i])
+
+    def __iter__(self) -> Iterator[tuple[str, str, str, float]]:
+        queue = self.queue
+        for key, id_, until in zip(self.keys, self.ids, self.untils, strict=True):
+            yield (queue, key, id_, until)
+
+    def __repr__(self) -> str:
+        return f"UniqueLocks({len(self)} locks of {self.queue!r})"
+
+    @staticmethod
+    def join(
+        parts: Sequence[Sequence[tuple[str, str, str, float]]],
+    ) -> Sequence[tuple[str, str, str, float]]:
+        """``parts`` as one sequence: columns still when every part is ``UniqueLocks`` of one
+        queue (the usual flush), else a list of tuples."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        if isinstance(first, UniqueLocks) and all(
+            isinstance(p, UniqueLocks) and p.queue == first.queue for p in parts
+        ):
+            keys: list[str] = []
+            ids: list[str] = []
+            untils: list[float] = []
+            for p in parts:
+                assert isinstance(p, UniqueLocks)
+                keys += p.keys
+                ids += p.ids
+                untils += p.untils
+            return UniqueLocks(first.queue, keys, ids, untils)
+        return [lock for p in parts for lock in p]
+
+
 class ChordStep(msgspec.Struct, frozen=True, gc=False):
     """A chord member's part of a ``FlowStep``: count member ``index`` of chord ``id`` as done.
 

@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ..brokers import Consumer, Delivery, FlowStep, StoredResult, StoredResults
+from ..brokers import Consumer, Delivery, FlowStep, StoredResult, StoredResults, UniqueLocks
 from ..errors import BrokerError
 from ..message import Message
 
@@ -128,6 +128,8 @@ class Acker:
         self._defers: deque[tuple[Delivery, float]] = deque()
         self._slots: deque[tuple[str, int]] = deque()
         self._uniques: deque[tuple[str, str, str, float]] = deque()
+        # and a batch's locks in columns (``UniqueLocks``), as ``after_calls`` makes them
+        self._lock_batches: deque[UniqueLocks] = deque()
         #: dead letters recorded together, one broker call per flush: (delivery, reason)
         self._dead: deque[tuple[Delivery, str]] = deque()
         self._wake = threading.Event()
@@ -239,6 +241,11 @@ class Acker:
         ends at the latest, ``Consumer.release_unique``)."""
         self._uniques.append((queue, key, message_id, until))
 
+    def release_unique_batch(self, locks: UniqueLocks) -> None:
+        """``release_uniques`` for the locks of a batch, in columns (``UniqueLocks``)."""
+        if locks:
+            self._lock_batches.append(locks)
+
     def release_uniques(self, locks: list[tuple[str, str, str, float]]) -> None:
         """``release_unique`` for a batch of (queue, lock, message id, until)."""
         self._uniques.extend(locks)
@@ -261,6 +268,7 @@ class Acker:
                 + len(self._defers)
                 + len(self._slots)
                 + len(self._uniques)
+                + len(self._lock_batches)  # (batches: locks the acker still has to give back)
                 + len(self._dead)
             )
 
@@ -324,7 +332,14 @@ class Acker:
             # the unique locks gathered so far go in the same call (most are these messages')
             uniques = self._uniques
             take_lock = uniques.popleft
-            locks = [take_lock() for _ in range(len(uniques))]
+            loose = [take_lock() for _ in range(len(uniques))]
+            lock_batches = self._lock_batches
+            take_batch = lock_batches.popleft
+            batched_locks = [take_batch() for _ in range(len(lock_batches))]
+            lock_parts: list[Sequence[tuple[str, str, str, float]]] = list(batched_locks)
+            if loose:
+                lock_parts.insert(0, loose)
+            locks = UniqueLocks.join(lock_parts) if lock_parts else ()
             try:
                 if with_results or batches:
                     delivered = acks + [d for d, _ in with_results]
@@ -343,7 +358,8 @@ class Acker:
                 else:
                     self.consumer.ack(delivered)
             except Exception as err:
-                uniques.extendleft(reversed(locks))  # released on their own, below
+                uniques.extendleft(reversed(loose))  # released on their own, below
+                lock_batches.extendleft(reversed(batched_locks))
                 if unreachable(err):
                     error = err
                 else:
@@ -432,6 +448,7 @@ class Acker:
             (self._defers, self.consumer.defer_many, "deferrals"),
             (self._slots, self.consumer.release_slots, "concurrency slots given back"),
             (self._uniques, self.consumer.release_unique, "unique locks released"),
+            (self._lock_batches, self._release_batches, "batches of unique locks released"),
         )
         for pending, call, what in calls:
             if not pending:
@@ -451,6 +468,9 @@ class Acker:
             if pending is self._defers or pending is self._dead:
                 settled += len(items)
         return settled
+
+    def _release_batches(self, batches: list[UniqueLocks]) -> None:
+        self.consumer.release_unique(UniqueLocks.join(batches))
 
     def _refused(self, op: _Op, err: Exception) -> bool:
         """Handle an outcome the broker refused; True when it is off the acker's hands."""
