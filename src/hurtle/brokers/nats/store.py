@@ -120,11 +120,21 @@ class Store:
         try:
             await self.js.add_stream(config)
         except BadRequestError as err:
-            if err.err_code != 10058:  # stream name already in use with another config
+            if err.err_code == 10065 and await self._is_stream(stream, config.subjects):
+                pass  # "subjects overlap": another client made this very stream at the same time
+            elif err.err_code != 10058:  # stream name already in use with another config
                 raise
         await asyncio.gather(
             *(self._make_consumer(queue, level) for level in (*names.LEVELS, names.DELAYED))
         )
+
+    async def _is_stream(self, stream: str, subjects: list[str] | None) -> bool:
+        """Whether ``stream`` exists and takes exactly ``subjects``."""
+        try:
+            info = await self.js.stream_info(stream)
+        except NotFoundError:
+            return False
+        return list(info.config.subjects or []) == list(subjects or [])
 
     async def _make_consumer(self, queue: str, level: str) -> None:
         config = api.ConsumerConfig(
@@ -160,9 +170,15 @@ class Store:
             try:
                 kv = await self.js.key_value(bucket)
             except Exception:
-                kv = await self.js.create_key_value(
-                    api.KeyValueConfig(bucket=bucket, history=1, ttl=ttl)
-                )
+                try:
+                    kv = await self.js.create_key_value(
+                        api.KeyValueConfig(bucket=bucket, history=1, ttl=ttl)
+                    )
+                except BadRequestError as err:
+                    if err.err_code != 10065:
+                        raise
+                    # "subjects overlap": another client made this bucket at the same time
+                    kv = await self.js.key_value(bucket)
             self._kv[bucket] = kv
         return kv
 
