@@ -13,11 +13,11 @@ from .base import (
     DeadLetter,
     Delivery,
     FlowStep,
+    Lock,
     QueueStats,
     StoredResult,
-    StoredResults,
-    UniqueLocks,
 )
+from .columns import StoredResults, UniqueLocks
 
 __all__ = [
     "Broker",
@@ -26,6 +26,7 @@ __all__ = [
     "DeadLetter",
     "Delivery",
     "FlowStep",
+    "Lock",
     "QueueStats",
     "StoredResult",
     "StoredResults",

@@ -63,8 +63,8 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, overload
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import msgspec
 
@@ -98,126 +98,8 @@ class StoredResult(msgspec.Struct, frozen=True, gc=False):
     ttl: float
 
 
-class StoredResults(Sequence[StoredResult]):
-    """The records of one batch of calls, in columns: ``payloads[i]`` is kept under
-    ``ids[i]``, each for ``ttl`` seconds.
-
-    What a worker makes for a batch of calls that returned (``middleware.results``): no object
-    per record on its busy thread. It reads as a sequence of ``StoredResult`` (made on demand),
-    so a broker that stores records one by one takes it as it takes a list; the Redis broker
-    reads the columns.
-    """
-
-    __slots__ = ("ids", "payloads", "ttl")
-
-    def __init__(self, ids: list[str], payloads: list[bytes], ttl: float) -> None:
-        if len(ids) != len(payloads):
-            raise ValueError(f"{len(ids)} ids for {len(payloads)} payloads")
-        self.ids = ids
-        self.payloads = payloads
-        self.ttl = ttl
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    @overload
-    def __getitem__(self, i: int) -> StoredResult: ...
-    @overload
-    def __getitem__(self, i: slice) -> StoredResults: ...
-    def __getitem__(self, i: int | slice) -> StoredResult | StoredResults:
-        if isinstance(i, slice):
-            return StoredResults(self.ids[i], self.payloads[i], self.ttl)
-        return StoredResult(self.ids[i], self.payloads[i], self.ttl)
-
-    def __iter__(self) -> Iterator[StoredResult]:
-        ttl = self.ttl
-        for id_, payload in zip(self.ids, self.payloads, strict=True):
-            yield StoredResult(id_, payload, ttl)
-
-    def __repr__(self) -> str:
-        return f"StoredResults({len(self)} records, ttl={self.ttl!r})"
-
-    @staticmethod
-    def join(parts: Sequence[Sequence[StoredResult]]) -> Sequence[StoredResult]:
-        """``parts`` as one sequence: columns still when every part is ``StoredResults`` with
-        one ttl (the usual flush), else a list of ``StoredResult``."""
-        if len(parts) == 1:
-            return parts[0]
-        first = parts[0]
-        if isinstance(first, StoredResults) and all(
-            isinstance(p, StoredResults) and p.ttl == first.ttl for p in parts
-        ):
-            ids: list[str] = []
-            payloads: list[bytes] = []
-            for p in parts:
-                assert isinstance(p, StoredResults)
-                ids += p.ids
-                payloads += p.payloads
-            return StoredResults(ids, payloads, first.ttl)
-        return [r for p in parts for r in p]
-
-
-class UniqueLocks(Sequence[tuple[str, str, str, float]]):
-    """Unique locks of one queue to release, in columns: ``(queue, keys[i], ids[i],
-    untils[i])`` is lock ``i``, as ``Consumer.release_unique`` takes them.
-
-    What the worker makes for a batch of settled calls (``middleware.unique``): no tuple per
-    lock on its busy thread. It reads as a sequence of those tuples, so a broker that releases
-    locks one by one takes it as it takes a list; the Redis broker reads the columns.
-    """
-
-    __slots__ = ("ids", "keys", "queue", "untils")
-
-    def __init__(self, queue: str, keys: list[str], ids: list[str], untils: list[float]) -> None:
-        if not len(keys) == len(ids) == len(untils):
-            raise ValueError(f"{len(keys)} keys, {len(ids)} ids and {len(untils)} ends")
-        self.queue = queue
-        self.keys = keys
-        self.ids = ids
-        self.untils = untils
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @overload
-    def __getitem__(self, i: int) -> tuple[str, str, str, float]: ...
-    @overload
-    def __getitem__(self, i: slice) -> UniqueLocks: ...
-    def __getitem__(self, i: int | slice) -> tuple[str, str, str, float] | UniqueLocks:
-        if isinstance(i, slice):
-            return UniqueLocks(self.queue, self.keys[i], self.ids[i], self.untils[i])
-        return (self.queue, self.keys[i], self.ids[i], self.untils[i])
-
-    def __iter__(self) -> Iterator[tuple[str, str, str, float]]:
-        queue = self.queue
-        for key, id_, until in zip(self.keys, self.ids, self.untils, strict=True):
-            yield (queue, key, id_, until)
-
-    def __repr__(self) -> str:
-        return f"UniqueLocks({len(self)} locks of {self.queue!r})"
-
-    @staticmethod
-    def join(
-        parts: Sequence[Sequence[tuple[str, str, str, float]]],
-    ) -> Sequence[tuple[str, str, str, float]]:
-        """``parts`` as one sequence: columns still when every part is ``UniqueLocks`` of one
-        queue (the usual flush), else a list of tuples."""
-        if len(parts) == 1:
-            return parts[0]
-        first = parts[0]
-        if isinstance(first, UniqueLocks) and all(
-            isinstance(p, UniqueLocks) and p.queue == first.queue for p in parts
-        ):
-            keys: list[str] = []
-            ids: list[str] = []
-            untils: list[float] = []
-            for p in parts:
-                assert isinstance(p, UniqueLocks)
-                keys += p.keys
-                ids += p.ids
-                untils += p.untils
-            return UniqueLocks(first.queue, keys, ids, untils)
-        return [lock for p in parts for lock in p]
+#: A unique lock to release: ``(queue, key, message id, until)`` (``Consumer.release_unique``).
+Lock = tuple[str, str, str, float]
 
 
 class ChordStep(msgspec.Struct, frozen=True, gc=False):
@@ -385,7 +267,7 @@ class Consumer(abc.ABC):
         self,
         deliveries: Sequence[Delivery],
         results: Sequence[StoredResult],
-        locks: Sequence[tuple[str, str, str, float]],
+        locks: Sequence[Lock],
     ) -> None:
         """``ack`` then ``release_unique``: the acker's flush when settled messages hold
         unique locks. A broker that can send both in one round trip does (Redis); if this
@@ -394,7 +276,7 @@ class Consumer(abc.ABC):
         if locks:
             self.release_unique(locks)
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
+    def release_unique(self, locks: Sequence[Lock]) -> None:
         """End the unique locks ``(queue, key, message id, until)`` still held for that
         message. ``until`` is the message's ``headers["unique_until"]`` (0 when it has none):
         a broker whose lock ends then may end, without reading it, a lock that cannot have

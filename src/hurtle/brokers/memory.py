@@ -40,6 +40,7 @@ from .base import (
     DeadLetter,
     Delivery,
     FlowStep,
+    Lock,
     QueueStats,
     StoredResult,
 )
@@ -667,7 +668,7 @@ class _MemoryConsumer(Consumer):
                 else:
                     holders.pop(self.worker_id, None)
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
+    def release_unique(self, locks: Sequence[Lock]) -> None:
         b = self.broker
         with b._lock:
             for queue, key, message_id, _ in locks:

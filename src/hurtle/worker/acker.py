@@ -46,7 +46,15 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from ..brokers import Consumer, Delivery, FlowStep, StoredResult, StoredResults, UniqueLocks
+from ..brokers import (
+    Consumer,
+    Delivery,
+    FlowStep,
+    Lock,
+    StoredResult,
+    StoredResults,
+    UniqueLocks,
+)
 from ..errors import BrokerError
 from ..message import Message
 
@@ -127,7 +135,7 @@ class Acker:
         # deferrals and what limits give back: (delivery, eta), (key, slots), (queue, key, id)
         self._defers: deque[tuple[Delivery, float]] = deque()
         self._slots: deque[tuple[str, int]] = deque()
-        self._uniques: deque[tuple[str, str, str, float]] = deque()
+        self._uniques: deque[Lock] = deque()
         # and a batch's locks in columns (``UniqueLocks``), as ``after_calls`` makes them
         self._lock_batches: deque[UniqueLocks] = deque()
         #: dead letters recorded together, one broker call per flush: (delivery, reason)
@@ -246,7 +254,7 @@ class Acker:
         if locks:
             self._lock_batches.append(locks)
 
-    def release_uniques(self, locks: list[tuple[str, str, str, float]]) -> None:
+    def release_uniques(self, locks: list[Lock]) -> None:
         """``release_unique`` for a batch of (queue, lock, message id, until)."""
         self._uniques.extend(locks)
 
@@ -336,7 +344,7 @@ class Acker:
             lock_batches = self._lock_batches
             take_batch = lock_batches.popleft
             batched_locks = [take_batch() for _ in range(len(lock_batches))]
-            lock_parts: list[Sequence[tuple[str, str, str, float]]] = list(batched_locks)
+            lock_parts: list[Sequence[Lock]] = list(batched_locks)
             if loose:
                 lock_parts.insert(0, loose)
             locks = UniqueLocks.join(lock_parts) if lock_parts else ()

@@ -28,7 +28,7 @@ import msgspec
 from nats.js.errors import BadRequestError, KeyWrongLastSequenceError
 
 from ...message import Message, check_messages
-from ..base import Consumer, Delivery, FlowStep, StoredResult
+from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
 from ..reports import encode_report
 from . import control, flows, names
 from .loop import run
@@ -337,7 +337,7 @@ class NatsConsumer(Consumer):
 
         run(release())
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
+    def release_unique(self, locks: Sequence[Lock]) -> None:
         async def release() -> None:
             for queue, key, message_id, _ in locks:
 

@@ -20,7 +20,7 @@ import redis
 from ...errors import BrokerError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message
-from ..base import Consumer, Delivery, FlowStep, StoredResult
+from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
 from ..common import log_trimmed
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, QueueKeys, queue_keys
 from . import flows
@@ -295,7 +295,7 @@ class RedisConsumer(_Limits, Consumer):
         self,
         deliveries: Sequence[Delivery],
         results: Sequence[StoredResult],
-        locks: Sequence[tuple[str, str, str, float]],
+        locks: Sequence[Lock],
     ) -> None:
         # one round trip: the records, the acknowledgements, then the locks they held
         commands = self._ack_commands(deliveries, results) + self._unique_commands(locks)

@@ -7,7 +7,8 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
-from ..base import UniqueLocks
+from ..base import Lock
+from ..columns import UniqueLocks
 from ..keys import queue_keys, slot_keys
 from .scripts import RAW, _Command, _packed
 
@@ -97,7 +98,7 @@ class _Limits:
                 "refreshing concurrency slots",
             )
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
+    def release_unique(self, locks: Sequence[Lock]) -> None:
         """A lock that ends more than ``SURE_FOR`` seconds from now (by the server's clock) is
         still its message's: it passes to another message only once it ended or was
         released, and only the settled delivery of a message releases it. Those go in one
@@ -107,7 +108,7 @@ class _Limits:
         if commands:
             self.broker._pipeline_raw(commands, f"releasing {len(locks)} unique locks")
 
-    def _unique_commands(self, locks: Sequence[tuple[str, str, str, float]]) -> list[_Command]:
+    def _unique_commands(self, locks: Sequence[Lock]) -> list[_Command]:
         if not locks:
             return []
         sure_until = self.broker._server_ms() / 1000 + SURE_FOR
@@ -122,7 +123,7 @@ class _Limits:
             # the usual flush: one queue, every lock far from its end (a few C loops, no
             # Python one)
             return [(("HDEL", queue_keys(queue).unique, *map(_KEY, locks)), None)]
-        by_queue: dict[str, tuple[list[str], list[tuple[str, str, str, float]]]] = {}
+        by_queue: dict[str, tuple[list[str], list[Lock]]] = {}
         for lock in locks:
             group = by_queue.get(lock[0])
             if group is None:

@@ -26,7 +26,8 @@ from itertools import groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
-from ..base import StoredResult, StoredResults
+from ..base import StoredResult
+from ..columns import StoredResults
 from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL, result_key
 from .scripts import RAW, _Command
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ...errors import BrokerError
 from ...ids import new_id
 from ...message import Message
-from ..base import Consumer, Delivery, FlowStep, StoredResult
+from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
 from ..common import log_trimmed
 from ..reports import encode_report
 from . import flows
@@ -324,7 +324,7 @@ class _SQLiteConsumer(Consumer):
                 )
             conn.execute("DELETE FROM slots WHERE worker = ? AND n <= 0", (self.worker_id,))
 
-    def release_unique(self, locks: Sequence[tuple[str, str, str, float]]) -> None:
+    def release_unique(self, locks: Sequence[Lock]) -> None:
         with self.broker._write() as conn:
             conn.executemany(
                 "DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?",

@@ -1,0 +1,132 @@
+"""Batches in columns: what a worker hands its broker for a batch of settled calls.
+
+A worker settles calls a batch at a time. Making one object per call for the broker to take
+apart again costs its busy thread more than the broker's work, so the records of a batch
+(``StoredResults``) and the unique locks it gives back (``UniqueLocks``) travel as parallel
+lists plus the one value every row shares (a time to live, a queue). Both read as the
+sequences the ``Consumer`` contract takes (of ``StoredResult``, of lock tuples), made row by
+row on demand: a broker that works row by row takes them as it takes a list; the Redis broker
+reads the columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Generic, TypeVar, overload
+
+from .base import Lock, StoredResult
+
+Row = TypeVar("Row")
+
+
+class _Columns(Sequence[Row], Generic[Row]):
+    """Rows kept as equal-length lists (``COLUMNS``) and one value they all share
+    (``SHARED``). Subclasses say how a row is made (``_row``) and how they are built from the
+    shared value and the columns (``_build``)."""
+
+    __slots__ = ()
+    COLUMNS: ClassVar[tuple[str, ...]]
+    SHARED: ClassVar[str]
+
+    @classmethod
+    def _build(cls, shared: Any, columns: list[list[Any]]) -> Any:
+        raise NotImplementedError
+
+    def _row(self, shared: Any, *values: Any) -> Row:
+        raise NotImplementedError
+
+    def _check(self) -> None:
+        lengths = [len(getattr(self, c)) for c in self.COLUMNS]
+        if len(set(lengths)) > 1:
+            raise ValueError(
+                ", ".join(f"{n} {c}" for n, c in zip(lengths, self.COLUMNS, strict=True))
+                + ": the columns differ in length"
+            )
+
+    def _columns(self) -> list[list[Any]]:
+        return [getattr(self, c) for c in self.COLUMNS]
+
+    def __len__(self) -> int:
+        return len(getattr(self, self.COLUMNS[0]))
+
+    @overload
+    def __getitem__(self, i: int) -> Row: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Row]: ...
+    def __getitem__(self, i: int | slice) -> Row | Sequence[Row]:
+        shared = getattr(self, self.SHARED)
+        if isinstance(i, slice):
+            return self._build(shared, [c[i] for c in self._columns()])  # type: ignore[no-any-return]
+        return self._row(shared, *(c[i] for c in self._columns()))
+
+    def __iter__(self) -> Iterator[Row]:
+        shared = getattr(self, self.SHARED)
+        for values in zip(*self._columns(), strict=True):
+            yield self._row(shared, *values)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({len(self)} rows, {self.SHARED}={getattr(self, self.SHARED)!r})"
+        )
+
+    @classmethod
+    def join(cls, parts: Sequence[Sequence[Row]]) -> Sequence[Row]:
+        """``parts`` as one sequence: columns still when every part is of this class with
+        the same shared value (the usual flush), else a list of rows."""
+        if len(parts) == 1:
+            return parts[0]
+        first = parts[0]
+        if isinstance(first, cls):
+            shared = getattr(first, cls.SHARED)
+            if all(isinstance(p, cls) and getattr(p, cls.SHARED) == shared for p in parts):
+                columns: list[list[Any]] = [[] for _ in cls.COLUMNS]
+                for p in parts:
+                    for column, more in zip(columns, p._columns(), strict=True):  # type: ignore[attr-defined]
+                        column += more
+                return cls._build(shared, columns)  # type: ignore[no-any-return]
+        return [row for p in parts for row in p]
+
+
+class StoredResults(_Columns[StoredResult]):
+    """The records of one batch of calls: ``payloads[i]`` is kept under ``ids[i]``, each for
+    ``ttl`` seconds (``middleware.results``)."""
+
+    __slots__ = ("ids", "payloads", "ttl")
+    COLUMNS = ("ids", "payloads")
+    SHARED = "ttl"
+
+    def __init__(self, ids: list[str], payloads: list[bytes], ttl: float) -> None:
+        self.ids = ids
+        self.payloads = payloads
+        self.ttl = ttl
+        self._check()
+
+    @classmethod
+    def _build(cls, shared: Any, columns: list[list[Any]]) -> StoredResults:
+        return cls(columns[0], columns[1], shared)
+
+    def _row(self, shared: Any, *values: Any) -> StoredResult:
+        return StoredResult(values[0], values[1], shared)
+
+
+class UniqueLocks(_Columns[Lock]):
+    """The unique locks a batch of settled calls of one queue gives back: lock ``i`` is
+    ``(queue, keys[i], ids[i], untils[i])`` (``middleware.unique``)."""
+
+    __slots__ = ("ids", "keys", "queue", "untils")
+    COLUMNS = ("keys", "ids", "untils")
+    SHARED = "queue"
+
+    def __init__(self, queue: str, keys: list[str], ids: list[str], untils: list[float]) -> None:
+        self.queue = queue
+        self.keys = keys
+        self.ids = ids
+        self.untils = untils
+        self._check()
+
+    @classmethod
+    def _build(cls, shared: Any, columns: list[list[Any]]) -> UniqueLocks:
+        return cls(shared, columns[0], columns[1], columns[2])
+
+    def _row(self, shared: Any, *values: Any) -> Lock:
+        return (shared, values[0], values[1], values[2])
