@@ -322,7 +322,7 @@ def test_the_acker_retries_an_unreachable_broker_but_not_a_refusal() -> None:
     import sqlite3
 
     from hurtle.errors import BrokerError
-    from hurtle.worker.acker import unreachable
+    from hurtle.worker.refusals import unreachable
 
     def wrapped(cause: BaseException) -> BrokerError:
         try:

@@ -25,16 +25,8 @@ of the attempt that follows it. A batch's records come in columns (``StoredResul
 time to live. ``take_acks`` takes only plain acknowledgements; those with
 results stay with the acker's own flush.
 
-An outcome the broker refuses for its own content (anything else: an ``EncodeError``, a script
-error for that one delivery, ...) must not block the others. A refusal that is not a
-``BrokerError`` is final at once; a ``BrokerError`` that is not about reaching the broker is given
-``REFUSALS`` tries (the server may be briefly read-only or full). Then:
-
-* a retry that cannot be scheduled goes to the dead letters instead, with the reason;
-* a dead letter that cannot be stored, an acknowledgement or a hand-back that is refused, is
-  logged as an ERROR and dropped from the acker: the delivery stays held by this worker and goes
-  back to its queue when the session closes, so its task runs again (never lost, at worst run
-  twice). Acknowledgements are tried one by one before any is dropped.
+What the acker does with an outcome the broker refuses (rather than cannot be reached for) is
+``refusals.py``'s.
 """
 
 from __future__ import annotations
@@ -44,7 +36,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from ..brokers import (
     Consumer,
@@ -55,59 +47,18 @@ from ..brokers import (
     StoredResults,
     UniqueLocks,
 )
-from ..errors import BrokerError
 from ..message import Message
+from .refusals import Op, ack_one_by_one, refused, unreachable
 
 log = logging.getLogger(__name__)
 
-#: Tries of an outcome that the reachable broker refuses before it is given up on.
-REFUSALS = 3
-#: Causes that mean "the broker cannot be reached now", whatever the driver (redis-py names its
-#: own ``ConnectionError``/``TimeoutError``; sqlite3 says a busy or locked file this way).
-_UNREACHABLE = frozenset({"ConnectionError", "TimeoutError", "OperationalError"})
+T = TypeVar("T")
 
 
-def unreachable(err: BaseException) -> bool:
-    """True when ``err`` says the broker cannot be reached now (retry), not that it refused."""
-    if not isinstance(err, BrokerError):
-        return False
-    cause: BaseException | None = err.__cause__
-    seen = 0
-    while cause is not None and seen < 10:
-        if isinstance(cause, OSError):
-            return True
-        if any(c.__name__ in _UNREACHABLE for c in type(cause).__mro__):
-            return True
-        cause = cause.__cause__
-        seen += 1
-    return False
-
-
-class _Op:
-    """A retry, a dead letter, a deferral or a hand-back waiting to be settled."""
-
-    __slots__ = ("arg", "deliveries", "kind", "refusals")
-
-    def __init__(
-        self, kind: str, deliveries: list[Delivery], arg: Message | str | float | None = None
-    ) -> None:
-        self.kind = kind  # "retry", "dead", "defer" or "release"
-        self.deliveries = deliveries
-        self.arg = arg
-        self.refusals = 0
-
-    def apply(self, consumer: Consumer) -> None:
-        if self.kind == "retry":
-            assert isinstance(self.arg, Message)
-            consumer.retry(self.deliveries[0], self.arg)
-        elif self.kind == "dead":
-            assert isinstance(self.arg, str)
-            consumer.dead_letter(self.deliveries[0], self.arg)
-        elif self.kind == "defer":
-            assert isinstance(self.arg, float)
-            consumer.defer(self.deliveries[0], self.arg)
-        else:
-            consumer.release(self.deliveries)
+def _take(pending: deque[T]) -> list[T]:
+    """What ``pending`` holds now, taken from the left (other threads append on the right)."""
+    take = pending.popleft
+    return [take() for _ in range(len(pending))]
 
 
 class Acker:
@@ -131,7 +82,7 @@ class Acker:
         self._records: list[StoredResult] = []
         # workflow members: acknowledged with what they set off, in one call per flush
         self._flows: deque[FlowStep] = deque()
-        self._ops: list[_Op] = []
+        self._ops: list[Op] = []
         # deferrals and what limits give back: (delivery, eta), (key, slots), (queue, key, id)
         self._defers: deque[tuple[Delivery, float]] = deque()
         self._slots: deque[tuple[str, int]] = deque()
@@ -210,19 +161,17 @@ class Acker:
     def take_acks(self) -> list[Delivery]:
         """Take the acknowledgements gathered so far, for the caller to record itself."""
         with self._flushing:
-            pending = self._acks
-            popleft = pending.popleft
-            return [popleft() for _ in range(len(pending))]
+            return _take(self._acks)
 
     def give_back(self, acks: list[Delivery]) -> None:
         """Return acknowledgements taken with ``take_acks`` that could not be recorded."""
         self._acks.extendleft(reversed(acks))
 
     def retry(self, delivery: Delivery, message: Message) -> None:
-        self._op(_Op("retry", [delivery], message))
+        self._op(Op("retry", [delivery], message))
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self._op(_Op("dead", [delivery], reason))
+        self._op(Op("dead", [delivery], reason))
 
     def dead_letter_many(self, items: list[tuple[Delivery, str]]) -> None:
         """Dead-letter each ``(delivery, reason)`` with the next flush, all of the flush's in
@@ -232,7 +181,7 @@ class Acker:
 
     def release(self, deliveries: list[Delivery]) -> None:
         if deliveries:
-            self._op(_Op("release", list(deliveries)))
+            self._op(Op("release", list(deliveries)))
 
     def defer(self, delivery: Delivery, eta: float) -> None:
         """Put a held delivery back unchanged, due at ``eta`` (a throttled message)."""
@@ -258,7 +207,7 @@ class Acker:
         """``release_unique`` for a batch of (queue, lock, message id, until)."""
         self._uniques.extend(locks)
 
-    def _op(self, op: _Op) -> None:
+    def _op(self, op: Op) -> None:
         with self._lock:
             self._ops.append(op)
         self._wake.set()
@@ -300,12 +249,10 @@ class Acker:
             self._result_batches.clear()
             self._batched = 0
         pending = self._acks
-        popleft = pending.popleft
-        acks = [popleft() for _ in range(len(pending))]
+        acks = _take(pending)
         pending_results = self._with_results
-        take = pending_results.popleft
-        with_results = [take() for _ in range(len(pending_results))]
-        kept: list[_Op] = []  # to try again, in order
+        with_results = _take(pending_results)
+        kept: list[Op] = []  # to try again, in order
         error: Exception | None = None  # why the broker could not be reached
         settled = 0
         if records:
@@ -338,12 +285,8 @@ class Acker:
             settled += 1
         if (acks or with_results or batches) and error is None:
             # the unique locks gathered so far go in the same call (most are these messages')
-            uniques = self._uniques
-            take_lock = uniques.popleft
-            loose = [take_lock() for _ in range(len(uniques))]
-            lock_batches = self._lock_batches
-            take_batch = lock_batches.popleft
-            batched_locks = [take_batch() for _ in range(len(lock_batches))]
+            uniques, lock_batches = self._uniques, self._lock_batches
+            loose, batched_locks = _take(uniques), _take(lock_batches)
             lock_parts: list[Sequence[Lock]] = list(batched_locks)
             if loose:
                 lock_parts.insert(0, loose)
@@ -413,8 +356,7 @@ class Acker:
         be reached. One the broker refuses stays held by this worker, which runs it again
         once its session closes (its workflow's next step is then set off by that run)."""
         pending = self._flows
-        popleft = pending.popleft
-        steps = [popleft() for _ in range(len(pending))]
+        steps = _take(pending)
         try:
             self.consumer.ack_flow(steps)
         except Exception as err:
@@ -461,8 +403,7 @@ class Acker:
         for pending, call, what in calls:
             if not pending:
                 continue
-            popleft = pending.popleft
-            items: list[Any] = [popleft() for _ in range(len(pending))]
+            items: list[Any] = _take(pending)
             try:
                 call(items)
             except Exception as err:
@@ -480,107 +421,34 @@ class Acker:
     def _release_batches(self, batches: list[UniqueLocks]) -> None:
         self.consumer.release_unique(UniqueLocks.join(batches))
 
-    def _refused(self, op: _Op, err: Exception) -> bool:
+    def _refused(self, op: Op, err: Exception) -> bool:
         """Handle an outcome the broker refused; True when it is off the acker's hands."""
-        op.refusals += 1
-        if isinstance(err, BrokerError) and op.refusals < REFUSALS:
-            log.warning(
-                "the broker refused to settle one outcome (%s, try %d of %d): %s",
-                op.kind,
-                op.refusals,
-                REFUSALS,
-                err,
-            )
-            return False
-        delivery = op.deliveries[0]
-        if op.kind == "retry":
-            assert isinstance(op.arg, Message)
-            reason = (
-                f"the broker refused to schedule the retry of this message ({err}); it is "
-                f"kept here instead. The task had failed with: {op.arg.headers.get('error')}"
-            )
-            log.error(
-                "could not schedule a retry of message %s of %r: %s; dead-lettering it",
-                op.arg.id,
-                delivery.queue,
-                err,
-            )
-            dead = _Op("dead", [delivery], reason)
-            try:
-                dead.apply(self.consumer)
-            except Exception as dead_err:
-                if unreachable(dead_err):
-                    with self._lock:
-                        self._ops.append(dead)  # settled once the broker is back
-                    return True
-                err = dead_err
-            else:
-                self.settled += 1
-                return True
-        self.dropped += len(op.deliveries)
-        log.error(
-            "the broker refused to settle %d deliveries of %r (%s: %s): giving up on them; they "
-            "stay held by this worker and go back to their queue when it stops, so their tasks "
-            "run again",
-            len(op.deliveries),
-            delivery.queue,
-            "a dead letter"
-            if op.kind in ("dead", "retry")
-            else "a deferral"
-            if op.kind == "defer"
-            else "a hand-back",
-            err,
-        )
-        return True
+        verdict = refused(self.consumer, op, err)
+        self.settled += verdict.settled
+        self.dropped += verdict.dropped
+        if verdict.later is not None:
+            with self._lock:
+                self._ops.append(verdict.later)  # settled once the broker is back
+        return verdict.done
 
     def _ack_one_by_one(self, acks: list[Delivery], err: Exception) -> list[Delivery]:
         """A batch of acknowledgements was refused: find which; return those to try again."""
         log.warning(
             "the broker refused %d acknowledgements (%s): trying them one by one", len(acks), err
         )
-        again: list[Delivery] = []
-        for i, delivery in enumerate(acks):
-            try:
-                self.consumer.ack([delivery])
-            except Exception as one_err:
-                if unreachable(one_err):
-                    again += acks[i:]
-                    break
-                self.dropped += 1
-                log.error(
-                    "the broker refused to acknowledge a delivery of %r (%s): giving up "
-                    "on it; it goes back to its queue when this worker stops, so its "
-                    "task runs again",
-                    delivery.queue,
-                    one_err,
-                )
-            else:
-                self.settled += 1
-        return again
+        again, settled, dropped = ack_one_by_one(self.consumer, [(d, None) for d in acks])
+        self.settled += settled
+        self.dropped += dropped
+        return [d for d, _ in again]
 
     def _ack_one_by_one_with_results(
         self, items: list[tuple[Delivery, StoredResult]]
     ) -> list[tuple[Delivery, StoredResult]]:
         """Like ``_ack_one_by_one``, for acknowledgements that carry a result."""
-        again: list[tuple[Delivery, StoredResult]] = []
-        for i, (delivery, record) in enumerate(items):
-            try:
-                self.consumer.ack([delivery], [record])
-            except Exception as one_err:
-                if unreachable(one_err):
-                    again += items[i:]
-                    break
-                self.dropped += 1
-                log.error(
-                    "the broker refused to acknowledge a delivery of %r with its result "
-                    "(%s): giving up on it; it goes back to its queue when this worker "
-                    "stops, so its task runs again",
-                    delivery.queue,
-                    one_err,
-                )
-            else:
-                self.settled += 1
-        return again
+        again, settled, dropped = ack_one_by_one(self.consumer, items)
+        self.settled += settled
+        self.dropped += dropped
+        return [(d, r) for d, r in again if r is not None]
 
     def _run(self) -> None:
         backoff = self.interval

@@ -1,0 +1,164 @@
+"""What the acker does with an outcome the broker refuses, rather than cannot be reached for.
+
+An outcome the broker refuses for its own content (anything else: an ``EncodeError``, a script
+error for that one delivery, ...) must not block the others. A refusal that is not a
+``BrokerError`` is final at once; a ``BrokerError`` that is not about reaching the broker is given
+``REFUSALS`` tries (the server may be briefly read-only or full). Then:
+
+* a retry that cannot be scheduled goes to the dead letters instead, with the reason;
+* a dead letter that cannot be stored, an acknowledgement or a hand-back that is refused, is
+  logged as an ERROR and dropped from the acker: the delivery stays held by this worker and goes
+  back to its queue when the session closes, so its task runs again (never lost, at worst run
+  twice). Acknowledgements are tried one by one before any is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from ..brokers import Consumer, Delivery, StoredResult
+from ..errors import BrokerError
+from ..message import Message
+
+log = logging.getLogger("hurtle.worker.acker")  # what operators see is the acker's doing
+
+#: Tries of an outcome that the reachable broker refuses before it is given up on.
+REFUSALS = 3
+#: Causes that mean "the broker cannot be reached now", whatever the driver (redis-py names its
+#: own ``ConnectionError``/``TimeoutError``; sqlite3 says a busy or locked file this way).
+_UNREACHABLE = frozenset({"ConnectionError", "TimeoutError", "OperationalError"})
+
+
+def unreachable(err: BaseException) -> bool:
+    """True when ``err`` says the broker cannot be reached now (retry), not that it refused."""
+    if not isinstance(err, BrokerError):
+        return False
+    cause: BaseException | None = err.__cause__
+    seen = 0
+    while cause is not None and seen < 10:
+        if isinstance(cause, OSError):
+            return True
+        if any(c.__name__ in _UNREACHABLE for c in type(cause).__mro__):
+            return True
+        cause = cause.__cause__
+        seen += 1
+    return False
+
+
+class Op:
+    """A retry, a dead letter, a deferral or a hand-back waiting to be settled."""
+
+    __slots__ = ("arg", "deliveries", "kind", "refusals")
+
+    def __init__(
+        self, kind: str, deliveries: list[Delivery], arg: Message | str | float | None = None
+    ) -> None:
+        self.kind = kind  # "retry", "dead", "defer" or "release"
+        self.deliveries = deliveries
+        self.arg = arg
+        self.refusals = 0
+
+    def apply(self, consumer: Consumer) -> None:
+        if self.kind == "retry":
+            assert isinstance(self.arg, Message)
+            consumer.retry(self.deliveries[0], self.arg)
+        elif self.kind == "dead":
+            assert isinstance(self.arg, str)
+            consumer.dead_letter(self.deliveries[0], self.arg)
+        elif self.kind == "defer":
+            assert isinstance(self.arg, float)
+            consumer.defer(self.deliveries[0], self.arg)
+        else:
+            consumer.release(self.deliveries)
+
+
+class Verdict(NamedTuple):
+    """What became of a refused outcome."""
+
+    #: Off the acker's hands (settled another way, or given up on); False: try it again.
+    done: bool
+    settled: int = 0
+    dropped: int = 0
+    #: An outcome that replaces it, to settle once the broker can be reached again.
+    later: Op | None = None
+
+
+def refused(consumer: Consumer, op: Op, err: Exception) -> Verdict:
+    """Decide what becomes of ``op``, which the broker refused with ``err``."""
+    op.refusals += 1
+    if isinstance(err, BrokerError) and op.refusals < REFUSALS:
+        log.warning(
+            "the broker refused to settle one outcome (%s, try %d of %d): %s",
+            op.kind,
+            op.refusals,
+            REFUSALS,
+            err,
+        )
+        return Verdict(False)
+    delivery = op.deliveries[0]
+    if op.kind == "retry":
+        assert isinstance(op.arg, Message)
+        reason = (
+            f"the broker refused to schedule the retry of this message ({err}); it is "
+            f"kept here instead. The task had failed with: {op.arg.headers.get('error')}"
+        )
+        log.error(
+            "could not schedule a retry of message %s of %r: %s; dead-lettering it",
+            op.arg.id,
+            delivery.queue,
+            err,
+        )
+        dead = Op("dead", [delivery], reason)
+        try:
+            dead.apply(consumer)
+        except Exception as dead_err:
+            if unreachable(dead_err):
+                return Verdict(True, later=dead)
+            err = dead_err
+        else:
+            return Verdict(True, settled=1)
+    log.error(
+        "the broker refused to settle %d deliveries of %r (%s: %s): giving up on them; they "
+        "stay held by this worker and go back to their queue when it stops, so their tasks "
+        "run again",
+        len(op.deliveries),
+        delivery.queue,
+        "a dead letter"
+        if op.kind in ("dead", "retry")
+        else "a deferral"
+        if op.kind == "defer"
+        else "a hand-back",
+        err,
+    )
+    return Verdict(True, dropped=len(op.deliveries))
+
+
+def ack_one_by_one(
+    consumer: Consumer, items: Sequence[tuple[Delivery, StoredResult | None]]
+) -> tuple[list[tuple[Delivery, StoredResult | None]], int, int]:
+    """Acknowledge each ``(delivery, its record or None)`` alone, after a batch of them was
+    refused: ``(those to try again, settled, dropped)``. A refused one is given up on; the
+    first that finds the broker unreachable leaves it and the rest for later."""
+    settled = dropped = 0
+    for i, (delivery, record) in enumerate(items):
+        try:
+            if record is None:
+                consumer.ack([delivery])
+            else:
+                consumer.ack([delivery], [record])
+        except Exception as one_err:
+            if unreachable(one_err):
+                return list(items[i:]), settled, dropped
+            dropped += 1
+            log.error(
+                "the broker refused to acknowledge a delivery of %r%s (%s): giving up on it; "
+                "it goes back to its queue when this worker stops, so its task runs again",
+                delivery.queue,
+                "" if record is None else " with its result",
+                one_err,
+            )
+        else:
+            settled += 1
+    return [], settled, dropped
