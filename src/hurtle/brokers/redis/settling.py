@@ -1,0 +1,251 @@
+"""How a ``RedisConsumer`` settles what it took: acknowledgements (with results), retries, dead
+letters, deferrals and hand-backs, each kind in one script call per queue and one round trip
+per batch."""
+
+from __future__ import annotations
+
+import math
+import struct
+import time
+from bisect import bisect_left
+from collections.abc import Sequence
+from functools import lru_cache
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from ...errors import EncodeError
+from ...ids import new_id
+from ...message import MAX_PRIORITY, Message
+from ..base import Delivery, FlowStep, StoredResult
+from ..common import log_trimmed
+from ..keys import BATCH_BITS, BATCH_MASK, QUEUES
+from . import flows
+from .results import _results_commands
+from .scripts import _PRIORITY_ARG, _Command, _publish_keys
+
+if TYPE_CHECKING:
+    from .broker import RedisBroker
+    from .consumer import _Target
+
+
+def _unstorable(message: Message) -> str | None:
+    """Why ``message`` cannot be stored as a retry (a field out of range), or ``None``."""
+    priority = message.priority
+    if type(priority) is not int or not 0 <= priority <= MAX_PRIORITY:
+        return (
+            f"priority {priority!r} of task {message.task!r} is out of range (an int from 0 "
+            f"to {MAX_PRIORITY})"
+        )
+    if not math.isfinite(message.eta):
+        return f"eta {message.eta!r} of task {message.task!r} is not a finite time"
+    return None
+
+
+@lru_cache(maxsize=64)
+def _packed_range(start: int, n: int) -> bytes:
+    return struct.pack(f"<{n}I", *range(start, start + n))
+
+
+_QUEUE_OF = attrgetter("queue")
+_RECEIPT_OF = attrgetter("receipt")
+
+
+def _ack_args(receipts: list[int]) -> list[Any]:
+    """``ack.lua`` arguments: per batch its id, a count and the packed message indexes."""
+    first, n = receipts[0], len(receipts)
+    if (
+        receipts[-1] - first == n - 1
+        and first >> BATCH_BITS == receipts[-1] >> BATCH_BITS
+        and receipts == list(range(first, first + n))
+    ):  # the usual case: a run of one fetched batch, in order
+        return [first >> BATCH_BITS, n, _packed_range(first & BATCH_MASK, n)]
+    unique = set(receipts)
+    ordered = sorted(unique) if len(unique) != len(receipts) else sorted(receipts)
+    args: list[Any] = []
+    n = len(ordered)
+    start = 0
+    while start < n:
+        batch = ordered[start] >> BATCH_BITS
+        end = bisect_left(ordered, (batch + 1) << BATCH_BITS, start)
+        indexes = [r & BATCH_MASK for r in ordered[start:end]]
+        args += (batch, end - start, struct.pack(f"<{end - start}I", *indexes))
+        start = end
+    return args
+
+
+class _Settling:
+    """``RedisConsumer``'s acknowledgements, retries, dead letters, deferrals and hand-backs."""
+
+    broker: RedisBroker
+
+    def _target(self, queue: str) -> _Target:
+        raise NotImplementedError
+
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        if not deliveries and not results:
+            return
+        self.broker._pipeline_raw(
+            self._ack_commands(deliveries, results),
+            f"acknowledging {len(deliveries)} deliveries",
+        )
+
+    def _ack_commands(
+        self, deliveries: Sequence[Delivery], results: Sequence[StoredResult]
+    ) -> list[_Command]:
+        queues = set(map(_QUEUE_OF, deliveries))
+        if len(queues) <= 1:
+            groups = {queues.pop(): list(map(_RECEIPT_OF, deliveries))} if queues else {}
+        else:
+            groups = {}
+            for d in deliveries:
+                groups.setdefault(d.queue, []).append(d.receipt)
+        script = self.broker._scripts.ack
+        # the records first: a message never counts as done while one is missing
+        commands: list[_Command] = _results_commands(self.broker, results) if results else []
+        commands += [
+            self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
+            for q, receipts in groups.items()
+        ]
+        return commands
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        flows.ack_flow(self, steps)
+
+    def retry(self, delivery: Delivery, message: Message) -> None:
+        problem = _unstorable(message)
+        if problem is None:
+            try:
+                raw = message.encode()
+            except EncodeError as err:
+                problem = str(err)
+        if problem is not None:
+            # Raising would fail this delivery the same way at every try, for ever.
+            self.dead_letter(
+                delivery,
+                f"cannot store the next attempt: {problem}; this is the message as delivered",
+            )
+            return
+        b = self.broker
+        source = self._target(delivery.queue)
+        batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
+        doing = f"scheduling a retry of a message of {delivery.queue!r}"
+        if message.queue == delivery.queue:
+            k = source.keys
+            b._eval(
+                b._scripts.retry,
+                (*k.ready, k.delayed, source.inflight, k.wake, k.seq),
+                (batch, index, message.priority, repr(float(message.eta)), raw),
+                doing,
+            )
+            return
+        # Another queue is another hash tag, so no one script can move the message: check that
+        # this worker still holds it, store the new attempt, and settle the delivery only once
+        # that succeeded (three round trips, on a rare path). A failure in between leaves the
+        # message in both queues, to run twice, never in neither.
+        if not b._eval(b._scripts.held, (source.inflight,), (batch, index), doing):
+            return  # settled already, or recovered: the copy in the queue is the one that lives
+        args: list[Any] = [0] * (MAX_PRIORITY + 1)
+        if message.eta > time.time():
+            args += [message.eta, _PRIORITY_ARG[message.priority], raw]
+        else:
+            args[message.priority] = 1
+            args.append(raw)
+        b._publishing(
+            [
+                (("SADD", QUEUES, message.queue), None),
+                b._call(b._scripts.publish, _publish_keys(message.queue), args),
+            ],
+            doing,
+        )
+        b._eval(b._scripts.ack, (source.inflight,), _ack_args([delivery.receipt]), doing)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        target = self._target(delivery.queue)
+        k = target.keys
+        receipt = delivery.receipt
+        b = self.broker
+        _, expired, dropped = b._eval(
+            b._scripts.dead_letter,
+            (target.inflight, k.dead, k.dead_raw, k.dead_reason),
+            (
+                receipt >> BATCH_BITS,
+                receipt & BATCH_MASK,
+                new_id(),
+                reason,
+                delivery.raw,
+                repr(b.dead_letter_ttl),
+                b.dead_letter_max,
+            ),
+            f"dead-lettering a message of {delivery.queue!r}",
+        )
+        log_trimmed(b, delivery.queue, expired, dropped)
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """``dead_letter.lua`` per delivery, pipelined: one round trip for them all."""
+        if not items:
+            return
+        b = self.broker
+        commands = []
+        for delivery, reason in items:
+            target = self._target(delivery.queue)
+            k = target.keys
+            receipt = delivery.receipt
+            commands.append(
+                b._call(
+                    b._scripts.dead_letter,
+                    (target.inflight, k.dead, k.dead_raw, k.dead_reason),
+                    (
+                        receipt >> BATCH_BITS,
+                        receipt & BATCH_MASK,
+                        new_id(),
+                        reason,
+                        delivery.raw,
+                        repr(b.dead_letter_ttl),
+                        b.dead_letter_max,
+                    ),
+                )
+            )
+        results = b._pipeline(commands, f"dead-lettering {len(items)} messages")
+        trimmed: dict[str, tuple[int, int]] = {}
+        for (delivery, _), (_, expired, dropped) in zip(items, results, strict=True):
+            was = trimmed.get(delivery.queue, (0, 0))
+            trimmed[delivery.queue] = (was[0] + expired, was[1] + dropped)
+        for queue, (expired, dropped) in trimmed.items():
+            log_trimmed(b, queue, expired, dropped)
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """Each delivery goes back as it is (``retry.lua`` with its own bytes), one round trip."""
+        if not items:
+            return
+        b = self.broker
+        commands = []
+        for delivery, eta in items:
+            k = self._target(delivery.queue)
+            batch, index = delivery.receipt >> BATCH_BITS, delivery.receipt & BATCH_MASK
+            commands.append(
+                b._call(
+                    b._scripts.retry,
+                    (*k.keys.ready, k.keys.delayed, k.inflight, k.keys.wake, k.keys.seq),
+                    (batch, index, batch % 10, repr(float(eta)), delivery.raw),
+                )
+            )
+        b._pipeline(commands, f"deferring {len(items)} deliveries")
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        if not deliveries:
+            return
+        by_queue: dict[str, list[Any]] = {}
+        for d in deliveries:
+            by_queue.setdefault(d.queue, []).extend(
+                (d.receipt >> BATCH_BITS, d.receipt & BATCH_MASK, d.raw)
+            )
+        script = self.broker._scripts.release
+        commands = []
+        for queue, triples in by_queue.items():
+            target = self._target(queue)
+            k = target.keys
+            commands.append(self.broker._call(script, (*k.ready, target.inflight, k.wake), triples))
+        self.broker._pipeline(commands, f"releasing {len(deliveries)} deliveries")
