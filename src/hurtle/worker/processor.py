@@ -71,22 +71,19 @@ from collections.abc import Coroutine, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from .._text import describe, safe_repr, safe_str, trace
+from .._text import describe, safe_repr, safe_str
 from ..brokers import Delivery
-from ..brokers.reports import UNDECODABLE, Tally, Timings
-from ..errors import DecodeError, HurtleError
+from ..brokers.reports import Tally, Timings
+from ..errors import HurtleError
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Middleware, Outcome, overrides
-from ..middleware.results import CANCELLED, EXPIRED, encode_skipped
 from ..middleware.retries import Retries
 from ..workflows import FLOW
 from . import flows
 from .acker import Acker
 from .batch import _NO_SKIP, BatchPath, _fail_overran
 from .jobs import BatchState, Job, Limit, Pipeline, late_limit, take_all
-
-# Counter indexes of a ``Tally`` (``brokers/reports.py``).
-PROCESSED, FAILED, RETRIED, DEAD_LETTERED = range(4)
+from .unrun import DEAD_LETTERED, FAILED, PROCESSED, RETRIED, NotRun
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -110,7 +107,7 @@ __all__ = [
 ]
 
 
-class Processor(BatchPath):
+class Processor(BatchPath, NotRun):
     def __init__(
         self,
         app: Hurtle,
@@ -532,101 +529,11 @@ class Processor(BatchPath):
                     describe(err),
                 )
 
-    def crashed(self, delivery: Delivery, err: BaseException) -> None:
-        """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
-        self.failed += 1
-        self._count_lost(delivery, FAILED)
-        self._crashed(delivery, err)
-
-    def _crashed(self, delivery: Delivery, err: BaseException) -> None:
-        reason = (
-            f"the worker could not handle this message ({describe(err)}); it is kept here "
-            f"instead of being retried, since it would fail the same way:\n{trace(err)}"
-        )
-        log.error(
-            "dead-lettering a message of %r that could not be handled: %s",
-            delivery.queue,
-            describe(err),
-        )
-        self._count_lost(delivery, DEAD_LETTERED)
-        self.acker.dead_letter(delivery, reason)
-
     def expire(self, job: Job) -> None:
         """Fail a job whose call could not be stopped at its time limit (it was abandoned)."""
         self.finish(job, None, job.time_limit_error())
 
     # -- helpers ---------------------------------------------------------------------------
-
-    def _undecodable(self, delivery: Delivery, err: Exception) -> None:
-        self.failed += 1
-        for kind in (PROCESSED, FAILED, DEAD_LETTERED):
-            self.tally.add(delivery.queue, UNDECODABLE, kind)
-        text = str(err) if isinstance(err, DecodeError) else describe(err)
-        log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, text)
-        self.acker.dead_letter(delivery, f"undecodable message: {text}")
-
-    def _too_late(
-        self, delivery: Delivery, message: Message, late: list[tuple[Delivery, str]] | None = None
-    ) -> None:
-        """A message whose expiry time passed before it started: not run; a dead letter with
-        the reason ``expired`` (added to ``late``, which the batch hands to the acker at its end,
-        else handed over now) and, when its task keeps results, an ``expired`` record."""
-        self.processed += 1
-        self.tally.add(delivery.queue, message.task, PROCESSED)
-        self.tally.add(delivery.queue, message.task, DEAD_LETTERED)
-        log.debug(
-            "task %s[%s] expired %.3gs before it could start: not run",
-            message.task,
-            message.id,
-            time.time() - message.expires,
-        )
-        task = self.tasks.get(message.task)
-        if task is not None and task.store_result:
-            self.acker.store_result(
-                message.id,
-                encode_skipped(EXPIRED, "not started before its expiry time", message),
-                task.result_ttl,
-            )
-        if late is None:
-            self.acker.dead_letter_many([(delivery, EXPIRED)])
-        else:
-            late.append((delivery, EXPIRED))
-
-    def cancelled(self, deliveries: list[Delivery]) -> None:
-        """Record cancelled deliveries without running them: dead letters ``cancelled`` (one
-        broker call for all) and, for tasks that keep results, ``cancelled`` records."""
-        for delivery in deliveries:
-            self.processed += 1
-            try:
-                message = _decode(delivery.raw)
-            except Exception:  # its id was read, the rest is not a message: counted as such
-                name = UNDECODABLE
-            else:
-                name = message.task
-                task = self.tasks.get(name)
-                if task is not None and task.store_result:
-                    self.acker.store_result(
-                        message.id,
-                        encode_skipped(CANCELLED, "cancelled before it started", message),
-                        task.result_ttl,
-                    )
-            self.tally.add(delivery.queue, name, PROCESSED)
-            self.tally.add(delivery.queue, name, DEAD_LETTERED)
-        log.info("%d cancelled messages not run", len(deliveries))
-        self.acker.dead_letter_many([(d, CANCELLED) for d in deliveries])
-
-    def _unknown(self, delivery: Delivery, message: Message) -> None:
-        self.failed += 1
-        for kind in (PROCESSED, FAILED, DEAD_LETTERED):
-            self.tally.add(delivery.queue, message.task, kind)
-        reason = (
-            f"unknown task {message.task!r}: this worker's app registers no task of that "
-            "name; deploy the code that defines it, then retry the dead letter"
-        )
-        log.error("dead-lettering message %s: %s", message.id, reason)
-        if flows.is_flow(message) and (record := flows.unknown_failure(message, reason, self.app)):
-            self.acker.store_result(record.id, record.payload, record.ttl)
-        self.acker.dead_letter(delivery, reason)
 
     def _run_coroutine(self, job: Job) -> Any:
         """Run an ``async def`` task outside the asyncio pool, on this thread's own loop."""
@@ -677,14 +584,6 @@ class Processor(BatchPath):
             return
         if record is not None:
             self.acker.store_result(record.id, record.payload, record.ttl)
-
-    def _count_lost(self, delivery: Delivery, kind: int) -> None:
-        """Count an outcome of a delivery whose task is not at hand (a rare, slow path)."""
-        try:
-            task = _decode(delivery.raw).task
-        except Exception:
-            task = UNDECODABLE
-        self.tally.add(delivery.queue, task, kind)
 
     def close(self) -> None:
         for loop in self._loops:
