@@ -376,7 +376,16 @@ def test_unique_locks_packed_by_hand_are_the_command_hiredis_would_send() -> Non
     hiredis = pytest.importorskip("hiredis")
     from hurtle.brokers.redis.limits import _hdel
 
-    for fields in (["a"], ["bench.add:929", "with space", "é"], [f"k{i}" for i in range(999)]):
+    cases = (
+        ["a"],
+        ["bench.add:929", "with space", "é"],
+        [f"k{i}" for i in range(999)],
+        [f"bench.add:{i:08x}" for i in range(1000)],  # one length, ASCII: one join
+        ["ab", "a", "abc"],  # lengths that add up as if they were one
+        ["é", "a"],  # one length in characters, not in bytes
+        ["a\r\n$2\r\nb", "a\r\n$2\r\nc"],  # fields holding what a header looks like
+    )
+    for fields in cases:
         assert _hdel("hurtle:{q}:unique", fields) == hiredis.pack_command(
             ("HDEL", "hurtle:{q}:unique", *fields)
         )
