@@ -180,7 +180,82 @@ def test_every_send_names_when_its_lock_ends(app: Hurtle) -> None:
     got = [Message.decode(d.raw) for d in app.broker.consumer(["default"]).fetch(100, 0)]
     assert len(got) == 4
     for m in got:
-        assert m.headers["unique_until"] == pytest.approx(m.created + 90)
+        assert m.unique_until == pytest.approx(m.created + 90)
+        assert m.unique.startswith(f"{f.name}:")
+        assert m.headers == {}  # the lock is in typed fields: no dict to decode per message
+
+
+def test_locks_named_in_headers_by_older_senders_are_still_taken_and_released(
+    app: Hurtle,
+) -> None:
+    # a sender from before the ``unique`` fields named the lock in headers; a worker of this
+    # version still releases it when the message is settled, both in a batch and when dead
+    import msgspec
+
+    ran: list[int] = []
+
+    @app.task(unique_for=60, retries=0)
+    def f(x: int) -> None:
+        ran.append(x)
+        if x == 2:
+            raise ValueError("fails for good")
+
+    def old(x: int, until: float) -> Message:
+        m = f.message((x,), {})
+        return msgspec.structs.replace(m, headers={"unique": f"old:{x}", "unique_until": until})
+
+    now = time.time()
+    sent = [old(1, now + 60), old(2, now + 60), old(3, 0.0)]
+    assert app.broker.publish_unique(sent, 60) == [m.id for m in sent]
+    assert app.broker.publish_unique([old(1, now + 60)], 60) == [sent[0].id]  # held
+    app.worker(burst=True).run()
+    assert sorted(ran) == [1, 2, 3]
+    again = [old(1, now + 60), old(2, now + 60), old(3, 0.0)]
+    assert app.broker.publish_unique(again, 60) == [m.id for m in again]  # all released
+
+
+def test_the_message_format_reads_both_ways_across_the_unique_fields() -> None:
+    # a rolling upgrade: workers of the version before these fields ignore them (the lock then
+    # ends at its unique_until), and this version reads those workers' messages with none
+    import msgspec
+
+    class Before(msgspec.Struct, array_like=True):  # the message as the version before had it
+        id: str
+        task: str
+        queue: str
+        args: tuple[Any, ...] = ()
+        kwargs: dict[str, Any] = {}
+        attempt: int = 0
+        priority: int = 0
+        eta: float = 0.0
+        created: float = 0.0
+        headers: dict[str, Any] = {}
+        expires: float = 0
+
+    new = Message("m1", "t", "q", (1,), unique="t:1", unique_until=1e9)
+    read_before = msgspec.msgpack.decode(new.encode(), type=Before)
+    assert (read_before.id, read_before.args, read_before.headers) == ("m1", (1,), {})
+    older = Message.decode(msgspec.msgpack.encode(Before("m2", "t", "q", (2,))))
+    assert (older.id, older.args, older.unique, older.unique_until) == ("m2", (2,), "", 0)
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"unique": 5}, "unique must be a str"),
+        ({"unique": "k", "unique_until": float("nan")}, "unique_until must be a finite number"),
+        ({"unique": "k", "unique_until": -1.0}, "unique_until must be >= 0"),
+    ],
+)
+def test_bad_unique_fields_are_refused_at_publish(
+    app: Hurtle, fields: dict[str, Any], match: str
+) -> None:
+    from hurtle import EncodeError
+
+    m = Message("m1", "t", "q", **fields)
+    with pytest.raises(EncodeError, match=match):
+        app.broker.publish([m])
+    assert app.broker.stats(["q"])["q"].ready == 0
 
 
 def test_the_lock_ends_when_the_message_is_acknowledged_or_dead(app: Hurtle) -> None:

@@ -460,8 +460,10 @@ def _send_many(
                     priority,
                     eta,
                     now,
-                    {**headers, "unique": unique(args, kwargs), "unique_until": until},
+                    headers,
                     expires,
+                    unique(args, kwargs),
+                    until,
                 )
             )
     app = task.app
@@ -482,8 +484,8 @@ def _send_many(
 
 
 def _publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
-    """Publish calls of a ``unique_for`` task, each naming its lock in ``headers["unique"]``
-    and when the lock ends at the latest in ``headers["unique_until"]`` (its ``created`` plus
+    """Publish calls of a ``unique_for`` task, each naming its lock in ``Message.unique``
+    and when the lock ends at the latest in ``Message.unique_until`` (its ``created`` plus
     ``unique_for``), through the app's ``before_publish`` hooks; returns per published call the
     id of the message that holds its lock (its own when enqueued)."""
     limits = task.limits
@@ -492,14 +494,7 @@ def _publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
     unique_for = float(limits.unique_for)
     replace = msgspec.structs.replace
     locked: list[Message] = CheckedBatch(
-        replace(
-            m,
-            headers={
-                **m.headers,
-                "unique": key_of(m.args, m.kwargs),
-                "unique_until": m.created + unique_for,
-            },
-        )
+        replace(m, unique=key_of(m.args, m.kwargs), unique_until=m.created + unique_for)
         for m in messages
     )
     hooks = task.app._publish_hooks

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
-from ..message import Message
+from ..message import Message, lock_of
 from .base import StoredResult
 
 if TYPE_CHECKING:
@@ -122,22 +122,23 @@ def burst(limit: int) -> int:
 
 
 def unique_key_of(message: Message) -> str:
-    """The unique lock key a message names, checked."""
-    key = message.headers.get("unique")
-    if not isinstance(key, str) or not key:
+    """The unique lock key a message names (``Message.unique``, or the header older senders
+    named it in), checked."""
+    lock = lock_of(message)
+    if lock is None:
         raise ConfigurationError(
             f"message {message.id} of task {message.task!r} has no unique key: "
-            "publish_unique needs headers['unique'] (a non-empty str) on every message"
+            "publish_unique needs unique (a non-empty str) on every message"
         )
-    return key
+    return lock[0]
 
 
 def lock_end(message: Message, now: float, unique_for: float) -> float:
-    """When the unique lock of ``message`` ends: ``headers["unique_until"]`` (its sender's
-    ``created`` plus ``unique_for``) when it names a finite time, else ``now + unique_for``."""
-    until = message.headers.get("unique_until")
-    if (type(until) is float or type(until) is int) and math.isfinite(until):
-        return float(until)
+    """When the unique lock of ``message`` ends: its ``unique_until`` (the sender's ``created``
+    plus ``unique_for``) when it names one, else ``now + unique_for``."""
+    lock = lock_of(message)
+    if lock is not None and lock[1] > 0:
+        return lock[1]
     return now + unique_for
 
 

@@ -1,12 +1,13 @@
 """Unique tasks (``unique_for``): the worker's side.
 
 The lock is taken when the message is published (``Task.send``, ``Broker.publish_unique``) and
-named in its ``headers["unique"]``, with when it ends at the latest in
-``headers["unique_until"]`` (the call's ``created`` plus ``unique_for``, by the sender's clock).
-It ends when the message's outcome is settled — acknowledged or dead-lettered; a retry keeps
-it, since the message is still waiting — with the acker's next flush, in one broker call for the
-batch, or at that latest end, whichever comes first: a worker that dies holding the message
-cannot keep the lock for ever.
+named in its ``unique`` field, with when it ends at the latest in ``unique_until`` (the call's
+``created`` plus ``unique_for``, by the sender's clock); messages of older senders name it in
+``headers["unique"]`` and ``headers["unique_until"]`` (``message.lock_of``). It ends when the
+message's outcome is settled — acknowledged or dead-lettered; a retry keeps it, since the
+message is still waiting — with the acker's next flush, in one broker call for the batch, or
+at that latest end, whichever comes first: a worker that dies holding the message cannot keep
+the lock for ever.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ..brokers import UniqueLocks
+from ..message import lock_of
 from . import Calls, Middleware, Outcome
 
 if TYPE_CHECKING:
@@ -42,24 +44,23 @@ class UniqueMiddleware(Middleware):
             return
         failed = calls.failures
         deliveries, messages = calls.deliveries, calls.messages
-        queue = deliveries[0].queue if deliveries else ""
-        if not failed and len(set(map(_QUEUE_OF, deliveries))) == 1:
-            # the usual batch: the locks in columns, and the common case read without a loop
-            # of Python per lock beyond these comprehensions
-            headers = [m.headers for m in messages]
-            keys: list[Any] = [h.get("unique") for h in headers]
-            untils: list[Any] = [h.get("unique_until") for h in headers]
-            if set(map(type, keys)) == {str}:
-                if not set(map(type, untils)) <= {float}:
-                    untils = [_until(h) for h in headers]
-                self._acker.release_unique_batch(
-                    UniqueLocks(queue, keys, [m.id for m in messages], untils)
+        keys = list(map(_UNIQUE, messages))
+        if not failed and "" not in keys and len(set(map(_QUEUE_OF, deliveries))) == 1:
+            # the usual batch: every lock in the messages' fields, read in columns (a few C
+            # loops, no Python one)
+            self._acker.release_unique_batch(
+                UniqueLocks(
+                    deliveries[0].queue,
+                    keys,
+                    list(map(_ID, messages)),
+                    list(map(_UNTIL, messages)),  # 0 (an int) where unknown
                 )
-                return
+            )
+            return
         locks = [
-            (d.queue, key, m.id, _until(m.headers))
+            (d.queue, lock[0], m.id, lock[1])
             for i, (d, m) in enumerate(zip(deliveries, messages, strict=True))
-            if isinstance(key := m.headers.get("unique"), str) and i not in failed
+            if i not in failed and (lock := lock_of(m)) is not None
         ]
         self._acker.release_uniques(locks)
 
@@ -67,16 +68,12 @@ class UniqueMiddleware(Middleware):
         # acknowledgements come through ``after_calls``
         if outcome.kind != "dead" or self._acker is None:
             return
-        headers = job.message.headers
-        key = headers.get("unique")
-        if isinstance(key, str):
-            self._acker.release_unique(job.delivery.queue, key, job.message.id, _until(headers))
+        lock = lock_of(job.message)
+        if lock is not None:
+            self._acker.release_unique(job.delivery.queue, lock[0], job.message.id, lock[1])
 
 
 _QUEUE_OF = attrgetter("queue")
-
-
-def _until(headers: dict[str, Any]) -> float:
-    """When a message's lock ends at the latest (``headers["unique_until"]``), 0 if unknown."""
-    until = headers.get("unique_until")
-    return float(until) if type(until) is float or type(until) is int else 0.0
+_UNIQUE = attrgetter("unique")
+_UNTIL = attrgetter("unique_until")
+_ID = attrgetter("id")
