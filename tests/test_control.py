@@ -362,10 +362,11 @@ def test_an_expiry_that_is_no_time_is_refused_at_both_ends() -> None:
     raw = msgspec.msgpack.encode(["x", "t", "q", [], {}, 0, 0, 0.0, 0.0, {}, float("nan")])
     with pytest.raises(DecodeError, match="expires"):
         Message.decode(raw)
-    # no expiry costs one byte on the wire; an old message without the field reads as none
+    # no expiry costs one byte on the wire (and no unique lock two more, one a field); an old
+    # message without the field reads as none
     plain = Message(id="x", task="t", queue="q")
     assert (
         len(plain.encode())
-        == len(msgspec.msgpack.encode(["x", "t", "q", [], {}, 0, 0, 0.0, 0.0, {}])) + 1
+        == len(msgspec.msgpack.encode(["x", "t", "q", [], {}, 0, 0, 0.0, 0.0, {}])) + 1 + 2
     )
     assert Message.decode(msgspec.msgpack.encode(["x", "t", "q"])).expires == 0
