@@ -338,3 +338,109 @@ def test_a_sqlite_file_without_the_limit_tables_is_upgraded(tmp_path: Any) -> No
         assert upgraded.consumer(["q"]).acquire_slots([("k", 1, 1)]) == [1]
     finally:
         upgraded.close()
+
+
+def test_a_limit_far_from_binding_takes_a_few_batches_of_tokens_in_one_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = Hurtle("memory://", fetch_batch_size=10)
+    asked: list[int] = []
+    take = app.broker.take_tokens
+
+    def counting(requests: Any) -> Any:
+        asked.extend(wanted for _, _, _, wanted in requests)
+        return take(requests)
+
+    monkeypatch.setattr(app.broker, "take_tokens", counting)
+    ran: list[int] = []
+
+    @app.task(rate_limit="1000000/s")
+    def f(i: int) -> None:
+        ran.append(i)
+
+    f.send_many([(i,) for i in range(50)])
+    app.worker(burst=True).run()
+    assert sorted(ran) == list(range(50))
+    assert len(asked) < 5  # for at least five batches (of at most 10)
+
+
+@pytest.mark.parametrize(
+    ("rate", "batch", "ahead"),
+    [
+        ("10000000/s", 1000, 4000),  # a safety cap: four batches ahead
+        ("100000/s", 1000, 4000),  # 10,000 in RESERVE_HOLD: 8,000 fit
+        ("20000/s", 1000, 0),  # 2,000 in RESERVE_HOLD: a batch or two would use them up
+        ("50/s", 1, 0),  # a limit that binds: never
+        ("50/s", 100, 0),
+    ],
+)
+def test_tokens_are_taken_ahead_only_for_a_limit_far_from_binding(
+    app: Hurtle, monkeypatch: pytest.MonkeyPatch, rate: str, batch: int, ahead: int
+) -> None:
+    from hurtle.middleware import limits as mw
+
+    @app.task(rate_limit=rate)
+    def f() -> None: ...
+
+    asked: list[int] = []
+
+    def granting(requests: Any) -> Any:
+        asked.extend(wanted for _, _, _, wanted in requests)
+        return [(wanted, 0.0) for _, _, _, wanted in requests]
+
+    monkeypatch.setattr(app.broker, "take_tokens", granting)
+    limiter = mw.RateLimitMiddleware()
+    limiter._broker = app.broker
+    assert limiter.admit({f: batch}) == {}
+    assert asked == [batch + ahead]
+    assert limiter._reserve.get(f.name, (0, 0.0))[0] == ahead
+
+
+def test_tokens_taken_ahead_are_dropped_once_held_too_long(
+    app: Hurtle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hurtle.middleware import limits as mw
+
+    @app.task(rate_limit="1000000/s")
+    def f() -> None: ...
+
+    clock = [1000.0]
+    monkeypatch.setattr(mw, "_monotonic", lambda: clock[0])
+    asked: list[int] = []
+    take = app.broker.take_tokens
+
+    def counting(requests: Any) -> Any:
+        asked.extend(wanted for _, _, _, wanted in requests)
+        return take(requests)
+
+    monkeypatch.setattr(app.broker, "take_tokens", counting)
+    limiter = mw.RateLimitMiddleware()
+    limiter._broker = app.broker
+    assert limiter.admit({f: 10}) == {}  # 10 now, 40 ahead
+    clock[0] += mw.RESERVE_HOLD / 2
+    assert limiter.admit({f: 30}) == {}  # from those 40: no call
+    assert asked == [50]
+    clock[0] += mw.RESERVE_HOLD  # the 10 left are too old now
+    assert limiter.admit({f: 10}) == {}
+    assert asked == [50, 50]
+
+
+def test_tokens_in_hand_count_when_the_limit_refuses_the_rest(
+    app: Hurtle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hurtle.middleware import limits as mw
+
+    @app.task(rate_limit="1000000/s")
+    def f() -> None: ...
+
+    clock = [1000.0]
+    monkeypatch.setattr(mw, "_monotonic", lambda: clock[0])
+    answers = iter([[(50, 0.0)], [(5, 0.25)]])
+    monkeypatch.setattr(app.broker, "take_tokens", lambda requests: next(answers))
+    limiter = mw.RateLimitMiddleware()
+    limiter._broker = app.broker
+    assert limiter.admit({f: 10}) == {}  # 40 in hand
+    # 100 wanted: 40 in hand, 60 asked for, 5 given: 45 run, the rest come back from 0.25 s
+    may, wait, _, _ = limiter.admit({f: 100})[f.name]
+    assert (may, wait) == (45, 0.25)
+    assert limiter._reserve.get(f.name, (0, 0.0))[0] == 0

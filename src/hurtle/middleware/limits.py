@@ -7,6 +7,12 @@ is (rate) or after a short pause (concurrency). A throttled message is not a fai
 no attempt, never becomes a dead letter, and the jobs of other tasks and other keys in the batch
 run as usual.
 
+Tokens ahead. A rate limit without a key function that is far from binding (a safety cap) takes,
+with a batch's tokens, a few more batches' worth (``RESERVE_BATCHES``), which this worker uses
+for its next batches without a broker call, within ``RESERVE_HOLD`` seconds or never. Only when
+they are a small share of what the limit gives in that time (``_spare``), so that a limit that
+binds is shared between workers exactly as without them.
+
 Slots. The solo pool runs a batch one job after another, so the jobs of one key in a batch share
 one slot, given back when the last of them has an outcome (or when the batch ends, for those
 handed back unrun). Pools that run jobs side by side take one slot per job, given back at its
@@ -25,6 +31,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -46,6 +53,27 @@ _TASK_NAME_OF = attrgetter("task.name")
 #: A job throttled by a concurrency limit waits this long, give or take half, before it is
 #: fetched again (nothing says when a slot will be free).
 CONCURRENCY_PAUSE = 0.2
+
+
+#: Seconds a worker keeps the rate-limit tokens it took ahead of its batches (``admit``); those
+#: not used by then are dropped, never used later. A start is thus at most this late on the
+#: token the limit counted for it: over any window, a limit lets through at most this many
+#: seconds' worth of starts more than its tokens over the window (and its burst).
+RESERVE_HOLD = 0.1
+#: Batches' worth of tokens taken ahead, at most: one broker call serves this many and one more.
+RESERVE_BATCHES = 4
+_NO_RESERVE = (0, 0.0)
+_monotonic = time.monotonic
+
+
+def _spare(limit: int, period: float, wanted: int) -> int:
+    """Tokens to take ahead with ``wanted`` for a limit of ``limit`` per ``period``: a few
+    batches' worth, only when they are a small share of what the limit gives in
+    ``RESERVE_HOLD`` (a limit far from binding, such as a safety cap); none for a limit that a
+    batch or two could exhaust, where tokens held here would be missing elsewhere."""
+    room = int(limit / period * RESERVE_HOLD)
+    spare = RESERVE_BATCHES * wanted
+    return spare if 2 * spare <= room else 0
 
 
 class _Slot:
@@ -71,6 +99,8 @@ class RateLimitMiddleware(Middleware):
         # own, the slot it holds)
         self._held: dict[int, tuple[Any, _Slot]] = {}
         self._bad: dict[int, str] = {}  # id of a delivery -> why its key could not be made
+        #: task name -> (tokens taken ahead by ``admit``, monotonic time they expire)
+        self._reserve: dict[str, tuple[int, float]] = {}
 
     def applies_to(self, task: Task[Any, Any]) -> bool:
         limits = task.limits
@@ -93,19 +123,45 @@ class RateLimitMiddleware(Middleware):
         self._take_tokens(jobs)  # every task here has a rate limit, and nothing else
 
     def admit(self, counts: dict[Task[Any, Any], int]) -> dict[str, tuple[int, float, float, str]]:
-        # one key per task: the tokens of a batch need only how many calls each task has
-        requests = []
-        for task, n in counts.items():
-            limits = task.limits
-            assert limits is not None and limits.rate is not None
-            requests.append((task.name, *limits.rate, n))
+        # One key per task: the tokens of a batch need only how many calls each task has. A
+        # limit far from binding (``_spare``) gives a few batches' worth at once: they are kept
+        # here for ``RESERVE_HOLD`` seconds at most, and the batches they cover make no call.
+        now = _monotonic()
+        requests: list[tuple[str, int, float, int, int, int]] = []
+        with self._lock:
+            reserve = self._reserve
+            for task, n in counts.items():
+                limits = task.limits
+                assert limits is not None and limits.rate is not None
+                limit, period = limits.rate
+                held, until = reserve.pop(task.name, _NO_RESERVE)
+                if until <= now:
+                    held = 0  # too old to use: the limit counted them as started long ago
+                elif held >= n:
+                    reserve[task.name] = (held - n, until)
+                    continue
+                requests.append(
+                    (task.name, limit, period, n - held, _spare(limit, period, n), held)
+                )
+        if not requests:
+            return {}
         assert self._broker is not None, "worker_start first"
-        granted = self._broker.take_tokens(requests)
-        return {
-            name: (got, wait, period / limit, f"rate limit of {name!r}")
-            for (name, limit, period, n), (got, wait) in zip(requests, granted, strict=True)
-            if got < n
-        }
+        granted = self._broker.take_tokens(
+            [
+                (name, limit, period, need + spare)
+                for name, limit, period, need, spare, _ in requests
+            ]
+        )
+        refused: dict[str, tuple[int, float, float, str]] = {}
+        with self._lock:
+            for (name, limit, period, need, _, held), (got, wait) in zip(
+                requests, granted, strict=True
+            ):
+                if got > need:  # dated from before the call: they expire no later than due
+                    self._reserve[name] = (got - need, now + RESERVE_HOLD)
+                elif got < need:
+                    refused[name] = (held + got, wait, period / limit, f"rate limit of {name!r}")
+        return refused
 
     def _take_all(self, jobs: list[Job]) -> None:
         limited = [j for j in jobs if _limits(j).concurrency is not None]
