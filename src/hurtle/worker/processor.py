@@ -67,7 +67,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +93,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 _decode = Message.decode
 _clock = time.perf_counter
+
+
+def _ignore(_: object) -> None:
+    """An append of the inline loop when its run keeps no columns (never called)."""
+
 
 __all__ = [
     "BatchState",
@@ -236,7 +241,11 @@ class Processor(BatchPath, NotRun):
         called = self._called
         columned = self._columned
         returned: dict[str, Calls] = {}  # by task: the calls ``after_calls`` settles
-        run_calls: Calls | None = None  # the current run's, when its task has ``after_calls``
+        # the current run's Calls, when its task has ``after_calls``: its columns' appends
+        add_delivery: Callable[[Delivery], None] | None = None
+        add_message: Callable[[Message], None] = _ignore
+        add_result: Callable[[Any], None] = _ignore
+        add_runtime: Callable[[float], None] = _ignore
         decode = decode_unchecked
         done: list[Delivery] = []
         started = 0
@@ -300,11 +309,15 @@ class Processor(BatchPath, NotRun):
                     run_task, run_queue, run_start = task, delivery.queue, started
                     if task is not None:
                         run_times = runtimes.setdefault((run_queue, task.name), [])
-                        run_calls = None
+                        add_delivery = None
                         if task.name in columned:
                             run_calls = returned.get(task.name)
                             if run_calls is None:
                                 run_calls = returned[task.name] = Calls(task)
+                            add_delivery = run_calls.deliveries.append
+                            add_message = run_calls.messages.append
+                            add_result = run_calls.results.append
+                            add_runtime = run_calls.runtimes.append
                 started += 1
                 if task is None:  # not inline (or unknown: dead-lettered); timed in ``finish``
                     state.time_limit = None
@@ -325,13 +338,13 @@ class Processor(BatchPath, NotRun):
                 state.current = None  # before the outcome: a hard stop now hands nothing back
                 now = clock()
                 run_times.append(now - last)
-                if run_calls is None:
+                if add_delivery is None:
                     done.append(delivery)
                 else:
-                    run_calls.deliveries.append(delivery)
-                    run_calls.messages.append(message)
-                    run_calls.results.append(result)
-                    run_calls.runtimes.append(now - last)
+                    add_delivery(delivery)
+                    add_message(message)
+                    add_result(result)
+                    add_runtime(now - last)
                 last = now
         except BaseException:  # a hard stop raised in a task: the rest goes back unstarted
             state.unstarted.extend(take_all(pending))
