@@ -337,14 +337,16 @@ class Processor(BatchPath, NotRun):
                     continue
                 state.current = None  # before the outcome: a hard stop now hands nothing back
                 now = clock()
-                run_times.append(now - last)
                 if add_delivery is None:
+                    run_times.append(now - last)
                     done.append(delivery)
                 else:
+                    ran = now - last
+                    run_times.append(ran)
                     add_delivery(delivery)
                     add_message(message)
                     add_result(result)
-                    add_runtime(now - last)
+                    add_runtime(ran)
                 last = now
         except BaseException:  # a hard stop raised in a task: the rest goes back unstarted
             state.unstarted.extend(take_all(pending))
