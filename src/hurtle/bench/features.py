@@ -6,7 +6,8 @@ does; it reports consume tasks/s and the ratio to the ``bare`` row of the same r
 and the targets, are about consuming), and the publish rate beside it (``unique_for`` costs
 there too: each send takes its lock). With ``--rounds R``
 the rows run R times in turn (so that a noisy moment hits every row alike) and each row shows
-its median. A row whose option
+its median, and the ratio is the median of each round's ratio to that round's ``bare``, with
+its range. A row whose option
 this hurtle does not have (registering the task raises ``TypeError``) is skipped with the note
 "option not available", so rows appear by themselves once the feature exists.
 """
@@ -148,30 +149,45 @@ def run(args: argparse.Namespace) -> int:
 
 
 def table(rounds: list[list[Row]]) -> str:
-    """One line per row: the median consume rate over the rounds and its ratio to bare's."""
+    """One line per row: the median consume rate over the rounds, and the median and range of
+    its ratio to bare's *in the same round* (the machine's speed drifts between rounds more than
+    within one; a ratio of medians would mix moments)."""
 
-    def median(name: str, publish: bool = False) -> float | None:
-        rates = [
+    def rates(name: str, publish: bool = False) -> list[float]:
+        return [
             rate
             for rows in rounds
             for r in rows
             if r.name == name and (rate := r.publish_rate if publish else r.consume_rate)
         ]
-        return statistics.median(rates) if rates else None
 
-    bare = median("bare")
-    lines = [f"{'row':<14} {'consume/s':>12} {'x bare':>7} {'publish/s':>12}  config / note"]
+    def ratios(name: str) -> list[float]:
+        out = []
+        for rows in rounds:
+            by_name = {r.name: r.consume_rate for r in rows}
+            rate, bare = by_name.get(name), by_name.get("bare")
+            if rate and bare:
+                out.append(rate / bare)
+        return out
+
+    lines = [
+        f"{'row':<14} {'consume/s':>12} {'x bare':>7} {'range':>11} {'publish/s':>12}  "
+        "config / note"
+    ]
     for r in rounds[0]:
         if r.skipped:
-            lines.append(f"{r.name:<14} {'-':>12} {'-':>7} {'-':>12}  skipped: {r.skipped}")
+            lines.append(
+                f"{r.name:<14} {'-':>12} {'-':>7} {'':>11} {'-':>12}  skipped: {r.skipped}"
+            )
             continue
-        rate = median(r.name)
-        ratio = f"{rate / bare:.2f}" if rate and bare else "-"
-        shown = f"{rate:,.0f}" if rate else "-"
-        published = median(r.name, publish=True)
-        sent = f"{published:,.0f}" if published else "-"
+        consumed, published, each = rates(r.name), rates(r.name, True), ratios(r.name)
+        shown = f"{statistics.median(consumed):,.0f}" if consumed else "-"
+        sent = f"{statistics.median(published):,.0f}" if published else "-"
+        ratio = f"{statistics.median(each):.2f}" if each else "-"
+        spread = f"{min(each):.2f}-{max(each):.2f}" if len(each) > 1 else ""
         notes = [n for rows in rounds for row in rows if row.name == r.name for n in row.notes]
         lines.append(
-            f"{r.name:<14} {shown:>12} {ratio:>7} {sent:>12}  " + "; ".join([r.config, *notes])
+            f"{r.name:<14} {shown:>12} {ratio:>7} {spread:>11} {sent:>12}  "
+            + "; ".join([r.config, *notes])
         )
     return "\n".join(lines)
