@@ -340,10 +340,8 @@ def test_a_sqlite_file_without_the_limit_tables_is_upgraded(tmp_path: Any) -> No
         upgraded.close()
 
 
-def test_a_limit_far_from_binding_takes_a_few_batches_of_tokens_in_one_call(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    app = Hurtle("memory://", fetch_batch_size=10)
+def _count_tokens_asked(app: Hurtle, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many tokens each request to the broker asks for, in order (the broker still answers)."""
     asked: list[int] = []
     take = app.broker.take_tokens
 
@@ -352,6 +350,24 @@ def test_a_limit_far_from_binding_takes_a_few_batches_of_tokens_in_one_call(
         return take(requests)
 
     monkeypatch.setattr(app.broker, "take_tokens", counting)
+    return asked
+
+
+def _limiter(app: Hurtle, monkeypatch: pytest.MonkeyPatch, clock: list[float]) -> Any:
+    """A ``RateLimitMiddleware`` on ``app``'s broker, whose clock reads ``clock[0]``."""
+    from hurtle.middleware import limits as mw
+
+    monkeypatch.setattr(mw, "_monotonic", lambda: clock[0])
+    limiter = mw.RateLimitMiddleware()
+    limiter._broker = app.broker
+    return limiter
+
+
+def test_a_limit_far_from_binding_takes_a_few_batches_of_tokens_in_one_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = Hurtle("memory://", fetch_batch_size=10)
+    asked = _count_tokens_asked(app, monkeypatch)
     ran: list[int] = []
 
     @app.task(rate_limit="1000000/s")
@@ -377,7 +393,6 @@ def test_a_limit_far_from_binding_takes_a_few_batches_of_tokens_in_one_call(
 def test_tokens_are_taken_ahead_only_for_a_limit_far_from_binding(
     app: Hurtle, monkeypatch: pytest.MonkeyPatch, rate: str, batch: int, ahead: int
 ) -> None:
-    from hurtle.middleware import limits as mw
 
     @app.task(rate_limit=rate)
     def f() -> None: ...
@@ -389,8 +404,7 @@ def test_tokens_are_taken_ahead_only_for_a_limit_far_from_binding(
         return [(wanted, 0.0) for _, _, _, wanted in requests]
 
     monkeypatch.setattr(app.broker, "take_tokens", granting)
-    limiter = mw.RateLimitMiddleware()
-    limiter._broker = app.broker
+    limiter = _limiter(app, monkeypatch, [1000.0])
     assert limiter.admit({f: batch}) == {}
     assert asked == [batch + ahead]
     assert limiter._reserve.get(f.name, (0, 0.0))[0] == ahead
@@ -405,17 +419,8 @@ def test_tokens_taken_ahead_are_dropped_once_held_too_long(
     def f() -> None: ...
 
     clock = [1000.0]
-    monkeypatch.setattr(mw, "_monotonic", lambda: clock[0])
-    asked: list[int] = []
-    take = app.broker.take_tokens
-
-    def counting(requests: Any) -> Any:
-        asked.extend(wanted for _, _, _, wanted in requests)
-        return take(requests)
-
-    monkeypatch.setattr(app.broker, "take_tokens", counting)
-    limiter = mw.RateLimitMiddleware()
-    limiter._broker = app.broker
+    asked = _count_tokens_asked(app, monkeypatch)
+    limiter = _limiter(app, monkeypatch, clock)
     assert limiter.admit({f: 10}) == {}  # 10 now, 40 ahead
     clock[0] += mw.RESERVE_HOLD / 2
     assert limiter.admit({f: 30}) == {}  # from those 40: no call
@@ -428,17 +433,13 @@ def test_tokens_taken_ahead_are_dropped_once_held_too_long(
 def test_tokens_in_hand_count_when_the_limit_refuses_the_rest(
     app: Hurtle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hurtle.middleware import limits as mw
 
     @app.task(rate_limit="1000000/s")
     def f() -> None: ...
 
-    clock = [1000.0]
-    monkeypatch.setattr(mw, "_monotonic", lambda: clock[0])
     answers = iter([[(50, 0.0)], [(5, 0.25)]])
     monkeypatch.setattr(app.broker, "take_tokens", lambda requests: next(answers))
-    limiter = mw.RateLimitMiddleware()
-    limiter._broker = app.broker
+    limiter = _limiter(app, monkeypatch, [1000.0])
     assert limiter.admit({f: 10}) == {}  # 40 in hand
     # 100 wanted: 40 in hand, 60 asked for, 5 given: 45 run, the rest come back from 0.25 s
     may, wait, _, _ = limiter.admit({f: 100})[f.name]
