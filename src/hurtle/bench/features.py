@@ -6,8 +6,9 @@ does; it reports consume tasks/s and the ratio to the ``bare`` row of the same r
 and the targets, are about consuming), and the publish rate beside it (``unique_for`` costs
 there too: each send takes its lock). With ``--rounds R``
 the rows run R times in turn (so that a noisy moment hits every row alike) and each row shows
-its median, and the ratio is the median of each round's ratio to that round's ``bare``, with
-its range. A row whose option
+its median. In each round ``bare`` runs before every other row and after the last, and a row's
+ratio is to the mean of the two ``bare`` runs beside it; the table shows the median of those
+ratios over the rounds, and their range. A row whose option
 this hurtle does not have (registering the task raises ``TypeError``) is skipped with the note
 "option not available", so rows appear by themselves once the feature exists.
 """
@@ -126,9 +127,16 @@ def run(args: argparse.Namespace) -> int:
         info = machine.describe(url)
         with tempfile.TemporaryDirectory(prefix="hurtle-bench-features-") as tmp:
             runner = Runner(url, Path(tmp), timeout=args.timeout)
+            bare = ROWS[0]
             for n in range(max(args.rounds, 1)):
                 rows: list[Row] = []
-                for name, options, worker in chosen:
+                # bare before every other row and after the last: each row is compared with
+                # the bare runs right beside it
+                order = [bare]
+                for row in chosen:
+                    if row[0] != "bare":
+                        order += [row, bare]
+                for name, options, worker in order:
                     why = unavailable(options)
                     if why is not None:
                         rows.append(Row(name=name, system="hurtle", skipped=why))
@@ -150,8 +158,9 @@ def run(args: argparse.Namespace) -> int:
 
 def table(rounds: list[list[Row]]) -> str:
     """One line per row: the median consume rate over the rounds, and the median and range of
-    its ratio to bare's *in the same round* (the machine's speed drifts between rounds more than
-    within one; a ratio of medians would mix moments)."""
+    its ratio to the ``bare`` runs right beside it (before and after it in its round): the
+    machine's speed drifts from one second to the next, and a ratio of medians would mix
+    moments."""
 
     def rates(name: str, publish: bool = False) -> list[float]:
         return [
@@ -164,17 +173,29 @@ def table(rounds: list[list[Row]]) -> str:
     def ratios(name: str) -> list[float]:
         out = []
         for rows in rounds:
-            by_name = {r.name: r.consume_rate for r in rows}
-            rate, bare = by_name.get(name), by_name.get("bare")
-            if rate and bare:
-                out.append(rate / bare)
+            for i, r in enumerate(rows):
+                rate = r.consume_rate
+                if r.name != name or not rate:
+                    continue
+                if name == "bare":
+                    out.append(1.0)
+                    continue
+                # the bare runs just before and just after this one, when they ran
+                beside = [
+                    b
+                    for j in (i - 1, i + 1)
+                    if 0 <= j < len(rows) and rows[j].name == "bare" and (b := rows[j].consume_rate)
+                ]
+                if beside:
+                    out.append(rate / statistics.fmean(beside))
         return out
 
     lines = [
         f"{'row':<14} {'consume/s':>12} {'x bare':>7} {'range':>11} {'publish/s':>12}  "
         "config / note"
     ]
-    for r in rounds[0]:
+    shown_rows = {r.name: r for r in rounds[0]}  # each name once, in its first order
+    for r in shown_rows.values():
         if r.skipped:
             lines.append(
                 f"{r.name:<14} {'-':>12} {'-':>7} {'':>11} {'-':>12}  skipped: {r.skipped}"
