@@ -159,24 +159,29 @@ class _Settling:
         )
         b._eval(b._scripts.ack, (source.inflight,), _ack_args([delivery.receipt]), doing)
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+    def _dead_letter_call(
+        self, delivery: Delivery, reason: str
+    ) -> tuple[tuple[str, ...], tuple[Any, ...]]:
+        """The keys and arguments of ``dead_letter.lua`` for one delivery."""
         target = self._target(delivery.queue)
         k = target.keys
         receipt = delivery.receipt
         b = self.broker
+        return (target.inflight, k.dead, k.dead_raw, k.dead_reason), (
+            receipt >> BATCH_BITS,
+            receipt & BATCH_MASK,
+            new_id(),
+            reason,
+            delivery.raw,
+            repr(b.dead_letter_ttl),
+            b.dead_letter_max,
+        )
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        b = self.broker
+        keys, args = self._dead_letter_call(delivery, reason)
         _, expired, dropped = b._eval(
-            b._scripts.dead_letter,
-            (target.inflight, k.dead, k.dead_raw, k.dead_reason),
-            (
-                receipt >> BATCH_BITS,
-                receipt & BATCH_MASK,
-                new_id(),
-                reason,
-                delivery.raw,
-                repr(b.dead_letter_ttl),
-                b.dead_letter_max,
-            ),
-            f"dead-lettering a message of {delivery.queue!r}",
+            b._scripts.dead_letter, keys, args, f"dead-lettering a message of {delivery.queue!r}"
         )
         log_trimmed(b, delivery.queue, expired, dropped)
 
@@ -185,26 +190,8 @@ class _Settling:
         if not items:
             return
         b = self.broker
-        commands = []
-        for delivery, reason in items:
-            target = self._target(delivery.queue)
-            k = target.keys
-            receipt = delivery.receipt
-            commands.append(
-                b._call(
-                    b._scripts.dead_letter,
-                    (target.inflight, k.dead, k.dead_raw, k.dead_reason),
-                    (
-                        receipt >> BATCH_BITS,
-                        receipt & BATCH_MASK,
-                        new_id(),
-                        reason,
-                        delivery.raw,
-                        repr(b.dead_letter_ttl),
-                        b.dead_letter_max,
-                    ),
-                )
-            )
+        script = b._scripts.dead_letter
+        commands = [b._call(script, *self._dead_letter_call(d, reason)) for d, reason in items]
         results = b._pipeline(commands, f"dead-lettering {len(items)} messages")
         trimmed: dict[str, tuple[int, int]] = {}
         for (delivery, _), (_, expired, dropped) in zip(items, results, strict=True):
