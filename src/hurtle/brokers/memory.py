@@ -17,6 +17,8 @@ becomes a dead letter past ``max_recoveries`` deaths.
 Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads skip expired
 ones, and a write drops them all at most once a second. Watchers are called once the lock is
 released.
+
+What a worker holds and settles is ``memory_consumer.py``'s ``MemoryConsumer``.
 """
 
 from __future__ import annotations
@@ -28,8 +30,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
-import msgspec
-
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
@@ -38,9 +38,6 @@ from .base import (
     ChordStep,
     Consumer,
     DeadLetter,
-    Delivery,
-    FlowStep,
-    Lock,
     QueueStats,
     StoredResult,
 )
@@ -52,10 +49,10 @@ from .common import (
     flow_failure,
     gcra,
     lock_end,
-    log_trimmed,
     unique_key_of,
 )
-from .reports import TaskCounts, WorkerReport, merge
+from .memory_consumer import MemoryConsumer
+from .reports import TaskCounts, WorkerReport
 
 _LEVELS = MAX_PRIORITY + 1
 
@@ -312,7 +309,7 @@ class MemoryBroker(Broker):
             return self._ticks.get((queue, name))
 
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> Consumer:
-        return _MemoryConsumer(self, tuple(queues), worker_id or f"memory-{new_id()}")
+        return MemoryConsumer(self, tuple(queues), worker_id or f"memory-{new_id()}")
 
     def queues(self) -> list[str]:
         with self._lock:
@@ -491,222 +488,3 @@ class MemoryBroker(Broker):
     def close(self) -> None:
         with self._lock:
             self._wake.notify_all()
-
-
-class _MemoryConsumer(Consumer):
-    def __init__(self, broker: MemoryBroker, queues: tuple[str, ...], worker_id: str) -> None:
-        self.broker = broker
-        self.queues = queues
-        self.worker_id = worker_id
-        self.heartbeat_timeout = broker.heartbeat_timeout
-        with broker._lock:
-            broker._held.setdefault(worker_id, {})
-            broker._deadline[worker_id] = time.time() + self.heartbeat_timeout
-
-    def _held(self) -> dict[int, tuple[str, bytes, int]]:
-        held = self.broker._held.get(self.worker_id)
-        if held is None:  # declared dead while alive: start over under the same id
-            held = self.broker._held[self.worker_id] = {}
-            # and be known again, or what it takes now is never recovered if it dies
-            self.broker._deadline.setdefault(self.worker_id, time.time() + self.heartbeat_timeout)
-        return held
-
-    def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
-        b = self.broker
-        deadline = time.monotonic() + timeout
-        with b._lock:
-            while True:
-                now = time.time()
-                out: list[Delivery] = []
-                held = self._held()
-                paused = b._paused
-                for name in self.queues:
-                    q = b._queues.get(name)
-                    if q is None or (paused and name in paused):
-                        continue
-                    b._promote_locked(q, now)
-                    for priority in range(MAX_PRIORITY, -1, -1):
-                        level = q.ready[priority]
-                        while level and len(out) < max_count:
-                            raw = level.popleft()
-                            receipt = next(b._seq)
-                            held[receipt] = (name, raw, priority)
-                            out.append(Delivery(name, raw, receipt))
-                    if len(out) >= max_count:
-                        break
-                if out:
-                    self.cancellations = b._cancel_until > now
-                    return out
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return out
-                eta = b._next_eta_locked(self.queues)
-                if eta is not None:
-                    left = min(left, max(eta - now, 0.001))
-                b._wake.wait(left)
-
-    def _take(self, delivery: Delivery) -> tuple[str, bytes, int] | None:
-        return self._held().pop(delivery.receipt, None)
-
-    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
-        wakes: list[Callable[[], None]] = []
-        with self.broker._lock:
-            if results:
-                wakes = self.broker._store_results_locked(results)
-            held = self._held()
-            for d in deliveries:
-                held.pop(d.receipt, None)
-        for wake in wakes:
-            wake()
-
-    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
-        # encoded first: a message that cannot be encoded settles nothing
-        encoded = [
-            (
-                [(m, m.encode()) for m in step.publish],
-                None if step.chord is None else step.chord.callback.encode(),
-            )
-            for step in steps
-        ]
-        for step in steps:
-            check_messages(step.publish)
-            if step.chord is not None:
-                check_messages([step.chord.callback])
-        b = self.broker
-        wakes: list[Callable[[], None]] = []
-        with b._lock:
-            held = self._held()
-            now = time.time()
-            for step, (publish, callback) in zip(steps, encoded, strict=True):
-                if step.delivery.receipt not in held:
-                    continue  # settled already, or recovered: the live copy sets it off
-                if step.results:
-                    wakes += b._store_results_locked(step.results)
-                for m, raw in publish:
-                    b._put(m.queue, raw, m.priority, m.eta)
-                chord = step.chord
-                if chord is not None and b._chord_step_locked(chord, now):
-                    assert callback is not None
-                    c = chord.callback
-                    b._put(c.queue, callback, c.priority, c.eta)
-                if step.forget:
-                    b._chords.pop(step.forget, None)
-                del held[step.delivery.receipt]
-            b._wake.notify_all()
-        for wake in wakes:
-            wake()
-
-    def retry(self, delivery: Delivery, message: Message) -> None:
-        raw = message.encode()
-        b = self.broker
-        with b._lock:
-            if self._take(delivery) is None:
-                return  # settled already, or recovered: the copy in the queue is the one alive
-            b._put(message.queue, raw, message.priority, message.eta)
-            b._wake.notify_all()
-
-    def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self.dead_letter_many([(delivery, reason)])
-
-    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
-        b = self.broker
-        trimmed: dict[str, tuple[int, int]] = {}
-        with b._lock:
-            now = time.time()
-            for delivery, reason in items:
-                if self._take(delivery) is None:
-                    continue  # settled already, or recovered: the copy in the queue lives
-                dead_id = new_id()
-                q = b._queue(delivery.queue)
-                q.dead[dead_id] = DeadLetter(
-                    id=dead_id,
-                    queue=delivery.queue,
-                    reason=reason,
-                    raw=delivery.raw,
-                    failed_at=now,
-                )
-                expired, dropped = b._trim_dead_locked(q, now)
-                was = trimmed.get(delivery.queue, (0, 0))
-                trimmed[delivery.queue] = (was[0] + expired, was[1] + dropped)
-        for queue, (expired, dropped) in trimmed.items():
-            log_trimmed(b, queue, expired, dropped)
-
-    def defer(self, delivery: Delivery, eta: float) -> None:
-        b = self.broker
-        with b._lock:
-            held = self._take(delivery)
-            if held is None:
-                return  # settled already, or recovered: the copy in the queue is the one alive
-            queue, raw, priority = held
-            b._put(queue, raw, priority, eta)
-            b._wake.notify_all()
-
-    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
-        b = self.broker
-        out = []
-        with b._lock:
-            self._held()  # known again if declared dead meanwhile
-            now = time.time()
-            for key, limit, wanted in requests:
-                holders = b._slots.setdefault(key, {})
-                for worker in [w for w in holders if b._deadline.get(w, 0.0) < now]:
-                    del holders[worker]
-                granted = max(0, min(wanted, limit - sum(holders.values())))
-                if granted:
-                    holders[self.worker_id] = holders.get(self.worker_id, 0) + granted
-                out.append(granted)
-        return out
-
-    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
-        b = self.broker
-        with b._lock:
-            for key, count in releases:
-                holders = b._slots.get(key, {})
-                left = holders.get(self.worker_id, 0) - count
-                if left > 0:
-                    holders[self.worker_id] = left
-                else:
-                    holders.pop(self.worker_id, None)
-
-    def release_unique(self, locks: Sequence[Lock]) -> None:
-        b = self.broker
-        with b._lock:
-            for queue, key, message_id, _ in locks:
-                held = b._unique.get((queue, key))
-                if held is not None and held[0] == message_id:
-                    del b._unique[(queue, key)]
-
-    def release(self, deliveries: Sequence[Delivery]) -> None:
-        b = self.broker
-        with b._lock:
-            items = [x for x in (self._take(d) for d in reversed(deliveries)) if x is not None]
-            b._requeue_locked(items)
-            b._wake.notify_all()
-
-    def heartbeat(self) -> bool:
-        b = self.broker
-        report = self.reporter.report() if self.reporter is not None else None
-        with b._lock:
-            now = time.time()
-            deadline = b._deadline[self.worker_id] = now + self.heartbeat_timeout
-            if report is not None:
-                for gone in [w for w, r in b._reports.items() if r.deadline < now]:
-                    del b._reports[gone]
-                b._reports[self.worker_id] = msgspec.structs.replace(
-                    report, delta=(), deadline=deadline
-                )
-                if report.delta:
-                    b._totals = merge([*b._totals, *report.delta])
-            self._held()
-            b._recover_locked()
-            pending = any(q.quarantine for q in b._queues.values())
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
-        return pending
-
-    def close(self) -> None:
-        b = self.broker
-        with b._lock:
-            b._requeue_locked(b._held.pop(self.worker_id, {}).values())
-            b._deadline.pop(self.worker_id, None)
-            b._wake.notify_all()
