@@ -372,6 +372,38 @@ def test_a_batch_of_results_packed_by_hand_is_the_command_hiredis_would_send() -
         assert _hset("hurtle:results:{k}", ids, payloads, stamp) == expected
 
 
+def test_a_result_hash_has_its_expiry_whatever_part_of_its_batch_reached_the_server(
+    broker: RedisBroker, client: redis.Redis
+) -> None:
+    # a worker killed mid-send, or a connection cut, runs only the first commands of a flush:
+    # whichever prefix ran, every hash of results it made goes away by itself
+    from hurtle.brokers.keys import RESULT_KEY_PREFIX
+    from hurtle.brokers.redis.results import _results_commands
+
+    ids = [new_id() for _ in range(50)]
+    results = StoredResults(ids, [msgspec.msgpack.encode(i) for i in range(50)], 60.0)
+    commands = _results_commands(broker, results)
+    assert len(commands) >= 3  # the expiry, the records, the announcement
+    for ran in range(len(commands) + 1):
+        client.flushdb()
+        if ran:
+            broker._pipeline_raw(commands[:ran], "storing part of a batch of results")
+        hashes = client.keys(RESULT_KEY_PREFIX + "*")
+        for name in hashes:
+            assert 0 < client.pttl(name) <= 60_000, (ran, name)
+        if ran >= 2:
+            assert hashes
+            assert [broker.get_result(i) for i in ids] == results.payloads
+    client.flushdb()
+    # the placeholder that holds a new hash's expiry reads as no result
+    commands = _results_commands(broker, StoredResults([ids[0]], [b"\x01"], 60.0))
+    broker._pipeline_raw(commands[:1], "giving a hash its expiry")
+    [name] = client.keys(RESULT_KEY_PREFIX + "*")
+    assert client.hgetall(name) == {b"": b""}
+    assert broker.get_result(ids[0]) is None
+    assert broker.get_result("") is None
+
+
 def test_unique_locks_packed_by_hand_are_the_command_hiredis_would_send() -> None:
     hiredis = pytest.importorskip("hiredis")
     from hurtle.brokers.redis.limits import _hdel

@@ -10,7 +10,7 @@
 ]]
 
 local value = redis.call('HGET', KEYS[1], ARGV[1])
-if not value then
+if not value or string.len(value) < 13 then  -- none, or results_expire.lua's placeholder
   return false
 end
 local t = redis.call('TIME')

@@ -3,8 +3,12 @@
   to it: each result carries its own expiry (result_get.lua checks it), and the hash goes
   when the last of them does.
 
-  Run once per hash touched by a batch, after the batch's HSET of that hash
-  (redis/results.py), in the same pipeline as the acknowledgements.
+  Run once per hash touched by a batch, just before the batch's HSET of that hash
+  (redis/results.py), in the same pipeline as the acknowledgements. A hash that does not exist
+  yet is made here with a placeholder, the empty field holding the empty string (result_get.lua
+  reads it as no result; a record stored under that field replaces it), so that the hash has
+  its expiry before any record is in it: a worker killed between the two commands, or a
+  connection cut there, leaves a hash that goes away by itself, never one that stays for good.
 
   Input:
     KEYS[1]      the hash
@@ -15,6 +19,9 @@
 ]]
 
 local ttl = tonumber(ARGV[1])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], '', '')
+end
 if redis.call('PTTL', KEYS[1]) < ttl then
   redis.call('PEXPIRE', KEYS[1], ttl)
   return 1

@@ -17,8 +17,9 @@ How it works, in short:
   carries a token, kept until its reply is read: a fetch sent again after a lost reply first
   hands back what the lost one took, so nothing stays held by a worker that never saw it.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
-* results: ``Consumer.ack(deliveries, results)`` sends one ``HSET`` per bucket's hash (each
-  record a field, after its expiry) with ``results_expire.lua``, then one ``PUBLISH`` of the
+* results: ``Consumer.ack(deliveries, results)`` sends, per bucket's hash, ``results_expire.lua``
+  (the hash's expiry, set before any record is in it) and one ``HSET`` (each record a field,
+  after its expiry), then one ``PUBLISH`` of the
   batch's ids on ``hurtle:results``, before the ack scripts, in the same pipeline.
   Waiters do not poll: one listener thread per broker object, on one connection, subscribes to
   that channel and wakes the waiters of the ids it hears; reads of records go through a small
