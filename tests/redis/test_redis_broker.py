@@ -17,7 +17,7 @@ pytest.importorskip("redis")
 
 import redis
 from hurtle.brokers import Delivery, QueueStats, StoredResults, make_broker
-from hurtle.brokers.keys import QUEUES, queue_keys
+from hurtle.brokers.keys import QUEUES, RESULT_KEY_PREFIX, queue_keys
 from hurtle.brokers.redis import RedisBroker
 from hurtle.errors import ConfigurationError
 from hurtle.ids import new_id
@@ -240,6 +240,8 @@ def test_scripts_forgotten_by_the_server_are_loaded_again(
     consumer.ack(held, StoredResults(["r1", "r2"], [b"a", b"b"], 60.0))
     assert broker.stats(["q"])["q"].in_flight == 0
     assert (broker.get_result("r1"), broker.get_result("r2")) == (b"a", b"b")
+    hashes = client.keys(RESULT_KEY_PREFIX + "*")
+    assert hashes and all(0 < client.pttl(name) <= 60_000 for name in hashes)
     consumer.close()
 
 
@@ -377,7 +379,6 @@ def test_a_result_hash_has_its_expiry_whatever_part_of_its_batch_reached_the_ser
 ) -> None:
     # a worker killed mid-send, or a connection cut, runs only the first commands of a flush:
     # whichever prefix ran, every hash of results it made goes away by itself
-    from hurtle.brokers.keys import RESULT_KEY_PREFIX
     from hurtle.brokers.redis.results import _results_commands
 
     ids = [new_id() for _ in range(50)]
