@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from hurtle import ConfigurationError, Hurtle, Message
+from hurtle.middleware import limits as mw
 
 
 @pytest.fixture
@@ -355,8 +356,6 @@ def _count_tokens_asked(app: Hurtle, monkeypatch: pytest.MonkeyPatch) -> list[in
 
 def _limiter(app: Hurtle, monkeypatch: pytest.MonkeyPatch, clock: list[float]) -> Any:
     """A ``RateLimitMiddleware`` on ``app``'s broker, whose clock reads ``clock[0]``."""
-    from hurtle.middleware import limits as mw
-
     monkeypatch.setattr(mw, "_monotonic", lambda: clock[0])
     limiter = mw.RateLimitMiddleware()
     limiter._broker = app.broker
@@ -393,7 +392,6 @@ def test_a_limit_far_from_binding_takes_a_few_batches_of_tokens_in_one_call(
 def test_tokens_are_taken_ahead_only_for_a_limit_far_from_binding(
     app: Hurtle, monkeypatch: pytest.MonkeyPatch, rate: str, batch: int, ahead: int
 ) -> None:
-
     @app.task(rate_limit=rate)
     def f() -> None: ...
 
@@ -413,8 +411,6 @@ def test_tokens_are_taken_ahead_only_for_a_limit_far_from_binding(
 def test_tokens_taken_ahead_are_dropped_once_held_too_long(
     app: Hurtle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from hurtle.middleware import limits as mw
-
     @app.task(rate_limit="1000000/s")
     def f() -> None: ...
 
@@ -433,7 +429,6 @@ def test_tokens_taken_ahead_are_dropped_once_held_too_long(
 def test_tokens_in_hand_count_when_the_limit_refuses_the_rest(
     app: Hurtle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-
     @app.task(rate_limit="1000000/s")
     def f() -> None: ...
 
