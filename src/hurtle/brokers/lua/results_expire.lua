@@ -1,7 +1,7 @@
 --[[
-  Make a hash of results (keys.result_key) live at least as long as the result just written
-  to it: each result carries its own expiry (result_get.lua checks it), and the hash goes
-  when the last of them does.
+  Make a hash of results (keys.result_key) live at least as long as the results about to be
+  written to it: each result carries its own expiry (result_get.lua checks it), and the hash
+  goes when the last of them does.
 
   Run once per hash touched by a batch, just before the batch's HSET of that hash
   (redis/results.py), in the same pipeline as the acknowledgements. A hash that does not exist
@@ -12,7 +12,7 @@
 
   Input:
     KEYS[1]      the hash
-    ARGV[1]      the longest time to live of the results just written to it, in milliseconds
+    ARGV[1]      the longest time to live of the results about to be written, in milliseconds
 
   Output:
     1 when the expiry moved, else 0
