@@ -37,9 +37,9 @@ WORKERS_BUCKET = "hurtle-workers"
 REPORTS_BUCKET = "hurtle-reports"
 #: Result buckets by the ttl they keep records (a record goes to the first that keeps it as
 #: long as its ttl, and reads check its own expiry). Longer ttls are cut to the last.
+RESULT_CLASSES = (60, 3600, 86400, 7 * 86400, 30 * 86400, 365 * 86400)
 #: Seconds between asking the server which priority levels of a queue hold messages.
 LEVELS_REFRESH = 1.0
-RESULT_CLASSES = (60, 3600, 86400, 7 * 86400, 30 * 86400, 365 * 86400)
 
 _pack = msgspec.msgpack.Encoder().encode
 _unpack = msgspec.msgpack.decode
