@@ -406,8 +406,13 @@ class NatsBroker(Broker):
 
     def _stored_reports(self) -> list[str]:
         """Ids of the reports the store holds, whatever their deadline (for tests)."""
-        keys = run(self.store.keys(REPORTS_BUCKET))
-        return sorted(names.untoken(k) for k in keys)
+
+        async def held() -> list[str]:
+            keys = await self.store.keys(REPORTS_BUCKET)
+            found = await asyncio.gather(*(self.store.get(k, REPORTS_BUCKET) for k in keys))
+            return [k for k, entry in zip(keys, found, strict=True) if entry is not None]
+
+        return sorted(names.untoken(k) for k in run(held()))
 
     def totals(self) -> list[TaskCounts]:
         found = run(self.store.get("totals"))

@@ -17,10 +17,10 @@ import nats
 import nats.errors
 from nats.js import api
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     NotFoundError,
 )
 
@@ -216,12 +216,29 @@ class Store:
             return outcome
 
     async def keys(self, bucket: str) -> list[str]:
-        """Every key of ``bucket``."""
-        kv = await self.kv(bucket)
-        try:
-            return list(await kv.keys())
-        except NoKeysError:
-            return []
+        """Every key of ``bucket`` that holds a value, and perhaps some deleted ones: callers
+        read each with ``get``, which gives None for those.
+
+        Read from the bucket's stream, a page of subjects per ``STREAM.INFO`` request (the
+        server pages past its own limit), not with ``KeyValue.keys()``: its watcher can end the
+        replay before it counted the messages it already received, and then reports no keys,
+        or some of them, while more exist (nats.py issue 842), which made a worker list come
+        back empty now and then."""
+        await self.kv(bucket)  # made if need be
+        prefix = f"$KV.{bucket}."
+        keys: list[str] = []
+        while True:
+            asked = {"subjects_filter": f"{prefix}>", "offset": len(keys)}
+            reply = await self.nc.request(
+                f"$JS.API.STREAM.INFO.KV_{bucket}", json.dumps(asked).encode(), timeout=5.0
+            )
+            info = json.loads(reply.data)
+            if "error" in info:
+                APIError.from_error(info["error"])  # raises the error's class
+            subjects = (info.get("state") or {}).get("subjects") or {}
+            keys += [subject[len(prefix) :] for subject in subjects]
+            if not subjects or len(keys) >= info.get("total", 0):
+                return keys
 
     # -- publishing ------------------------------------------------------------------------
 
