@@ -124,23 +124,25 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
 
 def _hset(key: str, ids: list[str], payloads: list[bytes], stamp: bytes) -> bytes:
     """The RESP bytes of ``HSET key id stamp+payload ...``, for ASCII ids of one length without
-    spaces: made with a few slices and one join, where hiredis (after a concatenation per value
-    for the stamp) takes about twice as long (0.08 against 0.17 µs a record)."""
+    spaces: made with a few slices and one join, no Python step per record. About 1,500 CPU
+    instructions a record (callgrind, 1,000 records of 70 bytes), where hiredis, after a
+    concatenation per value for the stamp, takes 3,900."""
     n = len(ids)
     raw_ids = " ".join(ids).encode().split(b" ")
     id_head = b"\r\n$%d\r\n" % len(raw_ids[0])
-    heads: dict[int, bytes] = {}  # payload length -> the value's header, then the stamp
-    parts: list[bytes] = [id_head] * (4 * n)
-    parts[0] = id_head[2:]  # the first needs no line end before it
-    parts[1::4] = raw_ids
-    parts[2::4] = [
-        heads.get(k) or heads.setdefault(k, b"\r\n$%d\r\n%s" % (k + len(stamp), stamp))
-        for k in map(len, payloads)
-    ]
-    parts[3::4] = payloads
+    lengths = list(map(len, payloads))
+    # payload length -> the value's header, then the stamp (a batch's records have few lengths)
+    heads = {k: b"\r\n$%d\r\n%s" % (k + len(stamp), stamp) for k in set(lengths)}
     name = key.encode()
-    head = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n" % (2 * n + 2, len(name), name)
-    return b"".join((head, b"".join(parts), b"\r\n"))
+    # the command's head, then per record: the id's header, the id, the value's header, the
+    # payload (each header starts by ending the line before it); then the last line end
+    parts = [id_head] * (4 * n + 2)
+    parts[0] = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s" % (2 * n + 2, len(name), name)
+    parts[2::4] = raw_ids
+    parts[3::4] = map(heads.__getitem__, lengths)
+    parts[4::4] = payloads
+    parts[-1] = b"\r\n"
+    return b"".join(parts)
 
 
 def _runs(ids: list[str], announced: str, cut: int) -> list[tuple[str, int, int]] | None:
