@@ -5,6 +5,8 @@ none, or some: nats.py issue 842.)"""
 
 from __future__ import annotations
 
+import asyncio
+
 from hurtle.brokers import make_broker
 from hurtle.brokers.nats.broker import NatsBroker
 from hurtle.brokers.nats.loop import run
@@ -41,5 +43,33 @@ def test_every_key_written_is_listed_at_once_and_a_deleted_one_reads_as_none(
 
     try:
         run(rounds())
+    finally:
+        broker.close()
+
+
+def test_a_bucket_with_more_keys_than_one_reply_holds_is_listed_whole(
+    nats_url: str,  # noqa: F811 - fixture
+) -> None:
+    # the server lists at most 100,000 subjects a reply: the listing asks for the next page
+    broker = make_broker(nats_url)
+    assert isinstance(broker, NatsBroker)
+    store = broker.store
+    bucket = f"test-many-keys-{new_id()}"
+    count = 100_000 + 1_234
+
+    async def many() -> None:
+        await store.kv(bucket)
+        written = [f"k{i:06d}" for i in range(count)]
+        for start in range(0, count, 2_000):  # what ``KeyValue.put`` sends, pipelined
+            await asyncio.gather(
+                *(store.js.publish(f"$KV.{bucket}.{k}", b"\x90") for k in written[start:][:2_000])
+            )
+        listed = await store.keys(bucket)
+        assert len(listed) == count
+        assert set(listed) == set(written)
+        await store.js.delete_key_value(bucket)
+
+    try:
+        run(many())
     finally:
         broker.close()
