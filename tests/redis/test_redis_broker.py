@@ -5,6 +5,7 @@ Everything runs against a private ``redis-server`` started by the fixtures in ``
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import redis
 from hurtle.brokers import Delivery, QueueStats, StoredResults, make_broker
 from hurtle.brokers.keys import QUEUES, RESULT_KEY_PREFIX, queue_keys
 from hurtle.brokers.redis import RedisBroker
+from hurtle.brokers.redis.scripts import RAW
 from hurtle.errors import ConfigurationError
 from hurtle.ids import new_id
 from hurtle.message import Message
@@ -395,6 +397,27 @@ def test_a_result_hash_has_its_expiry_whatever_part_of_its_batch_reached_the_ser
         if ran >= 2:
             assert hashes
             assert [broker.get_result(i) for i in ids] == results.payloads
+    # the same after the server forgot its scripts (a restart, SCRIPT FLUSH), sent one by
+    # one and each reply read, with no reload and no retry: a worker killed before it could
+    # run again what failed
+    for ran in range(1, len(commands) + 1):
+        client.flushdb()
+        client.script_flush()
+        conn = client.connection_pool.get_connection()
+        try:
+            for args, _ in commands[:ran]:
+                if args[0] is RAW:
+                    conn.send_packed_command([args[1]])
+                else:
+                    conn.send_command(*args)
+                with contextlib.suppress(redis.ResponseError):  # NOSCRIPT: it did not run
+                    conn.read_response()
+        finally:
+            client.connection_pool.release(conn)
+        hashes = client.keys(RESULT_KEY_PREFIX + "*")
+        assert hashes or ran < 2, ran  # the records were written by then
+        for name in hashes:
+            assert 0 < client.pttl(name) <= 60_000, ("after SCRIPT FLUSH", ran, name)
     client.flushdb()
     # the placeholder that holds a new hash's expiry reads as no result
     commands = _results_commands(broker, StoredResults([ids[0]], [b"\x01"], 60.0))

@@ -102,7 +102,7 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
             stamp = stamps.get(ttl) or stamps.setdefault(ttl, _stamp(now_ms, ttl))
             if pack_here:
                 assert isinstance(name, str)
-                commands.append(broker._call(expire, (name,), (_ttl_ms(ttl),)))
+                commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
                 commands.append(((RAW, _hset(name, group_ids, group_payloads, stamp)), None))
                 continue
             values = [stamp + p for p in group_payloads]
@@ -115,7 +115,7 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
         fields: list[Any] = [None] * (2 * len(group_ids))
         fields[0::2] = group_ids
         fields[1::2] = values
-        commands.append(broker._call(expire, (name,), (_ttl_ms(ttl),)))
+        commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
         commands.append((("HSET", name, *fields), None))
     announce = "SPUBLISH" if broker._sharded else "PUBLISH"
     commands.append(((announce, RESULTS_CHANNEL, announced), None))

@@ -225,6 +225,15 @@ class _ScriptRunner:
     def _call(self, script: _Script, keys: Sequence[str | bytes], args: Sequence[Any]) -> _Command:
         return ("EVALSHA", script.sha, len(keys), *keys, *args), script
 
+    def _call_whole(
+        self, script: _Script, keys: Sequence[str | bytes], args: Sequence[Any]
+    ) -> _Command:
+        """``_call`` with the script's source (``EVAL``): it runs even when the server forgot
+        its scripts, in its place in the pipeline, where ``EVALSHA`` would fail there and run
+        again only after the commands behind it. For a short script that must run before the
+        commands it precedes (``results_expire``), once per batch."""
+        return ("EVAL", script.source, len(keys), *keys, *args), None
+
 
 _PRIORITY_ARG = {p: str(p) for p in _PRIORITIES}
 
