@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from hurtle import Hurtle, Message
-from hurtle.brokers import Consumer, Delivery
+from hurtle.brokers import Consumer, Delivery, FlowStep
 from hurtle.errors import EncodeError
 from hurtle.worker import worker as worker_module
 from hurtle.worker.acker import Acker
@@ -201,6 +201,11 @@ class RefusingConsumer(Consumer):
         self._check(delivery)
         self.inner.retry(delivery, message)
 
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        for step in steps:
+            self._check(step.delivery)
+        self.inner.ack_flow(steps)
+
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         if self.dead_too:
             self._check(delivery)
@@ -277,6 +282,19 @@ def test_an_acknowledgement_refused_for_one_delivery_does_not_block_the_batch(
     assert acker.flush()
     assert acker.pending == 0 and acker.dropped == 1
     assert stats(app) == (0, 1, 0)
+
+
+def test_a_workflow_step_refused_for_one_delivery_does_not_block_the_others(
+    app: Hurtle, caplog: pytest.LogCaptureFixture
+) -> None:
+    inner, held = _held(app, 4)
+    acker = Acker(RefusingConsumer(inner, {held[1].raw}))
+    for delivery in held:
+        acker.ack_flow(FlowStep(delivery))
+    assert acker.flush()
+    assert acker.pending == 0 and acker.dropped == 1 and acker.settled == 3
+    assert "refused to acknowledge a workflow step" in caplog.text
+    assert stats(app) == (0, 1, 0)  # the refused one is still held: it runs again later
 
 
 # -- a hard stop between a task and its bookkeeping ------------------------------------------

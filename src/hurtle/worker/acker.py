@@ -48,7 +48,7 @@ from ..brokers import (
     UniqueLocks,
 )
 from ..message import Message
-from .refusals import Op, ack_one_by_one, refused, unreachable
+from .refusals import Op, ack_flows_one_by_one, ack_one_by_one, refused, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -364,23 +364,9 @@ class Acker:
                 pending.extendleft(reversed(steps))
                 log.warning("could not settle %d workflow steps, will retry: %s", len(steps), err)
                 return 0
-            settled = 0
-            for one in steps:  # find the one refused
-                try:
-                    self.consumer.ack_flow([one])
-                except Exception as one_err:
-                    if unreachable(one_err):
-                        pending.append(one)
-                        continue
-                    self.dropped += 1
-                    log.error(
-                        "the broker refused to acknowledge a workflow step of %r (%s): "
-                        "giving up on it; it goes back to its queue when this worker stops",
-                        one.delivery.queue,
-                        one_err,
-                    )
-                else:
-                    settled += 1
+            again, settled, dropped = ack_flows_one_by_one(self.consumer, steps)
+            pending.extendleft(reversed(again))
+            self.dropped += dropped
             return settled
         return len(steps)
 

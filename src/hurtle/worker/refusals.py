@@ -9,7 +9,8 @@ error for that one delivery, ...) must not block the others. A refusal that is n
 * a dead letter that cannot be stored, an acknowledgement or a hand-back that is refused, is
   logged as an ERROR and dropped from the acker: the delivery stays held by this worker and goes
   back to its queue when the session closes, so its task runs again (never lost, at worst run
-  twice). Acknowledgements are tried one by one before any is dropped.
+  twice). Acknowledgements are tried one by one before any is dropped; so are workflow steps
+  (``ack_flow``), whose next step is then set off by the run that follows.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..brokers import Consumer, Delivery, StoredResult
+from ..brokers import Consumer, Delivery, FlowStep, StoredResult
 from ..errors import BrokerError
 from ..message import Message
 
@@ -157,6 +158,30 @@ def ack_one_by_one(
                 "it goes back to its queue when this worker stops, so its task runs again",
                 delivery.queue,
                 "" if record is None else " with its result",
+                one_err,
+            )
+        else:
+            settled += 1
+    return [], settled, dropped
+
+
+def ack_flows_one_by_one(
+    consumer: Consumer, steps: Sequence[FlowStep]
+) -> tuple[list[FlowStep], int, int]:
+    """``ack_one_by_one`` for workflow members (``Consumer.ack_flow``), after a batch of them
+    was refused: ``(those to try again, settled, dropped)``."""
+    settled = dropped = 0
+    for i, step in enumerate(steps):
+        try:
+            consumer.ack_flow([step])
+        except Exception as one_err:
+            if unreachable(one_err):
+                return list(steps[i:]), settled, dropped
+            dropped += 1
+            log.error(
+                "the broker refused to acknowledge a workflow step of %r (%s): giving up on "
+                "it; it goes back to its queue when this worker stops",
+                step.delivery.queue,
                 one_err,
             )
         else:
