@@ -5,11 +5,12 @@
 
   Run once per hash touched by a batch, just before the batch's HSET of that hash
   (redis/results.py), in the same pipeline as the acknowledgements, sent whole (EVAL, not
-  EVALSHA): it runs in its place even when the server has forgotten its scripts. A hash that does not exist
-  yet is made here with a placeholder, the empty field holding the empty string (result_get.lua
-  reads it as no result; a record stored under that field replaces it), so that the hash has
-  its expiry before any record is in it: a worker killed between the two commands, or a
-  connection cut there, leaves a hash that goes away by itself, never one that stays for good.
+  EVALSHA): it runs in its place even when the server has forgotten its scripts. A hash that
+  does not exist yet is made here with a placeholder, the empty field holding the empty string
+  (result_get.lua reads it as no result; a record stored under that field replaces it), so
+  that the hash has its expiry before any record is in it: a worker killed between the two
+  commands, or a connection cut there, leaves a hash that goes away by itself, never one that
+  stays for good.
 
   Input:
     KEYS[1]      the hash
