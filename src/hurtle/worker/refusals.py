@@ -16,14 +16,16 @@ error for that one delivery, ...) must not block the others. A refusal that is n
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import NamedTuple, TypeVar
 
 from ..brokers import Consumer, Delivery, FlowStep, StoredResult
 from ..errors import BrokerError
 from ..message import Message
 
 log = logging.getLogger("hurtle.worker.acker")  # what operators see is the acker's doing
+
+T = TypeVar("T")
 
 #: Tries of an outcome that the reachable broker refuses before it is given up on.
 REFUSALS = 3
@@ -136,54 +138,55 @@ def refused(consumer: Consumer, op: Op, err: Exception) -> Verdict:
     return Verdict(True, dropped=len(op.deliveries))
 
 
-def ack_one_by_one(
-    consumer: Consumer, items: Sequence[tuple[Delivery, StoredResult | None]]
-) -> tuple[list[tuple[Delivery, StoredResult | None]], int, int]:
-    """Acknowledge each ``(delivery, its record or None)`` alone, after a batch of them was
-    refused: ``(those to try again, settled, dropped)``. A refused one is given up on; the
-    first that finds the broker unreachable leaves it and the rest for later."""
+def one_by_one(
+    items: Sequence[T], settle: Callable[[T], None], what: Callable[[T], str]
+) -> tuple[list[T], int, int]:
+    """Settle each item alone with ``settle``, after a batch of them was refused: ``(those to
+    try again, settled, dropped)``. A refused one is given up on, with an error naming it
+    (``what``); the first that finds the broker unreachable leaves it and the rest for later."""
     settled = dropped = 0
-    for i, (delivery, record) in enumerate(items):
+    for i, item in enumerate(items):
         try:
-            if record is None:
-                consumer.ack([delivery])
-            else:
-                consumer.ack([delivery], [record])
+            settle(item)
         except Exception as one_err:
             if unreachable(one_err):
                 return list(items[i:]), settled, dropped
             dropped += 1
             log.error(
-                "the broker refused to acknowledge a delivery of %r%s (%s): giving up on it; "
-                "it goes back to its queue when this worker stops, so its task runs again",
-                delivery.queue,
-                "" if record is None else " with its result",
+                "the broker refused to acknowledge %s (%s): giving up on it; it goes back to "
+                "its queue when this worker stops, so its task runs again",
+                what(item),
                 one_err,
             )
         else:
             settled += 1
     return [], settled, dropped
+
+
+def ack_one_by_one(
+    consumer: Consumer, items: Sequence[tuple[Delivery, StoredResult | None]]
+) -> tuple[list[tuple[Delivery, StoredResult | None]], int, int]:
+    """``one_by_one`` for ``(delivery, its record or None)``: each acknowledged alone."""
+
+    def settle(item: tuple[Delivery, StoredResult | None]) -> None:
+        delivery, record = item
+        if record is None:
+            consumer.ack([delivery])
+        else:
+            consumer.ack([delivery], [record])
+
+    def what(item: tuple[Delivery, StoredResult | None]) -> str:
+        return f"a delivery of {item[0].queue!r}" + ("" if item[1] is None else " with its result")
+
+    return one_by_one(items, settle, what)
 
 
 def ack_flows_one_by_one(
     consumer: Consumer, steps: Sequence[FlowStep]
 ) -> tuple[list[FlowStep], int, int]:
-    """``ack_one_by_one`` for workflow members (``Consumer.ack_flow``), after a batch of them
-    was refused: ``(those to try again, settled, dropped)``."""
-    settled = dropped = 0
-    for i, step in enumerate(steps):
-        try:
-            consumer.ack_flow([step])
-        except Exception as one_err:
-            if unreachable(one_err):
-                return list(steps[i:]), settled, dropped
-            dropped += 1
-            log.error(
-                "the broker refused to acknowledge a workflow step of %r (%s): giving up on "
-                "it; it goes back to its queue when this worker stops",
-                step.delivery.queue,
-                one_err,
-            )
-        else:
-            settled += 1
-    return [], settled, dropped
+    """``one_by_one`` for workflow members (``Consumer.ack_flow``)."""
+    return one_by_one(
+        steps,
+        lambda step: consumer.ack_flow([step]),
+        lambda step: f"a workflow step of {step.delivery.queue!r}",
+    )
