@@ -6,20 +6,31 @@ none, or some: nats.py issue 842.)"""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+
+import pytest
 
 from hurtle.brokers import make_broker
 from hurtle.brokers.nats.broker import NatsBroker
 from hurtle.brokers.nats.loop import run
+from hurtle.brokers.nats.store import Store
 from hurtle.ids import new_id
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 
-def test_every_key_written_is_listed_at_once_and_a_deleted_one_reads_as_none(
-    nats_url: str,  # noqa: F811 - fixture
-) -> None:
+@pytest.fixture
+def store(nats_url: str) -> Iterator[Store]:  # noqa: F811 - fixture
     broker = make_broker(nats_url)
     assert isinstance(broker, NatsBroker)
-    store = broker.store
+    try:
+        yield broker.store
+    finally:
+        broker.close()
+
+
+def test_every_key_written_is_listed_at_once_and_a_deleted_one_reads_as_none(
+    store: Store,
+) -> None:
     bucket = f"test-keys-{new_id()}"
 
     async def rounds() -> None:
@@ -41,19 +52,11 @@ def test_every_key_written_is_listed_at_once_and_a_deleted_one_reads_as_none(
         assert await store.get("b000", bucket) is None
         await store.js.delete_key_value(bucket)
 
-    try:
-        run(rounds())
-    finally:
-        broker.close()
+    run(rounds())
 
 
-def test_a_bucket_with_more_keys_than_one_reply_holds_is_listed_whole(
-    nats_url: str,  # noqa: F811 - fixture
-) -> None:
+def test_a_bucket_with_more_keys_than_one_reply_holds_is_listed_whole(store: Store) -> None:
     # the server lists at most 100,000 subjects a reply: the listing asks for the next page
-    broker = make_broker(nats_url)
-    assert isinstance(broker, NatsBroker)
-    store = broker.store
     bucket = f"test-many-keys-{new_id()}"
     count = 100_000 + 1_234
 
@@ -69,7 +72,4 @@ def test_a_bucket_with_more_keys_than_one_reply_holds_is_listed_whole(
         assert set(listed) == set(written)
         await store.js.delete_key_value(bucket)
 
-    try:
-        run(many())
-    finally:
-        broker.close()
+    run(many())
