@@ -13,7 +13,6 @@ row agree within about 7%. Needs valgrind; each row takes a minute or two.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -22,8 +21,9 @@ import tempfile
 from pathlib import Path
 
 import redis
-from hurtle.bench.features import ROWS
+from hurtle.bench.features import ROWS, scenario
 from hurtle.bench.redis_server import RedisServer
+from hurtle.bench.scenario import Scenario
 
 
 def totals(directory: Path) -> dict[str, int]:
@@ -38,24 +38,17 @@ def totals(directory: Path) -> dict[str, int]:
     return found
 
 
-def measure(
-    url: str, options: dict[str, object], worker: tuple[str, ...], n: int
-) -> dict[str, int]:
-    env = {
-        **os.environ,
-        "HURTLE_BROKER_URL": url,
-        "HURTLE_BENCH_OPTIONS": json.dumps(options),
-    }
-
+def measure(url: str, row: Scenario, n: int) -> dict[str, int]:
+    """Publish ``n`` calls and consume them under callgrind, with the commands and environment
+    ``hurtle bench features`` runs the row with (the worker with ``--burst``)."""
+    env = {**os.environ, "HURTLE_BROKER_URL": url, **row.env}
+    values = {"python": sys.executable, "count": str(n)}
     redis.Redis.from_url(url).flushall()
     subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            f"from hurtle.bench.peers.features_app import publish\npublish({n}, lambda sent: None)",
-        ],
+        [part.format(**values) for part in row.publisher],
         env=env,
         check=True,
+        stdout=subprocess.DEVNULL,
     )
     with tempfile.TemporaryDirectory(prefix="hurtle-callgrind-") as tmp:
         subprocess.run(
@@ -64,15 +57,8 @@ def measure(
                 "--tool=callgrind",
                 "--separate-threads=yes",
                 f"--callgrind-out-file={tmp}/out",
-                sys.executable,
-                "-m",
-                "hurtle",
-                "--log-level",
-                "WARNING",
-                "worker",
-                "hurtle.bench.peers.features_app:app",
+                *(part.format(**values) for part in row.worker),
                 "--burst",
-                *worker,
             ],
             env=env,
             check=True,
@@ -98,8 +84,9 @@ def main(argv: list[str]) -> int:
     try:
         for name, options, worker in rows:
             print(f"-- {name}", file=sys.stderr, flush=True)
-            a = measure(server.url, options, worker, small)
-            b = measure(server.url, options, worker, large)
+            row = scenario(name, options, worker)
+            a = measure(server.url, row, small)
+            b = measure(server.url, row, large)
             span = large - small
             main_thread = (b.get("out-01", 0) - a.get("out-01", 0)) / span
             everything = (sum(b.values()) - sum(a.values())) / span
