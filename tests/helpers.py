@@ -11,10 +11,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hurtle import Hurtle
+from hurtle.brokers import StoredResults
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -489,3 +491,28 @@ class Project:
         while not predicate():
             assert time.monotonic() < deadline, f"timed out; runs so far: {self.runs()[-5:]}"
             time.sleep(0.02)
+
+
+def stored_batch(
+    deliveries: Sequence[Any], values: Sequence[Any], *, whole: bool = True, ttl: float = 60.0
+) -> StoredResults:
+    """What the results middleware stores for a batch of calls of ``tests.add`` that returned
+    ``values`` (one per delivery, the message being the delivery's bytes): ``Batch``es kept
+    whole when ``whole``, else one record per call."""
+    from hurtle.message import Message
+    from hurtle.middleware import Calls
+    from hurtle.middleware.results import Results
+
+    app = Hurtle("memory://")
+    task = app.task(name="tests.add", store_result=True, result_ttl=ttl)(lambda *a: None)
+    calls = Calls(task)
+    for d, value in zip(deliveries, values, strict=True):
+        calls.deliveries.append(d)
+        calls.messages.append(Message.decode(d.raw))
+        calls.results.append(value)
+        calls.runtimes.append(0.25)
+    results = Results(app)
+    results.whole = whole
+    results.after_calls(calls)
+    assert isinstance(calls.stored, StoredResults)
+    return calls.stored

@@ -14,11 +14,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from helpers import stored_batch
 from hurtle import Handle, Hurtle, ResultTimeout, TaskFailed
-from hurtle.brokers import Broker, StoredResult, StoredResults
+from hurtle.brokers import Broker, Consumer, Delivery, StoredResult, StoredResults
 from hurtle.errors import ResultError
 from hurtle.ids import new_id
-from hurtle.message import Message
+from hurtle.message import Message, message_id
+from hurtle.middleware.results import BATCHED_FROM, decode
 
 MakeBroker = Callable[..., Broker]
 
@@ -120,6 +122,73 @@ def test_a_batch_spanning_buckets_in_runs_keeps_each_record_and_each_ttl(
     c.ack((), StoredResults(["é1", "é2"], [b"1", b"2"], 3600.0))
     assert [b.get_result(i) for i in across] == [i.encode() for i in across]
     assert (b.get_result("é1"), b.get_result("é2")) == (b"1", b"2")
+
+
+def fetch_all(c: Consumer, n: int) -> list[Delivery]:
+    got: list[Delivery] = []
+    deadline = time.monotonic() + 10
+    while len(got) < n and time.monotonic() < deadline:
+        got += c.fetch(n - len(got), 1)
+    assert len(got) == n
+    return got
+
+
+def test_batches_of_records_kept_whole_read_as_the_same_records_one_by_one(
+    make: MakeBroker,
+) -> None:
+    # a worker's batches of calls that returned: one value each where the broker keeps
+    # batches whole (Broker.result_batches), read back as the records one by one
+    producer, worker = make(), make()
+    n = 2 * BATCHED_FROM + 9
+    messages = [
+        Message(id=new_id(), task="tests.add", queue="q", args=(i, 6), kwargs={"k": [i]})
+        for i in range(n)
+    ]
+    producer.publish(messages)
+    c = worker.consumer(["q"])
+    got = fetch_all(c, n)
+    ids = [message_id(d.raw) for d in got]
+    # a failed attempt's record came first: the batch's replaces it
+    c.ack((), [StoredResult(ids[0], b"failed once", 60.0)])
+    values = [{"sum": Message.decode(d.raw).args[0] + 6} for d in got]
+    skipped = got[7]  # acknowledged without a record: inside a batch's range of ids
+    first, second = got[:7] + got[8 : BATCHED_FROM + 9], got[BATCHED_FROM + 9 :]
+    parts = [
+        stored_batch(first, values[:7] + values[8 : BATCHED_FROM + 9]),
+        stored_batch(second, values[BATCHED_FROM + 9 :]),
+    ]
+    expected = [
+        p for part in parts for p in (part.batches[0].payloads() if part.batches else part.payloads)
+    ]
+    if worker.result_batches:
+        assert all(part.batches is not None for part in parts)
+    c.ack(first + second, StoredResults.join(parts))
+    c.ack([skipped])
+    kept = ids[:7] + ids[8:]
+    assert [producer.get_result(i) for i in kept] == expected
+    assert producer.get_result(ids[7]) is None
+    record = decode(producer.get_result(ids[1]) or b"")
+    assert (record.state, record.value, record.task, record.queue) == (
+        "succeeded",
+        values[1],
+        "tests.add",
+        "q",
+    )
+    assert (record.args, record.kwargs, record.attempt, record.args_kept) == (
+        (Message.decode(got[1].raw).args[0], 6),
+        {"k": [Message.decode(got[1].raw).args[0]]},
+        0,
+        True,
+    )
+    assert record.finished - record.started == pytest.approx(0.25)
+    assert producer.stats(["q"])["q"].in_flight == 0
+    # a batch of short life goes, as a record does
+    more = [Message(id=new_id(), task="tests.add", queue="q", args=(i, 6)) for i in range(40)]
+    producer.publish(more)
+    got = fetch_all(c, 40)
+    c.ack(got, stored_batch(got, list(range(40)), ttl=0.05))
+    assert producer.get_result(message_id(got[0].raw)) is not None
+    eventually(lambda: all(producer.get_result(message_id(d.raw)) is None for d in got))
 
 
 def test_watchers_of_an_id_are_woken_when_its_result_is_stored(make: MakeBroker) -> None:

@@ -9,7 +9,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from typing import cast
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("redis")
 
 import redis
+from helpers import stored_batch
 from hurtle.brokers import Delivery, QueueStats, StoredResults, make_broker
 from hurtle.brokers.keys import QUEUES, RESULT_KEY_PREFIX, queue_keys
 from hurtle.brokers.redis import RedisBroker
@@ -384,8 +385,34 @@ def test_a_result_hash_has_its_expiry_whatever_part_of_its_batch_reached_the_ser
     from hurtle.brokers.redis.results import _results_commands
 
     ids = [new_id() for _ in range(50)]
-    results = StoredResults(ids, [msgspec.msgpack.encode(i) for i in range(50)], 60.0)
-    commands = _results_commands(broker, results)
+    one_by_one = StoredResults(ids, [msgspec.msgpack.encode(i) for i in range(50)], 60.0)
+    deliveries = [
+        Delivery("q", Message(id=i, task="tests.add", queue="q").encode(), 0) for i in ids
+    ]
+    whole = stored_batch(deliveries, list(range(50)))
+    assert whole.batches is not None
+    for results, expected in (
+        (one_by_one, one_by_one.payloads),
+        (whole, whole.batches[0].payloads()),
+    ):
+        _check_every_prefix(broker, client, _results_commands(broker, results), ids, expected)
+    client.flushdb()
+    # the placeholder that holds a new hash's expiry reads as no result
+    commands = _results_commands(broker, StoredResults([ids[0]], [b"\x01"], 60.0))
+    broker._pipeline_raw(commands[:1], "giving a hash its expiry")
+    [name] = client.keys(RESULT_KEY_PREFIX + "*")
+    assert client.hgetall(name) == {b"": b""}
+    assert broker.get_result(ids[0]) is None
+    assert broker.get_result("") is None
+
+
+def _check_every_prefix(
+    broker: RedisBroker,
+    client: redis.Redis,
+    commands: list[Any],
+    ids: list[str],
+    expected: list[bytes],
+) -> None:
     assert len(commands) >= 3  # the expiry, the records, the announcement
     for ran in range(len(commands) + 1):
         client.flushdb()
@@ -396,7 +423,7 @@ def test_a_result_hash_has_its_expiry_whatever_part_of_its_batch_reached_the_ser
             assert 0 < client.pttl(name) <= 60_000, (ran, name)
         if ran >= 2:
             assert hashes
-            assert [broker.get_result(i) for i in ids] == results.payloads
+            assert [broker.get_result(i) for i in ids] == expected
     # the same after the server forgot its scripts (a restart, SCRIPT FLUSH), sent one by
     # one and each reply read, with no reload and no retry: a worker killed before it could
     # run again what failed
@@ -418,14 +445,39 @@ def test_a_result_hash_has_its_expiry_whatever_part_of_its_batch_reached_the_ser
         assert hashes or ran < 2, ran  # the records were written by then
         for name in hashes:
             assert 0 < client.pttl(name) <= 60_000, ("after SCRIPT FLUSH", ran, name)
-    client.flushdb()
-    # the placeholder that holds a new hash's expiry reads as no result
-    commands = _results_commands(broker, StoredResults([ids[0]], [b"\x01"], 60.0))
-    broker._pipeline_raw(commands[:1], "giving a hash its expiry")
-    [name] = client.keys(RESULT_KEY_PREFIX + "*")
-    assert client.hgetall(name) == {b"": b""}
-    assert broker.get_result(ids[0]) is None
-    assert broker.get_result("") is None
+
+
+def test_a_batch_of_records_is_one_field_of_the_hash_of_batches_of_each_bucket_it_spans(
+    broker: RedisBroker, client: redis.Redis
+) -> None:
+    # 48 ids across a bucket (all but the last three hex digits shared): no field per record,
+    # one field per bucket holding the whole batch, named by its first and last id there
+    ids = [f"0123456789abcdef0001{n:04x}" for n in range(0xFE0, 0x1010)]
+    broker.publish(
+        [Message(id=i, task="tests.add", queue="q", args=(n, 6)) for n, i in enumerate(ids)]
+    )
+    c = broker.consumer(["q"])
+    got = c.fetch(100, 1)
+    assert [Message.decode(d.raw).id for d in got] == ids
+    stored = stored_batch(got, [n + 6 for n in range(48)], ttl=600.0)
+    assert stored.batches is not None
+    expected = stored.batches[0].payloads()
+    c.ack(got, stored)
+    low, high = (
+        f"{RESULT_KEY_PREFIX}0123456789abcdef00010}}",
+        f"{RESULT_KEY_PREFIX}0123456789abcdef00011}}",
+    )
+    assert sorted(client.keys(RESULT_KEY_PREFIX + "*")) == [
+        f"{low}:batches".encode(),
+        f"{high}:batches".encode(),
+    ]
+    for name, first, last in ((low, ids[0], ids[31]), (high, ids[32], ids[47])):
+        assert sorted(client.hkeys(f"{name}:batches")) == [b"", f"{first} {last}".encode()]
+        assert 590_000 < client.pttl(f"{name}:batches") <= 600_000
+    assert [broker.get_result(i) for i in ids] == expected
+    assert broker.get_result(ids[0][:-4] + "0fdf") is None  # just before the batch
+    assert broker.get_result(ids[0][:-4] + "1010") is None  # just after it
+    c.close()
 
 
 def test_unique_locks_packed_by_hand_are_the_command_hiredis_would_send() -> None:

@@ -17,7 +17,7 @@ from .base import (
     QueueStats,
     StoredResult,
 )
-from .columns import StoredResults, UniqueLocks
+from .columns import ResultBatch, StoredResults, UniqueLocks
 
 __all__ = [
     "Broker",
@@ -28,6 +28,7 @@ __all__ = [
     "FlowStep",
     "Lock",
     "QueueStats",
+    "ResultBatch",
     "StoredResult",
     "StoredResults",
     "UniqueLocks",

@@ -338,6 +338,9 @@ class Broker(abc.ABC):
     dead_letter_ttl: float
     #: Deaths of its worker a message survives before it becomes a dead letter.
     max_recoveries: int
+    #: Whether a batch's succeeded records are stored whole (``StoredResults.batches``, the
+    #: body of each ``ResultBatch``) rather than one by one (its payloads).
+    result_batches: bool = False
 
     @abc.abstractmethod
     def publish(self, messages: Sequence[Message]) -> None:

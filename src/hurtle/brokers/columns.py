@@ -11,8 +11,9 @@ reads the columns.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any, ClassVar, Generic, TypeVar, overload
+from collections.abc import Callable, Iterator, Sequence
+from itertools import chain
+from typing import Any, ClassVar, Generic, NamedTuple, TypeVar, overload
 
 from .base import Lock, StoredResult
 
@@ -87,19 +88,54 @@ class _Columns(Sequence[Row], Generic[Row]):
         return [row for p in parts for row in p]
 
 
+class ResultBatch(NamedTuple):
+    """Succeeded records of one batch of calls of one task, made as one (``body``, a broker
+    that stores batches keeps it whole) and, on demand, one by one (``payloads()``, for the
+    brokers that store records one by one); ``size`` records."""
+
+    size: int
+    body: bytes
+    payloads: Callable[[], list[bytes]]
+
+
 class StoredResults(_Columns[StoredResult]):
     """The records of one batch of calls: ``payloads[i]`` is kept under ``ids[i]``, each for
-    ``ttl`` seconds (``middleware.results``)."""
+    ``ttl`` seconds (``middleware.results``). Made from ``batches`` (``ResultBatch``, in the
+    order of ``ids``), the payloads are made the first time they are read: a broker that
+    stores batches whole (``Broker.result_batches``) never reads them."""
 
-    __slots__ = ("ids", "payloads", "ttl")
+    __slots__ = ("_payloads", "batches", "ids", "ttl")
     COLUMNS = ("ids", "payloads")
     SHARED = "ttl"
 
-    def __init__(self, ids: list[str], payloads: list[bytes], ttl: float) -> None:
+    def __init__(
+        self,
+        ids: list[str],
+        payloads: list[bytes] | None,
+        ttl: float,
+        batches: list[ResultBatch] | None = None,
+    ) -> None:
         self.ids = ids
-        self.payloads = payloads
+        self._payloads = payloads
         self.ttl = ttl
-        self._check()
+        self.batches = batches if payloads is None else None
+        if payloads is not None:
+            self._check()
+        elif batches is None:
+            raise ValueError("StoredResults needs payloads or batches")
+        elif sum(b.size for b in batches) != len(ids):
+            raise ValueError(
+                f"{len(ids)} ids, {sum(b.size for b in batches)} records in batches: "
+                "the columns differ in length"
+            )
+
+    @property
+    def payloads(self) -> list[bytes]:
+        if self._payloads is None:
+            assert self.batches is not None
+            self._payloads = [p for b in self.batches for p in b.payloads()]
+            self.batches = None
+        return self._payloads
 
     @classmethod
     def _build(cls, shared: Any, columns: list[list[Any]]) -> StoredResults:
@@ -107,6 +143,18 @@ class StoredResults(_Columns[StoredResult]):
 
     def _row(self, shared: Any, *values: Any) -> StoredResult:
         return StoredResult(values[0], values[1], shared)
+
+    @classmethod
+    def join(cls, parts: Sequence[Sequence[StoredResult]]) -> Sequence[StoredResult]:
+        """``parts`` as one: their batches kept as they are when every part has them."""
+        if len(parts) > 1 and all(
+            isinstance(p, StoredResults) and p.batches is not None and p.ttl == parts[0].ttl  # type: ignore[attr-defined]
+            for p in parts
+        ):
+            ids = list(chain.from_iterable(p.ids for p in parts))  # type: ignore[attr-defined]
+            batches = [b for p in parts for b in p.batches]  # type: ignore[attr-defined]
+            return cls(ids, None, parts[0].ttl, batches)  # type: ignore[attr-defined]
+        return super().join(parts)
 
 
 class UniqueLocks(_Columns[Lock]):

@@ -89,10 +89,20 @@ RESULT_BUCKET_CUT = 3
 RESULT_KEY_PREFIX = f"{PREFIX}:results:{{"
 
 
+#: ``result_key(id)`` then this: the hash of the batches of records of the same bucket, each
+#: stored whole (``redis/results.py``), in the same slot of a cluster.
+RESULT_BATCHES_SUFFIX = ":batches"
+
+
 def result_key(id: str) -> bytes:
     """The key of the hash that holds the result of message ``id`` (field: the id)."""
     raw = id.encode()
     return b"%s%s}" % (RESULT_KEY_PREFIX.encode(), raw[: max(len(raw) - RESULT_BUCKET_CUT, 0)])
+
+
+def result_batches_key(id: str) -> bytes:
+    """The key of the hash of the batches that may hold the result of message ``id``."""
+    return result_key(id) + RESULT_BATCHES_SUFFIX.encode()
 
 
 class QueueKeys:

@@ -33,18 +33,20 @@ The handle side (``hurtle.handles``) decodes what this module encodes. Records a
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from .._text import safe_str, trace
-from ..brokers import StoredResults
+from ..brokers import ResultBatch, StoredResults
 from ..errors import ResultError
+from ..message import Message
 from . import Calls, Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..app import Hurtle
-    from ..message import Message
+    from ..brokers import Delivery
     from ..task import Task
     from ..worker.acker import Acker
     from ..worker.jobs import Job
@@ -63,6 +65,9 @@ STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD, EXPIRED, CANCELLED)
 FINAL = frozenset((SUCCEEDED, DEAD, EXPIRED, CANCELLED))
 #: Messages up to this many bytes have their arguments copied into their records.
 ARGS_KEPT_UP_TO = 4096
+#: A batch of at least this many returned calls is stored as one value (``Batch``) where the
+#: broker keeps batches whole; a smaller one, as one record per call.
+BATCHED_FROM = 32
 
 
 class Record(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -161,69 +166,151 @@ def decode(payload: bytes) -> Record:
     return _decoder.decode(payload)
 
 
+class Batch(msgspec.Struct, array_like=True):
+    """The succeeded records of one batch of calls of one task, as one value: what a broker
+    that keeps batches whole (``Broker.result_batches``) stores. Per call its value, run time
+    and message (the bytes it was delivered as), from which ``record_in_batch`` makes the
+    call's ``Record``; ``finished`` is when the batch's records were made."""
+
+    task: str
+    finished: float
+    values: list[msgspec.Raw]
+    runtimes: list[float]
+    messages: list[bytes]
+
+
+_batch_decoder = msgspec.msgpack.Decoder(Batch)
+
+
+def record_in_batch(body: bytes, k: int) -> bytes:
+    """The ``succeeded`` record of call ``k`` of the ``Batch`` in ``body``: the same bytes as
+    the record stored on its own would be."""
+    batch = _batch_decoder.decode(body)
+    m = Message.decode(batch.messages[k])
+    finished = batch.finished
+    return _encode(
+        (
+            SUCCEEDED,
+            batch.values[k],
+            "",
+            "",
+            "",
+            batch.task,
+            m.queue,
+            m.attempt,
+            True,
+            m.args,
+            m.kwargs,
+            m.created,
+            finished - batch.runtimes[k],
+            finished,
+        )
+    )
+
+
+def _succeeded(
+    task: str,
+    now: float,
+    values: list[Any],
+    messages: list[Message],
+    deliveries: list[Delivery],
+    runtimes: list[float],
+) -> list[bytes]:
+    """The ``succeeded`` records of a batch of calls, one each (one comprehension); raises what
+    msgspec raises on a value it cannot encode."""
+    return [
+        _encode(
+            (
+                SUCCEEDED,
+                value,
+                "",
+                "",
+                "",
+                task,
+                m.queue,
+                m.attempt,
+                True,
+                m.args,
+                m.kwargs,
+                m.created,
+                now - ran,
+                now,
+            )
+            if len(d.raw) <= ARGS_KEPT_UP_TO
+            else (
+                SUCCEEDED,
+                value,
+                "",
+                "",
+                "",
+                task,
+                m.queue,
+                m.attempt,
+                False,
+                (),
+                {},
+                m.created,
+                now - ran,
+                now,
+            )
+        )
+        for value, m, d, ran in zip(values, messages, deliveries, runtimes, strict=True)
+    ]
+
+
 class Results(Middleware):
     """Stores the outcomes of the tasks that keep results (``store_result``); one per worker."""
 
     def __init__(self, app: Hurtle) -> None:
         self.app = app
         self.acker: Acker | None = None
+        #: Whether the broker keeps a batch's records whole (``Broker.result_batches``).
+        self.whole = False
 
     def applies_to(self, task: Task[Any, Any]) -> bool:
         return task.store_result
 
     def worker_start(self, worker: Worker) -> None:
         self.acker = worker.acker
+        self.whole = self.app.broker.result_batches
 
     def after_calls(self, calls: Calls) -> None:
-        # one comprehension per batch: the encodes, and no hook call per task. A call's record
-        # says it finished when its batch's results were made (one clock read per batch) and
-        # started its run time before that.
+        # per batch: one encode of the whole batch where the broker keeps batches whole, else
+        # one comprehension of encodes; no hook call per task. A call's record says it
+        # finished when its batch's results were made (one clock read per batch) and started
+        # its run time before that.
         ttl = calls.task.result_ttl
         task = calls.task.name
         now = time.time()
-        rows = zip(calls.results, calls.messages, calls.deliveries, calls.runtimes, strict=True)
+        ids = [m.id for m in calls.messages]
+        if self.whole and len(ids) >= BATCHED_FROM:
+            raws = [d.raw for d in calls.deliveries]
+            if max(map(len, raws)) <= ARGS_KEPT_UP_TO:
+                try:
+                    # the bytes of Batch(task, now, values, runtimes, messages)
+                    body = _encode((task, now, calls.results, calls.runtimes, raws))
+                except (TypeError, ValueError, OverflowError):
+                    pass  # a value msgpack cannot encode: found and failed one by one below
+                else:
+                    records = partial(
+                        _succeeded,
+                        task,
+                        now,
+                        calls.results,
+                        calls.messages,
+                        calls.deliveries,
+                        calls.runtimes,
+                    )
+                    batch = ResultBatch(len(ids), body, records)
+                    calls.stored = StoredResults(ids, None, ttl, [batch])
+                    return
         try:
-            payloads = [
-                _encode(
-                    (
-                        SUCCEEDED,
-                        value,
-                        "",
-                        "",
-                        "",
-                        task,
-                        m.queue,
-                        m.attempt,
-                        True,
-                        m.args,
-                        m.kwargs,
-                        m.created,
-                        now - ran,
-                        now,
-                    )
-                    if len(d.raw) <= ARGS_KEPT_UP_TO
-                    else (
-                        SUCCEEDED,
-                        value,
-                        "",
-                        "",
-                        "",
-                        task,
-                        m.queue,
-                        m.attempt,
-                        False,
-                        (),
-                        {},
-                        m.created,
-                        now - ran,
-                        now,
-                    )
-                )
-                for value, m, d, ran in rows
-            ]
+            payloads = _succeeded(
+                task, now, calls.results, calls.messages, calls.deliveries, calls.runtimes
+            )
         except (TypeError, ValueError, OverflowError):
             payloads = [self._payload(calls, i, now) for i in range(len(calls))]
-        calls.stored = StoredResults([m.id for m in calls.messages], payloads, ttl)
+        calls.stored = StoredResults(ids, payloads, ttl)
 
     @staticmethod
     def _payload(calls: Calls, i: int, now: float) -> bytes:

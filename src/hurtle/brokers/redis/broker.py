@@ -30,7 +30,14 @@ from ..common import (
     lock_end,
     unique_key_of,
 )
-from ..keys import QUEUES, queue_keys, rate_key, result_key
+from ..keys import (
+    QUEUES,
+    RESULT_BUCKET_CUT,
+    queue_keys,
+    rate_key,
+    result_batches_key,
+    result_key,
+)
 from . import flows
 from .consumer import MAX_BLOCK, RedisConsumer
 from .control import _Control
@@ -98,6 +105,7 @@ class RedisBroker(_Workers, _Control, Broker):
     """The broker contract on one Redis server (6.2 or later)."""
 
     _consumer_class: type[RedisConsumer] = RedisConsumer
+    result_batches = True  # redis/results.py
     #: Whether results are announced on a sharded channel (``SPUBLISH``: a cluster).
     _sharded = False
     #: The server's clock less this process's, in ms, as of ``_clock_read`` (``_server_ms``).
@@ -446,7 +454,11 @@ class RedisBroker(_Workers, _Control, Broker):
 
     def get_result(self, id: str) -> bytes | None:
         script = self._scripts.result_get
-        args = ("EVALSHA", script.sha, 1, result_key(id), id)
+        key = result_key(id)
+        # an id of up to RESULT_BUCKET_CUT bytes is in no batch (and its key's tag is empty:
+        # a key named after it could be in another slot)
+        keys = (key, result_batches_key(id) if len(id.encode()) > RESULT_BUCKET_CUT else key)
+        args = ("EVALSHA", script.sha, 2, *keys, id, RESULT_BUCKET_CUT)
         try:
             try:
                 payload: Any = self._results.execute_command(*args)
@@ -455,6 +467,10 @@ class RedisBroker(_Workers, _Control, Broker):
                 payload = self._results.execute_command(*args)
         except redis.RedisError as err:
             self._fail(err, f"reading the result of {id}")
+        if isinstance(payload, list):  # (a batch stored whole, the record's place in it)
+            from ...middleware.results import record_in_batch
+
+            return record_in_batch(bytes(payload[0]), int(payload[1]))
         return None if payload is None else bytes(payload)
 
     def watch_results(

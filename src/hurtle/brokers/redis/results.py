@@ -23,13 +23,19 @@ import threading
 import time
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
-from itertools import groupby, repeat
+from itertools import accumulate, groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult
-from ..columns import StoredResults
-from ..keys import RESULT_BUCKET_CUT, RESULT_KEY_PREFIX, RESULTS_CHANNEL, result_key
+from ..columns import ResultBatch, StoredResults
+from ..keys import (
+    RESULT_BATCHES_SUFFIX,
+    RESULT_BUCKET_CUT,
+    RESULT_KEY_PREFIX,
+    RESULTS_CHANNEL,
+    result_key,
+)
 from .scripts import RAW, _Command
 
 if TYPE_CHECKING:
@@ -47,24 +53,35 @@ CLOCK_CHECK_EVERY = 60.0
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
     """Per hash of results touched (most batches touch one): one ``results_expire.lua`` call,
     which gives the hash its expiry (making it first if need be), then one ``HSET`` of its
-    records; then one ``PUBLISH`` (``SPUBLISH`` on a cluster) of the
-    batch's ids. Each command names one key, so on a cluster each goes to its slot. Records in
-    columns (``StoredResults``, what a worker's batch makes) are read as they are."""
+    records (batches stored whole: ``_batch_commands``); then one ``PUBLISH`` (``SPUBLISH``
+    on a cluster) of the batch's ids. Each command names one key, so on a cluster each goes to
+    its slot. Records in columns (``StoredResults``, what a worker's batch makes) are read as
+    they are."""
     if not results:
         return []
     now_ms = broker._server_ms()
+    announce = "SPUBLISH" if broker._sharded else "PUBLISH"
     if isinstance(results, StoredResults):
-        ids, payloads, ttls = results.ids, results.payloads, [results.ttl]
+        ids, ttls = results.ids, [results.ttl]
+        announced = " ".join(ids)
+        runs = _runs(ids, announced, RESULT_BUCKET_CUT)
+        batches = results.batches
+        if batches is not None and runs is not None and broker._raw_ok:
+            return [
+                *_batch_commands(broker, ids, runs, batches, results.ttl, now_ms),
+                ((announce, RESULTS_CHANNEL, announced), None),
+            ]
+        payloads = results.payloads
     else:
         ids = [r.id for r in results]
         payloads = [r.payload for r in results]
         ttls = [r.ttl for r in results]
         if ttls.count(ttls[0]) == len(ttls):
             ttls = ttls[:1]
-    announced = " ".join(ids)
+        announced = " ".join(ids)
+        runs = _runs(ids, announced, RESULT_BUCKET_CUT)
     # hash name -> (ids, payloads, ttls: one for all, or one each)
     groups: dict[str | bytes, tuple[list[str], list[bytes], list[float]]] = {}
-    runs = _runs(ids, announced, RESULT_BUCKET_CUT)
     if runs is not None:  # a worker's batch: ids of one publisher, in order
         one_ttl = len(ttls) == 1
         for bucket, start, end in runs:
@@ -117,8 +134,49 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
         fields[1::2] = values
         commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
         commands.append((("HSET", name, *fields), None))
-    announce = "SPUBLISH" if broker._sharded else "PUBLISH"
     commands.append(((announce, RESULTS_CHANNEL, announced), None))
+    return commands
+
+
+def _batch_commands(
+    broker: RedisBroker,
+    ids: list[str],
+    runs: list[tuple[str, int, int]],
+    batches: list[ResultBatch],
+    ttl: float,
+    now_ms: int,
+) -> list[_Command]:
+    """Batches of records stored whole: per bucket they have ids in, one
+    ``results_expire.lua`` call on the bucket's hash of batches, then one ``HSET`` there of
+    each batch under the first and last of its ids in the bucket. The value: the expiry, the
+    length of the batch's ids, its ids (space-separated), its body (``result_get.lua`` reads
+    it). A batch whose ids span two buckets is stored in both."""
+    stamp = _stamp(now_ms, ttl)
+    starts = list(accumulate((b.size for b in batches), initial=0))
+    heads = []  # per batch: the value up to its body
+    for b, start in zip(batches, starts, strict=False):
+        listed = " ".join(ids[start : start + b.size]).encode()
+        heads.append(b"%s%08d%s" % (stamp, len(listed), listed))
+    expire = broker._scripts.results_expire
+    commands: list[_Command] = []
+    for bucket, start, end in runs:
+        name = f"{RESULT_KEY_PREFIX}{bucket}}}{RESULT_BATCHES_SUFFIX}".encode()
+        parts = [b""]
+        fields = 0
+        for b, head, first, after in zip(batches, heads, starts, starts[1:], strict=False):
+            low, high = max(start, first), min(end, after)
+            if low < high:
+                field = f"{ids[low]} {ids[high - 1]}".encode()
+                parts += [
+                    b"$%d\r\n%s\r\n$%d\r\n" % (len(field), field, len(head) + len(b.body)),
+                    head,
+                    b.body,
+                    b"\r\n",
+                ]
+                fields += 1
+        parts[0] = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n" % (2 * fields + 2, len(name), name)
+        commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
+        commands.append(((RAW, b"".join(parts)), None))
     return commands
 
 
