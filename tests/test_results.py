@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from helpers import Project
+from helpers import Project, stored_batch
 from hurtle import Hurtle, ResultTimeout, TaskFailed
 from hurtle.brokers import (
     Consumer,
@@ -24,6 +24,7 @@ from hurtle.brokers import (
     UniqueLocks,
     make_broker,
 )
+from hurtle.brokers.keys import RESULT_BATCHES_SUFFIX, RESULT_KEY_PREFIX
 from hurtle.brokers.memory import MemoryBroker
 from hurtle.brokers.redis import RESULT_CONNECTIONS, RedisBroker
 from hurtle.errors import BrokerError
@@ -63,13 +64,21 @@ def test_a_worker_process_stores_results_that_handles_in_another_process_wait_fo
     project: Project,
 ) -> None:
     add, fail = project.app.tasks["tasks.add"], project.app.tasks["tasks.fail"]
-    handles = add.send_many([(i, 1) for i in range(20)])
+    # a hundred sent before the worker starts: its first batches are big enough to be stored
+    # whole where the broker does that (Redis)
+    handles = add.send_many([(i, 1) for i in range(100)])
     failing = fail.send(3)
     worker = project.popen("worker", "tasks:app")
     try:
         assert [h.result(timeout=60) for h in handles] == [
-            {"sum": i + 1, "pair": [i, 1]} for i in range(20)
+            {"sum": i + 1, "pair": [i, 1]} for i in range(100)
         ]
+        if project.url.startswith("redis"):
+            import redis
+
+            client = redis.Redis.from_url(project.url)
+            assert client.keys(f"{RESULT_KEY_PREFIX}*{RESULT_BATCHES_SUFFIX}")  # kept whole
+            client.close()
         with pytest.raises(TaskFailed) as info:
             failing.result(timeout=60)
         assert (info.value.type, info.value.message) == ("ValueError", "bad input 3")
@@ -270,6 +279,35 @@ def test_stored_results_read_as_a_sequence_of_records_and_join_by_ttl() -> None:
     assert mixed == [*a, StoredResult("z", b"3", 1.0)]
     with pytest.raises(ValueError):
         StoredResults(["x"], [], 1.0)
+
+
+def test_a_batch_kept_whole_gives_the_bytes_of_its_records_made_one_by_one() -> None:
+    from hurtle.middleware.results import _batch_decoder, _succeeded, record_in_batch
+
+    messages = [
+        Message(id=f"m{i:03d}", task="tests.add", queue="q", args=(i, "é"), kwargs={"k": i})
+        for i in range(40)
+    ]
+    deliveries = [Delivery("q", m.encode(), i) for i, m in enumerate(messages)]
+    values: list[Any] = [{"n": i, "list": [i] * 3, "none": None} for i in range(39)] + [b"\x00"]
+    whole = stored_batch(deliveries, values)
+    assert whole.batches is not None and whole.batches[0].size == 40
+    body = whole.batches[0].body
+    batch = _batch_decoder.decode(body)
+    one_by_one = _succeeded("tests.add", batch.finished, values, messages, deliveries, [0.25] * 40)
+    assert whole.batches[0].payloads() == one_by_one
+    assert [record_in_batch(body, k) for k in range(40)] == one_by_one
+    # too few calls, or a message too large to copy into records: one by one
+    assert stored_batch(deliveries[:31], values[:31]).batches is None
+    big = Message(id="m999", task="tests.add", queue="q", args=("x" * 5000,))
+    mixed = [*deliveries[:39], Delivery("q", big.encode(), 0)]
+    assert stored_batch(mixed, values).batches is None
+    # joined with a part of records one by one: batches still, that part without a body
+    joined = StoredResults.join([whole, StoredResults(["z"], [b"3"], 60.0)])
+    assert isinstance(joined, StoredResults) and joined.batches is not None
+    assert [b.body for b in joined.batches] == [body, b""]
+    assert joined.ids == [m.id for m in messages] + ["z"]
+    assert joined.payloads == [*one_by_one, b"3"] and joined.batches is None
 
 
 def test_unique_locks_read_as_tuples_and_join_by_queue() -> None:

@@ -139,7 +139,7 @@ def test_batches_of_records_kept_whole_read_as_the_same_records_one_by_one(
     # a worker's batches of calls that returned: one value each where the broker keeps
     # batches whole (Broker.result_batches), read back as the records one by one
     producer, worker = make(), make()
-    n = 2 * BATCHED_FROM + 9
+    n = 2 * BATCHED_FROM + 14
     messages = [
         Message(id=new_id(), task="tests.add", queue="q", args=(i, 6), kwargs={"k": [i]})
         for i in range(n)
@@ -152,35 +152,37 @@ def test_batches_of_records_kept_whole_read_as_the_same_records_one_by_one(
     c.ack((), [StoredResult(ids[0], b"failed once", 60.0)])
     values = [{"sum": Message.decode(d.raw).args[0] + 6} for d in got]
     skipped = got[7]  # acknowledged without a record: inside a batch's range of ids
-    first, second = got[:7] + got[8 : BATCHED_FROM + 9], got[BATCHED_FROM + 9 :]
+    # two batches, then one too small to be kept whole, in one acknowledgement
+    cut, end = BATCHED_FROM + 9, 2 * BATCHED_FROM + 9
+    first, second, third = got[:7] + got[8:cut], got[cut:end], got[end:]
     parts = [
-        stored_batch(first, values[:7] + values[8 : BATCHED_FROM + 9]),
-        stored_batch(second, values[BATCHED_FROM + 9 :]),
+        stored_batch(first, values[:7] + values[8:cut]),
+        stored_batch(second, values[cut:end]),
+        stored_batch(third, values[end:]),
     ]
-    expected = [
-        p for part in parts for p in (part.batches[0].payloads() if part.batches else part.payloads)
-    ]
+    assert parts[2].batches is None
     if worker.result_batches:
-        assert all(part.batches is not None for part in parts)
-    c.ack(first + second, StoredResults.join(parts))
+        assert parts[0].batches is not None and parts[1].batches is not None
+    c.ack(first + second + third, StoredResults.join(parts))
     c.ack([skipped])
-    kept = ids[:7] + ids[8:]
-    assert [producer.get_result(i) for i in kept] == expected
-    assert producer.get_result(ids[7]) is None
-    record = decode(producer.get_result(ids[1]) or b"")
-    assert (record.state, record.value, record.task, record.queue) == (
-        "succeeded",
-        values[1],
-        "tests.add",
-        "q",
-    )
-    assert (record.args, record.kwargs, record.attempt, record.args_kept) == (
-        (Message.decode(got[1].raw).args[0], 6),
-        {"k": [Message.decode(got[1].raw).args[0]]},
-        0,
-        True,
-    )
-    assert record.finished - record.started == pytest.approx(0.25)
+    kept = [d for d in got if d is not skipped]
+    records = [decode(producer.get_result(message_id(d.raw)) or b"") for d in kept]
+    # each as the record of that call alone would be: its value, its message's fields
+    assert [r.value for r in records] == [
+        v for v, d in zip(values, got, strict=True) if d is not skipped
+    ]
+    for r, d in zip(records, kept, strict=True):
+        m = Message.decode(d.raw)
+        assert (r.state, r.task, r.queue, r.attempt, r.args_kept) == (
+            "succeeded",
+            "tests.add",
+            "q",
+            0,
+            True,
+        )
+        assert (r.args, r.kwargs, r.enqueued) == (m.args, m.kwargs, m.created)
+        assert r.finished - r.started == pytest.approx(0.25)
+    assert producer.get_result(message_id(skipped.raw)) is None
     assert producer.stats(["q"])["q"].in_flight == 0
     # a batch of short life goes, as a record does
     more = [Message(id=new_id(), task="tests.add", queue="q", args=(i, 6)) for i in range(40)]

@@ -91,7 +91,8 @@ class _Columns(Sequence[Row], Generic[Row]):
 class ResultBatch(NamedTuple):
     """Succeeded records of one batch of calls of one task, made as one (``body``, a broker
     that stores batches keeps it whole) and, on demand, one by one (``payloads()``, for the
-    brokers that store records one by one); ``size`` records."""
+    brokers that store records one by one); ``size`` records. With no body, the records are
+    stored one by one everywhere (a batch too small to be kept whole)."""
 
     size: int
     body: bytes
@@ -146,14 +147,25 @@ class StoredResults(_Columns[StoredResult]):
 
     @classmethod
     def join(cls, parts: Sequence[Sequence[StoredResult]]) -> Sequence[StoredResult]:
-        """``parts`` as one: their batches kept as they are when every part has them."""
+        """``parts`` as one: with batches when any part has them (a part without, one batch
+        with no body: its records stay one by one)."""
         if len(parts) > 1 and all(
-            isinstance(p, StoredResults) and p.batches is not None and p.ttl == parts[0].ttl  # type: ignore[attr-defined]
+            isinstance(p, StoredResults) and p.ttl == parts[0].ttl  # type: ignore[attr-defined]
             for p in parts
         ):
-            ids = list(chain.from_iterable(p.ids for p in parts))  # type: ignore[attr-defined]
-            batches = [b for p in parts for b in p.batches]  # type: ignore[attr-defined]
-            return cls(ids, None, parts[0].ttl, batches)  # type: ignore[attr-defined]
+            joined: list[StoredResults] = parts  # type: ignore[assignment]
+            if any(p.batches is not None for p in joined):
+                ids = list(chain.from_iterable(p.ids for p in joined))
+                batches = [
+                    b
+                    for p in joined
+                    for b in (
+                        p.batches
+                        if p.batches is not None
+                        else [ResultBatch(len(p), b"", p.payloads.copy)]
+                    )
+                ]
+                return cls(ids, None, joined[0].ttl, batches)
         return super().join(parts)
 
 

@@ -2,11 +2,14 @@
 
 What a record holds, encoded with msgspec msgpack (never pickle), and when it is written:
 
-* ``succeeded`` — the task returned; the record holds the value. Encoded for a whole batch of
+* ``succeeded`` — the task returned; the record holds the value. Made for a whole batch of
   returned calls at once (``after_calls``) and written with the messages' acknowledgements, in
-  the same broker call (``Acker.ack_many_with_results``). A value msgpack cannot
-  encode fails the call instead (``ResultError`` naming the type), which is then retried or
-  dead-lettered like any failure;
+  the same broker call (``Acker.ack_many_with_results``). Where the broker keeps batches whole
+  (``Broker.result_batches``: Redis), a batch of ``BATCHED_FROM`` calls or more is one encode
+  of one value (``Batch``: the values, run times and the messages' own bytes), and a call's
+  record is made from it when it is read (``record_in_batch``); otherwise one record per call.
+  A value msgpack cannot encode fails the call instead (``ResultError`` naming the type), which
+  is then retried or dead-lettered like any failure;
 * ``failed`` — an attempt failed and another is scheduled; the record holds the error's type
   name, message and traceback text. The next attempt's record replaces it;
 * ``dead`` — the message failed for good (no retries left, rejected, time limit, arguments that
@@ -185,7 +188,16 @@ _batch_decoder = msgspec.msgpack.Decoder(Batch)
 def record_in_batch(body: bytes, k: int) -> bytes:
     """The ``succeeded`` record of call ``k`` of the ``Batch`` in ``body``: the same bytes as
     the record stored on its own would be."""
+    return _record(_batch_decoder.decode(body), k)
+
+
+def records_in_batch(body: bytes) -> list[bytes]:
+    """The records of every call of the ``Batch`` in ``body``, one by one."""
     batch = _batch_decoder.decode(body)
+    return [_record(batch, k) for k in range(len(batch.values))]
+
+
+def _record(batch: Batch, k: int) -> bytes:
     m = Message.decode(batch.messages[k])
     finished = batch.finished
     return _encode(
@@ -292,15 +304,9 @@ class Results(Middleware):
                 except (TypeError, ValueError, OverflowError):
                     pass  # a value msgpack cannot encode: found and failed one by one below
                 else:
-                    records = partial(
-                        _succeeded,
-                        task,
-                        now,
-                        calls.results,
-                        calls.messages,
-                        calls.deliveries,
-                        calls.runtimes,
-                    )
+                    # one by one only if a broker asks (not one that keeps them whole),
+                    # from the body: the batch's messages are not kept alive until then
+                    records = partial(records_in_batch, body)
                     batch = ResultBatch(len(ids), body, records)
                     calls.stored = StoredResults(ids, None, ttl, [batch])
                     return

@@ -1,17 +1,26 @@
 """Results: the commands that store a batch's records, and the listener that wakes waiters.
 
-Records are fields of hashes, one per run of ids that differ only in their last
-``RESULT_BUCKET_CUT`` bytes (``keys.result_key``): a batch of records is, per hash it touches
-(most batches touch one), one ``results_expire.lua`` call, which gives the hash its expiry
-before any record is in it, and one plain ``HSET``; then one announcement of the ids, sent
-with the batch's acknowledgements in one pipeline. Plain
-commands, not a script that splits packed strings: Redis stores a record for about 0.35 µs of
-its time that way, against 1.1 µs in Lua (measured with ``INFO commandstats``, 1,000 records
-of 150 bytes a batch), and the worker's share, one argument list per hash that hiredis packs,
-stays a few hundred nanoseconds a record. Each value starts with the record's own expiry, 13
-digits of milliseconds on the server's clock, which ``result_get.lua`` checks (a hash lives as
-long as its longest-lived record); the worker reckons it from its own clock corrected by the
-server's (``RedisBroker._server_ms``, read again every ``CLOCK_CHECK_EVERY`` seconds).
+Records are kept per bucket: a run of ids that differ only in their last ``RESULT_BUCKET_CUT``
+bytes (``keys.result_key``). A worker's batch of 32 or more calls that returned comes as one
+value (``ResultBatch``: ``middleware.results.Batch``), stored whole as one field of the
+bucket's hash of batches (``keys.result_batches_key``), named by the batch's first and last id
+in the bucket and holding its ids: the worker neither makes nor sends a record per call, and
+Redis keeps one field per batch. ``result_get.lua`` finds an id in a batch's list of ids and
+the broker rebuilds the call's record from the batch (``middleware.results.record_in_batch``),
+the bytes a record stored on its own would have. Any other record (a failed attempt's, a dead
+letter's, a small batch's) is a field of the bucket's hash of records, one per id.
+
+Either way a batch is, per hash it touches (most batches touch one), one
+``results_expire.lua`` call, which gives the hash its expiry before anything is in it, and one
+plain ``HSET``; then one announcement of the ids, sent with the batch's acknowledgements in
+one pipeline. Plain commands, not a script that splits packed strings: Redis stores a record
+for about 0.35 µs of its time that way, against 1.1 µs in Lua (measured with ``INFO
+commandstats``, 1,000 records of 150 bytes a batch), and the worker's share of a record stored
+on its own, one argument list per hash packed here, stays a few hundred nanoseconds. Each
+value starts with its own expiry, 13 digits of milliseconds on the server's clock, which
+``result_get.lua`` checks (a hash lives as long as its longest-lived value); the worker
+reckons it from its own clock corrected by the server's (``RedisBroker._server_ms``, read
+again every ``CLOCK_CHECK_EVERY`` seconds).
 """
 
 from __future__ import annotations
@@ -150,33 +159,54 @@ def _batch_commands(
     ``results_expire.lua`` call on the bucket's hash of batches, then one ``HSET`` there of
     each batch under the first and last of its ids in the bucket. The value: the expiry, the
     length of the batch's ids, its ids (space-separated), its body (``result_get.lua`` reads
-    it). A batch whose ids span two buckets is stored in both."""
+    it). A batch whose ids span two buckets is stored in both. A batch with no body (too
+    small to be kept whole) is stored one record per field, as ``_results_commands`` does."""
     stamp = _stamp(now_ms, ttl)
     starts = list(accumulate((b.size for b in batches), initial=0))
-    heads = []  # per batch: the value up to its body
+    heads: list[bytes] = []  # per batch: the value up to its body
+    loose: list[list[bytes]] = []  # per batch: its records, when it has no body
     for b, start in zip(batches, starts, strict=False):
-        listed = " ".join(ids[start : start + b.size]).encode()
-        heads.append(b"%s%08d%s" % (stamp, len(listed), listed))
+        if b.body:
+            listed = " ".join(ids[start : start + b.size]).encode()
+            heads.append(b"%s%08d%s" % (stamp, len(listed), listed))
+            loose.append([])
+        else:
+            heads.append(b"")
+            loose.append(b.payloads())
     expire = broker._scripts.results_expire
     commands: list[_Command] = []
     for bucket, start, end in runs:
-        name = f"{RESULT_KEY_PREFIX}{bucket}}}{RESULT_BATCHES_SUFFIX}".encode()
+        name = f"{RESULT_KEY_PREFIX}{bucket}}}"
         parts = [b""]
         fields = 0
-        for b, head, first, after in zip(batches, heads, starts, starts[1:], strict=False):
+        one_ids: list[str] = []  # records one by one, in the bucket's hash of records
+        one_payloads: list[bytes] = []
+        for b, head, records, first, after in zip(
+            batches, heads, loose, starts, starts[1:], strict=False
+        ):
             low, high = max(start, first), min(end, after)
-            if low < high:
-                field = f"{ids[low]} {ids[high - 1]}".encode()
-                parts += [
-                    b"$%d\r\n%s\r\n$%d\r\n" % (len(field), field, len(head) + len(b.body)),
-                    head,
-                    b.body,
-                    b"\r\n",
-                ]
-                fields += 1
-        parts[0] = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n" % (2 * fields + 2, len(name), name)
-        commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
-        commands.append(((RAW, b"".join(parts)), None))
+            if low >= high:
+                continue
+            if not b.body:
+                one_ids += ids[low:high]
+                one_payloads += records[low - first : high - first]
+                continue
+            field = f"{ids[low]} {ids[high - 1]}".encode()
+            parts += [
+                b"$%d\r\n%s\r\n$%d\r\n" % (len(field), field, len(head) + len(b.body)),
+                head,
+                b.body,
+                b"\r\n",
+            ]
+            fields += 1
+        if fields:
+            whole = f"{name}{RESULT_BATCHES_SUFFIX}".encode()
+            parts[0] = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n" % (2 * fields + 2, len(whole), whole)
+            commands.append(broker._call_whole(expire, (whole,), (_ttl_ms(ttl),)))
+            commands.append(((RAW, b"".join(parts)), None))
+        if one_ids:
+            commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
+            commands.append(((RAW, _hset(name, one_ids, one_payloads, stamp)), None))
     return commands
 
 
