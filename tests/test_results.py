@@ -282,7 +282,7 @@ def test_stored_results_read_as_a_sequence_of_records_and_join_by_ttl() -> None:
 
 
 def test_a_batch_kept_whole_gives_the_bytes_of_its_records_made_one_by_one() -> None:
-    from hurtle.middleware.results import _batch_decoder, _succeeded, record_in_batch
+    from hurtle.middleware.results import _batch_decoder, _succeeded, decode, record_in_batch
 
     messages = [
         Message(id=f"m{i:03d}", task="tests.add", queue="q", args=(i, "é"), kwargs={"k": i})
@@ -297,6 +297,11 @@ def test_a_batch_kept_whole_gives_the_bytes_of_its_records_made_one_by_one() -> 
     one_by_one = _succeeded("tests.add", batch.finished, values, messages, deliveries, [0.25] * 40)
     assert whole.batches[0].payloads() == one_by_one
     assert [record_in_batch(body, k) for k in range(40)] == one_by_one
+    # cut in parts of at most BATCH_MOST calls
+    many = [Message(id=f"n{i:03d}", task="tests.add", queue="q", args=(i,)) for i in range(150)]
+    cut = stored_batch([Delivery("q", m.encode(), 0) for m in many], list(range(150)))
+    assert cut.batches is not None and [b.size for b in cut.batches] == [64, 64, 22]
+    assert [decode(p).value for b in cut.batches for p in b.payloads()] == list(range(150))
     # too few calls, or a message too large to copy into records: one by one
     assert stored_batch(deliveries[:31], values[:31]).batches is None
     big = Message(id="m999", task="tests.add", queue="q", args=("x" * 5000,))

@@ -20,7 +20,7 @@ from hurtle.brokers import Broker, Consumer, Delivery, StoredResult, StoredResul
 from hurtle.errors import ResultError
 from hurtle.ids import new_id
 from hurtle.message import Message, message_id
-from hurtle.middleware.results import BATCHED_FROM, decode
+from hurtle.middleware.results import BATCH_MOST, BATCHED_FROM, decode
 
 MakeBroker = Callable[..., Broker]
 
@@ -139,7 +139,7 @@ def test_batches_of_records_kept_whole_read_as_the_same_records_one_by_one(
     # a worker's batches of calls that returned: one value each where the broker keeps
     # batches whole (Broker.result_batches), read back as the records one by one
     producer, worker = make(), make()
-    n = 2 * BATCHED_FROM + 14
+    n = BATCH_MOST + BATCHED_FROM + 14
     messages = [
         Message(id=new_id(), task="tests.add", queue="q", args=(i, 6), kwargs={"k": [i]})
         for i in range(n)
@@ -152,8 +152,9 @@ def test_batches_of_records_kept_whole_read_as_the_same_records_one_by_one(
     c.ack((), [StoredResult(ids[0], b"failed once", 60.0)])
     values = [{"sum": Message.decode(d.raw).args[0] + 6} for d in got]
     skipped = got[7]  # acknowledged without a record: inside a batch's range of ids
-    # two batches, then one too small to be kept whole, in one acknowledgement
-    cut, end = BATCHED_FROM + 9, 2 * BATCHED_FROM + 9
+    # a batch cut in two parts, another, then one too small to be kept whole, in one
+    # acknowledgement
+    cut, end = BATCH_MOST + 9, BATCH_MOST + BATCHED_FROM + 9
     first, second, third = got[:7] + got[8:cut], got[cut:end], got[end:]
     parts = [
         stored_batch(first, values[:7] + values[8:cut]),
@@ -163,6 +164,7 @@ def test_batches_of_records_kept_whole_read_as_the_same_records_one_by_one(
     assert parts[2].batches is None
     if worker.result_batches:
         assert parts[0].batches is not None and parts[1].batches is not None
+        assert [b.size for b in parts[0].batches] == [BATCH_MOST, 8]
     c.ack(first + second + third, StoredResults.join(parts))
     c.ack([skipped])
     kept = [d for d in got if d is not skipped]

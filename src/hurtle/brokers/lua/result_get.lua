@@ -7,8 +7,8 @@
   one found in a batch wins over a record stored on its own (a failed attempt's). Its value: the
   13-digit expiry, 8 digits giving the length of the ids that follow, the batch's ids
   space-separated, then the batch (middleware/results.py, Batch). The ids of one bucket differ
-  only in their last ARGV[2] bytes, which are compared as numbers (Lua's string comparison
-  follows the server's locale).
+  only in their last 3 bytes, which are compared as numbers (Lua's string comparison follows
+  the server's locale).
 
   Input:
     KEYS[1]  the hash that holds records one by one (keys.result_key)
@@ -17,21 +17,22 @@
     ARGV[2]  keys.RESULT_BUCKET_CUT
 
   Output:
-    the record; or {the batch, the id's place in it, from 0}; or nil
+    the record; or {the batch's value, the id's place in it (from 0), where its body starts
+    (from 1)}; or nil
 ]]
 
 local id = ARGV[1]
 local n = string.len(id)
-local from = n - tonumber(ARGV[2]) + 1
+local from = n - 2  -- ids of a bucket differ in their last three bytes (keys.RESULT_BUCKET_CUT)
+if ARGV[2] ~= '3' then
+  return redis.error_reply('result_get.lua compares the last 3 bytes of ids, not ' .. ARGV[2])
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
-local function tail(s, first)  -- the bytes of s from first to first + n - from, as one number
-  local v = 0
-  for i = first, first + n - from do
-    v = v * 256 + string.byte(s, i)
-  end
-  return v
+local function tail(s, first)  -- bytes first to first + 2 of s, as one number
+  local a, b, c = string.byte(s, first, first + 2)
+  return (a * 256 + b) * 256 + c
 end
 
 if from > 1 then
@@ -44,7 +45,7 @@ if from > 1 then
         local size = tonumber(string.sub(value, 14, 21))
         local at = string.find(value, id, 22, true)
         if at and at + n <= 22 + size and (at - 22) % (n + 1) == 0 then
-          return {string.sub(value, 22 + size), (at - 22) / (n + 1)}
+          return {value, (at - 22) / (n + 1), 22 + size}  -- the body: bytes 22 + size on
         end
       end
     end

@@ -470,7 +470,7 @@ class RedisBroker(_Workers, _Control, Broker):
         if isinstance(payload, list):  # (a batch stored whole, the record's place in it)
             from ...middleware.results import record_in_batch
 
-            return record_in_batch(bytes(payload[0]), int(payload[1]))
+            return record_in_batch(memoryview(payload[0])[int(payload[2]) - 1 :], int(payload[1]))
         return None if payload is None else bytes(payload)
 
     def watch_results(
