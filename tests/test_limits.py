@@ -274,6 +274,28 @@ def test_the_lock_ends_when_the_message_is_acknowledged_or_dead(app: Hurtle) -> 
     assert f.send(1) not in (first, second)
 
 
+@pytest.mark.parametrize("url", ["memory://", "redis"])
+def test_every_lock_of_a_long_batch_ends_with_its_acknowledgement(
+    url: str, request: pytest.FixtureRequest
+) -> None:
+    # a batch's calls are settled in parts (``CALLS_CHUNK``), their locks joined per flush
+    app = Hurtle(request.getfixturevalue("redis_url") if url == "redis" else url)
+    try:
+
+        @app.task(unique_for=600, retries=0)
+        def f(x: int) -> None:
+            if x % 97 == 0:
+                raise ValueError(x)  # a dead letter: its lock ends too
+
+        first = f.send_many([(i,) for i in range(1000)])
+        app.worker(burst=True).run()
+        again = f.send_many([(i,) for i in range(1000)])
+        assert not {h.id for h in first} & {h.id for h in again}
+        assert app.broker.stats(["default"])["default"].ready == 1000
+    finally:
+        app.close()
+
+
 def test_a_retry_keeps_the_lock_until_the_last_outcome(app: Hurtle) -> None:
     seen: list[str] = []
 

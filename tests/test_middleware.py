@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,12 @@ import pytest
 
 from helpers import Project
 from hurtle import ConfigurationError, Hurtle, HurtleError, Message, Reject
+from hurtle.brokers import Delivery
 from hurtle.middleware import Calls, Middleware, Outcome
 from hurtle.middleware.retries import Retries
 from hurtle.task import Task
 from hurtle.worker import Worker
-from hurtle.worker.processor import Job
+from hurtle.worker.processor import CALLS_CHUNK, Job, Processor
 
 
 class Recorder(Middleware):
@@ -509,3 +511,76 @@ def test_after_calls_sees_returned_calls_in_columns_and_may_fail_some(
     assert sorted(m.outcomes) == sorted(((i,), "dead") for i in range(1, 20, 2))
     stats = app.broker.stats(["default"])["default"]
     assert (stats.dead, stats.ready, stats.in_flight) == (10, 0, 0)
+
+
+class Parts(Middleware):
+    """``after_calls``: records each part it is shown (task, queues, first arguments)."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[str, set[str], list[int]]] = []
+
+    def after_calls(self, calls: Calls) -> None:
+        self.parts.append(
+            (
+                calls.task.name,
+                {d.queue for d in calls.deliveries},
+                [m.args[0] for m in calls.messages],
+            )
+        )
+
+
+class _Acks:
+    def __init__(self) -> None:
+        self.acked: list[Delivery] = []
+        self.failed = 0
+
+    def ack_many(self, deliveries: list[Delivery]) -> None:
+        self.acked += deliveries
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.failed += 1
+
+
+def test_after_calls_sees_a_long_batch_in_parts_of_one_queue_each(app: Hurtle) -> None:
+    # a batch's calls are settled in parts of at most CALLS_CHUNK (while they are still in the
+    # CPU's cache), each of one task and one queue; a run whose calls all raised shows nothing
+    m = Parts()
+    app.add_middleware(m)
+
+    @app.task(name="t.echo", retries=0)
+    def echo(i: int) -> int:
+        if i < 0:
+            raise ValueError(i)
+        return i
+
+    def delivery(queue: str, i: int) -> Delivery:
+        return Delivery(queue, echo.message((i,), {}).encode(), 0)
+
+    batch = (
+        [delivery("a", i) for i in range(300)]
+        + [delivery("b", i) for i in range(300, 310)]
+        + [delivery("a", i) for i in range(310, 400)]
+        + [delivery("c", -1), delivery("c", -2)]
+    )
+    acks = _Acks()
+    processor = Processor(app, acks, app.worker().middleware)  # type: ignore[arg-type]
+    processor.process_many(batch, _State())
+
+    assert all(0 < len(args) <= CALLS_CHUNK for _, _, args in m.parts)
+    assert all(len(queues) == 1 for _, queues, _ in m.parts)
+    by_queue: dict[str, list[int]] = {}
+    for _, (queue,), args in m.parts:
+        by_queue.setdefault(queue, []).extend(args)
+    assert by_queue == {"a": list(range(300)) + list(range(310, 400)), "b": list(range(300, 310))}
+    assert sorted(d.queue for d in acks.acked) == ["a"] * 390 + ["b"] * 10
+    assert acks.failed == 2
+
+
+class _State:
+    def __init__(self) -> None:
+        self.pending: deque[Delivery] = deque()
+        self.current: Delivery | None = None
+        self.stopping = False
+        self.unstarted: list[Delivery] = []
+        self.time_limit: float | None = None
+        self.overran: list[Delivery] = []

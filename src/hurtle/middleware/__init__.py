@@ -49,13 +49,13 @@ class Outcome(msgspec.Struct):
 
 
 class Calls:
-    """Calls of one task that returned, what ``after_calls`` sees: one column per field, one
-    row per call, so that a hook costs a loop (or a comprehension) per batch, not a call per
-    task. ``deliveries[i]``, ``messages[i]``, ``results[i]`` (the return value) and
-    ``runtimes[i]`` (seconds the call ran) describe call ``i``. A hook may set ``stored`` (one
-    ``StoredResult`` per call, in order, or ``StoredResults``, the same in columns: each is
-    written with its call's acknowledgement) and
-    fail a call with ``fail(i, error)``."""
+    """Calls of one task, fetched from one queue, that returned, what ``after_calls`` sees (a
+    long batch's in several parts): one column per field, one row per call, so that a hook
+    costs a loop (or a comprehension) per batch, not a call per task. ``deliveries[i]``,
+    ``messages[i]``, ``results[i]`` (the return value) and ``runtimes[i]`` (seconds the call
+    ran) describe call ``i``. A hook may set ``stored`` (one ``StoredResult`` per call, in
+    order, or ``StoredResults``, the same in columns: each is written with its call's
+    acknowledgement) and fail a call with ``fail(i, error)``."""
 
     __slots__ = (
         "deliveries",

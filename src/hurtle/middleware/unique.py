@@ -39,27 +39,27 @@ class UniqueMiddleware(Middleware):
         self._acker = worker.acker
 
     def after_calls(self, calls: Calls) -> None:
-        # the acknowledgements of a batch: their locks go in one list
-        if self._acker is None:
+        # the acknowledgements of calls of one queue: their locks go in one list
+        messages = calls.messages
+        if self._acker is None or not messages:
             return
-        failed = calls.failures
-        deliveries, messages = calls.deliveries, calls.messages
         keys = list(map(_UNIQUE, messages))
-        if not failed and "" not in keys and len(set(map(_QUEUE_OF, deliveries))) == 1:
+        if not calls.failures and all(keys):
             # the usual batch: every lock in the messages' fields, read in columns (a few C
             # loops, no Python one)
             self._acker.release_unique_batch(
                 UniqueLocks(
-                    deliveries[0].queue,
+                    calls.deliveries[0].queue,
                     keys,
                     list(map(_ID, messages)),
                     list(map(_UNTIL, messages)),  # 0 (an int) where unknown
                 )
             )
             return
+        failed = calls.failures
         locks = [
             (d.queue, lock[0], m.id, lock[1])
-            for i, (d, m) in enumerate(zip(deliveries, messages, strict=True))
+            for i, (d, m) in enumerate(zip(calls.deliveries, messages, strict=True))
             if i not in failed and (lock := lock_of(m)) is not None
         ]
         self._acker.release_uniques(locks)
@@ -73,7 +73,6 @@ class UniqueMiddleware(Middleware):
             self._acker.release_unique(job.delivery.queue, lock[0], job.message.id, lock[1])
 
 
-_QUEUE_OF = attrgetter("queue")
 _UNIQUE = attrgetter("unique")
 _UNTIL = attrgetter("unique_until")
 _ID = attrgetter("id")

@@ -181,7 +181,8 @@ class BatchPath:
         mostly one run), as ``process_many`` does: one clock read per call."""
         pipelines = self._pipelines
         done: list[Delivery] = []
-        returned: dict[str, Calls] = {}  # by task: calls for ``after_calls``, before their acks
+        # by task and queue: calls for ``after_calls``, before their acks
+        returned: dict[tuple[str, str], Calls] = {}
         counts: dict[tuple[str, str], int] = {}
         started = 0
         runtimes: dict[tuple[str, str], list[float]] = {}
@@ -245,9 +246,9 @@ class BatchPath:
                     run_times = runtimes.setdefault((run_queue, name), [])
                     run_calls = None
                     if pipeline.after_calls:
-                        run_calls = returned.get(name)
+                        run_calls = returned.get((name, run_queue))
                         if run_calls is None:
-                            run_calls = returned[name] = Calls(pipeline.task)
+                            run_calls = returned[name, run_queue] = Calls(pipeline.task)
                             if job is not None:
                                 run_calls.jobs = []
                 run_count += 1
@@ -300,6 +301,8 @@ class BatchPath:
         """``after_calls`` for calls of one task that returned, then their acknowledgements
         (with the results they store) or, for those failed, their failures. With ``job``: the
         call of that job alone (``finish``), whose failure, if any, is returned to it."""
+        if not calls.deliveries:  # a run whose calls all raised, or a chunk just settled
+            return
         pipeline = self._pipelines[calls.task.name]
         overran = dict(calls.failures)  # calls interrupted at their time limit
         for m in pipeline.after_calls:

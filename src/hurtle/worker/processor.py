@@ -27,7 +27,8 @@ When some middleware has batch hooks, a batch is decoded first, ``before_batch``
 calls that returned as columns (``Calls``: deliveries, messages, return values), before their
 acknowledgements are handed to the acker; a task whose middleware have only ``after_calls``,
 ``after_outcome`` and batch hooks is called in the batch loop like an inline one, its return
-values appended to those columns, and its hooks run once per batch (``_settle_calls``).
+values appended to those columns, and its hooks run once per batch (``_settle_calls``), or
+once per ``CALLS_CHUNK`` calls in a long one.
 
 A delivery of a non-inline task goes through three steps, ``begin``, the call and ``finish``
 (``steps``, a mixin of ``Processor``), which executors may drive separately.
@@ -57,7 +58,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -84,8 +85,11 @@ _decode = Message.decode
 _clock = time.perf_counter
 
 
-def _ignore(_: object) -> None:
-    """An append of the inline loop when its run keeps no columns (never called)."""
+#: Calls of one task gathered in columns before ``after_calls`` settles them, also in the middle
+#: of a batch: a thousand calls kept to the batch's end (their messages, arguments and return
+#: values) outgrow the CPU's cache, and every pass of the hooks over them then waits on memory;
+#: this many stay in it, and the hooks still run once per this many calls.
+CALLS_CHUNK = 128
 
 
 __all__ = [
@@ -229,12 +233,16 @@ class Processor(BatchPath, JobSteps, NotRun):
             return
         called = self._called
         columned = self._columned
-        returned: dict[str, Calls] = {}  # by task: the calls ``after_calls`` settles
-        # the current run's Calls, when its task has ``after_calls``: its columns' appends
-        add_delivery: Callable[[Delivery], None] | None = None
-        add_message: Callable[[Message], None] = _ignore
-        add_result: Callable[[Any], None] = _ignore
-        add_runtime: Callable[[float], None] = _ignore
+        # by task and queue: the calls ``after_calls`` settles
+        returned: dict[tuple[str, str], Calls] = {}
+        # The current run's Calls when its task has ``after_calls`` (else None), and its columns
+        # (lists: ``column.append(x)`` is a specialized instruction, a bound ``append`` a call)
+        run_calls: Calls | None = None
+        call_deliveries: list[Delivery] = []
+        call_messages: list[Message] = []
+        call_results: list[Any] = []
+        call_runtimes: list[float] = []
+        room = 0  # calls the current run's Calls takes before it is settled
         decode = decode_unchecked
         done: list[Delivery] = []
         started = 0
@@ -298,15 +306,16 @@ class Processor(BatchPath, JobSteps, NotRun):
                     run_task, run_queue, run_start = task, delivery.queue, started
                     if task is not None:
                         run_times = runtimes.setdefault((run_queue, task.name), [])
-                        add_delivery = None
+                        run_calls = None
                         if task.name in columned:
-                            run_calls = returned.get(task.name)
+                            run_calls = returned.get((task.name, run_queue))
                             if run_calls is None:
-                                run_calls = returned[task.name] = Calls(task)
-                            add_delivery = run_calls.deliveries.append
-                            add_message = run_calls.messages.append
-                            add_result = run_calls.results.append
-                            add_runtime = run_calls.runtimes.append
+                                run_calls = returned[task.name, run_queue] = Calls(task)
+                            call_deliveries = run_calls.deliveries
+                            call_messages = run_calls.messages
+                            call_results = run_calls.results
+                            call_runtimes = run_calls.runtimes
+                            room = CALLS_CHUNK - len(call_deliveries)
                 started += 1
                 if task is None:  # not inline (or unknown: dead-lettered); timed in ``finish``
                     state.time_limit = None
@@ -326,16 +335,25 @@ class Processor(BatchPath, JobSteps, NotRun):
                     continue
                 state.current = None  # before the outcome: a hard stop now hands nothing back
                 now = clock()
-                if add_delivery is None:
+                if run_calls is None:
                     run_times.append(now - last)
                     done.append(delivery)
                 else:
                     ran = now - last
                     run_times.append(ran)
-                    add_delivery(delivery)
-                    add_message(message)
-                    add_result(result)
-                    add_runtime(ran)
+                    call_deliveries.append(delivery)
+                    call_messages.append(message)
+                    call_results.append(result)
+                    call_runtimes.append(ran)
+                    room -= 1
+                    if room == 0:  # settled now, while its objects are still in the cache
+                        self._settle_chunk(run_calls, state)
+                        run_calls = returned[task.name, run_queue] = Calls(task)
+                        call_deliveries = run_calls.deliveries
+                        call_messages = run_calls.messages
+                        call_results = run_calls.results
+                        call_runtimes = run_calls.runtimes
+                        room = CALLS_CHUNK
                 last = now
         except BaseException:  # a hard stop raised in a task: the rest goes back unstarted
             state.unstarted.extend(take_all(pending))
@@ -357,6 +375,13 @@ class Processor(BatchPath, JobSteps, NotRun):
                 self._settle_calls(c)
             if late:
                 self.acker.dead_letter_many(late)
+
+    def _settle_chunk(self, calls: Calls, state: BatchState) -> None:
+        """Settle ``CALLS_CHUNK`` calls gathered in the middle of a batch (failing those that
+        returned after they were interrupted at their time limit)."""
+        if state.overran:
+            _fail_overran((calls,), state.overran)
+        self._settle_calls(calls)
 
     def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None:
         """Fail the inline calls that returned after they were interrupted at their limit."""
