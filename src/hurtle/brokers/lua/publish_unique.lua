@@ -6,8 +6,9 @@
   worker that knows the lock cannot have passed to another message). A message whose lock is held (by an
   earlier message, or one earlier in this batch) is not stored; the id holding its lock is
   returned for it instead. Reads and writes of the locks are one bulk command each (per CHUNK),
-  not one command per message. Each call looks at SWEEP more locks (HSCAN, from the cursor
-  where the last call stopped) and drops those that expired.
+  not one command per message. Each call looks at more locks (HSCAN, from the cursor where
+  the last call stopped; as many as it publishes, at least SWEEP_LEAST) and drops those
+  that expired: the sweep costs per message, and keeps ahead of the locks that are added.
 
   Input:
     KEYS[1..10]  ready lists, priority 0..9
@@ -27,13 +28,14 @@
 ]]
 -- @include _lib
 
-local SWEEP = 1000
+local SWEEP_LEAST = 64
 local now = server_now()
 local ends = string.format('@%.3f', now + tonumber(ARGV[1]))
+local n = (#ARGV - 3) / 4
 
 -- a bounded sweep of expired locks, from where the last one stopped
 local cursor = redis.call('GET', KEYS[15]) or '0'
-local scan = redis.call('HSCAN', KEYS[14], cursor, 'COUNT', SWEEP)
+local scan = redis.call('HSCAN', KEYS[14], cursor, 'COUNT', math.max(SWEEP_LEAST, n))
 local expired = {}
 local found = scan[2]
 for k = 1, #found, 2 do
@@ -47,7 +49,6 @@ redis.call('SET', KEYS[15], scan[1])
 
 local priority = tonumber(ARGV[2])
 local eta = tonumber(ARGV[3])
-local n = (#ARGV - 3) / 4
 local locks = {}
 for i = 1, n do
   locks[i] = ARGV[i * 4]
