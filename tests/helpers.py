@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from hurtle import Hurtle
-from hurtle.brokers import StoredResults
+from hurtle.brokers import Delivery, StoredResults
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -516,3 +517,16 @@ def stored_batch(
     results.after_calls(calls)
     assert isinstance(calls.stored, StoredResults)
     return calls.stored
+
+
+class BatchState:
+    """What ``Processor.process_many`` reads and writes on its executor (``BatchState``), for
+    tests that run a batch without one."""
+
+    def __init__(self) -> None:
+        self.pending: deque[Delivery] = deque()
+        self.current: Delivery | None = None
+        self.stopping = False
+        self.unstarted: list[Delivery] = []
+        self.time_limit: float | None = None
+        self.overran: list[Delivery] = []

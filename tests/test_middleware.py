@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from helpers import Project
+from helpers import BatchState, Project
 from hurtle import ConfigurationError, Hurtle, HurtleError, Message, Reject
 from hurtle.brokers import Delivery
 from hurtle.middleware import Calls, Middleware, Outcome
@@ -564,7 +563,7 @@ def test_after_calls_sees_a_long_batch_in_parts_of_one_queue_each(app: Hurtle) -
     )
     acks = _Acks()
     processor = Processor(app, acks, app.worker().middleware)  # type: ignore[arg-type]
-    processor.process_many(batch, _State())
+    processor.process_many(batch, BatchState())
 
     assert all(0 < len(args) <= CALLS_CHUNK for _, _, args in m.parts)
     assert all(len(queues) == 1 for _, queues, _ in m.parts)
@@ -574,13 +573,3 @@ def test_after_calls_sees_a_long_batch_in_parts_of_one_queue_each(app: Hurtle) -
     assert by_queue == {"a": list(range(300)) + list(range(310, 400)), "b": list(range(300, 310))}
     assert sorted(d.queue for d in acks.acked) == ["a"] * 390 + ["b"] * 10
     assert acks.failed == 2
-
-
-class _State:
-    def __init__(self) -> None:
-        self.pending: deque[Delivery] = deque()
-        self.current: Delivery | None = None
-        self.stopping = False
-        self.unstarted: list[Delivery] = []
-        self.time_limit: float | None = None
-        self.overran: list[Delivery] = []

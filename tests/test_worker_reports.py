@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 import pytest
 
+from helpers import BatchState
 from hurtle import Hurtle
 from hurtle.brokers import Delivery
 from hurtle.brokers.reports import (
@@ -36,16 +36,6 @@ class _Acker:
         self.dead += 1
 
 
-class _State:
-    def __init__(self) -> None:
-        self.pending: deque[Delivery] = deque()
-        self.current: Delivery | None = None
-        self.stopping = False
-        self.unstarted: list[Delivery] = []
-        self.time_limit: float | None = None
-        self.overran: list[Delivery] = []
-
-
 def test_a_mixed_batch_is_counted_per_queue_and_task() -> None:
     app = Hurtle("memory://")
 
@@ -70,7 +60,7 @@ def test_a_mixed_batch_is_counted_per_queue_and_task() -> None:
     ]
     acker = _Acker()
     processor = Processor(app, acker)  # type: ignore[arg-type]
-    processor.process_many(batch, _State())
+    processor.process_many(batch, BatchState())
 
     assert processor.tally.snapshot() == {
         ("a", "add"): (3, 0, 0, 0),
@@ -87,7 +77,7 @@ def test_an_empty_or_single_batch_counts_what_ran(n: int) -> None:
     app.task(name="t", retries=0)(lambda: None)
     batch = [Delivery("q", app.tasks["t"].message((), {}).encode(), 0) for _ in range(n)]
     processor = Processor(app, _Acker())  # type: ignore[arg-type]
-    processor.process_many(batch, _State())
+    processor.process_many(batch, BatchState())
     assert processor.tally.snapshot() == ({("q", "t"): (1, 0, 0, 0)} if n else {})
 
 
@@ -113,7 +103,7 @@ def test_run_times_are_bucketed_per_queue_and_task_once_per_batch() -> None:
         delivery("a", "nap", (0.0,)),
     ]
     processor = Processor(app, _Acker())  # type: ignore[arg-type]
-    processor.process_many(batch, _State())
+    processor.process_many(batch, BatchState())
 
     runtimes = {(r.queue, r.task): r for r in processor.timings.snapshot()}
     assert set(runtimes) == {("a", "nap"), ("b", "nap"), ("a", "boom")}
