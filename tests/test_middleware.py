@@ -531,13 +531,13 @@ class Parts(Middleware):
 class _Acks:
     def __init__(self) -> None:
         self.acked: list[Delivery] = []
-        self.failed = 0
+        self.dead: list[str] = []  # their reasons
 
     def ack_many(self, deliveries: list[Delivery]) -> None:
         self.acked += deliveries
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self.failed += 1
+        self.dead.append(reason)
 
 
 def test_after_calls_sees_a_long_batch_in_parts_of_one_queue_each(app: Hurtle) -> None:
@@ -572,4 +572,31 @@ def test_after_calls_sees_a_long_batch_in_parts_of_one_queue_each(app: Hurtle) -
         by_queue.setdefault(queue, []).extend(args)
     assert by_queue == {"a": list(range(300)) + list(range(310, 400)), "b": list(range(300, 310))}
     assert sorted(d.queue for d in acks.acked) == ["a"] * 390 + ["b"] * 10
-    assert acks.failed == 2
+    assert len(acks.dead) == 2 and all("ValueError" in r for r in acks.dead)
+
+
+def test_a_call_that_overran_is_failed_when_its_part_is_settled_mid_batch(app: Hurtle) -> None:
+    # the call that fills a part returned after its executor marked it overran (it swallowed
+    # the interruption): the part settled in the middle of the batch fails it, acknowledges
+    # the others, and the batch's end does not count it again
+    m = Parts()
+    app.add_middleware(m)
+    state = BatchState()
+
+    @app.task(name="t.stubborn", retries=0, time_limit=30)
+    def stubborn(i: int) -> int:
+        if i == CALLS_CHUNK - 1:
+            assert state.current is not None
+            state.overran.append(state.current)  # as the solo pool's watchdog does
+        return i
+
+    batch = [Delivery("q", stubborn.message((i,), {}).encode(), 0) for i in range(200)]
+    acks = _Acks()
+    processor = Processor(app, acks, app.worker().middleware, inline_limits=True)  # type: ignore[arg-type]
+    processor.process_many(batch, state)
+
+    assert [len(args) for _, _, args in m.parts] == [CALLS_CHUNK, 200 - CALLS_CHUNK]
+    (reason,) = acks.dead
+    assert "TimeLimitExceeded" in reason and "time limit of 30s" in reason
+    assert len(acks.acked) == 199
+    assert batch[CALLS_CHUNK - 1] not in acks.acked
