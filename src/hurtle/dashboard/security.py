@@ -28,6 +28,7 @@ dashboard's own scripts and styles only and no framing (``frame-ancestors 'none'
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import json
@@ -133,6 +134,7 @@ def from_environment(environ: Mapping[str, str] | None = None) -> tuple[str | No
     return clean_token(env.get(TOKEN_ENV)), trust_proxy_from(env.get(TRUST_PROXY_ENV))
 
 
+@functools.lru_cache(maxsize=256)  # a handful of names in use: parse each once
 def host_problem(host: str | None) -> str | None:
     """Why a tokenless dashboard refuses a request addressed to ``host`` (None: it does not)."""
     try:
@@ -207,9 +209,10 @@ def with_safety_headers(send: Any) -> Any:
 
     async def wrapped(message: dict[str, Any]) -> None:
         if message["type"] == "http.response.start":
-            present = {k.lower() for k, _ in message.get("headers", [])}
-            extra = [(k, v) for k, v in SAFETY_HEADERS if k not in present]
-            message = {**message, "headers": [*message.get("headers", []), *extra]}
+            headers = list(message.get("headers", []))
+            present = {k.lower() for k, _ in headers}
+            headers += [(k, v) for k, v in SAFETY_HEADERS if k not in present]
+            message = {**message, "headers": headers}
         await send(message)
 
     return wrapped
