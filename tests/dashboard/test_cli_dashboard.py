@@ -55,7 +55,7 @@ def test_with_a_token_it_serves_off_loopback_and_asks_for_the_token(tmp_path: Pa
         "0.0.0.0",
         "--port",
         str(port),
-        HURTLE_DASHBOARD_TOKEN="tok-123",
+        HURTLE_DASHBOARD_TOKEN="tok-123-long-enough-to-pass",
     )
     try:
         deadline = time.monotonic() + 30
@@ -68,7 +68,7 @@ def test_with_a_token_it_serves_off_loopback_and_asks_for_the_token(tmp_path: Pa
         assert proc.poll() is None, project.output(proc)
         url = f"http://127.0.0.1:{port}/api/queues"
         assert _get(url) == 401
-        assert _get(url, "tok-123") == 200
+        assert _get(url, "tok-123-long-enough-to-pass") == 200
     finally:
         proc.terminate()
         try:

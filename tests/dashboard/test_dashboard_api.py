@@ -25,6 +25,8 @@ from hurtle.dashboard.openapi import OPENAPI
 from hurtle.message import Message
 
 TOKEN = "s3cret-token-for-tests"
+#: Without a token the dashboard answers only requests addressed to a loopback name.
+LOCAL = "http://127.0.0.1"
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 30) -> Any:
@@ -53,7 +55,7 @@ def app(tmp_path: Path) -> Iterator[Hurtle]:
 
 @pytest.fixture
 def client(app: Hurtle) -> Iterator[TestClient]:
-    with TestClient(create_app(app, token="")) as c:
+    with TestClient(create_app(app, token=""), base_url=LOCAL) as c:
         yield c
 
 
@@ -572,7 +574,7 @@ def test_delayed_messages_are_listed_soonest_first_where_the_broker_can() -> Non
     task = app.task(name="later", queue="q")(lambda: None)
     now = time.time()
     ids = [task.options(eta=now + d).send().id for d in (300, 100, 200)]
-    with TestClient(create_app(app, token="")) as c:
+    with TestClient(create_app(app, token=""), base_url=LOCAL) as c:
         row = {d["queue"]: d for d in c.get("/api/delayed").json()}["q"]
     assert (row["delayed"], row["listed"]) == (3, True)
     assert [n["id"] for n in row["next"]] == [ids[1], ids[2], ids[0]]

@@ -1,13 +1,13 @@
 """``hurtle dashboard APP``: serve the dashboard, its JSON API and ``/metrics`` with uvicorn.
 
 Listens on 127.0.0.1 unless ``--host`` says otherwise; any other address needs an access token
-in ``HURTLE_DASHBOARD_TOKEN`` (``hurtle/dashboard/security.py``).
+in ``HURTLE_DASHBOARD_TOKEN`` (``hurtle/dashboard/security.py``). uvicorn's own reading of proxy
+headers is off: ``--trust-proxy`` (or ``HURTLE_DASHBOARD_TRUST_PROXY=1``) is the one switch.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -25,13 +25,21 @@ def add_parser(sub: Any) -> None:
         help="address to listen on (default: 127.0.0.1; any other needs HURTLE_DASHBOARD_TOKEN)",
     )
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument(
+        "--trust-proxy",
+        action="store_true",
+        default=None,
+        help="take the client's address and HTTPS from X-Forwarded-For and X-Forwarded-Proto: "
+        "only when every request comes through your reverse proxy "
+        "(or HURTLE_DASHBOARD_TRUST_PROXY=1)",
+    )
     p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..dashboard.security import TOKEN_ENV, check_listen
+    from ..dashboard.security import check_listen, from_environment
 
-    token = os.environ.get(TOKEN_ENV) or None
+    token, trust_proxy = from_environment()
     check_listen(args.host, token)
     import uvicorn
 
@@ -46,9 +54,10 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        create_app(app, token=token),
+        create_app(app, token=token or "", trust_proxy=args.trust_proxy or trust_proxy),
         host=args.host,
         port=args.port,
+        proxy_headers=False,
         log_level="warning",
         access_log=False,
     )

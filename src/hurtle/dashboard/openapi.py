@@ -194,6 +194,12 @@ OPENAPI: dict[str, Any] = {
     },
     "security": [{"bearer": []}],
     "paths": {
+        "/api/": {
+            "get": {
+                "summary": "The API's index: a redirect to this document",
+                "responses": {"307": {"description": "Location: /api/openapi.json"}},
+            }
+        },
         "/api/overview": {
             "get": {
                 "summary": "Totals, throughput, queue depths, workers alive",

@@ -10,14 +10,11 @@ or evaluated.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-import os
 import time
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
-from urllib.parse import parse_qs
 
 import anyio.to_thread
 import msgspec
@@ -40,8 +37,10 @@ from ..ids import new_id
 from ..message import Message
 from . import queries
 from .batcher import Batcher
+from .bodies import IDS_BODY, LOGIN_BODY, BodyBudget, BodyLimit
+from .login import Login, set_csrf_cookie
 from .openapi import OPENAPI
-from .security import CSRF_COOKIE, SESSION_COOKIE, TOKEN_ENV, Guard, new_csrf, session_value
+from .security import Access, Guard, clean_token, from_environment
 
 #: Most dead letters one page of the API returns.
 MAX_PAGE = 500
@@ -58,32 +57,38 @@ def create_app(
     target: Hurtle | Broker,
     *,
     token: str | None = None,
+    trust_proxy: bool | None = None,
     sample_every: float = 1.0,
     batch_window: float = 0.002,
+    body_budget: int | None = None,
 ) -> Any:
     """The dashboard for ``target`` (an app, or a broker), as an ASGI app to serve or mount.
 
-    ``token`` (default: ``HURTLE_DASHBOARD_TOKEN``) protects every page and API call
-    (``security.py``). ``sample_every`` is how often the throughput chart gets a point;
-    ``batch_window`` how long an enqueue request waits for others to share its broker call.
+    ``token`` (default: ``HURTLE_DASHBOARD_TOKEN``; ``""`` for none) protects every page and API
+    call, and ``trust_proxy`` (default: ``HURTLE_DASHBOARD_TRUST_PROXY``) says a reverse proxy's
+    ``X-Forwarded-For``/``-Proto`` tell the client's address and scheme (``security.py``).
+    ``sample_every`` is how often the throughput chart gets a point; ``batch_window`` how long
+    an enqueue request waits for others to share its broker call; ``body_budget`` how many
+    bytes of request bodies it holds at once (``bodies.py``).
     """
-    if token is None:
-        token = os.environ.get(TOKEN_ENV) or None
+    env_token, env_trust = from_environment()
+    token = env_token if token is None else clean_token(token, "the dashboard's token")
+    access = Access(token, env_trust if trust_proxy is None else trust_proxy)
     if isinstance(target, Hurtle):
         broker = target.broker
         declared = target.queues()
     else:
         broker, declared = target, []
-    dash = _Dashboard(broker, declared, token, sample_every, batch_window)
+    dash = _Dashboard(broker, declared, access, sample_every, batch_window)
     dash.app = target if isinstance(target, Hurtle) else None
     static = resources.files("hurtle.dashboard") / "static"
     app = Starlette(
         routes=[
             Route("/", dash.page),
-            Route("/login", dash.login_page, methods=["GET"]),
-            Route("/login", dash.login, methods=["POST"]),
-            Route("/logout", dash.logout, methods=["POST"]),
+            *Login(access).routes(),
+            Route("/favicon.ico", dash.favicon),
             Route("/metrics", dash.metrics),
+            Route("/api/", dash.api_index),
             Route("/api/openapi.json", dash.openapi),
             Route("/api/overview", dash.overview),
             Route("/api/throughput", dash.throughput),
@@ -106,7 +111,16 @@ def create_app(
         ]
     )
     app.add_middleware(_EnqueueLane, dashboard=dash)
-    app.add_middleware(Guard, token=token)  # added last: runs first
+    app.add_middleware(
+        BodyLimit,
+        caps=[
+            (r"/login", LOGIN_BODY),
+            (r"/api/queues/[^/]+/dead/(retry|delete)", IDS_BODY),
+            (r"/api/queues/[^/]+/messages", MAX_BODY),
+        ],
+        budget=BodyBudget() if body_budget is None else BodyBudget(body_budget),
+    )
+    app.add_middleware(Guard, access=access)  # added last: runs first
     app.state.dashboard = dash
     return app
 
@@ -128,6 +142,10 @@ def _decode_json(raw: bytes) -> Any:
         return msgspec.json.decode(raw)
     except msgspec.DecodeError as err:
         raise BadRequest(f"the request body is not JSON: {err}") from None
+    except RecursionError:
+        raise BadRequest(
+            "the request body nests arrays or objects too deeply to decode: flatten it"
+        ) from None
 
 
 _encode_json = msgspec.json.Encoder().encode
@@ -243,13 +261,13 @@ class _Dashboard:
         self,
         broker: Broker,
         declared: list[str],
-        token: str | None,
+        access: Access,
         sample_every: float,
         batch_window: float,
     ) -> None:
         self.broker = broker
         self.declared = declared
-        self.token = token
+        self.access = access
         self.sample_every = sample_every
         self.rates = queries.Throughput(broker, every=sample_every)
         self.batcher = Batcher(broker, window=batch_window)
@@ -265,42 +283,16 @@ class _Dashboard:
     async def page(self, request: Request) -> Response:
         html = (resources.files("hurtle.dashboard") / "static" / "index.html").read_text()
         response = HTMLResponse(html.replace("{{root}}", request.scope.get("root_path", "")))
-        if not request.cookies.get(CSRF_COOKIE):
-            response.set_cookie(
-                CSRF_COOKIE,
-                new_csrf(),
-                samesite="strict",
-                path=request.scope.get("root_path", "") or "/",
-            )
+        set_csrf_cookie(response, request, self.access)
         return response
 
-    async def login_page(self, request: Request) -> Response:
-        html = (resources.files("hurtle.dashboard") / "static" / "login.html").read_text()
-        return HTMLResponse(html.replace("{{root}}", request.scope.get("root_path", "")))
+    async def favicon(self, request: Request) -> Response:
+        icon = (resources.files("hurtle.dashboard") / "static" / "favicon.svg").read_bytes()
+        return Response(icon, media_type="image/svg+xml")
 
-    async def login(self, request: Request) -> Response:
-        root = request.scope.get("root_path", "")
-        # the login form is urlencoded: parsed here, without python-multipart
-        form = parse_qs((await request.body()).decode("utf-8", "replace"))
-        given = (form.get("token") or [""])[0]
-        if not self.token or not hmac.compare_digest(given.encode(), self.token.encode()):
-            return RedirectResponse(f"{root}/login?failed=1", status_code=303)
-        response = RedirectResponse(f"{root}/", status_code=303)
-        response.set_cookie(
-            SESSION_COOKIE,
-            session_value(self.token),
-            httponly=True,
-            samesite="strict",
-            path=root or "/",
-        )
-        response.set_cookie(CSRF_COOKIE, new_csrf(), samesite="strict", path=root or "/")
-        return response
-
-    async def logout(self, request: Request) -> Response:
-        root = request.scope.get("root_path", "")
-        response = RedirectResponse(f"{root}/login", status_code=303)
-        response.delete_cookie(SESSION_COOKIE, path=root or "/")
-        return response
+    async def api_index(self, request: Request) -> Response:
+        """``/api/``: the API's description."""
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/api/openapi.json")
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -249,9 +249,12 @@ function selected() {
 async function act(verb, ids) {
   const queue = deadQueue();
   if (!queue) return;
-  if (ids === null && !confirm(`${verb === "retry" ? "Retry" : "Delete"} every dead letter `
-      + `of queue ${queue}?`)) return;
   if (ids !== null && !ids.length) return;
+  // every delete asks, even of one row: a click alone never destroys anything
+  const what = ids === null ? "every dead letter"
+    : ids.length === 1 ? `dead letter ${ids[0]}` : `${ids.length} dead letters`;
+  if ((ids === null || verb === "delete") && !confirm(`${verb === "retry" ? "Retry" : "Delete"} `
+      + `${what} of queue ${queue}?${verb === "delete" ? " This cannot be undone." : ""}`)) return;
   const body = ids === null ? { all: true } : { ids };
   const doc = await api(`/api/queues/${encodeURIComponent(queue)}/dead/${verb}`,
     { method: "POST", body });
