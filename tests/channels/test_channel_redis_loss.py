@@ -96,3 +96,63 @@ def test_a_cut_subscriber_counts_what_it_missed_though_the_publisher_has_closed(
     finally:
         client.close()
         listener.close()
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def cut_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
+    return str(request.getfixturevalue("redis_url"))
+
+
+def kill_pubsub_clients(url: str) -> int:
+    """``CLIENT KILL TYPE pubsub`` on the server, or on every node of a cluster."""
+    if "+cluster://" in url:
+        cluster = redis.RedisCluster.from_url(url.replace("+cluster", ""))
+        try:
+            nodes = cluster.get_nodes()
+            return sum(
+                cluster.get_redis_connection(n).client_kill_filter(_type="pubsub") for n in nodes
+            )
+        finally:
+            cluster.close()
+    client = redis.Redis.from_url(url)
+    try:
+        return int(client.client_kill_filter(_type="pubsub"))
+    finally:
+        client.close()
+
+
+def test_a_cut_subscriber_counts_the_messages_of_a_publisher_it_never_heard_from(
+    cut_url: str,
+) -> None:
+    listener, old, new = Hurtle(cut_url), Hurtle(cut_url), Hurtle(cut_url)
+    try:
+        with listener.subscribe("ticks") as sub:
+            heard = old.channel("ticks", flush_interval=3600)
+            heard.publish("first")
+            heard.flush()
+            first = sub.get(10)
+            assert first is not None and first.data == "first"
+            assert kill_pubsub_clients(cut_url) >= 1
+            heard.publish_many(range(50))
+            heard.flush()
+            unheard = new.channel("ticks", flush_interval=3600)  # a publisher never heard from
+            unheard.publish_many(range(50))
+            unheard.flush()
+            received = 1
+            deadline = time.monotonic() + 10
+            while received + sub.lost < 101 and time.monotonic() < deadline:
+                if sub.get(0.2) is not None:
+                    received += 1
+            for ch in (heard, unheard):  # both are heard from now
+                ch.publish("after")
+                ch.flush()
+            while received < 3 and time.monotonic() < deadline + 10:
+                if sub.get(0.2) is not None:
+                    received += 1
+            assert sub.reconnects == 1
+            assert (received, sub.lost) == (3, 100)
+    finally:
+        for app in (listener, old, new):
+            app.close()
