@@ -105,22 +105,24 @@ def cut_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue("redis_url"))
 
 
-def kill_pubsub_clients(url: str) -> int:
-    """``CLIENT KILL TYPE pubsub`` on the server, or on every node of a cluster."""
+def on_every_node(url: str, command: Callable[[redis.Redis], int]) -> int:
+    """``command`` run on the server, or on every node of a cluster; the sum of its replies."""
     if "+cluster://" in url:
         cluster = redis.RedisCluster.from_url(url.replace("+cluster", ""))
         try:
-            nodes = cluster.get_nodes()
-            return sum(
-                cluster.get_redis_connection(n).client_kill_filter(_type="pubsub") for n in nodes
-            )
+            return sum(command(cluster.get_redis_connection(n)) for n in cluster.get_nodes())
         finally:
             cluster.close()
     client = redis.Redis.from_url(url)
     try:
-        return int(client.client_kill_filter(_type="pubsub"))
+        return command(client)
     finally:
         client.close()
+
+
+def kill_pubsub_clients(url: str) -> int:
+    """``CLIENT KILL TYPE pubsub`` on the server, or on every node of a cluster."""
+    return on_every_node(url, lambda c: int(c.client_kill_filter(_type="pubsub")))
 
 
 def test_a_cut_subscriber_counts_the_messages_of_a_publisher_it_never_heard_from(
@@ -156,3 +158,24 @@ def test_a_cut_subscriber_counts_the_messages_of_a_publisher_it_never_heard_from
     finally:
         for app in (listener, old, new):
             app.close()
+
+
+def test_frames_are_numbered_and_sent_after_the_server_forgot_its_scripts(cut_url: str) -> None:
+    app = Hurtle(cut_url)
+    try:
+        with app.subscribe("forgetful") as sub:
+            ch = app.channel("forgetful", flush_interval=3600)
+            ch.publish_many(["a", "b"])
+            ch.flush()
+            assert on_every_node(cut_url, lambda c: int(c.script_flush())) >= 1
+            ch.publish("c")
+            ch.flush()
+            got: list[object] = []
+            deadline = time.monotonic() + 10
+            while len(got) < 3 and time.monotonic() < deadline:
+                if (msg := sub.get(0.2)) is not None:
+                    got.append(msg.data)
+        assert got == ["a", "b", "c"]
+        assert sub.lost == 0
+    finally:
+        app.close()
