@@ -3,7 +3,7 @@
 A frame is ``[publisher, seq, unsent, [payload, ...], epoch, number]``:
 
 * ``publisher``: the publisher's id (a string drawn once per publisher and process; ``""`` for a
-  mark, an empty frame a subscriber's feed sends itself, see ``redis``);
+  mark: an empty frame that only carries a channel's count to a subscriber, see ``backend``);
 * ``seq``: the publisher's own number of its first payload on this channel (repeats are told by
   it);
 * ``unsent``: how many messages this publisher took for the channel and failed to send so far
