@@ -96,3 +96,86 @@ def test_a_cut_subscriber_counts_what_it_missed_though_the_publisher_has_closed(
     finally:
         client.close()
         listener.close()
+
+
+@pytest.fixture(params=["redis", "redis-cluster"])
+def cut_url(request: pytest.FixtureRequest) -> str:
+    if request.param == "redis-cluster":
+        return str(request.getfixturevalue("redis_cluster_url"))
+    return str(request.getfixturevalue("redis_url"))
+
+
+def on_every_node(url: str, command: Callable[[redis.Redis], int]) -> int:
+    """``command`` run on the server, or on every node of a cluster; the sum of its replies."""
+    if "+cluster://" in url:
+        cluster = redis.RedisCluster.from_url(url.replace("+cluster", ""))
+        try:
+            return sum(command(cluster.get_redis_connection(n)) for n in cluster.get_nodes())
+        finally:
+            cluster.close()
+    client = redis.Redis.from_url(url)
+    try:
+        return command(client)
+    finally:
+        client.close()
+
+
+def kill_pubsub_clients(url: str) -> int:
+    """``CLIENT KILL TYPE pubsub`` on the server, or on every node of a cluster."""
+    return on_every_node(url, lambda c: int(c.client_kill_filter(_type="pubsub")))
+
+
+def test_a_cut_subscriber_counts_the_messages_of_a_publisher_it_never_heard_from(
+    cut_url: str,
+) -> None:
+    listener, old, new = Hurtle(cut_url), Hurtle(cut_url), Hurtle(cut_url)
+    try:
+        with listener.subscribe("ticks") as sub:
+            heard = old.channel("ticks", flush_interval=3600)
+            heard.publish("first")
+            heard.flush()
+            first = sub.get(10)
+            assert first is not None and first.data == "first"
+            assert kill_pubsub_clients(cut_url) >= 1
+            heard.publish_many(range(50))
+            heard.flush()
+            unheard = new.channel("ticks", flush_interval=3600)  # a publisher never heard from
+            unheard.publish_many(range(50))
+            unheard.flush()
+            received = 1
+            deadline = time.monotonic() + 10
+            while received + sub.lost < 101 and time.monotonic() < deadline:
+                if sub.get(0.2) is not None:
+                    received += 1
+            for ch in (heard, unheard):  # both are heard from now
+                ch.publish("after")
+                ch.flush()
+            while received < 3 and time.monotonic() < deadline + 10:
+                if sub.get(0.2) is not None:
+                    received += 1
+            assert sub.reconnects == 1
+            assert (received, sub.lost) == (3, 100)
+    finally:
+        for app in (listener, old, new):
+            app.close()
+
+
+def test_frames_are_numbered_and_sent_after_the_server_forgot_its_scripts(cut_url: str) -> None:
+    app = Hurtle(cut_url)
+    try:
+        with app.subscribe("forgetful") as sub:
+            ch = app.channel("forgetful", flush_interval=3600)
+            ch.publish_many(["a", "b"])
+            ch.flush()
+            assert on_every_node(cut_url, lambda c: int(c.script_flush())) >= 1
+            ch.publish("c")
+            ch.flush()
+            got: list[object] = []
+            deadline = time.monotonic() + 10
+            while len(got) < 3 and time.monotonic() < deadline:
+                if (msg := sub.get(0.2)) is not None:
+                    got.append(msg.data)
+        assert got == ["a", "b", "c"]
+        assert sub.lost == 0
+    finally:
+        app.close()

@@ -1,8 +1,11 @@
 """What a channel backend does, and the one function that picks a backend for a broker URL.
 
-A backend moves frames, nothing more: ``publish`` sends frames (one ``(channel, frame)`` pair
-each) in as few round trips as the store allows, and ``open_feed`` returns a ``Feed`` that yields
-the frames of some channels and glob patterns (``prices.*``) as they arrive. Sequence numbers,
+A backend moves frames and numbers them: ``publish`` sends frames in as few round trips as the
+store allows, and numbers each channel's messages as it does (the channel's count, see
+``frame``: one bump per frame, in the same step that sends it, so that a channel's subscribers
+receive its frames in number order). ``open_feed`` returns a ``Feed`` that yields the frames of
+some channels and glob patterns (``prices.*``) as they arrive, and tells how far each channel's
+count had gone when it opened, or when it may have missed frames (reconnected, read too late):
 gaps and decoding live above, in ``subscription``; buffering lives in ``channel``.
 
 Channels use the broker's URL but their own connections: they never touch a queue.
@@ -25,10 +28,10 @@ class OutFrame(NamedTuple):
     """A frame on its way out, with what a backend may need to know without decoding it."""
 
     channel: str
+    #: The frame less its count (``frame.pack``): the backend appends ``frame.count``.
     data: bytes
-    publisher: str
-    #: The number the publisher's next message on this channel will carry.
-    next_seq: int
+    #: Messages in the frame: what the channel's count goes up by.
+    size: int
 
 
 #: What a flush sends, in order.
@@ -54,9 +57,14 @@ def matcher(channels: Sequence[str], patterns: Sequence[str]) -> Callable[[str],
 class Feed(Protocol):
     #: Times the feed lost its connection and made a new one.
     reconnects: int
-    #: Set by the subscription: the (channel, publisher) pairs it has heard from. A feed that
-    #: reconnects may use it to tell how far each publisher got meanwhile (see ``redis``).
-    known: Callable[[], list[tuple[str, str]]]
+    #: Set by the subscription: the channels it has heard from. A feed that reconnects asks how
+    #: far their counts went meanwhile (see ``redis``).
+    known: Callable[[], list[str]]
+    #: Each channel's ``(epoch, count)`` when the feed opened, for every channel it may deliver
+    #: that had a count then: a channel missing from it began counting later, so all its
+    #: messages count. ``None`` when the feed cannot list them (Redis: each channel's first
+    #: frame or mark gives its start).
+    start: dict[str, tuple[int, int]] | None
 
     def receive(self, timeout: float) -> list[tuple[str, bytes]]:
         """The frames that arrived, waiting up to ``timeout`` seconds for the first one."""

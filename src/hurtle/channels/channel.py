@@ -13,14 +13,16 @@ until the earliest channel deadline and then sends every due channel's frame in 
 backend (one pipeline on Redis, one transaction on SQLite). Frames are taken and sent under one
 lock, so a channel's frames leave in sequence order whichever thread sends them.
 
-Sequence numbers. Each ``Channel`` object is a publisher with a random id, drawn again in a forked
-child (whose copy of the parent's unsent buffer is dropped: the parent sends it). Its messages are
-numbered from 0, per channel; a frame carries the number of its first message. A flush that fails
-(the broker is down) logs an error and the numbers it used stay used, so subscribers count those
-messages as lost instead of never hearing of them. ``TAIL_DELAY`` (1 s) after a channel's last
-frame, the flusher sends it an empty frame carrying the next number (once, not repeatedly): a
-subscriber that missed the last frames of a burst (a reconnection) finds out even if the publisher
-falls silent.
+Numbers. The backend numbers every channel's messages as it sends them (``frame``: the
+channel's count), and subscribers count the gaps in those numbers. A publisher adds its own:
+each ``Channel`` object is a publisher with a random id, drawn again in a forked child (whose copy
+of the parent's unsent buffer is dropped: the parent sends it), which numbers its messages from
+0 per channel, so that a frame sent twice is delivered once. A flush that fails (the broker is
+down) never reaches the count: its error is raised (``flush()``, ``buffer=0``) or logged (the
+flusher), the publisher adds its messages to its ``unsent`` total, which its next frames carry,
+and subscribers count them as lost. ``TAIL_DELAY`` (1 s) after a channel's last frame, the
+flusher sends it an empty frame (once, not repeatedly): a subscriber that missed the last frames
+of a burst, or its failed flush, finds out even if the publisher falls silent.
 """
 
 from __future__ import annotations
@@ -100,6 +102,8 @@ class Channel:
         self.publisher = secrets.token_hex(8)
         self._publisher_bytes = frame.publisher_bytes(self.publisher)
         self._seq = 0
+        #: Messages taken for a flush that failed: carried by every later frame.
+        self._unsent = 0
         self._pid = os.getpid()
 
     def _after_fork(self) -> None:
@@ -157,31 +161,30 @@ class Channel:
             self._pending = []
             seq = self._seq
             self._seq = seq + len(pending)
-        name, pub, publisher = self.name, self._publisher_bytes, self.publisher
-        end = seq + len(pending)
+            unsent = self._unsent
+        name, pub = self.name, self._publisher_bytes
         if len(pending) <= MAX_FRAME:
-            return [OutFrame(name, frame.pack(pub, seq, pending), publisher, end)]
+            return [OutFrame(name, frame.pack(pub, seq, unsent, pending), len(pending))]
+        parts = [pending[i : i + MAX_FRAME] for i in range(0, len(pending), MAX_FRAME)]
         return [
-            OutFrame(
-                name,
-                frame.pack(pub, seq + i, pending[i : i + MAX_FRAME]),
-                publisher,
-                min(seq + i + MAX_FRAME, end),
-            )
-            for i in range(0, len(pending), MAX_FRAME)
+            OutFrame(name, frame.pack(pub, seq + i * MAX_FRAME, unsent, part), len(part))
+            for i, part in enumerate(parts)
         ]
 
+    def failed(self, frames: list[OutFrame]) -> None:
+        """``frames`` (taken from this channel) were not sent: their messages count as unsent."""
+        with self._lock:
+            self._unsent += sum(f.size for f in frames)
+
     def tail(self) -> list[OutFrame]:
-        """An empty frame with the next number (none while messages wait: a flush is due)."""
+        """An empty frame (none while messages wait: a flush is due)."""
         if self._pid != os.getpid():
             return []
         with self._lock:
             if self._pending or not self._seq:
                 return []
-            seq = self._seq
-        return [
-            OutFrame(self.name, frame.pack(self._publisher_bytes, seq, []), self.publisher, seq)
-        ]
+            seq, unsent = self._seq, self._unsent
+        return [OutFrame(self.name, frame.pack(self._publisher_bytes, seq, unsent, []), 0)]
 
     def subscribe(self, *, on_loss: LossCallback | None = None) -> Subscription:
         """A subscription to this channel: ``with ch.subscribe() as sub: for msg in sub: ...``."""
@@ -269,20 +272,24 @@ class ChannelHub:
         """Send the channels' buffers now: frames in sequence order, in one backend call."""
         if self._pid != os.getpid():
             self._after_fork()
-        sent: list[Channel] = []
+        sent: list[tuple[Channel, list[OutFrame]]] = []
         with self._send_lock:
             frames: list[OutFrame] = []
             for ch in channels:
                 taken = ch.take()
                 if taken:
                     frames += taken
-                    sent.append(ch)
+                    sent.append((ch, taken))
             try:
                 if frames:
                     self.backend.publish(frames)
+            except BaseException:
+                for ch, taken in sent:
+                    ch.failed(taken)
+                raise
             finally:
                 if sent:
-                    self._tail_after(sent)
+                    self._tail_after([ch for ch, _ in sent])
 
     def _tail_after(self, channels: list[Channel]) -> None:
         """Send each channel's tail frame ``TAIL_DELAY`` seconds after this flush (once)."""

@@ -1,26 +1,31 @@
-"""``redis://`` channels: one ``PUBLISH`` per frame, ``SUBSCRIBE``/``PSUBSCRIBE`` to receive.
+"""``redis://`` channels: a script per frame that numbers and publishes it, ``SUBSCRIBE`` to
+receive.
 
-A flush sends all its frames in one pipeline (one round trip, one ``PUBLISH`` per channel's
-burst). Redis pub/sub ignores the database number, so channel names carry it:
-``hurtle:ch:<db>:<name>`` (apps on different databases of one server do not hear each other).
+A flush sends all its frames in one pipeline (one round trip): for each frame,
+``channel_publish.lua`` adds its messages to the channel's count and publishes it with its number
+(``frame``). Redis pub/sub ignores the database number, so channel names carry it:
+``hurtle:ch:<db>:<name>`` (apps on different databases of one server do not hear each other);
+the count is a key of the same name, in the URL's database, kept an hour after its last frame.
 
 Redis drops a subscriber that reads too slowly (``client-output-buffer-limit pubsub``) or whose
 connection breaks; what was published until it subscribes again never reaches it. The feed does
 not hide this: it reconnects (with a short backoff), counts the reconnection, logs a warning and
-subscribes again, and the subscription counts the missed messages by their sequence numbers.
-
-So that a loss shows even when a publisher sends nothing more after it, the flush that publishes a
-frame also records, in the same pipeline, the publisher's next number for that channel:
-``SET hurtle:chseq:<publisher>:<channel> <next> EX 3600`` (in the URL's database). A feed that
-lost its connection reads those numbers for every (channel, publisher) its subscription has heard
-from (one ``MGET``) *before* it subscribes again, and hands them to the subscription as empty
-frames: everything below them was published while it was away.
+subscribes again, and then publishes a mark on every channel it follows (its own and those it
+heard from through a pattern): an empty frame, numbered by the same script, so that it arrives
+after everything published before it. The mark carries the count as it is then; the
+subscription counts every message below it that it never received, whoever published it, even
+if nothing is published afterwards. A feed opening publishes marks too, and waits for them (or
+any frame) on its channels: its subscription starts from the count then. (Every subscriber of
+the channel receives a mark; for them it is an empty frame at the count they expect.) A channel
+first heard of through a pattern starts at its first frame: one that appears and loses frames
+while the feed is away, before the feed heard of it, is not counted.
 
 On a Redis Cluster (``redis+cluster://``, ``RedisClusterBackend``) a frame is one ``SPUBLISH``:
 sharded pub/sub, each channel served by the master of its slot, rather than a ``PUBLISH`` that
-every node of the cluster relays to every other. A feed subscribes (``SSUBSCRIBE``) on each
-master that serves one of its channels and waits on all their connections at once. Sharded
-pub/sub has no patterns: a cluster feed takes channel names only, and says so.
+every node of the cluster relays to every other; the count, named as the channel, lives in that
+slot. A feed subscribes (``SSUBSCRIBE``) on each master that serves one of its channels and
+waits on all their connections at once. Sharded pub/sub has no patterns: a cluster feed takes
+channel names only, and says so.
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 import redis
 
 from ..brokers.redis.broker import _wait_option
+from ..brokers.redis.scripts import _Script
 from ..errors import BrokerError, ConfigurationError
 from . import frame as frames_
 from .backend import Frames
@@ -53,12 +59,45 @@ log = logging.getLogger(__name__)
 _MAX_BATCH = 1024
 _BACKOFF_FIRST = 0.01
 _BACKOFF_MAX = 1.0
-#: Seconds a publisher's recorded next number is kept after its last frame on a channel.
-SEQ_TTL = 3600
+#: Seconds a channel's count is kept after its last frame.
+COUNT_TTL = 3600
+#: Seconds a feed opening waits for its marks to come back.
+_MARK_WAIT = 10.0
+
+_publish_script: _Script | None = None
 
 
-def seq_key(publisher: str, channel: str) -> str:
-    return f"hurtle:chseq:{publisher}:{channel}"
+def _script() -> _Script:
+    global _publish_script
+    if _publish_script is None:
+        _publish_script = _Script("channel_publish")
+    return _publish_script
+
+
+def run_frames(client: Any, frames: list[tuple[str, int, bytes]], sharded: bool) -> None:
+    """Number and publish ``(channel name, size, frame less its count)`` frames, in order, in one
+    pipeline; frames the server did not run for want of the script go again once it is loaded.
+    Raises redis-py's errors."""
+    script = _script()
+    verb = "1" if sharded else "0"
+    commands = [
+        ("EVALSHA", script.sha, 1, name, size, data, COUNT_TTL, verb) for name, size, data in frames
+    ]
+    pipe = client.pipeline(transaction=False)
+    for cmd in commands:
+        pipe.execute_command(*cmd)
+    results = pipe.execute(raise_on_error=False)
+    missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+    if missing:  # the server restarted or SCRIPT FLUSH: those frames were not published
+        client.script_load(script.source)
+        pipe = client.pipeline(transaction=False)
+        for i in missing:
+            pipe.execute_command(*commands[i])
+        for i, r in zip(missing, pipe.execute(raise_on_error=False), strict=True):
+            results[i] = r
+    for r in results:
+        if isinstance(r, Exception):
+            raise r
 
 
 def _without_broker_options(url: str, public: str) -> str:
@@ -78,21 +117,57 @@ def _client(url: str) -> redis.Redis:
 
 
 class _RedisFeed:
+    #: Sharded pub/sub (``SPUBLISH`` in the script): a cluster's feed.
+    _sharded = False
+
     def __init__(
         self, backend: RedisBackend, channels: Sequence[str], patterns: Sequence[str]
     ) -> None:
         self.reconnects = 0
-        self.known: Callable[[], list[tuple[str, str]]] = list
+        self.known: Callable[[], list[str]] = list
+        self.start: dict[str, tuple[int, int]] | None = None
         self._backend = backend
         self._prefix = backend.prefix
+        self._names = list(channels)
         self._channels = [backend.prefix + c for c in channels]
         self._patterns = [backend.prefix + p for p in patterns]
         self._client: Any = backend._new_client()
-        self._pubsub: redis.client.PubSub | None = None
+        self._pubsub: Any = None
         self._closed = False
         #: Frames to hand out before reading the socket again (see ``_reconnect``).
         self._marks: list[tuple[str, bytes]] = []
-        self._marks = self._subscribe()
+        try:
+            self._marks = self._subscribe()
+            self._mark(self._names)
+            self._marks += self._until_marked()
+        except BaseException:
+            self.close()
+            raise
+
+    def _until_marked(self) -> list[tuple[str, bytes]]:
+        """The frames that come until each of the feed's channels had one (its mark, at the
+        latest), so that the subscription knows where each channel's count stood."""
+        waiting = set(self._names).difference(c for c, _ in self._marks)
+        frames: list[tuple[str, bytes]] = []
+        deadline = time.monotonic() + _MARK_WAIT
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise redis.TimeoutError(
+                    f"the marks published on {sorted(waiting)} did not come back in "
+                    f"{_MARK_WAIT:g} s"
+                )
+            got = self._read(min(left, 0.25), [])
+            frames += got
+            waiting.difference_update(c for c, _ in got)
+        return frames
+
+    def _mark(self, channels: Sequence[str]) -> None:
+        """Publish a mark (an empty frame with the count) on each of ``channels``."""
+        if channels:
+            mark = frames_.MARK
+            prefix = self._prefix
+            run_frames(self._client, [(prefix + c, 0, mark) for c in channels], self._sharded)
 
     def _subscribe(self) -> list[tuple[str, bytes]]:
         """Subscribe on a new connection; returns frames that came with the confirmations."""
@@ -126,26 +201,25 @@ class _RedisFeed:
         return early
 
     def _reconnect(self, err: Exception, until: float) -> bool:
-        """Subscribe again on a new connection; ``False`` if ``until`` passed first."""
+        """Subscribe again on a new connection and mark the channels followed; ``False`` if
+        ``until`` passed first."""
         if self._pubsub is not None:
-            with contextlib.suppress(redis.RedisError, OSError):
-                self._pubsub.close()
-            self._pubsub = None
+            self._drop_connection()
             self.reconnects += 1
             log.warning(
                 "channel subscription to Redis at %s lost its connection (%s); subscribing "
-                "again: messages published meanwhile are counted as lost when their "
-                "publishers' next frames arrive",
+                "again: messages published meanwhile are counted as lost",
                 self._backend.url,
                 err,
             )
         delay = _BACKOFF_FIRST
         while not self._closed:
             try:
-                marks = self._read_marks()  # before subscribing: all of it was missed
-                self._marks += marks + self._subscribe()
+                self._marks += self._subscribe()
+                self._mark(sorted(set(self._names).union(self.known())))
                 return True
             except (redis.ConnectionError, redis.TimeoutError, OSError) as again:
+                self._drop_connection()
                 if time.monotonic() + delay > until:
                     log.debug("Redis at %s still unreachable: %s", self._backend.url, again)
                     return False
@@ -153,50 +227,47 @@ class _RedisFeed:
                 delay = min(delay * 2, _BACKOFF_MAX)
         return False
 
-    def _read_marks(self) -> list[tuple[str, bytes]]:
-        """Empty frames with each known publisher's next number, as recorded by its flushes."""
-        pairs = self.known()
-        if not pairs:
-            return []
-        found = self._client.mget([seq_key(p, c) for c, p in pairs])
-        return [
-            (c, frames_.pack(frames_.publisher_bytes(p), int(n), []))
-            for (c, p), n in zip(pairs, found, strict=True)
-            if n is not None
-        ]
+    def _drop_connection(self) -> None:
+        if self._pubsub is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                self._pubsub.close()
+            self._pubsub = None
+
+    def _read(self, timeout: float, frames: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+        """Frames read from the socket onto ``frames``, waiting up to ``timeout`` for the first
+        unless ``frames`` holds some already; raises redis-py's connection errors."""
+        pubsub = self._pubsub
+        until = time.monotonic() + timeout
+        cut = len(self._prefix)
+        wait = timeout
+        while len(frames) < _MAX_BATCH:
+            reply = pubsub.get_message(timeout=wait)
+            if reply is None:
+                if frames or wait == 0:
+                    break
+                wait = until - time.monotonic()
+                if wait <= 0:
+                    break
+                continue
+            if reply["type"] in ("message", "pmessage"):
+                frames.append((reply["channel"][cut:].decode(), reply["data"]))
+                wait = 0
+        return frames
 
     def receive(self, timeout: float) -> list[tuple[str, bytes]]:
         until = time.monotonic() + timeout
         if self._pubsub is None and not self._reconnect(ConnectionError("not connected"), until):
             return []
-        pubsub = self._pubsub
-        assert pubsub is not None
         frames, self._marks = self._marks, []
-        cut = len(self._prefix)
         try:
-            wait = timeout
-            while len(frames) < _MAX_BATCH:
-                reply = pubsub.get_message(timeout=wait)
-                if reply is None:
-                    if frames or wait == 0:
-                        break
-                    wait = until - time.monotonic()
-                    if wait <= 0:
-                        break
-                    continue
-                if reply["type"] in ("message", "pmessage"):
-                    frames.append((reply["channel"][cut:].decode(), reply["data"]))
-                    wait = 0
+            self._read(timeout, frames)
         except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
             self._reconnect(err, until)
         return frames
 
     def close(self) -> None:
         self._closed = True
-        if self._pubsub is not None:
-            with contextlib.suppress(redis.RedisError, OSError):
-                self._pubsub.close()
-            self._pubsub = None
+        self._drop_connection()
         self._client.close()
 
 
@@ -223,11 +294,7 @@ class RedisBackend:
     def publish(self, frames: Frames) -> None:
         prefix = self.prefix
         try:
-            pipe = self._client.pipeline(transaction=False)
-            for f in frames:
-                pipe.publish(prefix + f.channel, f.data)
-                pipe.set(seq_key(f.publisher, f.channel), f.next_seq, ex=SEQ_TTL)
-            pipe.execute()
+            run_frames(self._client, [(prefix + f.channel, f.size, f.data) for f in frames], False)
         except (redis.RedisError, OSError) as err:
             raise BrokerError(
                 f"cannot publish to Redis at {self.url}: {err}; is redis-server running?"
@@ -252,6 +319,7 @@ class _ClusterFeed(_RedisFeed):
     """``SSUBSCRIBE`` on the masters serving the channels' slots; ``receive`` waits on all."""
 
     _backend: RedisClusterBackend
+    _sharded = True
 
     def _subscribe(self) -> list[tuple[str, bytes]]:
         pubsub: Any = self._client.pubsub()
@@ -278,18 +346,11 @@ class _ClusterFeed(_RedisFeed):
         self._pubsub = pubsub
         return early
 
-    def _read_marks(self) -> list[tuple[str, bytes]]:
-        pairs = self.known()
-        if not pairs:
-            return []
-        client: Any = self._client
-        # one slot per key: MGET by slot, in one round trip per master
-        found = client.mget_nonatomic([seq_key(p, c) for c, p in pairs])
-        return [
-            (c, frames_.pack(frames_.publisher_bytes(p), int(n), []))
-            for (c, p), n in zip(pairs, found, strict=True)
-            if n is not None
-        ]
+    def _mark(self, channels: Sequence[str]) -> None:
+        try:
+            super()._mark(channels)
+        except RedisClusterException as err:
+            raise redis.ConnectionError(f"{type(err).__name__}: {err}") from err
 
     def _reconnect(self, err: Exception, until: float) -> bool:
         client: Any = self._client
@@ -297,34 +358,28 @@ class _ClusterFeed(_RedisFeed):
             client.nodes_manager.initialize()
         return super()._reconnect(err, until)
 
-    def receive(self, timeout: float) -> list[tuple[str, bytes]]:
-        until = time.monotonic() + timeout
-        if self._pubsub is None and not self._reconnect(ConnectionError("not connected"), until):
-            return []
+    def _read(self, timeout: float, frames: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
         pubsub: Any = self._pubsub
-        frames, self._marks = self._marks, []
+        until = time.monotonic() + timeout
         cut = len(self._prefix)
-        try:
-            while len(frames) < _MAX_BATCH:
-                # one look at every master's connection, without waiting
-                reply = pubsub.get_sharded_message(timeout=0)
-                if reply is not None:
-                    if reply["type"] == "smessage":
-                        frames.append((reply["channel"][cut:].decode(), reply["data"]))
-                    continue
-                wait = until - time.monotonic()
-                if frames or wait <= 0:
+        while len(frames) < _MAX_BATCH:
+            # one look at every master's connection, without waiting
+            reply = pubsub.get_sharded_message(timeout=0)
+            if reply is not None:
+                if reply["type"] == "smessage":
+                    frames.append((reply["channel"][cut:].decode(), reply["data"]))
+                continue
+            wait = until - time.monotonic()
+            if frames or wait <= 0:
+                break
+            with selectors.DefaultSelector() as sel:
+                for node_pubsub in list(pubsub.node_pubsub_mapping.values()):
+                    sock = node_pubsub.connection and node_pubsub.connection._sock
+                    if sock is None:
+                        raise redis.ConnectionError("a shard's connection is closed")
+                    sel.register(sock, selectors.EVENT_READ)
+                if not sel.select(wait):
                     break
-                with selectors.DefaultSelector() as sel:
-                    for node_pubsub in list(pubsub.node_pubsub_mapping.values()):
-                        sock = node_pubsub.connection and node_pubsub.connection._sock
-                        if sock is None:
-                            raise redis.ConnectionError("a shard's connection is closed")
-                        sel.register(sock, selectors.EVENT_READ)
-                    if not sel.select(wait):
-                        break
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
-            self._reconnect(err, until)
         return frames
 
 
@@ -356,11 +411,7 @@ class RedisClusterBackend(RedisBackend):
     def publish(self, frames: Frames) -> None:
         prefix = self.prefix
         try:
-            pipe = self._client.pipeline(transaction=False)
-            for f in frames:
-                pipe.execute_command("SPUBLISH", prefix + f.channel, f.data)
-                pipe.set(seq_key(f.publisher, f.channel), f.next_seq, ex=SEQ_TTL)
-            pipe.execute()
+            run_frames(self._client, [(prefix + f.channel, f.size, f.data) for f in frames], True)
         except (redis.RedisError, RedisClusterException, OSError) as err:
             with contextlib.suppress(Exception):
                 self._client.nodes_manager.initialize()

@@ -13,14 +13,20 @@ a few milliseconds, for a few hundred trivial reads a second while idle. Only wh
 moved is the table read. Measured with ``benchmarks/channel_latency.py`` (2 shared cores, one
 message every 10 ms): median 2.3 ms, p99 4.4 to 4.7 ms from publish to receipt.
 
+Counts. Each channel's count is a row of ``channel_counts (channel, epoch, total, last_id,
+at)``: a flush reads the counts of its channels, appends each frame's number to it
+(``frame.count``) and writes the counts back with the id of each channel's last frame, in the
+same transaction as the frames (ids and numbers so increase together). A count unused for an hour
+(``COUNT_TTL``) is deleted; the next frame starts a new one, with a new epoch. A feed reads the
+newest id and every count in one snapshot when it opens (``start``).
+
 Retention. A publisher deletes frames older than ``RETENTION`` seconds (by id, from checkpoints it
 keeps in memory: no index on time), at most once a second. A subscriber that falls further behind
-than that misses frames, and counts them as lost by their sequence numbers. So that it can count
-them even when their publisher sends nothing afterwards, every flush also records, per (channel,
-publisher), the next number and the id of its last frame (``channel_seq``, kept an hour). A feed
-that finds ids missing below the rows it reads (ids are contiguous until pruned) looks up the
-publishers it knows whose last frame was among the missing ones, and hands their next numbers to
-the subscription as empty frames.
+than that misses frames. Ids are contiguous until pruned, so a feed that finds ids missing
+between its cursor and the rows it reads knows it missed some: the counts of the channels it
+follows whose last frame was among the missing ones are handed to the subscription as empty
+frames (marks), and the channels that have frames left show the gap with their next frame.
+Either way the subscription counts every message missed, whoever published it.
 
 Durability is not the point of a channel: frames are written with ``synchronous=NORMAL`` whatever
 the URL asks of the queues.
@@ -52,29 +58,32 @@ POLL_MAX = 0.004
 _PRUNE_EVERY = 1.0
 _BUSY_TIMEOUT_MS = 30_000
 _READ_BATCH = 1024
-#: Seconds a publisher's recorded next number is kept after its last frame on a channel.
-SEQ_TTL = 3600.0
+#: Seconds a channel's count is kept after its last frame.
+COUNT_TTL = 3600.0
 
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS channel_frames ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT, channel TEXT NOT NULL, frame BLOB NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS channel_seq ("
-    " channel TEXT NOT NULL, publisher TEXT NOT NULL, next INTEGER NOT NULL,"
-    " last_id INTEGER NOT NULL, at REAL NOT NULL,"
-    " PRIMARY KEY (channel, publisher)) WITHOUT ROWID",
+    "CREATE TABLE IF NOT EXISTS channel_counts ("
+    " channel TEXT PRIMARY KEY, epoch INTEGER NOT NULL, total INTEGER NOT NULL,"
+    " last_id INTEGER NOT NULL, at REAL NOT NULL) WITHOUT ROWID",
 )
 _INSERT = "INSERT INTO channel_frames (channel, frame) VALUES (?, ?)"
-_MARK = (
-    "INSERT INTO channel_seq (channel, publisher, next, last_id, at) VALUES (?, ?, ?, ?, ?) "
-    "ON CONFLICT (channel, publisher) DO UPDATE SET next = excluded.next, "
+_COUNT_OF = "SELECT epoch, total FROM channel_counts WHERE channel = ?"
+_SET_COUNT = (
+    "INSERT INTO channel_counts (channel, epoch, total, last_id, at) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (channel) DO UPDATE SET epoch = excluded.epoch, total = excluded.total, "
     "last_id = excluded.last_id, at = excluded.at"
 )
-_MARKS_OF = "SELECT next, last_id FROM channel_seq WHERE channel = ? AND publisher = ?"
+_COUNTS = "SELECT channel, epoch, total FROM channel_counts"
+_COUNTS_LAST_BETWEEN = (
+    "SELECT channel, epoch, total FROM channel_counts WHERE last_id > ? AND last_id < ?"
+)
 _READ = "SELECT id, channel, frame FROM channel_frames WHERE id > ? ORDER BY id LIMIT ?"
 #: The last id handed out, even when every frame was pruned since.
 _NEWEST = "SELECT coalesce((SELECT seq FROM sqlite_sequence WHERE name = 'channel_frames'), 0)"
 _PRUNE = "DELETE FROM channel_frames WHERE id <= ?"
-_PRUNE_MARKS = "DELETE FROM channel_seq WHERE at < ?"
+_PRUNE_COUNTS = "DELETE FROM channel_counts WHERE at < ?"
 
 
 def _connect(backend: SQLiteBackend) -> sqlite3.Connection:
@@ -107,12 +116,24 @@ def _connect(backend: SQLiteBackend) -> sqlite3.Connection:
 class _SQLiteFeed:
     def __init__(self, backend: SQLiteBackend, accepts: Callable[[str], bool]) -> None:
         self.reconnects = 0
-        self.known: Callable[[], list[tuple[str, str]]] = list
+        self.known: Callable[[], list[str]] = list
         self._backend = backend
         self._accepts = accepts
         self._conn = _connect(backend)
-        self._cursor = self._conn.execute(_NEWEST).fetchone()[0]
         self._version = -1
+        try:
+            self._conn.execute("BEGIN")  # one snapshot: the counts are those at the cursor
+            try:
+                self._cursor = self._conn.execute(_NEWEST).fetchone()[0]
+                counts = self._conn.execute(_COUNTS).fetchall()
+            finally:
+                self._conn.execute("COMMIT")
+        except sqlite3.Error as err:
+            self._conn.close()
+            raise BrokerError(f"SQLite channels {backend.url!r}: {err}") from err
+        self.start: dict[str, tuple[int, int]] | None = {
+            c: (epoch, total) for c, epoch, total in counts if accepts(c)
+        }
 
     def _changed(self) -> bool:
         version = self._conn.execute("PRAGMA data_version").fetchone()[0]
@@ -147,23 +168,22 @@ class _SQLiteFeed:
             raise BrokerError(f"SQLite channels {self._backend.url!r}: {err}") from err
 
     def _pruned(self, first: int) -> list[tuple[str, bytes]]:
-        """Ids after the cursor and before ``first`` were pruned unread: empty frames carrying
-        the next number of each known publisher whose last frame was among them."""
+        """Ids after the cursor and before ``first`` were pruned unread: marks with the count of
+        each channel of this feed whose last frame was among them (the others have a frame left,
+        which shows the gap)."""
         log.warning(
             "SQLite channels %r: %d frame(s) were pruned before this subscriber read "
-            "them (it is more than %g s behind)",
+            "them (it is more than %g s behind); the messages it missed are counted as lost",
             self._backend.url,
             first - self._cursor - 1,
             RETENTION,
         )
-        marks = []
-        for channel, publisher in self.known():
-            row = self._conn.execute(_MARKS_OF, (channel, publisher)).fetchone()
-            if row is not None and self._cursor < row[1] < first:
-                marks.append(
-                    (channel, frames_.pack(frames_.publisher_bytes(publisher), row[0], []))
-                )
-        return marks
+        rows = self._conn.execute(_COUNTS_LAST_BETWEEN, (self._cursor, first)).fetchall()
+        return [
+            (channel, frames_.MARK + frames_.count(epoch, total))
+            for channel, epoch, total in rows
+            if self._accepts(channel)
+        ]
 
     def close(self) -> None:
         self._conn.close()
@@ -196,16 +216,20 @@ class SQLiteBackend:
                 try:
                     if now - self._last_prune >= _PRUNE_EVERY:
                         self._prune(conn, now)
-                    conn.executemany(_INSERT, [(f.channel, f.data) for f in frames])
+                    counts: dict[str, tuple[int, int]] = {}
+                    rows = []
+                    for f in frames:
+                        epoch, total = counts.get(f.channel) or self._count_of(conn, f.channel)
+                        rows.append((f.channel, f.data + frames_.count(epoch, total)))
+                        counts[f.channel] = (epoch, total + f.size)
+                    conn.executemany(_INSERT, rows)
                     # Ids of one transaction are contiguous: the last is last_insert_rowid().
-                    first = conn.execute("SELECT last_insert_rowid()").fetchone()[0] - len(frames)
+                    first = conn.execute("SELECT last_insert_rowid()").fetchone()[0] - len(rows)
+                    last_ids = {c: first + i for i, (c, _) in enumerate(rows, 1)}
                     wall = time.time()
                     conn.executemany(
-                        _MARK,
-                        [
-                            (f.channel, f.publisher, f.next_seq, first + i, wall)
-                            for i, f in enumerate(frames, 1)
-                        ],
+                        _SET_COUNT,
+                        [(c, e, n, last_ids[c], wall) for c, (e, n) in counts.items()],
                     )
                     conn.execute("COMMIT")
                 except BaseException:
@@ -215,6 +239,11 @@ class SQLiteBackend:
             except sqlite3.Error as err:
                 raise BrokerError(f"SQLite channels {self.url!r}: {err}") from err
 
+    @staticmethod
+    def _count_of(conn: sqlite3.Connection, channel: str) -> tuple[int, int]:
+        row = conn.execute(_COUNT_OF, (channel,)).fetchone()
+        return (row[0], row[1]) if row is not None else (time.time_ns() // 1000, 0)
+
     def _prune(self, conn: sqlite3.Connection, now: float) -> None:
         self._last_prune = now
         self._checkpoints.append((now, conn.execute(_NEWEST).fetchone()[0]))
@@ -223,7 +252,7 @@ class SQLiteBackend:
             upto = self._checkpoints.popleft()[1]
         if upto is not None:
             conn.execute(_PRUNE, (upto,))
-            conn.execute(_PRUNE_MARKS, (time.time() - SEQ_TTL,))
+            conn.execute(_PRUNE_COUNTS, (time.time() - COUNT_TTL,))
 
     def open_feed(self, channels: Sequence[str], patterns: Sequence[str]) -> _SQLiteFeed:
         return _SQLiteFeed(self, matcher(channels, patterns))

@@ -1,16 +1,27 @@
 """Receiving: ``Subscription`` yields messages and counts every one that never arrived.
 
-A subscription keeps, per (channel, publisher), the sequence number it expects next. A frame that
-starts further on means messages were lost on the way (a Redis subscriber cut off for reading too
-slowly, a reconnection, frames pruned before a slow SQLite subscriber read them, a publisher's
-failed flush): they are added to ``lost``, logged as a WARNING and passed to ``on_loss(channel,
-count)`` if given. A frame that starts earlier repeats messages already delivered; they are
-skipped. The first frame seen from a publisher sets its baseline, so what a publisher sent before
-the subscription started is not counted. A publisher that falls silent sends one empty frame
-with its next number a second after its last one, so the end of a burst that went missing is
-counted too (unless the subscriber is still disconnected by then). A publisher not heard from
-for an hour (``FORGET_AFTER``) is forgotten, so that what a subscription keeps does not grow with
-every publisher that ever came and went.
+What is counted. Every message published to a channel while a subscription follows it, by any
+publisher, is either received (``received``) or counted in ``lost``; each loss is also logged as
+a WARNING and passed to ``on_loss(channel, count)`` if given. Two numbers show a loss (``frame``):
+
+* the channel's count, kept by the backend: a frame whose first number is past the one expected
+  next means that the messages in between reached the broker but not this subscriber (Redis
+  cut it off for reading too slowly, a reconnection, frames pruned before a slow SQLite
+  subscriber read them), whoever published them, including publishers it never heard from;
+* a publisher's ``unsent`` total: messages it took for a flush that failed (the broker was down)
+  never got a number; its next frame (or its empty tail frame, a second after its last one)
+  says how many more failed, and they count as lost too.
+
+When a loss shows: at the channel's next frame; and, when nothing more is published, at once for
+a reconnection (a Redis feed that subscribes again publishes a mark on each channel it follows:
+an empty frame carrying the count as it is then) or for frames pruned unread (a SQLite feed
+reads the counts of the channels whose last frames it missed). A subscription's start is the
+count when it opened (a feed lists the counts, or a Redis feed waits for its own marks), so what
+was published before it is not counted, and a channel whose count began later (a pattern's new
+channel) is counted from its first message. A frame whose publisher number is below the one
+expected repeats messages already delivered; they are skipped. A publisher not heard from for an
+hour (``FORGET_AFTER``) is forgotten, so that what a subscription keeps does not grow with every
+publisher that ever came and went; it keeps one count per channel it heard from.
 
 Iterating blocks until a message arrives and ends once the subscription is closed (``with`` does
 that). ``get(timeout)`` returns ``None`` when nothing came in time. A subscription belongs to one
@@ -80,8 +91,11 @@ class Subscription:
         self.lost = 0
         #: Messages delivered to this subscription so far (handed out or waiting in it).
         self.received = 0
-        self._expected: dict[tuple[str, str], int] = {}
+        #: (channel, publisher) -> (its number expected next, its unsent total then).
+        self._expected: dict[tuple[str, str], tuple[int, int]] = {}
         self._heard: dict[tuple[str, str], float] = {}
+        #: channel -> (epoch, number expected next) of its count.
+        self._counts: dict[str, tuple[int, int]] = {}
         self._swept = time.monotonic()
         self._ready: list[ChannelMessage] = []
         self._pos = 0
@@ -89,6 +103,11 @@ class Subscription:
         self._io = threading.Lock()
         self._feed: Feed | None = backend.open_feed(self.channels, self.patterns)
         self._feed.known = self._known
+        start = self._feed.start
+        #: Whether a channel first heard of began its count after the subscription started.
+        self._listed = start is not None
+        if start is not None:
+            self._counts.update(start)
         self._reconnects = 0
 
     def __repr__(self) -> str:
@@ -172,36 +191,64 @@ class Subscription:
         if self._pos >= len(self._ready):
             self._ready, self._pos = [], 0
         ready = self._ready
-        expected, heard = self._expected, self._heard
+        counts, expected, heard = self._counts, self._expected, self._heard
         now = time.monotonic()
         losses: list[tuple[str, int]] = []
         for channel, raw in frames:
             try:
-                publisher, seq, values = frame.decode(raw)
+                publisher, seq, unsent, values, epoch, number = frame.decode(raw)
             except DecodeError as err:
                 log.warning(
                     "channel %r: skipped a message that is not a hurtle frame: %s", channel, err
                 )
                 continue
-            key = (channel, publisher)
-            want = expected.get(key)
-            if want is not None and seq != want:
-                if seq > want:
-                    losses.append((channel, seq - want))
-                    log.warning(
-                        "channel %r: %d message(s) from publisher %s never arrived (expected "
-                        "number %d, got %d)",
-                        channel,
-                        seq - want,
-                        publisher,
-                        want,
-                        seq,
-                    )
-                else:
-                    values = values[want - seq :]
-                    seq = want
-            expected[key] = seq + len(values)
-            heard[key] = now
+            # the channel's count: every message published to it, whoever published it
+            was = counts.get(channel)
+            if was is None:  # its count began after the subscription, or it starts here
+                missed = number if self._listed else 0
+            elif was[0] != epoch:  # a new count: the last was dropped after an hour unused
+                missed = number
+            elif number >= was[1]:
+                missed = number - was[1]
+            else:
+                missed = 0
+                log.warning(
+                    "channel %r: its count went back from %d to %d (the broker restarted or "
+                    "failed over and lost some of its writes); counting on from there",
+                    channel,
+                    was[1],
+                    number,
+                )
+            counts[channel] = (epoch, number + len(values))
+            if missed:
+                losses.append((channel, missed))
+                log.warning(
+                    "channel %r: %d message(s) never arrived (numbers %d to %d of its count)",
+                    channel,
+                    missed,
+                    number - missed,
+                    number - 1,
+                )
+            if publisher:  # not a mark
+                key = (channel, publisher)
+                known = expected.get(key)
+                if known is not None:
+                    want, before = known
+                    if seq < want:  # sent twice: what was delivered already is skipped
+                        values = values[want - seq :]
+                        seq = want
+                    elif unsent > before and seq > want:
+                        failed = min(unsent - before, seq - want)
+                        losses.append((channel, failed))
+                        log.warning(
+                            "channel %r: %d message(s) from publisher %s were never sent (a "
+                            "flush of theirs failed)",
+                            channel,
+                            failed,
+                            publisher,
+                        )
+                expected[key] = (seq + len(values), unsent)
+                heard[key] = now
             self.received += len(values)
             ready.extend(map(partial(ChannelMessage, channel), values))
         if now - self._swept >= SWEEP_EVERY:
@@ -213,8 +260,8 @@ class Subscription:
             for channel, count in losses:
                 self.on_loss(channel, count)
 
-    def _known(self) -> list[tuple[str, str]]:
-        return list(self._expected)
+    def _known(self) -> list[str]:
+        return list(self._counts)
 
     def _close_feed(self) -> None:
         feed, self._feed = self._feed, None
