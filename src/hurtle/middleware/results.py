@@ -98,6 +98,9 @@ class Record(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 _encode = msgspec.msgpack.Encoder().encode
+#: What msgspec raises on a value it cannot encode (a type it does not know, an int too big,
+#: lists or dicts nested too deeply).
+UNENCODABLE = (TypeError, ValueError, OverflowError, RecursionError)
 _decoder = msgspec.msgpack.Decoder(Record)
 
 
@@ -128,12 +131,18 @@ def encode_value(value: Any, job: Job) -> bytes:
     try:
         # the bytes of Record(SUCCEEDED, value, ...), made faster
         return _encode((SUCCEEDED, value, "", "", "", *_about(job)))
-    except (TypeError, ValueError, OverflowError) as err:
+    except UNENCODABLE as err:
         raise unstorable(value, job.task.name, job.message.id, err) from err
 
 
 def unstorable(value: Any, task: str, message_id: str, err: Exception) -> ResultError:
     """The error that fails a call whose return value msgpack cannot encode."""
+    if isinstance(err, RecursionError):
+        return ResultError(
+            f"task {task}[{message_id}] returned a value of type {type(value).__name__} "
+            f"nested too deeply to be stored as its result ({err}); return it flatter, or "
+            f"set store_result=False on {task}"
+        )
     return ResultError(
         f"task {task}[{message_id}] returned a value of type {type(value).__name__} "
         f"that cannot be stored as its result ({err}); return something msgpack can "
@@ -148,7 +157,7 @@ def encode_failure(state: str, error: BaseException, job: Job | None = None) -> 
     if job is not None:
         try:
             return _encode((*fields, *_about(job)))
-        except (TypeError, ValueError, OverflowError):
+        except UNENCODABLE:
             pass  # arguments msgpack cannot encode (a message from elsewhere): leave them out
     return _encode(Record(*fields))
 
@@ -318,7 +327,7 @@ class Results(Middleware):
                         )
                         for i in range(0, len(ids), most)
                     ]
-                except (TypeError, ValueError, OverflowError):
+                except UNENCODABLE:
                     pass  # a value msgpack cannot encode: found and failed one by one below
                 else:
                     # one by one only if a broker asks (not one that keeps them whole),
@@ -335,7 +344,7 @@ class Results(Middleware):
             payloads = _succeeded(
                 task, now, calls.results, calls.messages, calls.deliveries, calls.runtimes
             )
-        except (TypeError, ValueError, OverflowError):
+        except UNENCODABLE:
             payloads = [self._payload(calls, i, now) for i in range(len(calls))]
         calls.stored = StoredResults(ids, payloads, ttl)
 
@@ -350,9 +359,9 @@ class Results(Middleware):
             try:
                 args = (m.args, m.kwargs) if kept else ((), {})
                 return _encode((SUCCEEDED, value, "", "", "", *about, *args, *when))
-            except (TypeError, ValueError, OverflowError):  # the arguments, perhaps
+            except UNENCODABLE:  # the arguments, perhaps
                 return _encode((SUCCEEDED, value, "", "", "", *about[:3], False, (), {}, *when))
-        except (TypeError, ValueError, OverflowError) as err:
+        except UNENCODABLE as err:
             failure = unstorable(value, calls.task.name, m.id, err)
             failure.__cause__ = err
             calls.fail(i, failure)
