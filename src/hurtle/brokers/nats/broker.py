@@ -64,6 +64,8 @@ from .store import REPORTS_BUCKET, Store
 
 Item = tuple[str, bytes, dict[str, str] | None]
 
+#: Longest a new broker waits for its connection (nats-py gives up on a silent server sooner).
+CONNECT_TIMEOUT = 30.0
 #: Most delayed messages of a queue ``next_delayed`` reads (one server round trip each).
 NEXT_DELAYED_SCAN = 10_000
 
@@ -93,12 +95,11 @@ class NatsBroker(Broker):
             options["user"] = parts.username
             options["password"] = parts.password or ""
         server = urlunsplit(("nats", netloc, "", "", ""))
-        try:
-            self.store: Store = run(
-                Store.connect([server], max(60.0, 2 * heartbeat_timeout), **options), 30
-            )
-        except Exception as err:
-            raise ConfigurationError(f"cannot connect to NATS at {self.url}: {err}") from err
+        self.store: Store = run(
+            Store.connect([server], max(60.0, 2 * heartbeat_timeout), self.url, **options),
+            CONNECT_TIMEOUT,
+            self.url,
+        )
         self.dead = DeadLetters(self.store, self.dead_letter_max, self.dead_letter_ttl)
         self.promoters = Promoters(self.store)
         self._calls = itertools.count()
