@@ -8,6 +8,7 @@ came back.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -272,6 +273,21 @@ def test_dead_letters_are_listed_oldest_first_and_paged(broker: Broker) -> None:
     page = broker.dead_letters("q", limit=2, offset=1)
     assert [d.reason for d in page] == ["reason 1", "reason 2"]
     assert broker.dead_letters("other") == []
+
+
+def test_a_dead_letter_keeps_its_reasons_lines_and_has_an_id_like_a_message_id(
+    broker: Broker,
+) -> None:
+    reason = "task t failed:\nTraceback (most recent call last):\n  File 'x.py'\nValueError: no"
+    broker.publish([msg("q")])
+    c = broker.consumer(["q"])
+    [d] = c.fetch(1, 1)
+    c.dead_letter(d, reason)
+    [dead] = broker.dead_letters("q")
+    assert dead.reason == reason
+    assert re.fullmatch("[0-9a-f]{24}", dead.id), dead.id  # the shape of ``new_id``
+    assert broker.delete_dead("q", [dead.id]) == 1
+    assert broker.dead_letters("q") == []
 
 
 def test_delete_dead_removes_those_named_and_counts_them(broker: Broker) -> None:

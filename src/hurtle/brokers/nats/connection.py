@@ -91,7 +91,7 @@ async def connect(servers: list[str], url: str, **options: Any) -> Client:
             log.warning("NATS at %s: %s", url, reason(err))
 
     async def on_disconnected() -> None:
-        if state["connected"]:
+        if state["connected"] and not nc.is_closed:  # (closed: the broker was closed)
             log.warning("lost the connection to NATS at %s; reconnecting", url)
 
     async def on_reconnected() -> None:
