@@ -112,3 +112,32 @@ def test_dead_letters_written_before_ids_still_list_and_delete_by_their_sequence
         c.close()
     finally:
         broker.close()
+
+
+def test_over_max_payload_an_argument_is_an_encode_error_and_a_result_fails_its_call(
+    nats_url: str,  # noqa: F811 - fixture
+) -> None:
+    from hurtle import EncodeError, Hurtle, TaskFailed
+
+    app = Hurtle(nats_url)
+    try:
+
+        @app.task(store_result=True, retries=0)
+        def blob(data: bytes, n: int) -> bytes:
+            return b"x" * n
+
+        two_mb = 2 * 1024 * 1024  # over the server's max_payload (1 MB)
+        with pytest.raises(EncodeError, match="max_message_size"):
+            blob.send(b"x" * two_mb, 0)
+        big, small = blob.send(b"", two_mb), blob.send(b"", 3)
+        worker = app.worker(burst=True)
+        thread = worker.run_in_thread()
+        with pytest.raises(TaskFailed, match="max_result_size"):
+            big.result(timeout=30)
+        assert small.result(timeout=30) == b"xxx"
+        thread.join(30)
+        assert not thread.is_alive()  # a burst worker ends: nothing is left in flight
+        stats = app.broker.stats(["default"])["default"]
+        assert (stats.ready, stats.in_flight, stats.dead) == (0, 0, 1)
+    finally:
+        app.close()

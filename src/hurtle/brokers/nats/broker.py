@@ -64,6 +64,9 @@ from .store import REPORTS_BUCKET, Store
 
 Item = tuple[str, bytes, dict[str, str] | None]
 
+#: Bytes of the server's ``max_payload`` kept for headers and a dead letter's reason: the rest is
+#: ``max_message_size`` and ``max_result_size``.
+ROOM = 8 * 1024
 #: Longest a new broker waits for its connection (nats-py gives up on a silent server sooner).
 CONNECT_TIMEOUT = 30.0
 #: Most delayed messages of a queue ``next_delayed`` reads (one server round trip each).
@@ -100,6 +103,9 @@ class NatsBroker(Broker):
             CONNECT_TIMEOUT,
             self.url,
         )
+        # what the server takes in one message (its INFO), less room for headers and the
+        # reason of a dead letter
+        self.max_message_size = self.max_result_size = self.store.nc.max_payload - ROOM
         self.dead = DeadLetters(self.store, self.dead_letter_max, self.dead_letter_ttl)
         self.promoters = Promoters(self.store)
         self._calls = itertools.count()
@@ -131,7 +137,7 @@ class NatsBroker(Broker):
 
     def publish(self, messages: Sequence[Message]) -> None:
         check_messages(messages)
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         if messages:
             run(self._publish([m.queue for m in messages], self._items(messages, payloads)))
 
@@ -143,7 +149,7 @@ class NatsBroker(Broker):
     def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
         check_messages(messages)
         keys = [unique_key_of(m) for m in messages]
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         return run(self._publish_unique(messages, keys, payloads, unique_for))
 
     async def _publish_unique(
@@ -226,7 +232,7 @@ class NatsBroker(Broker):
     def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         check_tick_claim(queue, tick, messages)
         check_messages(messages)
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         return run(self._claim_tick(queue, name, float(tick), messages, payloads))
 
     async def _claim_tick(
