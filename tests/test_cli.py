@@ -249,6 +249,24 @@ def test_a_sqlite_url_in_a_missing_directory_is_one_line_and_creates_nothing(
     assert not (tmp_path / "no").exists()
 
 
+@pytest.mark.parametrize(
+    ("scheme", "reason", "hint"),
+    [
+        ("redis", "Connection refused", "is redis-server running there?"),
+        ("nats", "Connect call failed", "is nats-server running there"),
+    ],
+)
+def test_status_on_a_server_nobody_listens_at_is_one_line_with_the_reason_and_a_hint(
+    project: Project, scheme: str, reason: str, hint: str
+) -> None:
+    pytest.importorskip(scheme)
+    url = f"{scheme}://127.0.0.1:{free_port()}"  # nothing listens there
+    for command in (["status", "tasks:app"], ["dead", "tasks:app", "list"]):
+        line = _one_line_error(project.hurtle(*command, HURTLE_BROKER_URL=url))
+        assert line.startswith("hurtle: error: cannot ")
+        assert url in line and reason in line and hint in line, line
+
+
 def test_a_burst_worker_gives_up_on_an_unreachable_broker_with_exit_2(project: Project) -> None:
     pytest.importorskip("redis")
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there

@@ -4,6 +4,7 @@ and the per-queue limits of dead letters set through the environment."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Project
+from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 TASKS = textwrap.dedent(
     """
@@ -26,14 +28,23 @@ TASKS = textwrap.dedent(
         with open(os.environ["RUNS_LOG"], "a") as f:
             f.write(f"refuse {n}\\n")
         raise Reject(f"refused {n}")
+
+
+    @app.task(name="tasks.crash", retries=0)
+    def crash():
+        raise ValueError("crashed")
     """
 )
 
 
 @pytest.fixture(params=["sqlite"])
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
-    url = str(request.getfixturevalue("redis_url")) if request.param == "redis" else None
-    p = Project(tmp_path, TASKS, ("tasks.refuse",), url=url)
+    url = (
+        str(request.getfixturevalue(f"{request.param}_url"))
+        if request.param in ("redis", "nats")
+        else None
+    )
+    p = Project(tmp_path, TASKS, ("tasks.refuse", "tasks.crash"), url=url)
     yield p
     p.app.close()
 
@@ -104,17 +115,33 @@ def test_an_id_that_names_no_dead_letter_is_reported_and_the_others_are_handled(
     assert project.stats()["dead"] == 1
 
 
-@pytest.mark.parametrize("project", ["redis"], indirect=True)
-def test_retry_and_purge_by_id_on_redis(project: Project) -> None:
+@pytest.mark.parametrize("project", ["redis", "nats"], indirect=True)
+def test_retry_and_purge_by_id_on_the_other_brokers(project: Project) -> None:
     ids = dead_letters_of(project, 1, 2, 3)
     rows = listed(project)
     assert [r["message_id"] for r in rows] == ids
+    assert all(re.fullmatch("[0-9a-f]{24}", str(r["id"])) for r in rows), rows  # as elsewhere
     retried = project.hurtle("dead", "tasks:app", "retry", ids[0])
     assert (retried.returncode, retried.stdout.strip()) == (0, "put back 1 dead letters")
     purged = project.hurtle("dead", "tasks:app", "purge", str(rows[1]["id"]))
     assert (purged.returncode, purged.stdout.strip()) == (0, "purged 1 dead letters")
     assert [r["message_id"] for r in listed(project)] == [ids[2]]
     assert project.stats()["ready"] == 1
+
+
+@pytest.mark.parametrize("project", ["sqlite", "redis", "nats"], indirect=True)
+def test_a_dead_letters_traceback_keeps_its_lines_in_list_and_json(project: Project) -> None:
+    message_id = project.send("tasks.crash")
+    assert project.hurtle("worker", "tasks:app", "--burst").returncode == 0
+    [row] = listed(project)
+    reason = str(row["reason"])
+    assert row["message_id"] == message_id
+    assert "\nTraceback (most recent call last):\n" in reason, reason
+    assert reason.rstrip().endswith("ValueError: crashed"), reason
+    out = project.hurtle("dead", "tasks:app", "list")
+    assert out.returncode == 0, out.stderr
+    # the list shows a reason's first and last lines
+    assert out.stdout.splitlines()[1].strip().endswith("... ValueError: crashed"), out.stdout
 
 
 def test_a_worker_keeps_at_most_dead_letter_max_per_queue_and_warns(project: Project) -> None:

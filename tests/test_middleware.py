@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from helpers import BatchState, Project
-from hurtle import ConfigurationError, Hurtle, HurtleError, Message, Reject
+from hurtle import ConfigurationError, Hurtle, HurtleError, Message, Reject, TaskFailed
 from hurtle.brokers import Delivery
 from hurtle.middleware import Calls, Middleware, Outcome
 from hurtle.middleware.retries import Retries
@@ -600,3 +600,41 @@ def test_a_call_that_overran_is_failed_when_its_part_is_settled_mid_batch(app: H
     assert "TimeLimitExceeded" in reason and "time limit of 30s" in reason
     assert len(acks.acked) == 199
     assert batch[CALLS_CHUNK - 1] not in acks.acked
+
+
+class Fussy(Middleware):
+    """``after_calls`` that raises on any part holding a call that returned ``bad``."""
+
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def applies_to(self, task: Task[Any, Any]) -> bool:
+        return True
+
+    def after_calls(self, calls: Calls) -> None:
+        if self.bad in calls.results:
+            raise RuntimeError(f"cannot take {self.bad}")
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads"])
+def test_a_hook_failing_in_after_calls_fails_only_the_calls_it_fails_on_alone(
+    app: Hurtle, pool: str
+) -> None:
+    # the hook raises on the whole part: each call is settled alone, so the one it cannot
+    # take fails (here dead-lettered, with its failure record) and the others keep their
+    # results; none is acknowledged without what the hooks record
+    app.add_middleware(Fussy(13))
+
+    @app.task(store_result=True, retries=0)
+    def echo(i: int) -> int:
+        return i
+
+    handles = echo.send_many([(i,) for i in range(41)])
+    app.worker(pool=pool, burst=True).run()
+    with pytest.raises(TaskFailed, match="cannot take 13"):
+        handles[13].result(timeout=1)
+    assert [h.result(timeout=1) for h in handles if h is not handles[13]] == [
+        i for i in range(41) if i != 13
+    ]
+    stats = app.broker.stats(["default"])["default"]
+    assert (stats.ready, stats.in_flight, stats.dead) == (0, 0, 1)

@@ -477,3 +477,36 @@ def test_waiting_on_redis_does_not_poll(redis_url: str) -> None:
         assert _gets(redis_url) - before <= 4
     finally:
         app.close()
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])  # redis: a batch is stored whole
+def test_one_value_nested_too_deeply_fails_its_own_call_and_the_rest_keep_their_results(
+    request: pytest.FixtureRequest, kind: str
+) -> None:
+    url = "memory://" if kind == "memory" else str(request.getfixturevalue("redis_url"))
+    app = Hurtle(url)
+    try:
+
+        @app.task(store_result=True, retries=0)
+        def value(i: int) -> Any:
+            return _nested(5000) if i == 20 else i
+
+        handles = value.send_many([(i,) for i in range(41)])  # one batch
+        app.worker(burst=True).run()
+        with pytest.raises(TaskFailed) as info:
+            handles[20].result(timeout=1)
+        assert info.value.type == "ResultError"
+        assert "nested too deeply" in info.value.message
+        rest = handles[:20] + handles[21:]
+        assert [h.result(timeout=1) for h in rest] == [*range(20), *range(21, 41)]
+        stats = app.broker.stats(["default"])["default"]
+        assert (stats.ready, stats.in_flight, stats.dead) == (0, 0, 1)
+    finally:
+        app.close()

@@ -243,15 +243,32 @@ def lock_of(m: Message) -> tuple[str, float] | None:
     return key, 0.0
 
 
-def encode_many(messages: list[Message]) -> list[bytes]:
-    """Encode a batch; the first message that fails raises ``EncodeError`` and nothing is kept."""
+def encode_many(messages: list[Message], most: int) -> list[bytes]:
+    """Encode a batch for a broker that stores messages of at most ``most`` bytes
+    (``Broker.max_message_size``); the first message that fails, or is larger, raises
+    ``EncodeError`` and nothing is kept."""
     encode = _encoder.encode
     try:
-        return [encode(m) for m in messages]
+        payloads = [encode(m) for m in messages]
     except (TypeError, ValueError, OverflowError, RecursionError):
         for m in messages:
             m.encode()  # raises the EncodeError naming the task and the type
         raise
+    if payloads and max(map(len, payloads)) > most:  # one pass in C per batch
+        check_size(messages, payloads, most)
+    return payloads
+
+
+def check_size(messages: Sequence[Message], payloads: Sequence[bytes], most: int) -> None:
+    """Raise ``EncodeError`` for the first of ``messages`` whose bytes are over ``most``."""
+    for m, raw in zip(messages, payloads, strict=True):
+        if len(raw) > most:
+            raise EncodeError(
+                f"a call of task {m.task!r} is {len(raw):,} bytes encoded, over the "
+                f"{most:,} bytes its broker stores in one message (Broker.max_message_size); "
+                "pass a reference to large data (a path, a URL, a key in your own store) "
+                "rather than the data"
+            )
 
 
 def _encode_failure(task: str, err: BaseException) -> str:

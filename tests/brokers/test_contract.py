@@ -8,6 +8,7 @@ came back.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import msgspec
 import pytest
 
 from hurtle.brokers import Broker, Consumer, Delivery, QueueStats, make_broker
+from hurtle.brokers.base import MAX_SIZE
 from hurtle.errors import ConfigurationError, EncodeError
 from hurtle.ids import new_id
 from hurtle.message import Message
@@ -252,6 +254,56 @@ def test_dead_letter_keeps_the_reason_and_the_exact_raw_bytes(broker: Broker) ->
     assert broker.stats(["q"])["q"] == QueueStats(dead=1)
 
 
+# -- size limits -----------------------------------------------------------------------------
+
+#: Above this, a test lowers a broker's limit to what it can afford to send (the check is the
+#: same whatever the limit).
+AFFORDABLE = 4 * 1024 * 1024
+
+
+def sized(size: int, queue: str = "q", **fields: object) -> Message:
+    """A message of exactly ``size`` bytes, encoded (at least 70,000)."""
+    probe = msg(queue, b"x" * 70_000, **fields)
+    overhead = len(probe.encode()) - 70_000
+    m = msgspec.structs.replace(probe, args=(b"x" * (size - overhead),))
+    assert len(m.encode()) == size
+    return m
+
+
+def test_a_message_over_the_size_limit_is_an_encode_error_and_nothing_is_stored(
+    broker: Broker,
+) -> None:
+    assert 0 < broker.max_message_size <= MAX_SIZE and 0 < broker.max_result_size <= MAX_SIZE
+    if broker.url.startswith("nats"):  # the server's max_payload (1 MB) less room for headers
+        assert broker.max_message_size == broker.max_result_size == 1024 * 1024 - 8 * 1024
+    if broker.max_message_size > AFFORDABLE:
+        broker.max_message_size = 100_000
+    most = broker.max_message_size
+    with pytest.raises(EncodeError) as info:
+        broker.publish([msg("q"), sized(most + 1)])
+    text = str(info.value)
+    assert f"{most + 1:,} bytes" in text and f"{most:,} bytes" in text and "'tests.add'" in text
+    with pytest.raises(EncodeError):
+        broker.publish_unique([sized(most + 1, unique="k")], 60)
+    with pytest.raises(EncodeError):
+        broker.claim_tick("q", "s", 1.0, [sized(most + 1)])
+    assert broker.stats(["q"])["q"] == QueueStats()
+    assert broker.last_tick("q", "s") is None
+    # one at the limit is stored whole, and so is its dead letter with a long reason
+    m = sized(most)
+    broker.publish([m])
+    c = broker.consumer(["q"])
+    [d] = c.fetch(1, 1)
+    assert d.raw == m.encode()
+    reason = "\n".join(f"line {i} of a long traceback" for i in range(1000))
+    c.dead_letter(d, reason)
+    [dead] = broker.dead_letters("q")
+    assert dead.raw == m.encode()
+    assert dead.reason.startswith("line 0 of") and dead.reason.endswith(
+        "line 999 of a long traceback"
+    )
+
+
 # -- dead letters ----------------------------------------------------------------------------
 
 
@@ -272,6 +324,21 @@ def test_dead_letters_are_listed_oldest_first_and_paged(broker: Broker) -> None:
     page = broker.dead_letters("q", limit=2, offset=1)
     assert [d.reason for d in page] == ["reason 1", "reason 2"]
     assert broker.dead_letters("other") == []
+
+
+def test_a_dead_letter_keeps_its_reasons_lines_and_has_an_id_like_a_message_id(
+    broker: Broker,
+) -> None:
+    reason = "task t failed:\nTraceback (most recent call last):\n  File 'x.py'\nValueError: no"
+    broker.publish([msg("q")])
+    c = broker.consumer(["q"])
+    [d] = c.fetch(1, 1)
+    c.dead_letter(d, reason)
+    [dead] = broker.dead_letters("q")
+    assert dead.reason == reason
+    assert re.fullmatch("[0-9a-f]{24}", dead.id), dead.id  # the shape of ``new_id``
+    assert broker.delete_dead("q", [dead.id]) == 1
+    assert broker.dead_letters("q") == []
 
 
 def test_delete_dead_removes_those_named_and_counts_them(broker: Broker) -> None:

@@ -6,15 +6,18 @@ none, or some: nats.py issue 842.)"""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
+from nats.js import api
 
 from hurtle.brokers import make_broker
 from hurtle.brokers.nats.broker import NatsBroker
 from hurtle.brokers.nats.loop import run
 from hurtle.brokers.nats.store import Store
 from hurtle.ids import new_id
+from hurtle.message import Message
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 
@@ -73,3 +76,68 @@ def test_a_bucket_with_more_keys_than_one_reply_holds_is_listed_whole(store: Sto
         await store.js.delete_key_value(bucket)
 
     run(many())
+
+
+def test_dead_letters_written_before_ids_still_list_and_delete_by_their_sequence(
+    nats_url: str,  # noqa: F811 - fixture
+) -> None:
+    broker = make_broker(nats_url)
+    assert isinstance(broker, NatsBroker)
+    js = broker.store.js
+    when = time.time()
+
+    async def old_form() -> None:  # the stream and the dead letter as they were written
+        await js.add_stream(
+            api.StreamConfig(name="HD_q", subjects=["hd.q"], retention=api.RetentionPolicy.LIMITS)
+        )
+        headers = {"Hurtle-Reason": "old reason", "Hurtle-Failed-At": repr(when)}
+        await js.publish("hd.q", b"old bytes", headers=headers)
+
+    try:
+        run(old_form())
+        broker.publish([Message(id="m1", task="t", queue="q", args=())])
+        c = broker.consumer(["q"])
+        [d] = c.fetch(1, 1)
+        c.dead_letter(d, "new\nreason")
+        old, new = broker.dead_letters("q")
+        assert (old.id, old.reason, old.raw, old.failed_at) == (
+            "1",
+            "old reason",
+            b"old bytes",
+            when,
+        )
+        assert (new.reason, len(new.id)) == ("new\nreason", 24)
+        assert broker.delete_dead("q", ["1", "2"]) == 1  # "2" is the new one's sequence: no id
+        assert broker.dead_letters("q") == [new]
+        c.close()
+    finally:
+        broker.close()
+
+
+def test_over_max_payload_an_argument_is_an_encode_error_and_a_result_fails_its_call(
+    nats_url: str,  # noqa: F811 - fixture
+) -> None:
+    from hurtle import EncodeError, Hurtle, TaskFailed
+
+    app = Hurtle(nats_url)
+    try:
+
+        @app.task(store_result=True, retries=0)
+        def blob(data: bytes, n: int) -> bytes:
+            return b"x" * n
+
+        two_mb = 2 * 1024 * 1024  # over the server's max_payload (1 MB)
+        with pytest.raises(EncodeError, match="max_message_size"):
+            blob.send(b"x" * two_mb, 0)
+        big, small = blob.send(b"", two_mb), blob.send(b"", 3)
+        worker = app.worker(burst=True)
+        thread = worker.run_in_thread()
+        with pytest.raises(TaskFailed, match="max_result_size"):
+            big.result(timeout=30)
+        assert small.result(timeout=30) == b"xxx"
+        thread.join(30)
+        assert not thread.is_alive()  # a burst worker ends: nothing is left in flight
+        stats = app.broker.stats(["default"])["default"]
+        assert (stats.ready, stats.in_flight, stats.dead) == (0, 0, 1)
+    finally:
+        app.close()

@@ -19,6 +19,17 @@ Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): e
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
 then the oldest beyond the cap. Drops by the cap are logged as warnings, expiries as info.
 
+Size limits: a broker stores messages of at most ``Broker.max_message_size`` bytes, encoded,
+and result records of at most ``Broker.max_result_size``. ``publish``, ``publish_unique`` and
+``claim_tick`` check the first where they encode (``message.encode_many``): a larger message is
+an ``EncodeError`` at the call, naming the task, its size and the limit, and nothing of the
+batch is stored. A result record over the second fails its call with a ``ResultError``
+(``middleware.results``). Both are hurtle's own cap (``MAX_SIZE``, 64 MiB, below what SQLite
+and Redis take: 1 GB, 512 MB) on the memory, SQLite and Redis brokers, and the server's
+``max_payload`` (1 MB unless the server is set otherwise) less 8 KiB for headers and a dead
+letter's reason on NATS. A broker may be given lower limits (set the attributes), never higher
+ones than its store takes (``tests/brokers/test_contract.py``).
+
 Results: ``Consumer.ack(deliveries, results)`` stores task results (``StoredResult``: an id,
 opaque bytes, a ttl) in the same step as the acknowledgements; ``Broker.get_result`` reads one;
 ``Broker.watch_results`` wakes waiters where the store can notify (``tests/brokers/
@@ -325,6 +336,11 @@ class Consumer(abc.ABC):
         """Release whatever is still held and leave the broker; the consumer is unusable after."""
 
 
+#: The size limit hurtle keeps to where the store's own is larger (64 MiB): a runaway value fails
+#: at its call rather than filling the store, or a worker's memory when it is fetched in a batch.
+MAX_SIZE = 64 * 1024 * 1024
+
+
 class Broker(abc.ABC):
     """A message store implementing the contract above."""
 
@@ -341,6 +357,10 @@ class Broker(abc.ABC):
     #: Whether a batch's succeeded records are stored whole (``StoredResults.batches``, the
     #: body of each ``ResultBatch``) rather than one by one (its payloads).
     result_batches: bool = False
+    #: Most bytes of one encoded message (see "Size limits" above): larger is an EncodeError.
+    max_message_size: int = MAX_SIZE
+    #: Most bytes of one result record: a larger one fails its call with a ResultError.
+    max_result_size: int = MAX_SIZE
 
     @abc.abstractmethod
     def publish(self, messages: Sequence[Message]) -> None:

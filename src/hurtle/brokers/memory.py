@@ -206,7 +206,7 @@ class MemoryBroker(Broker):
 
     def publish(self, messages: Sequence[Message]) -> None:
         check_messages(messages)
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         with self._lock:
             for m, raw in zip(messages, payloads, strict=True):
                 self._put(m.queue, raw, m.priority, m.eta)
@@ -215,7 +215,7 @@ class MemoryBroker(Broker):
     def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
         check_messages(messages)
         keys = [unique_key_of(m) for m in messages]
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         out: list[str] = []
         with self._lock:
             now = time.time()
@@ -293,7 +293,7 @@ class MemoryBroker(Broker):
     def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         check_tick_claim(queue, tick, messages)
         check_messages(messages)
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         with self._lock:
             last = self._ticks.get((queue, name))
             if last is not None and last >= tick:

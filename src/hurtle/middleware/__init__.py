@@ -146,7 +146,12 @@ class Middleware:
         in ``after_outcome``). Called once per task per batch, with all of its calls that
         returned (with one call when a call runs on its own). A task whose middleware override
         only this, ``after_outcome`` and the batch hooks keeps the processor's batch path: no
-        hook call, and no ``Job`` unless batch hooks need one, per task."""
+        hook call, and no ``Job`` unless batch hooks need one, per task.
+
+        A hook that raises is called again with each call on its own: a call it raises on
+        then fails with that error (retried or dead-lettered by its policy), as if it had
+        called ``fail``; the others are settled with what it recorded for them. A call is
+        never acknowledged without what this hook records for it."""
 
     def after_batch(self, jobs: list[Job]) -> None:
         """After every job of the batch that this middleware applies to has an outcome."""

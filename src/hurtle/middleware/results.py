@@ -35,6 +35,7 @@ The handle side (``hurtle.handles``) decodes what this module encodes. Records a
 
 from __future__ import annotations
 
+import contextlib
 import time
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,7 @@ import msgspec
 
 from .._text import safe_str, trace
 from ..brokers import ResultBatch, StoredResults
+from ..brokers.base import MAX_SIZE
 from ..errors import ResultError
 from ..message import Message
 from . import Calls, Middleware, Outcome
@@ -98,6 +100,9 @@ class Record(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 _encode = msgspec.msgpack.Encoder().encode
+#: What msgspec raises on a value it cannot encode (a type it does not know, an int too big,
+#: lists or dicts nested too deeply).
+UNENCODABLE = (TypeError, ValueError, OverflowError, RecursionError)
 _decoder = msgspec.msgpack.Decoder(Record)
 
 
@@ -123,17 +128,37 @@ def _about(job: Job) -> tuple[Any, ...]:
     )
 
 
-def encode_value(value: Any, job: Job) -> bytes:
-    """The ``succeeded`` record of ``value``; ``ResultError`` when msgpack cannot encode it."""
+def encode_value(value: Any, job: Job, most: int = MAX_SIZE) -> bytes:
+    """The ``succeeded`` record of ``value``; ``ResultError`` when msgpack cannot encode it, or
+    when the record is over ``most`` bytes (``Broker.max_result_size``)."""
     try:
         # the bytes of Record(SUCCEEDED, value, ...), made faster
-        return _encode((SUCCEEDED, value, "", "", "", *_about(job)))
-    except (TypeError, ValueError, OverflowError) as err:
+        record = _encode((SUCCEEDED, value, "", "", "", *_about(job)))
+    except UNENCODABLE as err:
         raise unstorable(value, job.task.name, job.message.id, err) from err
+    if len(record) > most:
+        raise too_large(value, job.task.name, job.message.id, len(record), most)
+    return record
+
+
+def too_large(value: Any, task: str, message_id: str, size: int, most: int) -> ResultError:
+    """The error that fails a call whose result record is over the broker's size limit."""
+    return ResultError(
+        f"task {task}[{message_id}] returned a value of type {type(value).__name__} whose "
+        f"result record is {size:,} bytes, over the {most:,} bytes its broker stores in one "
+        f"(Broker.max_result_size); store large data elsewhere and return a reference to it "
+        f"(a path, a URL, a key), or set store_result=False on {task}"
+    )
 
 
 def unstorable(value: Any, task: str, message_id: str, err: Exception) -> ResultError:
     """The error that fails a call whose return value msgpack cannot encode."""
+    if isinstance(err, RecursionError):
+        return ResultError(
+            f"task {task}[{message_id}] returned a value of type {type(value).__name__} "
+            f"nested too deeply to be stored as its result ({err}); return it flatter, or "
+            f"set store_result=False on {task}"
+        )
     return ResultError(
         f"task {task}[{message_id}] returned a value of type {type(value).__name__} "
         f"that cannot be stored as its result ({err}); return something msgpack can "
@@ -142,15 +167,25 @@ def unstorable(value: Any, task: str, message_id: str, err: Exception) -> Result
     )
 
 
-def encode_failure(state: str, error: BaseException, job: Job | None = None) -> bytes:
-    """A ``failed`` or ``dead`` record of ``error`` (with what ran and when, given the job)."""
+def encode_failure(
+    state: str, error: BaseException, job: Job | None = None, most: int = MAX_SIZE
+) -> bytes:
+    """A ``failed`` or ``dead`` record of ``error`` (with what ran and when, given the job),
+    in at most ``most`` bytes: the error's text and traceback are cut to fit if need be."""
     fields = (state, None, type(error).__name__, safe_str(error), trace(error))
     if job is not None:
         try:
-            return _encode((*fields, *_about(job)))
-        except (TypeError, ValueError, OverflowError):
+            record = _encode((*fields, *_about(job)))
+        except UNENCODABLE:
             pass  # arguments msgpack cannot encode (a message from elsewhere): leave them out
-    return _encode(Record(*fields))
+        else:
+            if len(record) <= most:
+                return record
+    record = _encode(Record(*fields))
+    if len(record) <= most:
+        return record
+    keep = max(most // 3, 64)
+    return _encode(Record(state, None, fields[2], fields[3][:keep], fields[4][-keep:]))
 
 
 def encode_skipped(state: str, why: str, message: Message) -> bytes:
@@ -282,6 +317,8 @@ class Results(Middleware):
         self.acker: Acker | None = None
         #: Whether the broker keeps a batch's records whole (``Broker.result_batches``).
         self.whole = False
+        #: The most bytes of a record (``Broker.max_result_size``): a larger one fails its call.
+        self.most = MAX_SIZE
 
     def applies_to(self, task: Task[Any, Any]) -> bool:
         return task.store_result
@@ -289,6 +326,7 @@ class Results(Middleware):
     def worker_start(self, worker: Worker) -> None:
         self.acker = worker.acker
         self.whole = self.app.broker.result_batches
+        self.most = self.app.broker.max_result_size
 
     def after_calls(self, calls: Calls) -> None:
         # per batch: one encode of the whole batch where the broker keeps batches whole, else
@@ -303,7 +341,9 @@ class Results(Middleware):
             raws = [d.raw for d in calls.deliveries]
             if max(map(len, raws)) <= ARGS_KEPT_UP_TO:
                 values, runtimes, most = calls.results, calls.runtimes, BATCH_MOST
-                try:
+                bodies: list[bytes] = []
+                # a value msgpack cannot encode: found and failed one by one below
+                with contextlib.suppress(*UNENCODABLE):
                     # the bytes of Batch(task, now, values, runtimes, messages), per part of
                     # at most BATCH_MOST calls
                     bodies = [
@@ -318,9 +358,7 @@ class Results(Middleware):
                         )
                         for i in range(0, len(ids), most)
                     ]
-                except (TypeError, ValueError, OverflowError):
-                    pass  # a value msgpack cannot encode: found and failed one by one below
-                else:
+                if bodies and max(map(len, bodies)) <= self.most:  # else one by one below
                     # one by one only if a broker asks (not one that keeps them whole),
                     # from the body: the batch's messages are not kept alive until then
                     batches = [
@@ -335,9 +373,22 @@ class Results(Middleware):
             payloads = _succeeded(
                 task, now, calls.results, calls.messages, calls.deliveries, calls.runtimes
             )
-        except (TypeError, ValueError, OverflowError):
+        except UNENCODABLE:
             payloads = [self._payload(calls, i, now) for i in range(len(calls))]
+        if payloads and max(map(len, payloads)) > self.most:  # one pass in C per part
+            self._too_large(calls, payloads)
         calls.stored = StoredResults(ids, payloads, ttl)
+
+    def _too_large(self, calls: Calls, payloads: list[bytes]) -> None:
+        """Fail the calls whose records are over the broker's size limit."""
+        for i, payload in enumerate(payloads):
+            if len(payload) > self.most:
+                m = calls.messages[i]
+                failure = too_large(
+                    calls.results[i], calls.task.name, m.id, len(payload), self.most
+                )
+                calls.fail(i, failure)
+                payloads[i] = b""
 
     @staticmethod
     def _payload(calls: Calls, i: int, now: float) -> bytes:
@@ -350,9 +401,9 @@ class Results(Middleware):
             try:
                 args = (m.args, m.kwargs) if kept else ((), {})
                 return _encode((SUCCEEDED, value, "", "", "", *about, *args, *when))
-            except (TypeError, ValueError, OverflowError):  # the arguments, perhaps
+            except UNENCODABLE:  # the arguments, perhaps
                 return _encode((SUCCEEDED, value, "", "", "", *about[:3], False, (), {}, *when))
-        except (TypeError, ValueError, OverflowError) as err:
+        except UNENCODABLE as err:
             failure = unstorable(value, calls.task.name, m.id, err)
             failure.__cause__ = err
             calls.fail(i, failure)
@@ -362,6 +413,5 @@ class Results(Middleware):
         if outcome.kind in ("retry", "dead") and outcome.error is not None:
             assert self.acker is not None, "worker_start was not called"
             state = FAILED if outcome.kind == "retry" else DEAD
-            self.acker.store_result(
-                job.message.id, encode_failure(state, outcome.error, job), job.task.result_ttl
-            )
+            record = encode_failure(state, outcome.error, job, self.most)
+            self.acker.store_result(job.message.id, record, job.task.result_ttl)

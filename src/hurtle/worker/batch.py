@@ -16,8 +16,8 @@ from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr
-from ..brokers import Delivery
-from ..errors import TimeLimitExceeded
+from ..brokers import Delivery, StoredResult
+from ..errors import HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Middleware, Outcome, overrides
 from ..workflows import FLOW
@@ -300,26 +300,37 @@ class BatchPath:
     def _settle_calls(self, calls: Calls, job: Job | None = None) -> None:
         """``after_calls`` for calls of one task that returned, then their acknowledgements
         (with the results they store) or, for those failed, their failures. With ``job``: the
-        call of that job alone (``finish``), whose failure, if any, is returned to it."""
+        call of that job alone (``finish``), whose failure, if any, is returned to it.
+
+        A hook that raises is run again on each call alone (``_after_calls_one_by_one``): the
+        calls it raises on then fail with its error (retried or dead-lettered, with their
+        failure records), and the others keep what it records. No call is acknowledged
+        without what its hooks record: one ``try`` per hook and part, none per call."""
         if not calls.deliveries:  # a run whose calls all raised, or a chunk just settled
             return
         pipeline = self._pipelines[calls.task.name]
         overran = dict(calls.failures)  # calls interrupted at their time limit
         for m in pipeline.after_calls:
+            before, kept_stored = dict(calls.failures), calls.stored  # as the hook found them
+            error: Exception | None = None
             try:
                 m.after_calls(calls)
-            except Exception as err:  # a bug in the hook: the calls stand
-                log.error("middleware %s failed in after_calls: %s", safe_repr(m), describe(err))
+            except Exception as err:
+                error = err
+            if error is not None:  # what it recorded is unknown: the calls are settled alone
+                calls.failures, calls.stored = before, kept_stored
+                _after_calls_one_by_one(m, calls, error)
         deliveries, stored = calls.deliveries, calls.stored
         if stored is None and job is not None and job.stored is not None:
             stored = [job.stored]  # set by an ``after_process`` hook
         if stored is not None and len(stored) != len(deliveries):
-            log.error(
-                "middleware set %d results to store for %d calls of %s: none is stored",
-                len(stored),
-                len(deliveries),
-                calls.task.name,
+            error = HurtleError(
+                f"middleware set {len(stored)} results to store for {len(deliveries)} calls "
+                f"of {calls.task.name}: none could be stored"
             )
+            log.error("%s; the calls fail", error)
+            for i in range(len(deliveries)):
+                calls.failures.setdefault(i, error)
             stored = None
         failures = calls.failures
         if failures:
@@ -378,6 +389,59 @@ class BatchPath:
 
 def _deferred(item: Message | Job) -> bool:
     return type(item) is Job and item.deferred
+
+
+def _after_calls_one_by_one(m: Middleware, calls: Calls, err: Exception) -> None:
+    """``m.after_calls`` raised ``err`` on ``calls``: run it on each call alone, so that a
+    call it fails on (its result cannot be stored...) fails with the error, and the others
+    keep what it records for them. No call is acknowledged without its hooks' records."""
+    log.error(
+        "middleware %s failed in after_calls on %d calls of %s: %s; settling them one by one",
+        safe_repr(m),
+        len(calls),
+        calls.task.name,
+        describe(err),
+    )
+    if len(calls) == 1:
+        calls.failures.setdefault(0, err)
+        return
+    stored = calls.stored
+    rows: list[StoredResult] = []  # one per call; a failed call's is never read
+    missing: list[int] = []  # calls it recorded nothing for
+    for i in range(len(calls)):
+        unused = StoredResult(calls.messages[i].id, b"", 0.0)
+        if i in calls.failures:
+            rows.append(unused)
+            continue
+        one = Calls(calls.task)
+        one.deliveries.append(calls.deliveries[i])
+        one.messages.append(calls.messages[i])
+        one.results.append(calls.results[i])
+        one.runtimes.append(calls.runtimes[i])
+        if calls.jobs is not None:
+            one.jobs = [calls.jobs[i]]
+        one.stored = None if stored is None else [stored[i]]
+        try:
+            m.after_calls(one)
+            if one.stored is not None and len(one.stored) != 1:
+                raise HurtleError(f"it set {len(one.stored)} results to store for one call")
+        except Exception as one_err:
+            calls.fail(i, one_err)
+            rows.append(unused)
+            continue
+        if one.failures:
+            calls.fail(i, one.failures[0])
+        if one.stored is None:
+            missing.append(i)
+            rows.append(unused)
+        else:
+            rows.append(one.stored[0])
+    if len(missing) + len(calls.failures) == len(calls):  # it records nothing for these
+        calls.stored = None
+        return
+    for i in missing:  # it stored records for the others: these fail rather than go without
+        calls.fail(i, HurtleError(f"middleware {safe_repr(m)} stored no result for this call"))
+    calls.stored = rows
 
 
 def _fail_overran(returned: Iterable[Calls], overran: list[Delivery]) -> None:

@@ -24,7 +24,7 @@ import msgspec
 from .._text import safe_str, trace
 from ..brokers import ChordStep, FlowStep, StoredResult
 from ..errors import ResultError
-from ..message import Message
+from ..message import Message, encode_many
 from ..middleware.results import DEAD, Record, decode, encode_value
 from ..workflows import FLOW, Flow, read_flow
 
@@ -70,19 +70,23 @@ def prepare(job: Job, app: Hurtle) -> Flow:
 def step(job: Job, result: Any, app: Hurtle) -> FlowStep:
     """The acknowledgement of a workflow job that returned ``result``, with what it sets off.
 
-    Raises ``ResultError`` when ``result`` cannot be encoded (the call then fails)."""
+    Raises ``ResultError`` when ``result`` cannot be encoded or stored, and ``EncodeError``
+    when the next link it is passed to is over the broker's size limit (the call then fails)."""
     flow = job.flow if job.flow is not None else prepare_header(job)
     m = job.message
     results: list[StoredResult] = []
     if job.stored is not None:
         results.append(job.stored)
     if flow.store and (job.stored is None or job.stored.id != m.id):
-        results.append(StoredResult(m.id, encode_value(result, job), flow.store))
+        most = app.broker.max_result_size
+        results.append(StoredResult(m.id, encode_value(result, job, most), flow.store))
     publish: tuple[Message, ...] = ()
     if flow.next:
         link, rest = flow.next[0], flow.next[1:]
         store = 0.0 if rest else _ttl(app, link.task)
         publish = (link.message((result,), Flow(id=flow.id, store=store, next=rest)),)
+        # the result is the next link's argument: an EncodeError now fails this call
+        encode_many(list(publish), app.broker.max_message_size)
     chord = None
     if flow.chord:
         callback = flow.callback
@@ -93,7 +97,7 @@ def step(job: Job, result: Any, app: Hurtle) -> FlowStep:
             id=flow.chord,
             index=flow.index,
             total=flow.total,
-            payload=encode_value(result, job),
+            payload=encode_value(result, job, app.broker.max_result_size),
             ttl=ttl,
             callback=callback.message(
                 (), Flow(id=flow.id, store=ttl, gather=flow.chord, total=flow.total)

@@ -64,6 +64,11 @@ from .store import REPORTS_BUCKET, Store
 
 Item = tuple[str, bytes, dict[str, str] | None]
 
+#: Bytes of the server's ``max_payload`` kept for headers and a dead letter's reason: the rest is
+#: ``max_message_size`` and ``max_result_size``.
+ROOM = 8 * 1024
+#: Longest a new broker waits for its connection (nats-py gives up on a silent server sooner).
+CONNECT_TIMEOUT = 30.0
 #: Most delayed messages of a queue ``next_delayed`` reads (one server round trip each).
 NEXT_DELAYED_SCAN = 10_000
 
@@ -93,12 +98,14 @@ class NatsBroker(Broker):
             options["user"] = parts.username
             options["password"] = parts.password or ""
         server = urlunsplit(("nats", netloc, "", "", ""))
-        try:
-            self.store: Store = run(
-                Store.connect([server], max(60.0, 2 * heartbeat_timeout), **options), 30
-            )
-        except Exception as err:
-            raise ConfigurationError(f"cannot connect to NATS at {self.url}: {err}") from err
+        self.store: Store = run(
+            Store.connect([server], max(60.0, 2 * heartbeat_timeout), self.url, **options),
+            CONNECT_TIMEOUT,
+            self.url,
+        )
+        # what the server takes in one message (its INFO), less room for headers and the
+        # reason of a dead letter
+        self.max_message_size = self.max_result_size = self.store.nc.max_payload - ROOM
         self.dead = DeadLetters(self.store, self.dead_letter_max, self.dead_letter_ttl)
         self.promoters = Promoters(self.store)
         self._calls = itertools.count()
@@ -130,7 +137,7 @@ class NatsBroker(Broker):
 
     def publish(self, messages: Sequence[Message]) -> None:
         check_messages(messages)
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         if messages:
             run(self._publish([m.queue for m in messages], self._items(messages, payloads)))
 
@@ -142,7 +149,7 @@ class NatsBroker(Broker):
     def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
         check_messages(messages)
         keys = [unique_key_of(m) for m in messages]
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         return run(self._publish_unique(messages, keys, payloads, unique_for))
 
     async def _publish_unique(
@@ -225,7 +232,7 @@ class NatsBroker(Broker):
     def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         check_tick_claim(queue, tick, messages)
         check_messages(messages)
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         return run(self._claim_tick(queue, name, float(tick), messages, payloads))
 
     async def _claim_tick(

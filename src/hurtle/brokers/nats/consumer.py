@@ -201,7 +201,12 @@ class NatsConsumer(Consumer):
     def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
         taken = self._take_held(deliveries)
         if taken or results:
-            run(self._ack([r for r, _ in taken], results))
+            try:
+                run(self._ack([r for r, _ in taken], results))
+            except BaseException:  # still held: kept in progress, handed back at close
+                with self._lock:
+                    self._held.update(taken)
+                raise
 
     async def _ack(self, replies: list[str], results: Sequence[StoredResult]) -> None:
         if results:

@@ -1,5 +1,13 @@
 """Dead letters: a limits stream per queue (``HD_<queue>``), its messages the raw bytes with the
-reason and the time in headers; a dead letter's id is its sequence in that stream.
+reason and the time in headers.
+
+A dead letter's id is a new hurtle id, as on the other brokers, and the last token of its
+subject (``hd.<queue>.<id>``): deleting one by id reads its sequence by that subject. Its
+reason is kept JSON-encoded in ``Hurtle-Reason-Json`` (header values cannot hold line breaks,
+and a traceback's lines must survive), cut in the middle if it would not fit beside the raw
+bytes in the server's ``max_payload``. Dead letters written before either existed (on the
+subject ``hd.<queue>``, the reason flattened in ``Hurtle-Reason``) still read, with their
+sequence as their id.
 
 The cap (``dead_letter_max``) is the stream's ``max_msgs`` (the server drops the oldest) and the
 ttl its ``max_age``; a write also drops, before it, the dead letters past the ttl and counts
@@ -8,15 +16,20 @@ what either limit dropped, for ``log_trimmed``.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from nats.js import api
 from nats.js.errors import APIError, NotFoundError
 
+from ...ids import new_id
 from ..base import DeadLetter
 from . import names
 from .store import Store
+
+#: Bytes of a dead letter kept for its headers other than the reason (ids, time, framing).
+HEADERS_ROOM = 512
 
 
 class DeadLetters:
@@ -32,7 +45,7 @@ class DeadLetters:
         config = api.StreamConfig(
             name=names.dead_stream(queue),
             description=queue,
-            subjects=[names.dead_subject(queue)],
+            subjects=[names.dead_subject(queue), f"{names.dead_subject(queue)}.*"],
             retention=api.RetentionPolicy.LIMITS,
             max_msgs=self.max or -1,
             max_age=self.ttl or None,
@@ -56,20 +69,23 @@ class DeadLetters:
         if self.ttl:
             expired = await self._drop_before(queue, now - self.ttl)
         before = (await js.stream_info(stream)).state.messages
+        most = self.store.nc.max_payload - HEADERS_ROOM
         for raw, reason in items:
-            headers = {names.REASON: reason or "-", names.FAILED_AT: repr(now)}
-            await js.publish(names.dead_subject(queue), raw, headers=headers)
+            headers = {
+                names.REASON_JSON: _fit(reason or "-", most - len(raw)),
+                names.FAILED_AT: repr(now),
+            }
+            await js.publish(f"{names.dead_subject(queue)}.{new_id()}", raw, headers=headers)
         dropped = max(0, before + len(items) - self.max) if self.max else 0
         return expired, dropped
 
     async def _drop_before(self, queue: str, cutoff: float) -> int:
         js = self.store.js
         stream = names.dead_stream(queue)
-        subject = names.dead_subject(queue)
         seq, n = 1, 0
         while True:
             try:
-                msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+                msg = await js.get_msg(stream, seq=seq, subject=_EVERY, next=True)
             except NotFoundError:
                 break
             if float((msg.headers or {}).get(names.FAILED_AT, "0")) >= cutoff:
@@ -83,12 +99,11 @@ class DeadLetters:
     async def page(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
         js = self.store.js
         stream = names.dead_stream(queue)
-        subject = names.dead_subject(queue)
         out: list[DeadLetter] = []
         seq, skipped = 1, 0
         while len(out) < limit:
             try:
-                msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
+                msg = await js.get_msg(stream, seq=seq, subject=_EVERY, next=True)
             except NotFoundError:
                 break
             seq = msg.seq + 1
@@ -99,16 +114,36 @@ class DeadLetters:
         return out
 
     async def delete(self, queue: str, ids: list[str]) -> int:
+        stream = names.dead_stream(queue)
         n = 0
         for id_ in ids:
-            if not id_.isdigit():
+            seq = await self._seq_of(queue, id_)
+            if not seq:
                 continue
             try:
-                await self.store.js.delete_msg(names.dead_stream(queue), int(id_))
-            except APIError:  # no such dead letter
+                await self.store.js.delete_msg(stream, seq)
+            except APIError:  # deleted meanwhile
                 continue
             n += 1
         return n
+
+    async def _seq_of(self, queue: str, id_: str) -> int:
+        """The sequence of the dead letter ``id_`` of ``queue`` in its stream, 0 if none."""
+        js = self.store.js
+        stream = names.dead_stream(queue)
+        subject = names.dead_subject(queue)
+        try:
+            if names.token(id_) == id_:
+                return int((await js.get_msg(stream, subject=f"{subject}.{id_}")).seq)
+        except NotFoundError:
+            pass
+        if not id_.isdigit():
+            return 0
+        try:  # written before ids: its sequence, on the old subject
+            found = await js.get_msg(stream, seq=int(id_))
+        except NotFoundError:
+            return 0
+        return int(id_) if found.subject == subject else 0
 
     async def purge(self, queue: str) -> int:
         try:
@@ -125,12 +160,38 @@ class DeadLetters:
             return 0
 
 
+#: Every subject of a dead-letter stream (its messages, of either form).
+_EVERY = ">"
+
+
 def _letter(queue: str, msg: Any) -> DeadLetter:
     headers = msg.headers or {}
+    subject = msg.subject or ""
+    legacy = subject == names.dead_subject(queue)
+    encoded = headers.get(names.REASON_JSON)
+    try:
+        reason = json.loads(encoded) if encoded is not None else headers.get(names.REASON, "")
+    except ValueError:
+        reason = encoded or ""
     return DeadLetter(
-        id=str(msg.seq),
+        id=str(msg.seq) if legacy else subject.rsplit(".", 1)[-1],
         queue=queue,
-        reason=headers.get(names.REASON, ""),
+        reason=str(reason),
         raw=bytes(msg.data or b""),
         failed_at=float(headers.get(names.FAILED_AT, "0")),
     )
+
+
+def _fit(reason: str, room: int) -> str:
+    """``reason`` JSON-encoded in at most ``room`` bytes (at least a few hundred), cut in the
+    middle, where a traceback repeats itself, when longer."""
+    encoded = json.dumps(reason)
+    if len(encoded.encode()) <= room:
+        return encoded
+    keep = max(room, 600) // 2 - 40
+    cut = len(encoded.encode()) - max(room, 600)
+    text = f"{reason[:keep]}\n... ({cut:,} bytes cut) ...\n{reason[-keep:]}"
+    while len(json.dumps(text).encode()) > max(room, 600) and keep > 20:
+        keep //= 2
+        text = f"{reason[:keep]}\n... (cut) ...\n{reason[-keep:]}"
+    return json.dumps(text)

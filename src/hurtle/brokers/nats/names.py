@@ -4,7 +4,8 @@ A queue ``q`` is the work-queue stream ``HQ_<q>`` with the subjects ``hq.<q>.<le
 ``9`` (priorities, one durable pull consumer ``p<level>`` each), ``x`` (quarantine: messages
 recovered twice, let out one at a time by a consumer with ``MaxAckPending`` 1) and ``d``
 (delayed: held by the promoters of ``delays.py`` until their eta). Its dead letters are the
-stream ``HD_<q>`` (subject ``hd.<q>``); ``hw.<q>`` is a plain subject that wakes waiting fetches.
+stream ``HD_<q>`` (subjects ``hd.<q>.<id>``, and ``hd.<q>`` for those written before ids);
+``hw.<q>`` is a plain subject that wakes waiting fetches.
 
 Names go into tokens as they are when made of ``[A-Za-z0-9-]``, else as ``_`` and their UTF-8
 bytes in hex: the mapping is one to one, and the stream's description keeps the queue's name.
@@ -27,7 +28,8 @@ DELAYED = "d"
 DEATHS = "Hurtle-Deaths"  # how many workers died holding it
 ETA = "Hurtle-Eta"  # when a delayed message is due (Unix seconds)
 PRIORITY = "Hurtle-Priority"  # its priority level, on delayed and quarantined messages
-REASON = "Hurtle-Reason"  # why a dead letter died
+REASON = "Hurtle-Reason"  # why a dead letter died, its lines flattened (older dead letters)
+REASON_JSON = "Hurtle-Reason-Json"  # why a dead letter died, JSON-encoded: lines kept
 FAILED_AT = "Hurtle-Failed-At"  # when (Unix seconds)
 MSG_ID = "Nats-Msg-Id"  # JetStream's publish deduplication
 

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
-import nats
 import nats.errors
 from nats.js import api
 from nats.js.errors import (
@@ -24,7 +23,7 @@ from nats.js.errors import (
     NotFoundError,
 )
 
-from . import names
+from . import connection, names
 
 T = TypeVar("T")
 
@@ -91,9 +90,9 @@ class Store:
         return [level for level in names.LEVELS if level in known]
 
     @classmethod
-    async def connect(cls, servers: list[str], ack_wait: float, **options: Any) -> Store:
-        nc = await nats.connect(servers=servers, **options)
-        return cls(nc, ack_wait)
+    async def connect(cls, servers: list[str], ack_wait: float, url: str, **options: Any) -> Store:
+        """Connect (``connection.connect``: a ``BrokerError`` at the first failure)."""
+        return cls(await connection.connect(servers, url, **options), ack_wait)
 
     # -- queues --------------------------------------------------------------------------
 

@@ -191,7 +191,7 @@ class RedisBroker(_Workers, _Control, Broker):
         batch = messages if isinstance(messages, list) else list(messages)
         if not batch:
             return
-        payloads = encode_many(batch)
+        payloads = encode_many(batch, self.max_message_size)
         now = time.time()
         # queue -> (ready payloads per priority, flat (eta, priority, payload) triples)
         groups: dict[str, tuple[dict[int, list[bytes]], list[Any]]] = {}
@@ -224,7 +224,7 @@ class RedisBroker(_Workers, _Control, Broker):
         if not batch:
             return []
         locks = [unique_key_of(m) for m in batch]
-        payloads = encode_many(batch)
+        payloads = encode_many(batch, self.max_message_size)
         # (queue, priority, eta) -> (positions in the batch, script arguments); a send_many
         # is one group
         groups: dict[tuple[str, int, float], tuple[list[int], list[Any]]] = {}
@@ -297,7 +297,7 @@ class RedisBroker(_Workers, _Control, Broker):
     def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         check_tick_claim(queue, tick, messages)
         check_messages(messages)
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         now = time.time()
         ready: dict[int, list[bytes]] = {p: [] for p in _PRIORITIES}
         delayed: list[Any] = []

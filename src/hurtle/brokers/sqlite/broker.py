@@ -109,7 +109,7 @@ class SQLiteBroker(_Recovery, Broker):
         check_messages(messages)
         if not messages:
             return
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         now = time.time()
         pairs = {(m.queue, m.priority) for m in messages}
         if max(map(_eta_of, messages)) <= now:
@@ -138,7 +138,7 @@ class SQLiteBroker(_Recovery, Broker):
     def publish_unique(self, messages: Sequence[Message], unique_for: float) -> list[str]:
         check_messages(messages)
         keys = [unique_key_of(m) for m in messages]
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         out: list[str] = []
         items: list[tuple[str, int, float, bytes]] = []
         with self._write() as conn:
@@ -193,7 +193,7 @@ class SQLiteBroker(_Recovery, Broker):
     def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
         check_tick_claim(queue, tick, messages)
         check_messages(messages)
-        payloads = encode_many(list(messages))
+        payloads = encode_many(list(messages), self.max_message_size)
         now = time.time()
         items = [
             (m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, payloads, strict=True)
