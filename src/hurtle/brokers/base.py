@@ -15,6 +15,9 @@ is recorded. Each consumer beats with a deadline of its own (the time of the bea
 passed go back to their queues (``recover``), whatever their age: a slow task on a live worker is
 never handed out twice, whatever timeout the worker that recovers has.
 
+Dead letters are found by message id through an index of each broker's (``find_dead``), kept
+with the dead letters: a lookup costs one read whatever the number of queues.
+
 Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): each dead-letter
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
 then the oldest beyond the cap. Drops by the cap are logged as warnings, expiries as info.
@@ -427,6 +430,14 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         """Dead letters of ``queue``, oldest first."""
+
+    @abc.abstractmethod
+    def find_dead(self, message_id: str) -> DeadLetter | None:
+        """The dead letter of the message ``message_id``, whatever its queue, or None: one read
+        of an index (message id -> queue and dead letter) that each dead-letter write and
+        removal keeps in the same step, not a search through queues. Bytes that are not a
+        message have no id and are not indexed; a message dead-lettered more than once is
+        found by its latest dead letter."""
 
     @abc.abstractmethod
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:

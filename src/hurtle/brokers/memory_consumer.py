@@ -147,14 +147,16 @@ class MemoryConsumer(Consumer):
             for delivery, reason in items:
                 if self._take(delivery) is None:
                     continue  # settled already, or recovered: the copy in the queue lives
-                dead_id = new_id()
                 q = b._queue(delivery.queue)
-                q.dead[dead_id] = DeadLetter(
-                    id=dead_id,
-                    queue=delivery.queue,
-                    reason=reason,
-                    raw=delivery.raw,
-                    failed_at=now,
+                b._add_dead_locked(
+                    q,
+                    DeadLetter(
+                        id=new_id(),
+                        queue=delivery.queue,
+                        reason=reason,
+                        raw=delivery.raw,
+                        failed_at=now,
+                    ),
                 )
                 expired, dropped = b._trim_dead_locked(q, now)
                 was = trimmed.get(delivery.queue, (0, 0))

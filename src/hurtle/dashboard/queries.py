@@ -234,19 +234,14 @@ def tasks(broker: Broker) -> list[dict[str, Any]]:
     return count_rows(merge(broker.totals()))
 
 
-#: Most dead letters per queue a task lookup reads through, looking for a message id.
-LOOKUP_DEAD_SCAN = 10_000
-
-
-def task_lookup(
-    broker: Broker, message_id: str, queues: Iterable[str] = (), keeps_results: Any = None
-) -> dict[str, Any]:
+def task_lookup(broker: Broker, message_id: str, keeps_results: Any = None) -> dict[str, Any]:
     """What is known of the message ``message_id``: its stored record (tasks that keep results,
     ``hurtle.middleware.results``), else its dead letter, else nothing — then ``state`` is
     ``unknown`` and ``note`` says why that may be.
 
-    ``queues`` are the queues whose dead letters are searched (up to ``LOOKUP_DEAD_SCAN`` each);
-    ``keeps_results`` maps task names to whether they keep results (the app's tasks), to say so.
+    Two reads by id, whatever the number of queues: the record, and the dead letter through the
+    broker's index (``Broker.find_dead``). ``keeps_results`` maps task names to whether they
+    keep results (the app's tasks), to say so.
     """
     from ..middleware.results import decode as decode_record
 
@@ -302,7 +297,7 @@ def task_lookup(
             if record.state == "failed":
                 row["note"] = "an attempt failed and another is scheduled"
     final = row["state"] in ("succeeded", "failed")
-    dead = None if final else _find_dead(broker, message_id, queues)
+    dead = None if final else broker.find_dead(message_id)
     if dead is not None:
         summary, _, trace = dead.reason.partition("\n")
         message = dead.message()
@@ -339,21 +334,6 @@ def task_lookup(
             )
         )
     return row
-
-
-def _find_dead(broker: Broker, message_id: str, queues: Iterable[str]) -> DeadLetter | None:
-    for queue in queues:
-        offset = 0
-        while offset < LOOKUP_DEAD_SCAN:
-            page = broker.dead_letters(queue, limit=500, offset=offset)
-            for dead in page:
-                message = dead.message()
-                if message is not None and message.id == message_id:
-                    return dead
-            if len(page) < 500:
-                break
-            offset += len(page)
-    return None
 
 
 #: Delayed messages per queue whose ETAs the scheduled page lists, where the broker can.

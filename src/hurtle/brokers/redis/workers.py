@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult
@@ -23,6 +23,8 @@ class _Workers(_ScriptRunner):
     max_recoveries: int
     _scripts: _Scripts
     _sharded: bool
+    _dead_index: str
+    _index_dead: Callable[[Sequence[Any], str], None]
     #: ``heartbeat.lua``'s workflow arguments; on a cluster the result prefix is ``''``: the
     #: script hands the records of failed workflows back, stored by ``_fail_flows``
     _heartbeat_flow_args: tuple[Any, ...] = HEARTBEAT_FLOW_ARGS
@@ -102,6 +104,8 @@ class _Workers(_ScriptRunner):
                 repr(float(timeout)),
                 self.max_recoveries,
                 *self._heartbeat_flow_args,
+                self._dead_index,
+                name,
             )
             keys = (
                 *k.ready,
@@ -118,10 +122,12 @@ class _Workers(_ScriptRunner):
                 k.inflight_prefix,
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
-        results = self._pipeline(commands, "recording a heartbeat and recovering")[n_report:]
-        failed = [x for r in results for x in r[2:]]
+        doing = "recording a heartbeat and recovering"
+        results = self._pipeline(commands, doing)[n_report:]
+        failed = [x for r in results for x in r[2:-1]]
         if failed:
             self._fail_flows(failed)
+        self._index_dead([x for r in results for x in r[-1]], doing)
         return sum(r[0] for r in results), any(r[1] for r in results)
 
     def _fail_flows(self, failed: list[Any]) -> None:

@@ -10,7 +10,6 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
-from ...ids import new_id
 from ...message import Message
 from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
 from ..common import log_trimmed
@@ -39,6 +38,7 @@ from .schema import (
     _UPSERT_WORKER,
     Rows,
     _clamp,
+    _dead_row,
     _group,
     _next_ids,
     _placeholders,
@@ -247,7 +247,7 @@ class _SQLiteConsumer(Consumer):
         with b._write() as conn:
             if self._settle_one(conn, delivery):
                 now = time.time()
-                conn.execute(_INSERT_DEAD, (new_id(), delivery.queue, reason, delivery.raw, now))
+                conn.execute(_INSERT_DEAD, _dead_row(delivery.queue, reason, delivery.raw, now))
                 expired, dropped = b._trim_dead(conn, delivery.queue, now)
         log_trimmed(b, delivery.queue, expired, dropped)
 
@@ -262,9 +262,7 @@ class _SQLiteConsumer(Consumer):
             queues = set()
             for delivery, reason in items:
                 if self._settle_one(conn, delivery):
-                    conn.execute(
-                        _INSERT_DEAD, (new_id(), delivery.queue, reason, delivery.raw, now)
-                    )
+                    conn.execute(_INSERT_DEAD, _dead_row(delivery.queue, reason, delivery.raw, now))
                     queues.add(delivery.queue)
             for queue in queues:
                 trimmed[queue] = b._trim_dead(conn, queue, now)
