@@ -83,6 +83,22 @@ def test_a_dead_workers_report_goes_but_its_counts_stay_in_the_totals(make: Make
     assert reader.totals() == [TaskCounts("q", "add", processed=7)]
 
 
+def test_a_worker_that_closes_leaves_the_list_with_its_last_counts_in_the_totals(
+    make: MakeBroker,
+) -> None:
+    broker = make()
+    stays, _ = _reporting(make(), "stays")
+    stays.heartbeat()
+    leaves, tally = _reporting(broker, "leaves")
+    leaves.heartbeat()  # listed, nothing counted yet
+    tally.add_many({("q", "add"): 500})  # ran within one heartbeat interval
+    tally.add("q", "add", 3)  # one dead-lettered
+    leaves.close()
+    assert [r.id for r in broker.workers()] == ["stays"]
+    assert _stored_reports(broker) == ["stays"]
+    assert broker.totals() == [TaskCounts("q", "add", processed=500, dead_lettered=1)]
+
+
 def test_a_heartbeat_without_a_reporter_stores_no_report(broker: Broker) -> None:
     broker.consumer(["q"], "plain").heartbeat()
     assert broker.workers() == []

@@ -325,7 +325,13 @@ class Consumer(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Release whatever is still held and leave the broker; the consumer is unusable after."""
+        """Release whatever is still held and leave the broker; the consumer is unusable after.
+
+        With a ``reporter``, the worker leaves with a last report in the same step: what it
+        counted since its last beat goes to the totals, and its report is removed, so that
+        ``workers()`` no longer lists it and ``totals()`` counts everything it ran (a worker
+        that ran for less than a heartbeat interval included).
+        """
 
 
 class Broker(abc.ABC):

@@ -239,7 +239,14 @@ class MemoryConsumer(Consumer):
 
     def close(self) -> None:
         b = self.broker
+        report = self.reporter.report() if self.reporter is not None else None
         with b._lock:
             b._requeue_locked(b._held.pop(self.worker_id, {}).values())
             b._deadline.pop(self.worker_id, None)
+            if report is not None:  # leaves with its last counts in the totals
+                b._reports.pop(self.worker_id, None)
+                if report.delta:
+                    b._totals = merge([*b._totals, *report.delta])
             b._wake.notify_all()
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)

@@ -387,6 +387,15 @@ class NatsConsumer(Consumer):
             run(self._close(), 30)
 
     async def _close(self) -> None:
+        reporter = self.reporter
+        if reporter is not None:  # leaves with its last counts in the totals
+            report = reporter.report()
+            if report.delta:
+                await self.broker.add_totals(report.delta)
+            reporter.confirm(report)
+            kv = await self.store.kv(REPORTS_BUCKET)
+            with contextlib.suppress(Exception):
+                await kv.delete(names.token(self.worker_id))
         with self._lock:
             held = list(self._held.items())
             self._held.clear()

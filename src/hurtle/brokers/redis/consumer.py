@@ -21,7 +21,7 @@ from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from .limits import _Limits
 from .scripts import _Command
 from .settling import _Settling
-from .workers import _beat_reporting
+from .workers import _beat_reporting, leave_commands
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -280,5 +280,10 @@ class RedisConsumer(_Settling, _Limits, Consumer):
         commands += self._slot_commands(
             self.broker, ((key, 0, -n) for key, n in self._slots.items())
         )
+        report = self.reporter.report() if self.reporter is not None else None
+        if report is not None:  # leaves with its last counts in the totals
+            commands += leave_commands(report)
         self.broker._pipeline(commands, "closing a consumer")
         self._slots.clear()
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)

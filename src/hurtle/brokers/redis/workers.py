@@ -91,11 +91,7 @@ class _Workers(_ScriptRunner):
                 # dead workers' entries; their reports expire by themselves
                 (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
             ]
-            for c in report.delta:
-                for kind in KINDS:
-                    if n := getattr(c, kind):
-                        field = f"{c.queue}\x1f{c.task}\x1f{kind}"
-                        commands.append((("HINCRBY", TOTALS, field, n), None))
+            commands += _total_commands(report)
         n_report = len(commands)
         for name in queues:
             k = queue_keys(name)
@@ -150,6 +146,25 @@ class _Workers(_ScriptRunner):
             _results_commands(self, records),  # type: ignore[arg-type]
             "failing the workflows of dead-lettered members",
         )
+
+
+def _total_commands(report: WorkerReport) -> list[_Command]:
+    """What ``report`` adds to the cluster's counters."""
+    return [
+        (("HINCRBY", TOTALS, f"{c.queue}\x1f{c.task}\x1f{kind}", n), None)
+        for c in report.delta
+        for kind in KINDS
+        if (n := getattr(c, kind))
+    ]
+
+
+def leave_commands(report: WorkerReport) -> list[_Command]:
+    """A worker that stops: its last counts to the totals, its report and deadline gone."""
+    return [
+        *_total_commands(report),
+        (("DEL", WORKER_REPORT + report.id), None),
+        (("ZREM", WORKER_DEADLINES, report.id), None),
+    ]
 
 
 def _beat_reporting(consumer: RedisConsumer, broker: RedisBroker) -> bool:

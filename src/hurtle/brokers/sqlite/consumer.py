@@ -13,7 +13,7 @@ from ...errors import BrokerError
 from ...message import Message
 from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
 from ..common import log_trimmed
-from ..reports import encode_report
+from ..reports import WorkerReport, encode_report
 from . import flows
 from .schema import (
     _ADD_CLAIM,
@@ -355,13 +355,7 @@ class _SQLiteConsumer(Consumer):
                     _UPSERT_REPORT,
                     (self.worker_id, now + self.heartbeat_timeout, encode_report(report)),
                 )
-                conn.executemany(
-                    _ADD_TOTALS,
-                    [
-                        (c.queue, c.task, c.processed, c.failed, c.retried, c.dead_lettered)
-                        for c in report.delta
-                    ],
-                )
+                conn.executemany(_ADD_TOTALS, _total_rows(report))
             conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved, released, pending = b._recover_in(conn, now)
         if report is not None and self.reporter is not None:
@@ -390,7 +384,12 @@ class _SQLiteConsumer(Consumer):
         b = self.broker
         if b._closed:
             return
+        report = self.reporter.report() if self.reporter is not None else None
         with b._write() as conn:
+            if report is not None:  # leaves with its last counts in the totals
+                _report_tables(conn)
+                conn.execute("DELETE FROM worker_reports WHERE worker_id = ?", (self.worker_id,))
+                conn.executemany(_ADD_TOTALS, _total_rows(report))
             rows: Rows = []
             for queue, priority, lo, hi in conn.execute(
                 "SELECT queue, priority, lo, hi FROM claims WHERE worker = ?", (self.worker_id,)
@@ -400,4 +399,13 @@ class _SQLiteConsumer(Consumer):
             conn.execute("DELETE FROM claims WHERE worker = ?", (self.worker_id,))
             conn.execute("DELETE FROM workers WHERE worker_id = ?", (self.worker_id,))
             conn.execute("DELETE FROM slots WHERE worker = ?", (self.worker_id,))
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)
         b._notify()
+
+
+def _total_rows(report: WorkerReport) -> list[tuple[object, ...]]:
+    """The parameters of ``_ADD_TOTALS`` for what ``report`` adds to the totals."""
+    return [
+        (c.queue, c.task, c.processed, c.failed, c.retried, c.dead_lettered) for c in report.delta
+    ]
