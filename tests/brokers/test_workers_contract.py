@@ -131,3 +131,18 @@ def _stored_reports(broker: Broker) -> list[str]:
     members = sorted(m.decode() for m in client.zrange("hurtle:workers:deadlines", 0, -1))
     assert [k.rsplit(":", 1)[1] for k in keys] == members
     return members
+
+
+def test_a_report_sent_between_beats_is_stored_and_counted_once(make: MakeBroker) -> None:
+    broker = make()
+    consumer, tally = _reporting(broker, "busy")
+    consumer.heartbeat()
+    tally.add_many({("q", "add"): 4})
+    consumer.send_report()
+    consumer.send_report()  # nothing new: adds nothing
+    (report,) = broker.workers()
+    assert report.total("processed") == 4 and report.deadline > time.time()
+    assert broker.totals() == [TaskCounts("q", "add", processed=4)]
+    tally.add_many({("q", "add"): 1})
+    consumer.heartbeat()  # the beat adds only what came since
+    assert broker.totals() == [TaskCounts("q", "add", processed=5)]

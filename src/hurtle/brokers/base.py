@@ -313,6 +313,14 @@ class Consumer(abc.ABC):
         one at a time): the caller then beats again sooner than usual.
         """
 
+    def send_report(self) -> None:
+        """Store a report from ``reporter`` as a beat does (the report, and its delta added to
+        the totals; then ``confirm``), without beating: what a busy worker sends between its
+        beats, at most once a second, so that the figures move while it works
+        (``worker/heartbeat.py``). This default beats; brokers override it with the report's
+        part of their beat."""
+        self.heartbeat()
+
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         """``(beat, end)``: ``beat`` does what ``heartbeat`` does for this consumer, through
         connections of its own; ``end`` lets go of them (and releases nothing).

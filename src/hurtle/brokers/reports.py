@@ -283,6 +283,13 @@ class Reporter:
         except Exception:  # a report is worth more than this one figure
             return 0
 
+    def moved(self) -> bool:
+        """Whether the counters changed since the last report the broker confirmed."""
+        now = self.tally.snapshot()
+        with self._lock:
+            confirmed = self._confirmed
+            return any(confirmed.get(key) != row for key, row in now.items())
+
     def confirm(self, report: WorkerReport) -> None:
         """The broker stored ``report``: later deltas start from its counts."""
         with self._lock:

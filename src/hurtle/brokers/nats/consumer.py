@@ -376,6 +376,14 @@ class NatsConsumer(Consumer):
             chores.append(self.broker._workers(forget=True))
         await asyncio.gather(*chores)
 
+    def send_report(self) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            return
+        report = reporter.report()
+        run(self._report(report))
+        reporter.confirm(report)
+
     async def _report(self, report: Any) -> None:
         kv = await self.store.kv(REPORTS_BUCKET)
         await kv.put(names.token(self.worker_id), _pack([self._deadline, encode_report(report)]))

@@ -21,7 +21,7 @@ from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from .limits import _Limits
 from .scripts import _Command
 from .settling import _Settling
-from .workers import _beat_reporting, leave_commands
+from .workers import _beat_reporting, leave_commands, report_commands
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -249,6 +249,16 @@ class RedisConsumer(_Settling, _Limits, Consumer):
     def heartbeat(self) -> bool:
         self._touch_slots(self.broker)
         return _beat_reporting(self, self.broker)
+
+    def send_report(self) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            return
+        report = reporter.report()
+        self.broker._pipeline(
+            report_commands(report, self.heartbeat_timeout), "storing a worker's report"
+        )
+        reporter.confirm(report)
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = type(self.broker)(

@@ -73,25 +73,7 @@ class _Workers(_ScriptRunner):
         quarantine."""
         if not queues:
             return 0, False
-        commands: list[_Command] = []
-        if report is not None:
-            now = time.time()
-            commands += [
-                (
-                    (
-                        "SET",
-                        WORKER_REPORT + worker_id,
-                        encode_report(report),
-                        "PX",
-                        max(int(timeout * 1000), 1),
-                    ),
-                    None,
-                ),
-                (("ZADD", WORKER_DEADLINES, repr(now + timeout), worker_id), None),
-                # dead workers' entries; their reports expire by themselves
-                (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
-            ]
-            commands += _total_commands(report)
+        commands = [] if report is None else report_commands(report, timeout)
         n_report = len(commands)
         for name in queues:
             k = queue_keys(name)
@@ -146,6 +128,27 @@ class _Workers(_ScriptRunner):
             _results_commands(self, records),  # type: ignore[arg-type]
             "failing the workflows of dead-lettered members",
         )
+
+
+def report_commands(report: WorkerReport, timeout: float) -> list[_Command]:
+    """Store ``report`` until ``timeout`` seconds from now, and add its delta to the totals."""
+    now = time.time()
+    return [
+        (
+            (
+                "SET",
+                WORKER_REPORT + report.id,
+                encode_report(report),
+                "PX",
+                max(int(timeout * 1000), 1),
+            ),
+            None,
+        ),
+        (("ZADD", WORKER_DEADLINES, repr(now + timeout), report.id), None),
+        # dead workers' entries; their reports expire by themselves
+        (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
+        *_total_commands(report),
+    ]
 
 
 def _total_commands(report: WorkerReport) -> list[_Command]:

@@ -349,13 +349,7 @@ class _SQLiteConsumer(Consumer):
             now = time.time()
             conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             if report is not None:
-                _report_tables(conn)
-                conn.execute("DELETE FROM worker_reports WHERE deadline < ?", (now,))
-                conn.execute(
-                    _UPSERT_REPORT,
-                    (self.worker_id, now + self.heartbeat_timeout, encode_report(report)),
-                )
-                conn.executemany(_ADD_TOTALS, _total_rows(report))
+                self._store_report(conn, report, now)
             conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved, released, pending = b._recover_in(conn, now)
         if report is not None and self.reporter is not None:
@@ -363,6 +357,23 @@ class _SQLiteConsumer(Consumer):
         if moved or released:
             b._notify()
         return pending
+
+    def send_report(self) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            return
+        report = reporter.report()
+        with self.broker._write() as conn:
+            self._store_report(conn, report, time.time())
+        reporter.confirm(report)
+
+    def _store_report(self, conn: sqlite3.Connection, report: WorkerReport, now: float) -> None:
+        _report_tables(conn)
+        conn.execute("DELETE FROM worker_reports WHERE deadline < ?", (now,))
+        conn.execute(
+            _UPSERT_REPORT, (self.worker_id, now + self.heartbeat_timeout, encode_report(report))
+        )
+        conn.executemany(_ADD_TOTALS, _total_rows(report))
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         from .broker import SQLiteBroker  # here: broker.py imports this module
