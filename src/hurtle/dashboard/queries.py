@@ -5,9 +5,10 @@ Nothing here imports Starlette, so ``hurtle status`` works without the ``dashboa
 
 Throughput is worked out from workers' reports (``brokers/reports.py``): each worker's rate is
 the change of its counters between its two latest reports divided by the time between them, and
-holds until its next report; the cluster's rate is the sum. So the chart moves in steps of a
-heartbeat interval per worker (``HURTLE_HEARTBEAT_INTERVAL``, a quarter of the heartbeat timeout
-unless set).
+holds until its next report; the cluster's rate is the sum. A busy worker reports every second
+(``worker/heartbeat.py``), an idle one with its beats: so the chart moves every second while work
+runs, and drops to zero within a second of its end. Each point also carries the cluster's totals,
+so that the overview's counters follow the same stream.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ class Throughput:
     def __init__(self, broker: Broker, every: float = 1.0) -> None:
         self.broker = broker
         self.every = every
-        self.history: deque[dict[str, float]] = deque(maxlen=HISTORY)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, int, int]] = {}  # worker -> (at, processed, failed)
         self._rates: dict[str, tuple[float, float]] = {}
@@ -195,8 +196,9 @@ class Throughput:
         ]
         return sum(p for p, _ in live), sum(f for _, f in live)
 
-    def sample(self) -> tuple[dict[str, float], list[WorkerReport]]:
-        """The newest point ``{"t", "processed", "failed"}`` and the live workers' reports."""
+    def sample(self) -> tuple[dict[str, Any], list[WorkerReport]]:
+        """The newest point ``{"t", "processed", "failed", "totals"}`` (rates per second, and
+        the cluster's counters) and the live workers' reports."""
         with self._lock:
             now = time.time()
             if self.history and now - self._sampled < self.every:
@@ -207,6 +209,7 @@ class Throughput:
                 "t": round(now, 3),
                 "processed": round(processed, 3),
                 "failed": round(failed, 3),
+                "totals": sum_counts(self.broker.totals()),
             }
             self.history.append(point)
             self._sampled = now
