@@ -166,3 +166,29 @@ def test_a_worker_reports_the_task_running_now_and_its_run_time() -> None:
         release.set()
         worker.stop()
         thread.join(30)
+
+
+def test_a_busy_worker_reports_its_counts_between_its_beats() -> None:
+    app = Hurtle("memory://", heartbeat_interval=600, heartbeat_timeout=2400, fetch_batch_size=1)
+    go = threading.Semaphore(0)  # one step per release: counted when its batch of one ends
+
+    @app.task(name="step", retries=0)
+    def step() -> None:
+        assert go.acquire(timeout=30)
+
+    app.tasks["step"].send_many([()] * 3)
+    worker = app.worker(queues=["default"])
+    thread = worker.run_in_thread()
+    try:
+        deadline = time.monotonic() + 60
+        for done in (1, 2, 3):  # each step shows long before the next beat, due in 600 s
+            go.release()
+            while not [r for r in app.broker.workers() if r.total("processed") == done]:
+                assert time.monotonic() < deadline, f"no report counted {done} steps"
+                time.sleep(0.02)
+            assert [c.processed for c in app.broker.totals()] == [done]
+    finally:
+        for _ in range(3):
+            go.release()
+        worker.stop()
+        thread.join(30)

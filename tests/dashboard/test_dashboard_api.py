@@ -192,7 +192,8 @@ def test_the_throughput_stream_sends_points(client: TestClient) -> None:
             if line.startswith("data: "):
                 point = json.loads(line[6:])
                 break
-    assert set(point) == {"t", "processed", "failed"}
+    assert set(point) == {"t", "processed", "failed", "totals"}
+    assert set(point["totals"]) == {"processed", "failed", "retried", "dead_lettered"}
 
 
 def test_every_route_is_in_the_openapi_document(app: Hurtle, client: TestClient) -> None:

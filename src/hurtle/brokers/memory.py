@@ -52,6 +52,7 @@ from .common import (
     unique_key_of,
 )
 from .memory_consumer import MemoryConsumer
+from .memory_dead import MemoryDeadLetters
 from .reports import TaskCounts, WorkerReport
 
 _LEVELS = MAX_PRIORITY + 1
@@ -82,7 +83,7 @@ class _Queue:
         return sum(len(level) for level in self.ready) + len(self.quarantine)
 
 
-class MemoryBroker(Broker):
+class MemoryBroker(MemoryDeadLetters, Broker):
     def __init__(
         self,
         url: str = "memory://",
@@ -124,6 +125,7 @@ class MemoryBroker(Broker):
         self._cancelled: dict[str, float] = {}
         self._cancel_until = 0.0
         self._paused: set[str] = set()
+        self._dead_index: dict[str, tuple[str, str]] = {}
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
@@ -364,16 +366,16 @@ class MemoryBroker(Broker):
             q.probes.pop(raw, None)
             if probe and lone and deaths > self.max_recoveries:
                 del q.deaths[raw]
-                dead_id = new_id()
-                q.dead[dead_id] = DeadLetter(
-                    id=dead_id,
+                dead = DeadLetter(
+                    id=new_id(),
                     queue=queue,
                     raw=raw,
                     failed_at=now,
                     reason=f"its worker died {deaths} times while holding it (max_recoveries "
                     f"is {self.max_recoveries})",
                 )
-                failed = flow_failure(raw, q.dead[dead_id].reason)
+                self._add_dead_locked(q, dead)
+                failed = flow_failure(raw, dead.reason)
                 if failed is not None:  # a workflow's member: its workflow fails now
                     for wake in self._store_results_locked([failed]):
                         wake()  # sets an event: takes no lock of this broker
@@ -416,35 +418,6 @@ class MemoryBroker(Broker):
         etas = [q.delayed[0][0] for n in queues if (q := self._queues.get(n)) and q.delayed]
         return min(etas) if etas else None
 
-    def _trim_dead_locked(self, q: _Queue, now: float) -> tuple[int, int]:
-        """Drop dead letters past the ttl, then the oldest beyond the cap; (expired, dropped)."""
-        dead = q.dead
-        expired = dropped = 0
-        if self.dead_letter_ttl:
-            cutoff = now - self.dead_letter_ttl
-            while dead and next(iter(dead.values())).failed_at < cutoff:
-                del dead[next(iter(dead))]
-                expired += 1
-        if self.dead_letter_max:
-            while len(dead) > self.dead_letter_max:
-                del dead[next(iter(dead))]
-                dropped += 1
-        return expired, dropped
-
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
-        with self._lock:
-            q = self._queues.get(queue)
-            if q is None:
-                return []
-            return list(itertools.islice(q.dead.values(), offset, offset + limit))
-
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
-        with self._lock:
-            q = self._queues.get(queue)
-            if q is None:
-                return 0
-            return sum(1 for i in ids if q.dead.pop(i, None) is not None)
-
     def purge(self, queue: str) -> int:
         check_queue_name(queue)
         with self._lock:
@@ -456,15 +429,6 @@ class MemoryBroker(Broker):
                 level.clear()
             q.quarantine.clear()
             q.delayed.clear()
-            return n
-
-    def purge_dead(self, queue: str) -> int:
-        with self._lock:
-            q = self._queues.get(queue)
-            if q is None:
-                return 0
-            n = len(q.dead)
-            q.dead.clear()
             return n
 
     def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:

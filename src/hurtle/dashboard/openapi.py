@@ -72,7 +72,7 @@ OPENAPI: dict[str, Any] = {
                 }
             ),
             "Paused": _obj({"queue": _STR, "paused": {"type": "boolean"}}),
-            "Point": _obj({"t": _NUM, "processed": _NUM, "failed": _NUM}),
+            "Point": _obj({"t": _NUM, "processed": _NUM, "failed": _NUM, "totals": _ref("Counts")}),
             "Counts": _obj(_COUNTS),
             "TaskCounts": _obj({"queue": _STR, "task": _STR, **_COUNTS}),
             "Worker": _obj(

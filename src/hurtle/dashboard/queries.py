@@ -5,9 +5,10 @@ Nothing here imports Starlette, so ``hurtle status`` works without the ``dashboa
 
 Throughput is worked out from workers' reports (``brokers/reports.py``): each worker's rate is
 the change of its counters between its two latest reports divided by the time between them, and
-holds until its next report; the cluster's rate is the sum. So the chart moves in steps of a
-heartbeat interval per worker (``HURTLE_HEARTBEAT_INTERVAL``, a quarter of the heartbeat timeout
-unless set).
+holds until its next report; the cluster's rate is the sum. A busy worker reports every second
+(``worker/heartbeat.py``), an idle one with its beats: so the chart moves every second while work
+runs, and drops to zero within a second of its end. Each point also carries the cluster's totals,
+so that the overview's counters follow the same stream.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ class Throughput:
     def __init__(self, broker: Broker, every: float = 1.0) -> None:
         self.broker = broker
         self.every = every
-        self.history: deque[dict[str, float]] = deque(maxlen=HISTORY)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, int, int]] = {}  # worker -> (at, processed, failed)
         self._rates: dict[str, tuple[float, float]] = {}
@@ -195,8 +196,9 @@ class Throughput:
         ]
         return sum(p for p, _ in live), sum(f for _, f in live)
 
-    def sample(self) -> tuple[dict[str, float], list[WorkerReport]]:
-        """The newest point ``{"t", "processed", "failed"}`` and the live workers' reports."""
+    def sample(self) -> tuple[dict[str, Any], list[WorkerReport]]:
+        """The newest point ``{"t", "processed", "failed", "totals"}`` (rates per second, and
+        the cluster's counters) and the live workers' reports."""
         with self._lock:
             now = time.time()
             if self.history and now - self._sampled < self.every:
@@ -207,6 +209,7 @@ class Throughput:
                 "t": round(now, 3),
                 "processed": round(processed, 3),
                 "failed": round(failed, 3),
+                "totals": sum_counts(self.broker.totals()),
             }
             self.history.append(point)
             self._sampled = now
@@ -234,19 +237,14 @@ def tasks(broker: Broker) -> list[dict[str, Any]]:
     return count_rows(merge(broker.totals()))
 
 
-#: Most dead letters per queue a task lookup reads through, looking for a message id.
-LOOKUP_DEAD_SCAN = 10_000
-
-
-def task_lookup(
-    broker: Broker, message_id: str, queues: Iterable[str] = (), keeps_results: Any = None
-) -> dict[str, Any]:
+def task_lookup(broker: Broker, message_id: str, keeps_results: Any = None) -> dict[str, Any]:
     """What is known of the message ``message_id``: its stored record (tasks that keep results,
     ``hurtle.middleware.results``), else its dead letter, else nothing — then ``state`` is
     ``unknown`` and ``note`` says why that may be.
 
-    ``queues`` are the queues whose dead letters are searched (up to ``LOOKUP_DEAD_SCAN`` each);
-    ``keeps_results`` maps task names to whether they keep results (the app's tasks), to say so.
+    Two reads by id, whatever the number of queues: the record, and the dead letter through the
+    broker's index (``Broker.find_dead``). ``keeps_results`` maps task names to whether they
+    keep results (the app's tasks), to say so.
     """
     from ..middleware.results import decode as decode_record
 
@@ -302,7 +300,7 @@ def task_lookup(
             if record.state == "failed":
                 row["note"] = "an attempt failed and another is scheduled"
     final = row["state"] in ("succeeded", "failed")
-    dead = None if final else _find_dead(broker, message_id, queues)
+    dead = None if final else broker.find_dead(message_id)
     if dead is not None:
         summary, _, trace = dead.reason.partition("\n")
         message = dead.message()
@@ -339,21 +337,6 @@ def task_lookup(
             )
         )
     return row
-
-
-def _find_dead(broker: Broker, message_id: str, queues: Iterable[str]) -> DeadLetter | None:
-    for queue in queues:
-        offset = 0
-        while offset < LOOKUP_DEAD_SCAN:
-            page = broker.dead_letters(queue, limit=500, offset=offset)
-            for dead in page:
-                message = dead.message()
-                if message is not None and message.id == message_id:
-                    return dead
-            if len(page) < 500:
-                break
-            offset += len(page)
-    return None
 
 
 #: Delayed messages per queue whose ETAs the scheduled page lists, where the broker can.

@@ -338,8 +338,7 @@ class _Dashboard:
             if self.app is not None
             else None
         )
-        queues = await self._run(queries.queue_names, self.broker, self.declared)
-        row = await self._run(queries.task_lookup, self.broker, message_id, queues, keeps)
+        row = await self._run(queries.task_lookup, self.broker, message_id, keeps)
         return _json(row)
 
     async def schedules(self, request: Request) -> Response:

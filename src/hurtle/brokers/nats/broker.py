@@ -376,6 +376,9 @@ class NatsBroker(Broker):
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         return run(self.dead.page(queue, limit, offset))
 
+    def find_dead(self, message_id: str) -> DeadLetter | None:
+        return run(self.dead.find(message_id))
+
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         return run(self.dead.delete(queue, list(ids)))
 

@@ -35,7 +35,8 @@ deletes it once, like a plain insert-then-delete loop:
   worker with a longer one holds. Recovery re-queues what workers whose deadline passed held.
 * ``dead`` — dead letters, oldest first by row id. Each dead-letter write drops, in its own
   transaction, those of its queue past ``dead_letter_ttl`` and then the oldest beyond
-  ``dead_letter_max`` (expiry goes by the order they were recorded).
+  ``dead_letter_max`` (expiry goes by the order they were recorded). Each row keeps its
+  message's id, indexed: ``find_dead`` is one index read, and trims take the index rows along.
 * ``queues`` — every queue ever published to.
 * ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed
   (``claim_tick``: the check, the record and the publish in one transaction). Made by the first

@@ -351,6 +351,17 @@ class SQLiteBroker(_Recovery, Broker):
             DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4]) for r in rows
         ]
 
+    def find_dead(self, message_id: str) -> DeadLetter | None:
+        with self._read() as conn:  # the dead_message index; the latest dead letter first
+            r = conn.execute(
+                "SELECT id, queue, reason, body, failed_at FROM dead WHERE message_id = ? "
+                "ORDER BY seq DESC LIMIT 1",
+                (message_id,),
+            ).fetchone()
+        if r is None:
+            return None
+        return DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4])
+
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         if not ids:
             return 0
