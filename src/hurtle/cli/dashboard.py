@@ -1,7 +1,8 @@
 """``hurtle dashboard APP``: serve the dashboard, its JSON API and ``/metrics`` with uvicorn.
 
 Listens on 127.0.0.1 unless ``--host`` says otherwise; any other address needs an access token
-in ``HURTLE_DASHBOARD_TOKEN`` (``hurtle/dashboard/security.py``).
+in ``HURTLE_DASHBOARD_TOKEN`` (``hurtle/dashboard/security.py``). The HTTP enqueue takes the
+app's task names only, unless ``--allow-unknown-tasks`` (``hurtle/dashboard/enqueue.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ def add_parser(sub: Any) -> None:
         help="address to listen on (default: 127.0.0.1; any other needs HURTLE_DASHBOARD_TOKEN)",
     )
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument(
+        "--allow-unknown-tasks",
+        action="store_true",
+        help="let POST /api/queues/Q/messages enqueue task names the app does not register "
+        "(tasks of another program's workers); by default they are refused with 400",
+    )
     p.set_defaults(handler=run)
 
 
@@ -46,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        create_app(app, token=token),
+        create_app(app, token=token, allow_unknown_tasks=args.allow_unknown_tasks),
         host=args.host,
         port=args.port,
         log_level="warning",

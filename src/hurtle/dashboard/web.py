@@ -36,22 +36,16 @@ from starlette.staticfiles import StaticFiles
 from ..app import Hurtle
 from ..brokers import Broker
 from ..errors import BrokerError, EncodeError
-from ..ids import new_id
-from ..message import Message
 from . import queries
 from .batcher import Batcher
+from .enqueue import BadRequest, Enqueuer, decode_json
 from .openapi import OPENAPI
 from .security import CSRF_COOKIE, SESSION_COOKIE, TOKEN_ENV, Guard, new_csrf, session_value
 
 #: Most dead letters one page of the API returns.
 MAX_PAGE = 500
-#: Most messages one enqueue request may carry, and the most bytes its body may have.
-MAX_ENQUEUE = 10_000
+#: Most bytes an enqueue request's body may have.
 MAX_BODY = 16 * 1024 * 1024
-
-
-class BadRequest(Exception):
-    """A request the API refuses with 400, and why."""
 
 
 def create_app(
@@ -60,12 +54,16 @@ def create_app(
     token: str | None = None,
     sample_every: float = 1.0,
     batch_window: float = 0.002,
+    allow_unknown_tasks: bool = False,
 ) -> Any:
     """The dashboard for ``target`` (an app, or a broker), as an ASGI app to serve or mount.
 
     ``token`` (default: ``HURTLE_DASHBOARD_TOKEN``) protects every page and API call
     (``security.py``). ``sample_every`` is how often the throughput chart gets a point;
     ``batch_window`` how long an enqueue request waits for others to share its broker call.
+    An enqueue names one of the app's tasks, with arguments that fit it, unless
+    ``allow_unknown_tasks`` lets through names the dashboard has not the code of
+    (``enqueue.py``).
     """
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
@@ -76,6 +74,9 @@ def create_app(
         broker, declared = target, []
     dash = _Dashboard(broker, declared, token, sample_every, batch_window)
     dash.app = target if isinstance(target, Hurtle) else None
+    dash.enqueuer = Enqueuer(
+        dash.app.tasks if dash.app is not None else None, bool(allow_unknown_tasks)
+    )
     static = resources.files("hurtle.dashboard") / "static"
     app = Starlette(
         routes=[
@@ -120,14 +121,7 @@ def _error(status: int, text: str) -> JSONResponse:
 
 
 async def _body(request: Request) -> Any:
-    return _decode_json(await request.body())
-
-
-def _decode_json(raw: bytes) -> Any:
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as err:
-        raise BadRequest(f"the request body is not JSON: {err}") from None
+    return decode_json(await request.body())
 
 
 _encode_json = msgspec.json.Encoder().encode
@@ -197,47 +191,6 @@ def _ids_or_all(doc: Any) -> list[str] | None:
     return ids
 
 
-def _messages(queue: str, doc: Any) -> list[Message]:
-    """Messages from ``{"task", "args", "kwargs", "priority", "eta"}`` or a list of those."""
-    items = doc if isinstance(doc, list) else [doc]
-    if not items:
-        raise BadRequest("nothing to enqueue: send a message object or a non-empty list")
-    if len(items) > MAX_ENQUEUE:
-        raise BadRequest(f"at most {MAX_ENQUEUE} messages per request, got {len(items)}")
-    now = time.time()
-    out = []
-    for n, item in enumerate(items):
-        where = f"message {n}" if isinstance(doc, list) else "the message"
-        if not isinstance(item, dict):
-            raise BadRequest(f'{where} is not an object: expected {{"task": "name", ...}}')
-        unknown = set(item) - {"task", "args", "kwargs", "priority", "eta"}
-        if unknown:
-            raise BadRequest(
-                f"{where} has unknown fields {sorted(unknown)}: use task, args, "
-                "kwargs, priority, eta"
-            )
-        task, args, kwargs = item.get("task"), item.get("args", []), item.get("kwargs", {})
-        if not isinstance(task, str) or not task:
-            raise BadRequest(f'{where} needs "task": the task\'s name, a non-empty string')
-        if not isinstance(args, list):
-            raise BadRequest(f'{where}: "args" must be a list, got {type(args).__name__}')
-        if not isinstance(kwargs, dict):
-            raise BadRequest(f'{where}: "kwargs" must be an object')
-        out.append(
-            Message(
-                id=new_id(),
-                task=task,
-                queue=queue,
-                args=tuple(args),
-                kwargs=kwargs,
-                priority=item.get("priority", 0),
-                eta=item.get("eta", 0.0),
-                created=now,
-            )
-        )
-    return out
-
-
 class _Dashboard:
     def __init__(
         self,
@@ -253,6 +206,7 @@ class _Dashboard:
         self.sample_every = sample_every
         self.rates = queries.Throughput(broker, every=sample_every)
         self.batcher = Batcher(broker, window=batch_window)
+        self.enqueuer = Enqueuer(None, True)
         self._registry: Any = None
         #: The app, when the dashboard was made from one: its schedules, which tasks keep results.
         self.app: Hurtle | None = None
@@ -384,8 +338,8 @@ class _Dashboard:
     async def enqueue_body(self, queue: str, raw: bytes) -> tuple[int, bytes]:
         """Enqueue what a request body holds: (status, JSON answer)."""
         try:
-            doc = _decode_json(raw)
-            messages = _messages(queue, doc)
+            doc = decode_json(raw)
+            messages = self.enqueuer.messages(queue, doc)
             await self.batcher.publish(messages)
         except (BadRequest, EncodeError) as err:
             return 400, _encode_json({"error": str(err)})
