@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any
 
+from ..dashboard.names import FORGET_AFTER
 from ._app import load_app
 
 
@@ -31,6 +32,13 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="let POST /api/queues/Q/messages enqueue task names the app does not register "
         "(tasks of another program's workers); by default they are refused with 400",
+    )
+    p.add_argument(
+        "--forget-after",
+        type=float,
+        default=FORGET_AFTER,
+        metavar="S",
+        help=f"forget queues empty and unused for S seconds (default {FORGET_AFTER:g}; 0: never)",
     )
     p.set_defaults(handler=run)
 
@@ -53,7 +61,12 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        create_app(app, token=token, allow_unknown_tasks=args.allow_unknown_tasks),
+        create_app(
+            app,
+            token=token,
+            allow_unknown_tasks=args.allow_unknown_tasks,
+            forget_after=args.forget_after,
+        ),
         host=args.host,
         port=args.port,
         log_level="warning",

@@ -14,7 +14,7 @@ import hmac
 import json
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs
@@ -35,10 +35,12 @@ from starlette.staticfiles import StaticFiles
 
 from ..app import Hurtle
 from ..brokers import Broker
-from ..errors import BrokerError, EncodeError
+from ..errors import BrokerError, ConfigurationError, EncodeError
+from ..message import seconds_problem
 from . import queries
 from .batcher import Batcher
 from .enqueue import BadRequest, Enqueuer, decode_json
+from .names import FORGET_AFTER, IdleQueues, fold_counts
 from .openapi import OPENAPI
 from .security import CSRF_COOKIE, SESSION_COOKIE, TOKEN_ENV, Guard, new_csrf, session_value
 
@@ -55,6 +57,7 @@ def create_app(
     sample_every: float = 1.0,
     batch_window: float = 0.002,
     allow_unknown_tasks: bool = False,
+    forget_after: float = FORGET_AFTER,
 ) -> Any:
     """The dashboard for ``target`` (an app, or a broker), as an ASGI app to serve or mount.
 
@@ -63,7 +66,9 @@ def create_app(
     ``batch_window`` how long an enqueue request waits for others to share its broker call.
     An enqueue names one of the app's tasks, with arguments that fit it, unless
     ``allow_unknown_tasks`` lets through names the dashboard has not the code of
-    (``enqueue.py``).
+    (``enqueue.py``). Queues empty and unused for ``forget_after`` seconds (an hour; 0:
+    never) are forgotten, and task names the app does not register are counted as
+    ``(other)`` (``names.py``).
     """
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
@@ -77,6 +82,11 @@ def create_app(
     dash.enqueuer = Enqueuer(
         dash.app.tasks if dash.app is not None else None, bool(allow_unknown_tasks)
     )
+    dash.known = dash.app.tasks if dash.app is not None else frozenset()  # tasks added later too
+    problem = seconds_problem(forget_after, "forget_after", "a number of seconds (0: never)")
+    if problem is not None:
+        raise ConfigurationError(f"create_app: {problem}")
+    dash.idle = IdleQueues(broker, declared, float(forget_after))
     static = resources.files("hurtle.dashboard") / "static"
     app = Starlette(
         routes=[
@@ -207,6 +217,9 @@ class _Dashboard:
         self.rates = queries.Throughput(broker, every=sample_every)
         self.batcher = Batcher(broker, window=batch_window)
         self.enqueuer = Enqueuer(None, True)
+        #: Task names shown as they are (the app's); queues forgotten when idle.
+        self.known: Collection[str] = frozenset()
+        self.idle = IdleQueues(broker, declared, 0)
         self._registry: Any = None
         #: The app, when the dashboard was made from one: its schedules, which tasks keep results.
         self.app: Hurtle | None = None
@@ -262,7 +275,9 @@ class _Dashboard:
         return _json(OPENAPI)
 
     async def overview(self, request: Request) -> Response:
-        return _json(await self._run(queries.overview, self.broker, self.rates, self.declared))
+        return _json(
+            await self._run(queries.overview, self.broker, self.rates, self.declared, self.idle)
+        )
 
     async def throughput(self, request: Request) -> Response:
         await self._run(self.rates.sample)
@@ -285,11 +300,12 @@ class _Dashboard:
         )
 
     async def queues(self, request: Request) -> Response:
-        stats = await self._run(queries.queue_stats, self.broker, self.declared)
+        stats = await self._run(queries.queue_stats, self.broker, self.declared, self.idle)
         return _json(queries.queue_rows(stats))
 
     async def tasks(self, request: Request) -> Response:
-        return _json(await self._run(queries.tasks, self.broker))
+        totals = await self._run(self.broker.totals)
+        return _json(queries.count_rows(fold_counts(totals, self.known)))
 
     async def task(self, request: Request) -> Response:
         message_id = request.path_params["id"]
@@ -397,6 +413,6 @@ class _Dashboard:
         if self._registry is None:
             from .metrics import registry
 
-            self._registry = registry(self.broker, self.declared)
+            self._registry = registry(self.broker, self.declared, self.known, self.idle)
         body, content_type = await self._run(render, self._registry)
         return Response(body, media_type=content_type)
