@@ -1,7 +1,11 @@
 """The OpenAPI document of the dashboard's JSON API, written by hand (``/api/openapi.json``).
 
 ``tests/dashboard/test_dashboard_api.py`` checks every route of the app is here and every
-answer matches its schema.
+answer matches its schema; ``test_dashboard_schemathesis.py`` sends generated requests to every
+operation and checks the answers against it. Besides its own answers, every operation may
+answer 401 (no or a wrong access token) and 503 (the broker failed), every change 403 (a
+cross-site request, or a cookie without its CSRF token) and every request with a body 413 (too
+large): ``_COMMON`` adds those to each.
 """
 
 from __future__ import annotations
@@ -377,3 +381,27 @@ OPENAPI: dict[str, Any] = {
         },
     },
 }
+
+
+def _error(text: str) -> dict[str, Any]:
+    return {"description": text, "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+_COMMON = {
+    "401": _error("No access token, or a wrong one"),
+    "503": _error("The broker failed; nothing was changed"),
+}
+_CHANGE = {"403": _error("A cross-site request, or a session cookie without its CSRF token")}
+_BODY = {"413": _error("The request body is too large")}
+
+
+def _add_common(doc: dict[str, Any]) -> None:
+    for operations in doc["paths"].values():
+        for method, operation in operations.items():
+            common = {**_COMMON, **(_CHANGE if method != "get" else {})}
+            if "requestBody" in operation:
+                common.update(_BODY)
+            operation["responses"] = {**common, **operation["responses"]}
+
+
+_add_common(OPENAPI)

@@ -114,7 +114,8 @@ def create_app(
             Route("/api/queues/{queue}/dead/retry", dash.retry_dead, methods=["POST"]),
             Route("/api/queues/{queue}/dead/delete", dash.delete_dead, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
-        ]
+        ],
+        exception_handlers={BrokerError: _broker_failed},
     )
     app.add_middleware(_EnqueueLane, dashboard=dash)
     app.add_middleware(Guard, token=token)  # added last: runs first
@@ -128,6 +129,11 @@ def _json(doc: Any, status: int = 200) -> JSONResponse:
 
 def _error(status: int, text: str) -> JSONResponse:
     return JSONResponse({"error": text}, status_code=status)
+
+
+async def _broker_failed(request: Request, err: Exception) -> Response:
+    """Any API call the broker fails answers 503 with the broker's words, not a bare 500."""
+    return _error(503, f"the broker failed: {err}")
 
 
 async def _body(request: Request) -> Any:
