@@ -41,6 +41,8 @@ MAX_ENQUEUE = 10_000
 #: Most registered task names an unknown-task answer lists.
 NAMES_SHOWN = 20
 _FIELDS = frozenset({"task", "args", "kwargs", "priority", "eta"})
+#: Queues whose plain ``SendOptions`` are kept made (the common request names no option).
+_PLAIN_KEPT = 256
 
 
 class BadRequest(Exception):
@@ -64,6 +66,7 @@ class Enqueuer:
     def __init__(self, tasks: Mapping[str, Task[Any, Any]] | None, allow_unknown: bool) -> None:
         self.tasks = tasks
         self.allow_unknown = allow_unknown
+        self._plain: dict[str, SendOptions] = {}  # queue -> its options without any other
 
     def messages(self, queue: str, doc: Any) -> list[Message]:
         """The checked and encodable messages of ``doc``: ``{"task", "args", "kwargs",
@@ -77,16 +80,18 @@ class Enqueuer:
             raise BadRequest("nothing to enqueue: send a message object or a non-empty list")
         if len(items) > MAX_ENQUEUE:
             raise BadRequest(f"at most {MAX_ENQUEUE} messages per request, got {len(items)}")
-        plain = SendOptions(queue=queue)
+        plain = self._plain.get(queue)
+        if plain is None:
+            if len(self._plain) >= _PLAIN_KEPT:  # client-chosen names: keep a bounded few
+                self._plain.clear()
+            plain = self._plain[queue] = SendOptions(queue=queue)
         now = time.time()
         out = []
         for n, item in enumerate(items):
-            where = f"message {n}" if isinstance(doc, list) else "the message"
             try:
                 out.append(self._message(queue, item, plain, now))
-            except BadRequest as err:
-                raise BadRequest(f"{where}: {err}") from None
-            except (ArgumentError, ConfigurationError) as err:
+            except (BadRequest, ArgumentError, ConfigurationError) as err:
+                where = f"message {n}" if isinstance(doc, list) else "the message"
                 raise BadRequest(f"{where}: {err}") from None
         return out
 
