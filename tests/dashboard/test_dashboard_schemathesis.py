@@ -28,8 +28,10 @@ from schemathesis.specs.openapi.checks import (
 from starlette.testclient import TestClient
 
 from hurtle import Hurtle
+from hurtle.brokers.memory import MemoryBroker
 from hurtle.dashboard import create_app
 from hurtle.dashboard.openapi import OPENAPI
+from hurtle.errors import ConfigurationError
 
 TOKEN = "schemathesis-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -108,3 +110,21 @@ def test_a_call_the_broker_fails_answers_503_as_documented(tmp_path: Path) -> No
             assert r.status_code == 503, (path, r.text)
             assert r.json()["error"].startswith("the broker failed: ")
             assert "503" in OPENAPI["paths"][documented]["get"]["responses"]
+
+
+class _RefusesLongNames(MemoryBroker):
+    """A broker whose pause refuses names longer than 8 characters, as a store may."""
+
+    def pause(self, queue: str) -> None:
+        if len(queue) > 8:
+            raise ConfigurationError(f"queue name {queue!r} is longer than 8 characters")
+        super().pause(queue)
+
+
+def test_a_value_the_broker_refuses_answers_400_as_documented() -> None:
+    with TestClient(create_app(_RefusesLongNames(), token="")) as client:
+        r = client.post("/api/queues/much-too-long/pause")
+        assert r.status_code == 400, r.text
+        assert r.json() == {"error": "queue name 'much-too-long' is longer than 8 characters"}
+        assert client.post("/api/queues/short/pause").status_code == 200
+    assert "400" in OPENAPI["paths"]["/api/queues/{queue}/pause"]["post"]["responses"]

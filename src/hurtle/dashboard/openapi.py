@@ -4,8 +4,9 @@
 answer matches its schema; ``test_dashboard_schemathesis.py`` sends generated requests to every
 operation and checks the answers against it. Besides its own answers, every operation may
 answer 401 (no or a wrong access token) and 503 (the broker failed), every change 403 (a
-cross-site request, or a cookie without its CSRF token) and every request with a body 413 (too
-large): ``_COMMON`` adds those to each.
+cross-site request, or a cookie without its CSRF token), every request with a body 413 (too
+large) and every one that names a queue 400 (a name the brokers refuse): ``_add_common`` adds
+those to each.
 """
 
 from __future__ import annotations
@@ -396,11 +397,13 @@ _BODY = {"413": _error("The request body is too large")}
 
 
 def _add_common(doc: dict[str, Any]) -> None:
-    for operations in doc["paths"].values():
+    for path, operations in doc["paths"].items():
         for method, operation in operations.items():
             common = {**_COMMON, **(_CHANGE if method != "get" else {})}
             if "requestBody" in operation:
                 common.update(_BODY)
+            if "{queue}" in path:
+                common["400"] = _error("A queue name the brokers refuse, or a bad request")
             operation["responses"] = {**common, **operation["responses"]}
 
 

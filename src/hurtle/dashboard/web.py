@@ -70,6 +70,9 @@ def create_app(
     never) are forgotten, and task names the app does not register are counted as
     ``(other)`` (``names.py``).
     """
+    problem = seconds_problem(forget_after, "forget_after", "a number of seconds (0: never)")
+    if problem is not None:
+        raise ConfigurationError(f"create_app: {problem}")
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
     if isinstance(target, Hurtle):
@@ -83,9 +86,6 @@ def create_app(
         dash.app.tasks if dash.app is not None else None, bool(allow_unknown_tasks)
     )
     dash.known = dash.app.tasks if dash.app is not None else frozenset()  # tasks added later too
-    problem = seconds_problem(forget_after, "forget_after", "a number of seconds (0: never)")
-    if problem is not None:
-        raise ConfigurationError(f"create_app: {problem}")
     dash.idle = IdleQueues(broker, declared, float(forget_after))
     static = resources.files("hurtle.dashboard") / "static"
     app = Starlette(
@@ -115,7 +115,7 @@ def create_app(
             Route("/api/queues/{queue}/dead/delete", dash.delete_dead, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
-        exception_handlers={BrokerError: _broker_failed},
+        exception_handlers={BrokerError: _broker_failed, ConfigurationError: _refused},
     )
     app.add_middleware(_EnqueueLane, dashboard=dash)
     app.add_middleware(Guard, token=token)  # added last: runs first
@@ -134,6 +134,11 @@ def _error(status: int, text: str) -> JSONResponse:
 async def _broker_failed(request: Request, err: Exception) -> Response:
     """Any API call the broker fails answers 503 with the broker's words, not a bare 500."""
     return _error(503, f"the broker failed: {err}")
+
+
+async def _refused(request: Request, err: Exception) -> Response:
+    """A value the broker refuses (a queue name it cannot take, say) answers 400 and why."""
+    return _error(400, str(err))
 
 
 async def _body(request: Request) -> Any:
