@@ -48,7 +48,7 @@ def test_two_burst_workers_are_counted_whole_and_not_listed_once_gone(project: P
     for proc in workers:
         assert proc.wait(120) == 0, project.output(proc)
     assert len(project.runs()) == TASK_COUNT
-    with TestClient(create_app(project.app, token="")) as client:
+    with TestClient(create_app(project.app, token=""), base_url="http://127.0.0.1") as client:
         assert processed_total(client.get("/metrics").text) == TASK_COUNT
         assert client.get("/api/overview").json()["totals"]["processed"] == TASK_COUNT
         assert client.get("/api/workers").json() == []

@@ -474,7 +474,7 @@ def test_it_mounts_under_a_prefix_in_another_app(app: Hurtle) -> None:
         assert c.get("/ops/queues/static/app.js").status_code == 200
         r = c.post(
             "/ops/queues/api/queues/math/messages",
-            json={"task": "add"},
+            json={"task": "add", "args": [1, 2]},
             headers={"x-csrf-token": c.cookies["hurtle_csrf"]},
         )
         assert r.status_code == 201, r.text

@@ -43,7 +43,7 @@ def test_a_lookup_reads_no_queues_dead_letters() -> None:
     app = Hurtle(broker)
     app.task(name="add", queue="q0")(lambda: None)
     ids = [dead_letter(broker, f"q{i}", 3)[1] for i in range(40)]
-    with TestClient(create_app(app, token="")) as client:
+    with TestClient(create_app(app, token=""), base_url="http://127.0.0.1") as client:
         for queue_no in (0, 39):
             row = client.get(f"/api/tasks/{ids[queue_no]}").json()
             assert (row["state"], row["source"], row["queue"]) == (
@@ -58,6 +58,6 @@ def test_a_lookup_finds_a_dead_letter_behind_ten_thousand_others_of_its_queue() 
     app = Hurtle(MemoryBroker(dead_letter_max=0))
     app.task(name="add", queue="big")(lambda: None)
     *_, last = dead_letter(app.broker, "big", 10_001)
-    with TestClient(create_app(app, token="")) as client:
+    with TestClient(create_app(app, token=""), base_url="http://127.0.0.1") as client:
         row = client.get(f"/api/tasks/{last}").json()
     assert (row["state"], row["queue"], row["task"]) == ("dead", "big", "add")

@@ -441,6 +441,22 @@ class Broker(abc.ABC):
             f"{type(self).__name__} cannot purge a queue's waiting messages: its purge is missing"
         )
 
+    def forget(self, queue: str) -> bool:
+        """Drop ``queue`` from the known queues (``queues()``) if it is empty: nothing ready,
+        delayed, in flight or dead, and not paused. Returns whether it is not known now (True
+        also for a name never seen); False, changing nothing, when it holds messages or is
+        paused. The next message published to it makes it known again (on SQLite, a broker
+        object that wrote the queue's name less than ``KNOWN_REFRESH`` seconds before, a
+        minute, writes it with its first message after that: meanwhile what it publishes is
+        fetched and counted but the queue is not listed).
+
+        Only the name goes: a store may keep bookkeeping of its own (cursors, streams) that
+        costs nothing while the queue is empty.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot forget queues: its forget is missing"
+        )
+
     @abc.abstractmethod
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         """Store bytes as ready messages of ``queue`` as they are (dead-letter retries, tools)."""

@@ -431,6 +431,18 @@ class MemoryBroker(MemoryDeadLetters, Broker):
             q.delayed.clear()
             return n
 
+    def forget(self, queue: str) -> bool:
+        check_queue_name(queue)
+        with self._lock:
+            q = self._queues.get(queue)
+            if q is None:
+                return True
+            held = any(h[0] == queue for hs in self._held.values() for h in hs.values())
+            if q.ready_count() or q.delayed or q.dead or held or queue in self._paused:
+                return False
+            del self._queues[queue]
+            return True
+
     def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
         with self._lock:
             q = self._queues.get(queue)

@@ -5,12 +5,14 @@ fetches one of them before it started records it as a dead letter with the reaso
 ``cancelled`` instead of running it. ``queue pause`` stops every worker from fetching a queue
 until ``queue resume``; ``hurtle status`` shows which queues are paused. ``queue purge`` drops
 the queue's waiting messages (ready and delayed; never those workers hold, nor dead letters)
-after asking, unless ``--yes``.
+after asking, unless ``--yes``. ``queue forget`` drops an empty queue's name from the known
+queues (``hurtle status``, the dashboard), and refuses one that holds messages or is paused.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from ..app import CANCEL_TTL
@@ -38,13 +40,14 @@ def add_parser(sub: Any) -> None:
 
     q: argparse.ArgumentParser = sub.add_parser(
         "queue",
-        help="pause, resume or purge a queue",
+        help="pause, resume, purge or forget a queue",
         description="Pause a queue (no worker fetches from it; tasks already fetched finish), "
         "resume it, or purge it: drop its waiting messages, ready and delayed (those workers "
-        "hold finish, dead letters stay).",
+        "hold finish, dead letters stay). Forget an empty queue: its name leaves the known "
+        "queues until a message is published to it again.",
     )
     q.add_argument("app", help="the app, as module:attribute")
-    q.add_argument("action", choices=("pause", "resume", "purge"))
+    q.add_argument("action", choices=("pause", "resume", "purge", "forget"))
     q.add_argument("queue", help="the queue's name")
     q.add_argument("--yes", action="store_true", help="purge without asking for confirmation")
     q.set_defaults(handler=run_queue)
@@ -61,6 +64,8 @@ def run_queue(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     if args.action == "purge":
         return _purge(app, args.queue, args.yes)
+    if args.action == "forget":
+        return _forget(app, args.queue)
     if args.action == "pause":
         app.pause(args.queue)
         print(f"queue {args.queue!r} paused: no worker fetches from it until it is resumed")
@@ -90,3 +95,22 @@ def _purge(app: Any, queue: str, yes: bool) -> int:
     n = app.broker.purge(queue)
     print(f"queue {queue!r} purged: {n} waiting message(s) dropped")
     return 0
+
+
+def _forget(app: Any, queue: str) -> int:
+    broker = app.broker
+    if queue not in broker.queues():
+        print(f"queue {queue!r} is not known: nothing to forget")
+        return 0
+    if broker.forget(queue):
+        print(f"queue {queue!r} forgotten: it is known again when a message is published to it")
+        return 0
+    s = broker.stats([queue])[queue]
+    print(
+        f"queue {queue!r} not forgotten: it holds {s.ready} ready, {s.delayed} delayed, "
+        f"{s.in_flight} in flight and {s.dead} dead message(s)"
+        + (" and is paused" if s.paused else "")
+        + "; purge it (hurtle queue APP purge, hurtle dead APP purge) or resume it first",
+        file=sys.stderr,
+    )
+    return 1

@@ -1,7 +1,12 @@
 """The OpenAPI document of the dashboard's JSON API, written by hand (``/api/openapi.json``).
 
 ``tests/dashboard/test_dashboard_api.py`` checks every route of the app is here and every
-answer matches its schema.
+answer matches its schema; ``test_dashboard_schemathesis.py`` sends generated requests to every
+operation and checks the answers against it. Besides its own answers, every operation may
+answer 401 (no or a wrong access token) and 503 (the broker failed), every change 403 (a
+cross-site request, or a cookie without its CSRF token), every request with a body 413 (too
+large) and every one that names a queue 400 (a name the brokers refuse): ``_add_common`` adds
+those to each.
 """
 
 from __future__ import annotations
@@ -383,3 +388,29 @@ OPENAPI: dict[str, Any] = {
         },
     },
 }
+
+
+def _error(text: str) -> dict[str, Any]:
+    return {"description": text, "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+_COMMON = {
+    "401": _error("No access token, or a wrong one"),
+    "503": _error("The broker failed; nothing was changed"),
+}
+_CHANGE = {"403": _error("A cross-site request, or a session cookie without its CSRF token")}
+_BODY = {"413": _error("The request body is too large")}
+
+
+def _add_common(doc: dict[str, Any]) -> None:
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            common = {**_COMMON, **(_CHANGE if method != "get" else {})}
+            if "requestBody" in operation:
+                common.update(_BODY)
+            if "{queue}" in path:
+                common["400"] = _error("A queue name the brokers refuse, or a bad request")
+            operation["responses"] = {**common, **operation["responses"]}
+
+
+_add_common(OPENAPI)

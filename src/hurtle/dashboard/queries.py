@@ -29,6 +29,7 @@ from ..message import Message
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from .names import IdleQueues
 
 #: Points of throughput history the dashboard keeps (one a second at most).
 HISTORY = 300
@@ -39,9 +40,13 @@ def queue_names(broker: Broker, declared: Iterable[str] = ()) -> list[str]:
     return sorted(set(declared) | set(broker.queues()))
 
 
-def queue_stats(broker: Broker, declared: Iterable[str] = ()) -> dict[str, QueueStats]:
-    """Counts per queue: ready, delayed, in flight, dead; and whether it is paused."""
-    return broker.stats(queue_names(broker, declared))
+def queue_stats(
+    broker: Broker, declared: Iterable[str] = (), idle: IdleQueues | None = None
+) -> dict[str, QueueStats]:
+    """Counts per queue: ready, delayed, in flight, dead; and whether it is paused. With
+    ``idle``, less the queues it forgets now (``names.py``)."""
+    stats = broker.stats(queue_names(broker, declared))
+    return stats if idle is None else idle.sweep(stats)
 
 
 def queue_rows(stats: dict[str, QueueStats]) -> list[dict[str, Any]]:
@@ -217,11 +222,14 @@ class Throughput:
 
 
 def overview(
-    broker: Broker, throughput: Throughput, declared: Iterable[str] = ()
+    broker: Broker,
+    throughput: Throughput,
+    declared: Iterable[str] = (),
+    idle: IdleQueues | None = None,
 ) -> dict[str, Any]:
     """Everything the overview page shows."""
     point, workers = throughput.sample()
-    stats = queue_stats(broker, declared)
+    stats = queue_stats(broker, declared, idle)
     return {
         "broker": broker.url,
         "time": time.time(),
