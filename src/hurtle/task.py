@@ -36,6 +36,7 @@ from .handles import Handle
 from .ids import new_id
 from .limits import KeyFunction, Limits
 from .message import CheckedBatch, Message, priority_problem, seconds_problem
+from .names import QUEUE_NAME_RULE, check_queue_name, check_task_name, queue_name_problem
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class Args:
@@ -69,9 +71,11 @@ class SendOptions:
 
     def __post_init__(self) -> None:  # checked once per options, never per message
         problem = None
-        if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
-            problem = f"queue must be a non-empty str, got {self.queue!r}"
-        elif self.priority is not None:
+        if self.queue is not None:
+            problem = queue_name_problem(self.queue)
+            if problem is not None:
+                problem = f"{problem}; {QUEUE_NAME_RULE}"
+        if problem is None and self.priority is not None:
             problem = priority_problem(self.priority)
         if problem is None and self.delay is not None:
             problem = seconds_problem(self.delay, "delay")
@@ -81,6 +85,14 @@ class SendOptions:
             problem = seconds_problem(self.expires, "expires")
         if problem is not None:
             raise ConfigurationError(problem)
+
+
+def _checked(task: str, check: Callable[[Any], T], value: object) -> T:
+    """``check(value)``, its ``ConfigurationError`` naming ``task``."""
+    try:
+        return check(value)
+    except ConfigurationError as err:
+        raise ConfigurationError(f"task {task!r}: {err}") from None
 
 
 def _check_priority(task: str, priority: object) -> int:
@@ -120,6 +132,8 @@ class Task(Generic[P, R]):
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
     ) -> None:
+        check_task_name(name)
+        queue = _checked(name, check_queue_name, queue)
         if not isinstance(store_result, bool):
             raise ConfigurationError(
                 f"task {name!r}: store_result must be True or False, got {store_result!r}"

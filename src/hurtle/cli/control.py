@@ -14,6 +14,7 @@ import argparse
 from typing import Any
 
 from ..app import CANCEL_TTL
+from ..names import check_queue_name
 from ._app import load_app
 
 
@@ -58,6 +59,7 @@ def run_cancel(args: argparse.Namespace) -> int:
 
 
 def run_queue(args: argparse.Namespace) -> int:
+    check_queue_name(args.queue)
     app = load_app(args.app)
     if args.action == "purge":
         return _purge(app, args.queue, args.yes)

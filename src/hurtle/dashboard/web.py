@@ -38,6 +38,7 @@ from ..brokers import Broker
 from ..errors import BrokerError, EncodeError
 from ..ids import new_id
 from ..message import Message
+from ..names import QUEUE_NAME_RULE, queue_name_problem, task_name_problem
 from . import queries
 from .batcher import Batcher
 from .openapi import OPENAPI
@@ -187,6 +188,12 @@ class _EnqueueLane:
         await send({"type": "http.response.body", "body": body})
 
 
+def _bad_queue(request: Request) -> Response | None:
+    """The 400 answer for a request whose path names no valid queue, or None."""
+    problem = queue_name_problem(request.path_params["queue"])
+    return None if problem is None else _error(400, f"{problem}; {QUEUE_NAME_RULE}")
+
+
 def _ids_or_all(doc: Any) -> list[str] | None:
     """``{"ids": [...]}`` -> the ids; ``{"all": true}`` -> None (every one)."""
     if isinstance(doc, dict) and doc.get("all") is True and "ids" not in doc:
@@ -219,6 +226,8 @@ def _messages(queue: str, doc: Any) -> list[Message]:
         task, args, kwargs = item.get("task"), item.get("args", []), item.get("kwargs", {})
         if not isinstance(task, str) or not task:
             raise BadRequest(f'{where} needs "task": the task\'s name, a non-empty string')
+        if (problem := task_name_problem(task)) is not None:
+            raise BadRequest(f"{where}: {problem}")
         if not isinstance(args, list):
             raise BadRequest(f'{where}: "args" must be a list, got {type(args).__name__}')
         if not isinstance(kwargs, dict):
@@ -364,6 +373,8 @@ class _Dashboard:
         return _json([queries.worker_row(r) for r in reports])
 
     async def dead_letters(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         try:
             limit = int(request.query_params.get("limit", "100"))
@@ -383,6 +394,8 @@ class _Dashboard:
 
     async def enqueue_body(self, queue: str, raw: bytes) -> tuple[int, bytes]:
         """Enqueue what a request body holds: (status, JSON answer)."""
+        if (problem := queue_name_problem(queue)) is not None:
+            return 400, _encode_json({"error": f"{problem}; {QUEUE_NAME_RULE}"})
         try:
             doc = _decode_json(raw)
             messages = _messages(queue, doc)
@@ -397,25 +410,35 @@ class _Dashboard:
         )
 
     async def pause(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         await self._run(self.broker.pause, queue)
         return _json({"queue": queue, "paused": True})
 
     async def resume(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         await self._run(self.broker.resume, queue)
         return _json({"queue": queue, "paused": False})
 
     async def purge_waiting(self, request: Request) -> Response:
         """Drop the queue's ready and delayed messages; those in flight finish."""
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         n = await self._run(self.broker.purge, request.path_params["queue"])
         return _json({"purged": n})
 
     async def purge_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         n = await self._run(self.broker.purge_dead, request.path_params["queue"])
         return _json({"purged": n})
 
     async def retry_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         try:
             ids = _ids_or_all(await _body(request))
         except BadRequest as err:
@@ -424,6 +447,8 @@ class _Dashboard:
         return _json({"retried": n})
 
     async def delete_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         try:
             ids = _ids_or_all(await _body(request))
         except BadRequest as err:
