@@ -8,11 +8,13 @@ task:
   worker's deadline and read back by ``Broker.workers()`` while that deadline has not passed;
 * the counters' *increase* since the last report the broker confirmed, added to cluster totals
   kept for good (``Broker.totals()``). So the totals of a worker that died or stopped never
-  vanish: they were added when they were reported. What a worker counted after its last beat
-  is lost with it (at most one heartbeat interval). A beat whose reply is lost after the store
+  vanish: they were added when they were reported. A worker that stops beats once more as it
+  leaves; one that dies loses what it counted after its last beat (at most one heartbeat
+  interval). A beat whose reply is lost after the store
   applied it is sent again, and counted twice: totals are at-least-once, like deliveries.
 
-Counters per queue and task: ``processed`` (taken in hand, whatever the outcome), ``failed``
+Counters per queue and task: ``processed`` (taken in hand, whatever the outcome; a deferral by
+a limit is no outcome: the call is counted once, when it runs), ``failed``
 (the call raised, or the message could not run), ``retried`` and ``dead_lettered`` (the outcome
 of a failure).
 

@@ -125,8 +125,11 @@ class Heartbeat:
             self._exited.release()
 
     def stop(self) -> None:
+        """End the beats with one last, which reports the counters as the worker leaves them
+        (without it, what the worker counted after its last beat would never be reported)."""
         if not self._started:
             return
         self._started = False
         self._stopping.release()
         self._exited.acquire(True, self.interval + 5)
+        self.beat()

@@ -148,7 +148,7 @@ class Processor(BatchPath, JobSteps, NotRun):
         )
         for name in list(self.tasks):
             self.pipeline(name)
-        #: Deliveries taken in hand (whatever the outcome), for progress reports.
+        #: Deliveries taken in hand (whatever the outcome; not a deferral), for progress reports.
         self.processed = 0
         self.failed = 0
         #: The same per queue and task, with retries and dead letters: sent with heartbeats.
@@ -389,8 +389,7 @@ class Processor(BatchPath, JobSteps, NotRun):
         overran.clear()
         for delivery in [d for d in done if id(d) in late]:
             done.remove(delivery)
-            job = self.begin(delivery)
-            self.processed -= 1  # counted already
+            job = self.begin(delivery, count=False)  # counted already
             if job is not None:
                 self._failed(job, job.time_limit_error())
 

@@ -77,19 +77,22 @@ class JobSteps:
         def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None: ...
         def _after_batch(self, groups: dict[Middleware, list[Job]]) -> None: ...
 
-    def _job(self, delivery: Delivery, message: Message) -> Job | None:
+    def _job(self, delivery: Delivery, message: Message, count: bool = True) -> Job | None:
         """A job for a decoded message, with its task's pipeline; dead-letters an unknown task
-        (and returns None)."""
+        (and returns None). Counted in the tally (unless ``count`` is False) now, or, when its
+        middleware may still defer it (``_alone``), once it is sure to run."""
         pipeline = self.pipeline(message.task)
         if pipeline is None:
             self._unknown(delivery, message)
             return None
-        self.tally.add(delivery.queue, message.task, PROCESSED)
+        if count and not pipeline.batched:
+            self.tally.add(delivery.queue, message.task, PROCESSED)
         return Job(delivery, message, pipeline.task, pipeline)
 
-    def begin(self, delivery: Delivery) -> Job | None:
-        """Decode and find the task; dead-letter (and return None) what cannot run."""
-        self.processed += 1
+    def begin(self, delivery: Delivery, count: bool = True) -> Job | None:
+        """Decode and find the task; dead-letter (and return None) what cannot run. ``count``
+        False: the delivery was counted already (a call that overran its time limit)."""
+        self.processed += count
         try:
             message = _decode(delivery.raw)
         except Exception as err:  # DecodeError, or whatever the decoder let escape
@@ -99,7 +102,7 @@ class JobSteps:
             self.processed -= 1  # counted above
             self._too_late(delivery, message)
             return None
-        return self._job(delivery, message)
+        return self._job(delivery, message, count)
 
     def run(self, job: Job, state: BatchState | None = None) -> None:
         """Call the task on this thread (within its time limit), then settle the outcome.
@@ -145,10 +148,12 @@ class JobSteps:
             return False
         job.alone = True  # its batch is itself: ``finish`` runs ``after_batch``
         self._before_batch({m: [job] for m in pipeline.before_batch})
-        if job.deferred:
+        if job.deferred:  # not run now: not counted (it comes back to run later)
+            self.processed -= 1
             self._defer(job)
             self._after_batch({m: [job] for m in pipeline.after_batch})
             return True
+        self.tally.add(job.delivery.queue, job.task.name, PROCESSED)
         return False
 
     def _start(self, job: Job) -> None:
