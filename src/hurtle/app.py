@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
 from .handles import Handle
+from .ids import check_message_ids
 from .limits import KeyFunction
 from .message import Message
 from .middleware import Middleware, overrides
@@ -356,9 +357,7 @@ class Hurtle:
         a task that starts later was checked after it. (One that started within that wait was
         not cancelled in time; its handle says how it ended.)"""
         wanted = [i.id if isinstance(i, Handle) else i for i in ids]
-        for i in wanted:
-            if not isinstance(i, str) or not i:
-                raise ConfigurationError(f"cancel takes message ids (str) or handles, got {i!r}")
+        check_message_ids(wanted)
         if wanted:
             from .worker.screen import CANCEL_MARGIN, WINDOW
 
