@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Coroutine
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr
@@ -37,6 +35,7 @@ from ..middleware import Calls, Middleware, Outcome
 from ..workflows import FLOW
 from . import flows
 from .jobs import BatchState, Job, Limit, Pipeline
+from .loops import Loops
 from .unrun import DEAD_LETTERED, FAILED, PROCESSED, RETRIED
 
 if TYPE_CHECKING:
@@ -59,9 +58,7 @@ class JobSteps:
         failed: int
         tally: Tally
         timings: Timings
-        _local: threading.local
-        _loops: list[asyncio.AbstractEventLoop]
-        _turns: AbstractContextManager[Any]
+        _loops: Loops
 
         def pipeline(self, name: str) -> Pipeline | None: ...
         def _unknown(self, delivery: Delivery, message: Message) -> None: ...
@@ -251,13 +248,8 @@ class JobSteps:
     # -- helpers ---------------------------------------------------------------------------
 
     def _run_coroutine(self, job: Job) -> Any:
-        """Run an ``async def`` task outside the asyncio pool, on this thread's own loop."""
-        loop = getattr(self._local, "loop", None)
-        if loop is None:
-            loop = self._local.loop = asyncio.new_event_loop()
-            self._loops.append(loop)
-        with self._turns:
-            return loop.run_until_complete(_within_limit(job))
+        """Run an ``async def`` task outside the asyncio pool (``loops``)."""
+        return self._loops.run(_within_limit(job))
 
     def _failed(self, job: Job, err: Exception) -> None:
         """A call failed: the retry policy decides (retry or dead letter), the acker records."""

@@ -202,7 +202,7 @@ class Worker:
             acker,
             self.middleware,
             limit=executor.limit,
-            loops_take_turns=executor.greenlets,
+            shared_loop=executor.greenlets,
             inline_limits=executor.watches_time_limits(),
         )
         consumer.reporter = Reporter(
