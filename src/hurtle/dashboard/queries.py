@@ -116,7 +116,7 @@ def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
         "failed_at": dead.failed_at,
         "message_id": None,
         "task": None,
-        "attempts": None,
+        "attempt": None,
         "args": None,
         "kwargs": None,
         "size": len(dead.raw),
@@ -125,7 +125,7 @@ def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
         row.update(
             message_id=message.id,
             task=message.task,
-            attempts=message.attempt + 1,
+            attempt=message.attempt + 1,
             args=_json_safe(list(message.args)),
             kwargs=_json_safe(message.kwargs),
         )
