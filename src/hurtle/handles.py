@@ -59,17 +59,14 @@ def wait_seconds(timeout: object) -> float:
     or a number of seconds >= 0; else a ``ConfigurationError`` naming the value."""
     if timeout is None:
         return math.inf
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or math.isnan(timeout)
-        or timeout < 0
-    ):
-        raise ConfigurationError(
-            f"timeout must be a number of seconds >= 0, or None to wait as long as it takes; "
-            f"got {timeout!r:.60}"
-        )
-    return float(timeout)
+    if isinstance(timeout, float) and timeout >= 0:  # False for NaN
+        return float(timeout)
+    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout >= 0:
+        return float(timeout) if timeout < 2**53 else math.inf  # 10**400: no OverflowError
+    raise ConfigurationError(
+        f"timeout must be a number of seconds >= 0, or None to wait as long as it takes; "
+        f"got {timeout!r:.60}"
+    )
 
 
 class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):

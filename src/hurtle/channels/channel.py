@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import atexit
 import logging
-import math
 import os
 import secrets
+import sys
 import threading
 import time
 import weakref
@@ -79,7 +79,7 @@ def check_options(name: object, buffer: object, flush_interval: object) -> None:
     if (
         isinstance(flush_interval, bool)
         or not isinstance(flush_interval, int | float)
-        or not 0 < flush_interval < math.inf  # False for NaN
+        or not 0 < flush_interval <= sys.float_info.max  # False for NaN, inf and 10**400
     ):
         raise ConfigurationError(
             f"flush_interval={flush_interval!r} for channel {name!r}: give a finite number "
