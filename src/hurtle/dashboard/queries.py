@@ -25,6 +25,7 @@ from ..brokers import Broker, DeadLetter, QueueStats
 from ..brokers.reports import KINDS, RUNTIME_BUCKETS, TaskCounts, WorkerReport, merge
 from ..errors import DecodeError
 from ..message import Message
+from ..names import queue_name_problem
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -34,8 +35,11 @@ HISTORY = 300
 
 
 def queue_names(broker: Broker, declared: Iterable[str] = ()) -> list[str]:
-    """Every queue the broker has seen, and those the app's tasks name."""
-    return sorted(set(declared) | set(broker.queues()))
+    """Every queue the broker has seen, and those the app's tasks name; less names outside the
+    rule (``hurtle.names``) that a version which did not check them let in (on Redis Cluster,
+    ``}x`` cannot even be counted)."""
+    names = set(declared) | set(broker.queues())
+    return sorted(n for n in names if queue_name_problem(n) is None)
 
 
 def queue_stats(broker: Broker, declared: Iterable[str] = ()) -> dict[str, QueueStats]:
