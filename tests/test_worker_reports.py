@@ -192,3 +192,29 @@ def test_a_busy_worker_reports_its_counts_between_its_beats() -> None:
             go.release()
         worker.stop()
         thread.join(30)
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads", "asyncio"])
+def test_deferred_calls_are_not_counted_and_every_count_of_what_ran_agrees(pool: str) -> None:
+    # A rate limit defers most of a burst several times over; each call runs once. The
+    # worker's own count, what its heartbeats reported, and /metrics all say 100.
+    app = Hurtle("memory://", heartbeat_interval=0.05)
+    ran: list[int] = []
+
+    @app.task(name="limited", rate_limit="100/s", retries=0)
+    def limited(i: int) -> None:
+        ran.append(i)
+
+    limited.send_many([(i,) for i in range(100)])
+    worker = app.worker(burst=True, pool=pool, concurrency=1 if pool == "solo" else 4)
+    worker.run()
+    assert sorted(ran) == list(range(100))
+    assert worker.processed == 100
+    assert worker.processor is not None
+    assert worker.processor.tally.snapshot() == {("default", "limited"): (100, 0, 0, 0)}
+    assert [(c.task, c.processed) for c in app.broker.totals()] == [("limited", 100)]
+    pytest.importorskip("prometheus_client", reason="the dashboard extra is not installed")
+    from hurtle.dashboard.metrics import registry, render
+
+    text = render(registry(app.broker, known=app.tasks))[0].decode()
+    assert 'hurtle_tasks_processed_total{queue="default",task="limited"} 100.0' in text

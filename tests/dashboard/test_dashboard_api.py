@@ -139,7 +139,7 @@ def test_dead_letters_list_retry_and_delete(app: Hurtle, client: TestClient) -> 
     rows = client.get("/api/queues/math/dead").json()
     assert len(rows) == 3
     first = rows[0]
-    assert first["task"] == "boom" and first["attempts"] == 1
+    assert first["task"] == "boom" and first["attempt"] == 1
     assert "no retries left" in first["reason"] and "ValueError: it broke" in first["traceback"]
 
     assert client.post("/api/queues/math/dead/retry", json={"ids": [first["id"]]}).json() == {

@@ -15,7 +15,8 @@ task:
   whose reply is lost after the store applied it is sent again, and counted twice: totals are
   at-least-once, like deliveries.
 
-Counters per queue and task: ``processed`` (taken in hand, whatever the outcome), ``failed``
+Counters per queue and task: ``processed`` (taken in hand, whatever the outcome; a deferral by
+a limit is no outcome: the call is counted once, when it runs), ``failed``
 (the call raised, or the message could not run), ``retried`` and ``dead_lettered`` (the outcome
 of a failure).
 

@@ -31,7 +31,8 @@ from ..brokers.common import check_queue_name
 from ..errors import ArgumentError, ConfigurationError
 from ..ids import new_id
 from ..message import Message
-from ..task import SendOptions
+from ..names import task_name_problem
+from ..options import SendOptions
 
 if TYPE_CHECKING:
     from ..task import Task
@@ -110,6 +111,8 @@ class Enqueuer:
         name, args, kwargs = item.get("task"), item.get("args", []), item.get("kwargs", {})
         if not isinstance(name, str) or not name:
             raise BadRequest('needs "task": the task\'s name, a non-empty string')
+        if (problem := task_name_problem(name)) is not None:
+            raise BadRequest(problem)
         if not isinstance(args, list):
             raise BadRequest(f'"args" must be a list, got {type(args).__name__}')
         if not isinstance(kwargs, dict):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..names import MAX_QUEUE_NAME, MAX_TASK_NAME, QUEUE_NAME_RULE
+
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
@@ -23,8 +25,21 @@ def _ok(schema: dict[str, Any], status: str = "200", text: str = "OK") -> dict[s
 
 
 _ERROR = {"description": "Refused", "content": {"application/json": {"schema": _ref("Error")}}}
-_QUEUE = {"name": "queue", "in": "path", "required": True, "schema": {"type": "string"}}
+_QUEUE = {
+    "name": "queue",
+    "in": "path",
+    "required": True,
+    "description": QUEUE_NAME_RULE,
+    "schema": {"type": "string", "pattern": f"^[A-Za-z0-9._:-]{{1,{MAX_QUEUE_NAME}}}$"},
+}
 _INT = {"type": "integer"}
+#: The attempt a message was on, as every reason text counts it.
+_ATTEMPT = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "the attempt the message was on: 1 for its first (a message that never "
+    "ran, expired or cancelled, was on its first)",
+}
 _NUM = {"type": "number"}
 _STR = {"type": "string"}
 _COUNTS = {kind: _INT for kind in ("processed", "failed", "retried", "dead_lettered")}
@@ -51,7 +66,7 @@ _MESSAGE_IN = {
     "required": ["task"],
     "additionalProperties": False,
     "properties": {
-        "task": {"type": "string", "minLength": 1},
+        "task": {"type": "string", "minLength": 1, "maxLength": MAX_TASK_NAME},
         "args": {"type": "array"},
         "kwargs": {"type": "object"},
         "priority": {"type": "integer", "minimum": 0, "maximum": 9},
@@ -114,7 +129,7 @@ OPENAPI: dict[str, Any] = {
                     "source": {"type": "string", "enum": ["result", "dead_letter"]},
                     "task": _STR,
                     "queue": _STR,
-                    "attempt": _INT,
+                    "attempt": _ATTEMPT,
                     "args": {"type": "array"},
                     "kwargs": {"type": "object"},
                     "result": {},
@@ -178,12 +193,12 @@ OPENAPI: dict[str, Any] = {
                     "failed_at": _NUM,
                     "message_id": _STR,
                     "task": _STR,
-                    "attempts": _INT,
+                    "attempt": _ATTEMPT,
                     "args": {"type": "array"},
                     "kwargs": {"type": "object"},
                     "size": _INT,
                 },
-                nullable=("message_id", "task", "attempts", "args", "kwargs"),
+                nullable=("message_id", "task", "attempt", "args", "kwargs"),
             ),
             "Overview": _obj(
                 {
@@ -322,7 +337,7 @@ OPENAPI: dict[str, Any] = {
                 "description": "Messages workers hold (in flight) finish as usual; dead "
                 "letters stay. purged is how many messages were dropped.",
                 "parameters": [_QUEUE],
-                "responses": _ok(_obj({"purged": _INT})),
+                "responses": {**_ok(_obj({"purged": _INT})), "400": _ERROR},
             },
         },
         "/api/queues/{queue}/pause": {
@@ -331,14 +346,14 @@ OPENAPI: dict[str, Any] = {
                 "description": "Tasks already fetched finish; workers started later see the "
                 "pause too (it lives in the broker).",
                 "parameters": [_QUEUE],
-                "responses": _ok(_ref("Paused")),
+                "responses": {**_ok(_ref("Paused")), "400": _ERROR},
             }
         },
         "/api/queues/{queue}/resume": {
             "post": {
                 "summary": "Resume a paused queue: workers fetch from it again",
                 "parameters": [_QUEUE],
-                "responses": _ok(_ref("Paused")),
+                "responses": {**_ok(_ref("Paused")), "400": _ERROR},
             }
         },
         "/api/queues/{queue}/dead": {
@@ -361,7 +376,7 @@ OPENAPI: dict[str, Any] = {
             "delete": {
                 "summary": "Purge every dead letter of a queue",
                 "parameters": [_QUEUE],
-                "responses": _ok(_obj({"purged": _INT})),
+                "responses": {**_ok(_obj({"purged": _INT})), "400": _ERROR},
             },
         },
         "/api/queues/{queue}/dead/retry": {

@@ -26,6 +26,7 @@ from ..brokers import Broker, DeadLetter, QueueStats
 from ..brokers.reports import KINDS, RUNTIME_BUCKETS, TaskCounts, WorkerReport, merge
 from ..errors import DecodeError
 from ..message import Message
+from ..names import queue_name_problem
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -36,8 +37,11 @@ HISTORY = 300
 
 
 def queue_names(broker: Broker, declared: Iterable[str] = ()) -> list[str]:
-    """Every queue the broker has seen, and those the app's tasks name."""
-    return sorted(set(declared) | set(broker.queues()))
+    """Every queue the broker has seen, and those the app's tasks name; less names outside the
+    rule (``hurtle.names``) that a version which did not check them let in (on Redis Cluster,
+    ``}x`` cannot even be counted)."""
+    names = set(declared) | set(broker.queues())
+    return sorted(n for n in names if queue_name_problem(n) is None)
 
 
 def queue_stats(
@@ -122,7 +126,7 @@ def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
         "failed_at": dead.failed_at,
         "message_id": None,
         "task": None,
-        "attempts": None,
+        "attempt": None,
         "args": None,
         "kwargs": None,
         "size": len(dead.raw),
@@ -131,7 +135,7 @@ def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
         row.update(
             message_id=message.id,
             task=message.task,
-            attempts=message.attempt + 1,
+            attempt=message.attempt + 1,
             args=_json_safe(list(message.args)),
             kwargs=_json_safe(message.kwargs),
         )

@@ -34,6 +34,7 @@ from ..app import Hurtle
 from ..brokers import Broker
 from ..errors import BrokerError, ConfigurationError, EncodeError
 from ..message import seconds_problem
+from ..names import QUEUE_NAME_RULE, queue_name_problem
 from . import queries
 from .batcher import Batcher
 from .bodies import IDS_BODY, LOGIN_BODY, BodyBudget, BodyLimit
@@ -215,6 +216,12 @@ class _EnqueueLane:
         await send({"type": "http.response.body", "body": body})
 
 
+def _bad_queue(request: Request) -> Response | None:
+    """The 400 answer for a request whose path names no valid queue, or None."""
+    problem = queue_name_problem(request.path_params["queue"])
+    return None if problem is None else _error(400, f"{problem}; {QUEUE_NAME_RULE}")
+
+
 def _ids_or_all(doc: Any) -> list[str] | None:
     """``{"ids": [...]}`` -> the ids; ``{"all": true}`` -> None (every one)."""
     if isinstance(doc, dict) and doc.get("all") is True and "ids" not in doc:
@@ -331,6 +338,8 @@ class _Dashboard:
         return _json([queries.worker_row(r) for r in reports])
 
     async def dead_letters(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         try:
             limit = int(request.query_params.get("limit", "100"))
@@ -350,6 +359,8 @@ class _Dashboard:
 
     async def enqueue_body(self, queue: str, raw: bytes) -> tuple[int, bytes]:
         """Enqueue what a request body holds: (status, JSON answer)."""
+        if (problem := queue_name_problem(queue)) is not None:
+            return 400, _encode_json({"error": f"{problem}; {QUEUE_NAME_RULE}"})
         try:
             doc = decode_json(raw)
             messages = self.enqueuer.messages(queue, doc)
@@ -364,25 +375,35 @@ class _Dashboard:
         )
 
     async def pause(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         await self._run(self.broker.pause, queue)
         return _json({"queue": queue, "paused": True})
 
     async def resume(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         await self._run(self.broker.resume, queue)
         return _json({"queue": queue, "paused": False})
 
     async def purge_waiting(self, request: Request) -> Response:
         """Drop the queue's ready and delayed messages; those in flight finish."""
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         n = await self._run(self.broker.purge, request.path_params["queue"])
         return _json({"purged": n})
 
     async def purge_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         n = await self._run(self.broker.purge_dead, request.path_params["queue"])
         return _json({"purged": n})
 
     async def retry_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         try:
             ids = _ids_or_all(await _body(request))
         except BadRequest as err:
@@ -391,6 +412,8 @@ class _Dashboard:
         return _json({"retried": n})
 
     async def delete_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         try:
             ids = _ids_or_all(await _body(request))
         except BadRequest as err:

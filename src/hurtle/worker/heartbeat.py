@@ -163,6 +163,7 @@ class Heartbeat:
             self._exited.release()
 
     def stop(self) -> None:
+        """End the beats (``Consumer.close`` then sends the worker's last counts)."""
         if not self._started:
             return
         self._started = False

@@ -251,7 +251,7 @@ async function loadDead() {
     { title: "Failed at", value: (d) => when(d.failed_at) },
     { title: "Task", value: (d) => d.task ?? "(not a message)" },
     { title: "Message id", value: (d) => (d.message_id ? taskLink(d.message_id) : "–") },
-    { title: "Attempts", value: (d) => d.attempts ?? "–", numeric: true },
+    { title: "Attempt", value: (d) => d.attempt ?? "–", numeric: true },
     { title: "Reason", value: (d) => {
       const cell = el("div", {}, d.reason);
       if (d.traceback) {
