@@ -48,14 +48,17 @@ if TYPE_CHECKING:
 
 
 class EagerConsumer(MemoryConsumer):
-    """A consumer of the eager store: delayed messages are due now, and a fetch never waits
-    for a message that nobody else could publish meanwhile."""
+    """A consumer of the eager store: delayed messages are due now, and a fetch does not wait
+    when nothing can come: no throttled message is due later and no other consumer (a worker
+    someone started on the store) holds a message that could set off another."""
 
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
         b = self.broker
         b.fast_forward(self.queues)
-        with b._lock:  # only throttled messages can still be delayed: wait for those alone
-            waiting = b._next_eta_locked(self.queues) is not None
+        with b._lock:
+            waiting = b._next_eta_locked(self.queues) is not None or any(
+                held for worker, held in b._held.items() if worker != self.worker_id
+            )
         return super().fetch(max_count, timeout if waiting else 0.0)
 
 
