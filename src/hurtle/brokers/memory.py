@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from ..errors import DecodeError
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
@@ -417,6 +418,35 @@ class MemoryBroker(MemoryDeadLetters, Broker):
     def _next_eta_locked(self, queues: Sequence[str]) -> float | None:
         etas = [q.delayed[0][0] for n in queues if (q := self._queues.get(n)) and q.delayed]
         return min(etas) if etas else None
+
+    def fast_forward(self, queues: Iterable[str] | None = None) -> int:
+        """Make ready now, in the order they were due, the delayed messages of ``queues`` (all
+        by default) that wait for their own time (a send's ``delay``/``eta``, a retry's
+        backoff), as if it had come; returns how many. Messages a rate or concurrency limit
+        put back keep their turn: the limit would only put them back again. For tests
+        (``hurtle.testing``): no other broker has this."""
+        with self._lock:
+            moved = 0
+            for name in list(self._queues) if queues is None else queues:
+                q = self._queues.get(name)
+                if q is None or not q.delayed:
+                    continue
+                kept = []
+                for entry in sorted(q.delayed):
+                    eta, _, priority, raw = entry
+                    try:
+                        own = Message.decode(raw).eta  # a deferral keeps the message's own
+                    except DecodeError:
+                        own = eta
+                    if own >= eta:
+                        q.ready[priority].append(raw)
+                        moved += 1
+                    else:
+                        kept.append(entry)
+                q.delayed = kept  # sorted: a heap already
+            if moved:
+                self._wake.notify_all()
+            return moved
 
     def purge(self, queue: str) -> int:
         check_queue_name(queue)
