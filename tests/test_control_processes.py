@@ -37,6 +37,11 @@ TASKS = textwrap.dedent(
     @app.task(name="tasks.other", queue="oq", retries=0)
     def other(tag):
         log(tag)
+
+
+    @app.task(name="tasks.kept", queue="oq", retries=0, store_result=True)
+    def kept(tag):
+        log(tag)
     """
 )
 
@@ -47,6 +52,7 @@ def project(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]
     p = Project(tmp_path, TASKS, (), url=url)
     p.app.task(name="tasks.paused", queue="pq", retries=0)(lambda tag: None)
     p.app.task(name="tasks.other", queue="oq", retries=0)(lambda tag: None)
+    p.app.task(name="tasks.kept", queue="oq", retries=0)(lambda tag: None)
     yield p
     p.app.close()
 
@@ -86,6 +92,34 @@ def test_a_cancellation_from_the_cli_holds_for_workers_started_later(project: Pr
     assert sorted(project.lines("done")) == ["o1", "o3"]
     dead = project.app.broker.dead_letters("oq")
     assert sorted(d.reason for d in dead) == ["cancelled", "cancelled"]
+
+
+@pytest.mark.parametrize("bogus", ["bogus-id", "tasks.other", "ABCDEF0123456789abcdef01", "a" * 23])
+def test_cancel_refuses_what_is_no_message_id_in_one_line_and_cancels_nothing(
+    project: Project, bogus: str
+) -> None:
+    good = project.send("tasks.other", "o1")
+    out = project.hurtle("cancel", "tasks:app", good, bogus)
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    [line] = out.stderr.strip().splitlines()
+    assert f"{bogus!r} is not a message id" in line and "nothing was cancelled" in line
+    assert project.app.broker.cancelled([good]) == set()
+
+
+def test_cancel_says_an_id_may_be_unknown_and_reports_a_settled_one(project: Project) -> None:
+    done = project.send("tasks.kept", "k1")
+    run = project.hurtle("worker", "tasks:app", "--queues", "oq", "--burst")
+    assert run.returncode == 0, run.stderr
+    waiting = project.send("tasks.other", "o1")
+    unsent = "0123456789abcdef01234567"
+    out = project.hurtle("cancel", "tasks:app", done, waiting, unsent)
+    assert out.returncode == 0, out.stderr
+    assert f"{done}: already succeeded, nothing to cancel" in out.stdout
+    assert "cancelled 2 message id(s)" in out.stdout
+    assert "cannot tell whether one was sent" in out.stdout
+    assert "cancelled for when it is" in out.stdout
+    assert project.app.broker.cancelled([done, waiting, unsent]) == {waiting, unsent}
 
 
 def test_queue_purge_asks_first_and_drops_only_the_waiting_messages(project: Project) -> None:

@@ -75,7 +75,7 @@ def _nested(depth: int) -> list[Any]:
         ({"delay": "5"}, "delay must be a number of seconds, got '5'"),
         ({"eta": "tomorrow"}, "eta must be a Unix time in seconds"),
         ({"eta": float("nan")}, "eta must be a finite number, got nan"),
-        ({"queue": ""}, "queue must be a non-empty str"),
+        ({"queue": ""}, "a queue name must not be empty"),
     ],
 )
 def test_options_refuse_a_bad_value_naming_the_task_the_option_and_the_value(
@@ -490,7 +490,10 @@ def test_every_numeric_setting_refuses_nan_infinity_and_negatives_at_load(
         ({"fetch_batch_size": 0}, "fetch_batch_size must be >= 1"),
         ({"fetch_batch_size": 2.5}, "fetch_batch_size must be a whole number"),
         ({"shutdown_timeout": "30"}, "shutdown_timeout must be a number, got '30'"),
-        ({"default_queue": ""}, "default_queue must be a non-empty string"),
+        (
+            {"default_queue": ""},
+            "default_queue is not a queue name: a queue name must not be empty",
+        ),
     ],
 )
 def test_keyword_settings_are_checked_like_the_environment(

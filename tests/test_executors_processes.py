@@ -49,6 +49,20 @@ TASKS = textwrap.dedent(
         record(f"done {i}")
 
 
+    @app.task(name="w.together", retries=0)
+    async def together(i, n):
+        # waits (up to 5 s) until all n calls have started: they can only all see one another
+        # if they run at the same time
+        record(f"start {i}")
+        for _ in range(500):
+            with open(LOG) as f:
+                if sum(line.startswith("start ") for line in f) >= n:
+                    record(f"done {i}")
+                    return
+            await asyncio.sleep(0.01)
+        record(f"alone {i}")
+
+
     @app.task(name="w.limited", retries=1, retry_delay=0.01, time_limit=0.5)
     def limited(i, seconds):
         record(f"start {i}")
@@ -64,7 +78,7 @@ TASKS = textwrap.dedent(
     """
 )
 
-TASK_NAMES = ("w.nap", "w.anap", "w.limited", "w.alimited")
+TASK_NAMES = ("w.nap", "w.anap", "w.limited", "w.alimited", "w.together")
 GREENLET_POOLS = ("gevent", "eventlet")
 ALL_POOLS = ("solo", "threads", "asyncio", *GREENLET_POOLS)
 
@@ -128,6 +142,18 @@ def test_async_def_task_still_runs_in_a_greenlet_pool(project: Project, pool: st
     result = project.hurtle("worker", "tasks:app", "--pool", pool, "--burst")
     assert result.returncode == 0, result.stderr
     assert sorted(project.lines("done"), key=int) == [str(i) for i in range(20)]
+
+
+@pytest.mark.parametrize("pool", pools("threads", "asyncio", *GREENLET_POOLS))
+def test_async_def_tasks_run_at_the_same_time_in_every_concurrent_pool(
+    project: Project, pool: str
+) -> None:
+    n = 8
+    project.send_many("w.together", [(i, n) for i in range(n)])
+    result = project.hurtle("worker", "tasks:app", "--pool", pool, "-c", str(n), "--burst")
+    assert result.returncode == 0, result.stderr
+    assert project.lines("alone") == []
+    assert sorted(project.lines("done"), key=int) == [str(i) for i in range(n)]
 
 
 @pytest.mark.parametrize("pool", pools("asyncio", *GREENLET_POOLS))

@@ -60,6 +60,8 @@ def test_a_sqlite_file_of_the_previous_schema_is_upgraded_and_keeps_live_workers
     conn.execute("ALTER TABLE workers RENAME COLUMN deadline TO last_seen")
     for table in ("deaths", "quarantine", "probes", "rates", "slots", "uniques"):
         conn.execute(f"DROP TABLE {table}")
+    conn.execute("DROP INDEX dead_message")
+    conn.execute("ALTER TABLE dead DROP COLUMN message_id")
     conn.execute("UPDATE workers SET last_seen = ?", (time.time(),))
     conn.execute("PRAGMA user_version = 2")
     conn.commit()

@@ -99,8 +99,7 @@ def test_overrunning_task_is_stopped_retried_then_dead_lettered_in_a_real_worker
     pool: str,
 ) -> None:
     project.send_many("w.limited", [("slow", 60.0), ("fast", 0.01)])
-    if pool == "asyncio":
-        project.send_many("w.alimited", [("aslow", 60.0)])
+    project.send_many("w.alimited", [("aslow", 60.0)])  # async def: stopped in every pool
     result = project.hurtle(
         "worker", "tasks:app", "--pool", pool, "--concurrency", "4", "--burst", timeout=60
     )
@@ -108,7 +107,7 @@ def test_overrunning_task_is_stopped_retried_then_dead_lettered_in_a_real_worker
     assert project.lines("start").count("slow") == 2  # the first attempt and one retry
     assert sorted(project.lines("done")) == ["fast"]
     dead = project.app.broker.dead_letters("default")
-    assert len(dead) == (2 if pool == "asyncio" else 1)
+    assert len(dead) == 2
     assert all("TimeLimitExceeded" in d.reason and "time limit of 0.5s" in d.reason for d in dead)
 
 

@@ -166,3 +166,55 @@ def test_a_worker_reports_the_task_running_now_and_its_run_time() -> None:
         release.set()
         worker.stop()
         thread.join(30)
+
+
+def test_a_busy_worker_reports_its_counts_between_its_beats() -> None:
+    app = Hurtle("memory://", heartbeat_interval=600, heartbeat_timeout=2400, fetch_batch_size=1)
+    go = threading.Semaphore(0)  # one step per release: counted when its batch of one ends
+
+    @app.task(name="step", retries=0)
+    def step() -> None:
+        assert go.acquire(timeout=30)
+
+    app.tasks["step"].send_many([()] * 3)
+    worker = app.worker(queues=["default"])
+    thread = worker.run_in_thread()
+    try:
+        deadline = time.monotonic() + 60
+        for done in (1, 2, 3):  # each step shows long before the next beat, due in 600 s
+            go.release()
+            while not [r for r in app.broker.workers() if r.total("processed") == done]:
+                assert time.monotonic() < deadline, f"no report counted {done} steps"
+                time.sleep(0.02)
+            assert [c.processed for c in app.broker.totals()] == [done]
+    finally:
+        for _ in range(3):
+            go.release()
+        worker.stop()
+        thread.join(30)
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads", "asyncio"])
+def test_deferred_calls_are_not_counted_and_every_count_of_what_ran_agrees(pool: str) -> None:
+    # A rate limit defers most of a burst several times over; each call runs once. The
+    # worker's own count, what its heartbeats reported, and /metrics all say 100.
+    app = Hurtle("memory://", heartbeat_interval=0.05)
+    ran: list[int] = []
+
+    @app.task(name="limited", rate_limit="100/s", retries=0)
+    def limited(i: int) -> None:
+        ran.append(i)
+
+    limited.send_many([(i,) for i in range(100)])
+    worker = app.worker(burst=True, pool=pool, concurrency=1 if pool == "solo" else 4)
+    worker.run()
+    assert sorted(ran) == list(range(100))
+    assert worker.processed == 100
+    assert worker.processor is not None
+    assert worker.processor.tally.snapshot() == {("default", "limited"): (100, 0, 0, 0)}
+    assert [(c.task, c.processed) for c in app.broker.totals()] == [("limited", 100)]
+    pytest.importorskip("prometheus_client", reason="the dashboard extra is not installed")
+    from hurtle.dashboard.metrics import registry, render
+
+    text = render(registry(app.broker, known=app.tasks))[0].decode()
+    assert 'hurtle_tasks_processed_total{queue="default",task="limited"} 100.0' in text

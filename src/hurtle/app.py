@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
 from .handles import Handle
+from .ids import check_message_ids
 from .limits import KeyFunction
 from .message import Message
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
+from .names import check_task_name
 from .settings import Settings, load_settings
 from .task import Task
 
@@ -219,7 +221,7 @@ class Hurtle:
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
-            task_name = name or _default_name(func)
+            task_name = _default_name(func) if name is None else check_task_name(name)
             if task_name in self.tasks and self.tasks[task_name].fn is not func:
                 raise ConfigurationError(
                     f"two tasks are named {task_name!r}; give one of them name=..."
@@ -228,7 +230,7 @@ class Hurtle:
                 self,
                 func,
                 name=task_name,
-                queue=queue or self.settings.default_queue,
+                queue=self.settings.default_queue if queue is None else queue,
                 retries=self.settings.default_retries if retries is None else retries,
                 retry_delay=(
                     self.settings.default_retry_delay if retry_delay is None else retry_delay
@@ -355,9 +357,7 @@ class Hurtle:
         a task that starts later was checked after it. (One that started within that wait was
         not cancelled in time; its handle says how it ended.)"""
         wanted = [i.id if isinstance(i, Handle) else i for i in ids]
-        for i in wanted:
-            if not isinstance(i, str) or not i:
-                raise ConfigurationError(f"cancel takes message ids (str) or handles, got {i!r}")
+        check_message_ids(wanted)
         if wanted:
             from .worker.screen import CANCEL_MARGIN, WINDOW
 

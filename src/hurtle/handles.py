@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
-from .errors import ResultError, ResultTimeout, TaskFailed
+from .errors import ConfigurationError, ResultError, ResultTimeout, TaskFailed
 from .middleware.results import FINAL, PENDING, SUCCEEDED, Record, decode
 
 if TYPE_CHECKING:
@@ -51,6 +52,21 @@ POLL_FIRST = 0.002
 POLL_MAX = 0.05
 #: Longest wait between two reads on brokers that notify (in case a notification was lost).
 RECHECK = 5.0
+
+
+def wait_seconds(timeout: object) -> float:
+    """A ``timeout=`` of a wait, checked: ``None`` (wait as long as it takes, as infinity does)
+    or a number of seconds >= 0; else a ``ConfigurationError`` naming the value."""
+    if timeout is None:
+        return math.inf
+    if isinstance(timeout, float) and timeout >= 0:  # False for NaN
+        return float(timeout)
+    if isinstance(timeout, int) and not isinstance(timeout, bool) and timeout >= 0:
+        return float(timeout) if timeout < 2**53 else math.inf  # 10**400: no OverflowError
+    raise ConfigurationError(
+        f"timeout must be a number of seconds >= 0, or None to wait as long as it takes; "
+        f"got {timeout!r:.60}"
+    )
 
 
 class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
@@ -82,12 +98,15 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
         payload = self.app.broker.get_result(self.id)
         return PENDING if payload is None else decode(payload).state
 
-    def result(self, timeout: float = 10.0) -> R:
-        """The task's return value, waiting up to ``timeout`` seconds for it.
+    def result(self, timeout: float | None = 10.0) -> R:
+        """The task's return value, waiting up to ``timeout`` seconds for it (``None``: as long
+        as it takes).
 
         Raises ``TaskFailed`` when the message failed for good, ``ResultTimeout`` when nothing
-        final arrived in time, ``ResultError`` at once when the task does not keep results.
+        final arrived in time, ``ResultError`` at once when the task does not keep results,
+        ``ConfigurationError`` at once when ``timeout`` is not seconds >= 0 or None.
         """
+        timeout = wait_seconds(timeout)
         self._check()
         broker = self.app.broker
         deadline = time.monotonic() + timeout
@@ -112,9 +131,10 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
             if stop is not None:
                 stop()
 
-    async def aresult(self, timeout: float = 10.0) -> R:
+    async def aresult(self, timeout: float | None = 10.0) -> R:
         """``result`` for asyncio code: the loop runs while this waits (reads run in the loop's
         default executor, wake-ups come through ``call_soon_threadsafe``)."""
+        timeout = wait_seconds(timeout)
         self._check()
         broker = self.app.broker
         loop = asyncio.get_running_loop()

@@ -12,8 +12,8 @@ nothing and returns the id of the one waiting. The worker side is ``middleware/l
 from __future__ import annotations
 
 import hashlib
-import math
 import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -86,8 +86,7 @@ class Limits:
         if unique_for is not None and (
             not isinstance(unique_for, int | float)
             or isinstance(unique_for, bool)
-            or not math.isfinite(unique_for)
-            or unique_for <= 0
+            or not 0 < unique_for <= sys.float_info.max  # False for NaN, inf and 10**400
         ):
             raise ConfigurationError(
                 f"task {name!r}: unique_for must be a finite number of seconds > 0 (how long a "

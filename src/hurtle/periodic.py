@@ -27,7 +27,7 @@ from cronsim import CronSim, CronSimError
 
 from .errors import ConfigurationError, EncodeError
 from .message import Message
-from .task import SendOptions
+from .options import SendOptions
 
 if TYPE_CHECKING:
     from .task import Task
@@ -35,6 +35,10 @@ if TYPE_CHECKING:
 #: Headers every scheduled message carries: the schedule's name and the tick (Unix seconds).
 SCHEDULE_HEADER = "schedule"
 TICK_HEADER = "tick"
+#: Shortest and longest ``every=`` period, in seconds (a millisecond, about 31 years): ticks are
+#: multiples of the period since the epoch, which must be a time a clock can show.
+MIN_EVERY = 0.001
+MAX_EVERY = 1e9
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -127,11 +131,11 @@ def make_schedule(
         if (
             isinstance(every, bool)
             or not isinstance(every, int | float)
-            or not math.isfinite(every)
-            or every <= 0
+            or not MIN_EVERY <= every <= MAX_EVERY  # False for NaN
         ):
             raise ConfigurationError(
-                f"{where}: every must be a finite number of seconds > 0, got {every!r}"
+                f"{where}: every must be a number of seconds from {MIN_EVERY:g} to {MAX_EVERY:g}, "
+                f"got {every!r:.60}; for longer periods use a cron expression"
             )
         if tz is not None:
             raise ConfigurationError(

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import ConfigurationError
+from .names import QUEUE_NAME_RULE, queue_name_problem
 
 DEFAULT_BROKER_URL = "sqlite:///hurtle.db"
 DEFAULT_DEAD_LETTER_MAX = 10_000
@@ -110,6 +111,9 @@ def _convert(name: str, kind: Any, raw: str) -> Any:
 
 def _problem(name: str, kind: Any, value: Any) -> str | None:
     """What is wrong with ``value`` for the setting ``name`` of type ``kind``, or None."""
+    if name == "default_queue":
+        problem = queue_name_problem(value)
+        return None if problem is None else f"is not a queue name: {problem}; {QUEUE_NAME_RULE}"
     if kind in (str, "str"):
         if not isinstance(value, str) or not value:
             return f"must be a non-empty string, got {value!r}"

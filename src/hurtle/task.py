@@ -6,8 +6,8 @@ a batch and publishes it in one round trip; ``add(1, 2)`` is still a plain local
 same sends, for code that moves over.
 
 What can be checked at send time is checked there, once per call and not per message: options
-(priority an int from 0 to 9, delay, eta and expires finite seconds >= 0) raise
-``ConfigurationError``,
+(queue a queue name, priority an int from 0 to 9, delay, eta and expires finite seconds >= 0,
+headers a dict of str keys to plain values) raise ``ConfigurationError``,
 arguments that do not fit the function's signature raise ``ArgumentError`` (a ``TypeError``).
 The signature is read once, at registration; a send checks the count of positional arguments
 against a precomputed range and, only when keywords are given, their names.
@@ -20,7 +20,6 @@ items of ``send_many([(1, 2), ...])`` cannot be typed against the function; item
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import sys
 import time
@@ -35,7 +34,9 @@ from .errors import ArgumentError, ConfigurationError
 from .handles import Handle
 from .ids import new_id
 from .limits import KeyFunction, Limits
-from .message import CheckedBatch, Message, priority_problem, seconds_problem
+from .message import CheckedBatch, Message
+from .names import check_queue_name, check_task_name
+from .options import SendOptions, check_priority, check_seconds, checked
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -53,47 +54,6 @@ class Args:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.args = args
         self.kwargs = kwargs
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SendOptions:
-    """Per-call options; ``None`` means the task's own setting."""
-
-    queue: str | None = None
-    delay: float | None = None
-    eta: float | None = None
-    priority: int | None = None
-    headers: Mapping[str, Any] | None = None
-    #: Seconds from the send after which the message is no longer started.
-    expires: float | None = None
-
-    def __post_init__(self) -> None:  # checked once per options, never per message
-        problem = None
-        if self.queue is not None and (not isinstance(self.queue, str) or not self.queue):
-            problem = f"queue must be a non-empty str, got {self.queue!r}"
-        elif self.priority is not None:
-            problem = priority_problem(self.priority)
-        if problem is None and self.delay is not None:
-            problem = seconds_problem(self.delay, "delay")
-        if problem is None and self.eta is not None:
-            problem = seconds_problem(self.eta, "eta", "a Unix time in seconds (time.time() + s)")
-        if problem is None and self.expires is not None:
-            problem = seconds_problem(self.expires, "expires")
-        if problem is not None:
-            raise ConfigurationError(problem)
-
-
-def _check_priority(task: str, priority: object) -> int:
-    problem = priority_problem(priority)
-    if problem is not None:
-        raise ConfigurationError(f"task {task!r}: {problem}")
-    return priority  # type: ignore[return-value]
-
-
-def _check_seconds(task: str, value: object, what: str, unit: str = "a number of seconds") -> None:
-    problem = seconds_problem(value, what, unit)
-    if problem is not None:
-        raise ConfigurationError(f"task {task!r}: {problem}")
 
 
 class Task(Generic[P, R]):
@@ -120,29 +80,31 @@ class Task(Generic[P, R]):
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
     ) -> None:
+        check_task_name(name)
+        queue = checked(name, check_queue_name, queue)
         if not isinstance(store_result, bool):
             raise ConfigurationError(
                 f"task {name!r}: store_result must be True or False, got {store_result!r}"
             )
-        _check_seconds(name, result_ttl, "result_ttl")
+        check_seconds(name, result_ttl, "result_ttl")
         if result_ttl == 0:
             raise ConfigurationError(f"task {name!r}: result_ttl must be > 0 seconds")
         if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
             raise ConfigurationError(f"task {name!r}: retries must be an int >= 0, got {retries!r}")
-        _check_seconds(name, retry_delay, "retry_delay")
+        check_seconds(name, retry_delay, "retry_delay")
         if time_limit is not None:
-            _check_seconds(name, time_limit, "time_limit")
+            check_seconds(name, time_limit, "time_limit")
             if time_limit == 0:
                 raise ConfigurationError(f"task {name!r}: time_limit must be > 0 (or None)")
         if expires is not None:
-            _check_seconds(name, expires, "expires")
+            check_seconds(name, expires, "expires")
         self.app = app
         self.fn = fn
         self.name = name
         self.queue = queue
         self.retries = retries
         self.retry_delay = retry_delay
-        self.priority = _check_priority(name, priority)
+        self.priority = check_priority(name, priority)
         self.time_limit = time_limit
         #: Seconds after its send past which a message of this task is no longer started (a
         #: dead letter with the reason ``expired``), or None.
@@ -403,7 +365,7 @@ def _send_many(
     now = time.time()
     queue, priority, eta, headers, expires = task._resolve(options, now)
     name = task.name
-    _check_priority(name, priority)  # once a batch, in case task.priority was reassigned
+    check_priority(name, priority)  # once a batch, in case task.priority was reassigned
     empty: dict[str, Any] = {}
     # valid by construction: options are checked when made, the priority just above, attempt
     # is 0 and created is now; so the broker skips its pass over the batch (see CheckedBatch)

@@ -36,21 +36,24 @@ with ``unique_for`` (a link published by a worker takes no unique lock).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import msgspec
 
 from .errors import ConfigurationError, ResultTimeout, TaskFailed
-from .handles import Handle
+from .handles import Handle, wait_seconds
 from .ids import new_id
 from .message import Message
 from .middleware.results import SUCCEEDED, Record
+from .options import same_options
+from .task import BoundTask, Task
 
 if TYPE_CHECKING:
     from .app import Hurtle
-    from .task import SendOptions, Task
+    from .options import SendOptions
 
 R = TypeVar("R")
 
@@ -123,8 +126,8 @@ def read_flow(message: Message) -> Flow:
 
 
 class Signature(Generic[R]):
-    """A task call not sent yet: ``add.s(1, 2)``; ``.options(queue=..., priority=...,
-    delay=..., eta=..., headers=...)`` returns a copy with those options."""
+    """A task call not sent yet: ``add.s(1, 2)``; ``.options(...)`` returns a copy with those
+    options (every option ``Task.options`` takes)."""
 
     __slots__ = ("args", "kwargs", "opts", "task")
 
@@ -143,25 +146,25 @@ class Signature(Generic[R]):
     def __repr__(self) -> str:
         return f"<Signature {self.task.name}{self.args!r}>"
 
-    def options(
-        self,
-        *,
-        queue: str | None = None,
-        delay: float | None = None,
-        eta: float | None = None,
-        priority: int | None = None,
-        headers: Mapping[str, Any] | None = None,
-    ) -> Signature[R]:
-        bound = self.task.options(
-            queue=queue, delay=delay, eta=eta, priority=priority, headers=headers
-        )
-        return Signature(self.task, self.args, self.kwargs, bound.opts)
+    @same_options(Task.options)
+    def options(self, **options: Any) -> Signature[R]:
+        """A copy with these options (``Task.options`` takes the same ones); an option given
+        again replaces the one given before, the others stay."""
+        opts = self.task.options(**options).opts
+        if self.opts is not None:
+            given = {
+                f.name: getattr(opts, f.name)
+                for f in dataclasses.fields(opts)
+                if getattr(opts, f.name) is not None
+            }
+            opts = dataclasses.replace(self.opts, **given)
+        return Signature(self.task, self.args, self.kwargs, opts)
 
     def send(self) -> Handle[R]:
         """Send this call on its own (no workflow): ``add.s(1, 2).send()``."""
         if self.opts is None:
             return self.task.send(*self.args, **self.kwargs)
-        return self.task.options(**_opts_kwargs(self.opts)).send(*self.args, **self.kwargs)
+        return BoundTask(self.task, self.opts).send(*self.args, **self.kwargs)
 
     def _check(self, extra: int) -> None:
         """Refuse a call that would not fit once given ``extra`` arguments before its own."""
@@ -190,17 +193,6 @@ class Signature(Generic[R]):
             headers=headers,
             expires=expires,
         )
-
-
-def _opts_kwargs(opts: SendOptions) -> dict[str, Any]:
-    return {
-        "queue": opts.queue,
-        "delay": opts.delay,
-        "eta": opts.eta,
-        "priority": opts.priority,
-        "headers": opts.headers,
-        "expires": opts.expires,
-    }
 
 
 def _check_member(task: Task[Any, Any]) -> None:
@@ -363,14 +355,14 @@ class GroupHandle:
     def ids(self) -> list[str]:
         return [h.id for h in self.handles]
 
-    def result(self, timeout: float = 10.0) -> list[Any]:
-        """The members' results in order, within ``timeout`` seconds in all; raises
-        ``TaskFailed`` naming a member that failed for good."""
-        deadline = time.monotonic() + timeout
+    def result(self, timeout: float | None = 10.0) -> list[Any]:
+        """The members' results in order, within ``timeout`` seconds in all (``None``: as long
+        as it takes); raises ``TaskFailed`` naming a member that failed for good."""
+        deadline = time.monotonic() + wait_seconds(timeout)
         return [h.result(max(deadline - time.monotonic(), 0.0)) for h in self.handles]
 
-    async def aresult(self, timeout: float = 10.0) -> list[Any]:
-        deadline = time.monotonic() + timeout
+    async def aresult(self, timeout: float | None = 10.0) -> list[Any]:
+        deadline = time.monotonic() + wait_seconds(timeout)
         return [await h.aresult(max(deadline - time.monotonic(), 0.0)) for h in self.handles]
 
 

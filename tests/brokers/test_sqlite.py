@@ -170,6 +170,27 @@ def test_a_file_of_an_older_schema_is_refused_with_what_to_do(tmp_path: Path) ->
         make_broker(f"sqlite:///{path}")
 
 
+def test_a_file_of_the_previous_schema_is_upgraded_and_its_dead_letters_found_by_id(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "hurtle.db"
+    with make_broker(f"sqlite:///{path}") as broker:
+        [m] = messages(1)
+        broker.publish([m])
+        c = broker.consumer(["q"])
+        [d] = c.fetch(1, 1)
+        c.dead_letter(d, "failed")
+    conn = sqlite3.connect(path)  # back to version 4: dead letters without their message ids
+    conn.execute("DROP INDEX dead_message")
+    conn.execute("ALTER TABLE dead DROP COLUMN message_id")
+    conn.execute("PRAGMA user_version = 4")
+    conn.commit()
+    conn.close()
+    with make_broker(f"sqlite:///{path}") as broker:
+        found = broker.find_dead(m.id)
+        assert found is not None and found.message() == m
+
+
 def test_released_messages_go_to_the_back_of_their_priority(tmp_path: Path) -> None:
     with make_broker(f"sqlite:///{tmp_path / 'hurtle.db'}") as broker:
         ms = messages(5)

@@ -83,6 +83,22 @@ def test_a_dead_workers_report_goes_but_its_counts_stay_in_the_totals(make: Make
     assert reader.totals() == [TaskCounts("q", "add", processed=7)]
 
 
+def test_a_worker_that_closes_leaves_the_list_with_its_last_counts_in_the_totals(
+    make: MakeBroker,
+) -> None:
+    broker = make()
+    stays, _ = _reporting(make(), "stays")
+    stays.heartbeat()
+    leaves, tally = _reporting(broker, "leaves")
+    leaves.heartbeat()  # listed, nothing counted yet
+    tally.add_many({("q", "add"): 500})  # ran within one heartbeat interval
+    tally.add("q", "add", 3)  # one dead-lettered
+    leaves.close()
+    assert [r.id for r in broker.workers()] == ["stays"]
+    assert _stored_reports(broker) == ["stays"]
+    assert broker.totals() == [TaskCounts("q", "add", processed=500, dead_lettered=1)]
+
+
 def test_a_heartbeat_without_a_reporter_stores_no_report(broker: Broker) -> None:
     broker.consumer(["q"], "plain").heartbeat()
     assert broker.workers() == []
@@ -115,3 +131,18 @@ def _stored_reports(broker: Broker) -> list[str]:
     members = sorted(m.decode() for m in client.zrange("hurtle:workers:deadlines", 0, -1))
     assert [k.rsplit(":", 1)[1] for k in keys] == members
     return members
+
+
+def test_a_report_sent_between_beats_is_stored_and_counted_once(make: MakeBroker) -> None:
+    broker = make()
+    consumer, tally = _reporting(broker, "busy")
+    consumer.heartbeat()
+    tally.add_many({("q", "add"): 4})
+    consumer.send_report()
+    consumer.send_report()  # nothing new: adds nothing
+    (report,) = broker.workers()
+    assert report.total("processed") == 4 and report.deadline > time.time()
+    assert broker.totals() == [TaskCounts("q", "add", processed=4)]
+    tally.add_many({("q", "add"): 1})
+    consumer.heartbeat()  # the beat adds only what came since
+    assert broker.totals() == [TaskCounts("q", "add", processed=5)]

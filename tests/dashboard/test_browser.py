@@ -6,6 +6,7 @@ saves the overview there (that is how ``docs/dashboard.png`` is made).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -358,3 +359,67 @@ def test_purging_a_queue_from_the_page_asks_first_and_keeps_its_dead_letters(
     assert (row["delayed"], row["paused"]) == (0, True)
     assert len(dialogs) == 1 and "Drop the 5 ready and 1 delayed messages" in dialogs[0]
     wait_for(lambda: "6 messages dropped" in page.inner_text("#queue-status"), what="the status")
+
+
+def view(page: Page) -> dict[str, Any]:
+    """What the chart's last drawing showed: x-axis labels, y-axis ticks, points' x."""
+    return dict(page.evaluate("window.hurtleChart.view"))
+
+
+def test_the_chart_keeps_time_on_its_axis_integer_ticks_and_moves_every_second(
+    project: Project, server: str, page: Page, tmp_path: Path
+) -> None:
+    page.goto(server + "/")
+    wait_for(lambda: page.evaluate("window.hurtleChart.received") > 0, what="a first point")
+    assert view(page)["yTicks"] == [0, 1]  # idle: whole numbers, once each
+    cards = page.inner_text(".cards")
+    for label in ("Processed, total", "Failed, total", "Dead-lettered, total"):
+        assert label in cards
+    assert "Workers alive now" in cards
+    assert "now" in page.inner_text("#overview h2:has(+ #overview-queues)")
+
+    # beats 5 s apart (the usual quarter of the timeout): the figures must move in between
+    project.send_many("work", [(i,) for i in range(6000)])
+    worker = project.popen("worker", "tasks:app", HURTLE_HEARTBEAT_INTERVAL="5")
+    try:
+
+        def moved_twice_within_a_beat() -> bool:
+            pts = [p for p in points(page) if p["processed"] > 0]
+            return any(
+                len({p["processed"] for p in pts[i - 2 : i + 1]}) == 3
+                and pts[i]["t"] - pts[i - 2]["t"] < 5
+                for i in range(2, len(pts))
+            )
+
+        wait_for(moved_twice_within_a_beat, what="the rate to change twice between two beats")
+        wait_for(
+            lambda: (
+                page.inner_text("#total-processed").replace(",", "").isdigit()
+                and page.inner_text("#total-processed") != "0"
+            ),
+            what="the processed total to move",
+        )
+        drawn = view(page)
+        assert drawn["xLabels"] and all(
+            len(label) == 8 and label[2] == label[5] == ":" and label.replace(":", "").isdigit()
+            for label in drawn["xLabels"]
+        ), drawn["xLabels"]
+        ticks = drawn["yTicks"]
+        assert ticks[0] == 0 and all(isinstance(t, int) for t in ticks), ticks
+        assert ticks == sorted(set(ticks)) and len(ticks) >= 2
+        xs = drawn["xs"]  # x proportional to time, not to the count of points
+        per_second = (xs[-1]["x"] - xs[0]["x"]) / (xs[-1]["t"] - xs[0]["t"])
+        for a, b in itertools.pairwise(xs):
+            assert abs((b["x"] - a["x"]) - per_second * (b["t"] - a["t"])) < 0.5
+        page.screenshot(path=str(tmp_path / "chart.png"))
+    finally:
+        worker.terminate()
+        worker.wait(30)
+
+    # a point a quarter of an hour later: the earlier ones leave the window, none is joined
+    page.evaluate(
+        "(() => { const ps = window.hurtleChart.points; const last = ps[ps.length - 1];"
+        " addPoint({t: last.t + 900, processed: 0, failed: 0}); })()"
+    )
+    later = view(page)
+    assert len(later["xs"]) == 1 and later["yTicks"] == [0, 1]

@@ -139,7 +139,7 @@ def test_dead_letters_list_retry_and_delete(app: Hurtle, client: TestClient) -> 
     rows = client.get("/api/queues/math/dead").json()
     assert len(rows) == 3
     first = rows[0]
-    assert first["task"] == "boom" and first["attempts"] == 1
+    assert first["task"] == "boom" and first["attempt"] == 1
     assert "no retries left" in first["reason"] and "ValueError: it broke" in first["traceback"]
 
     assert client.post("/api/queues/math/dead/retry", json={"ids": [first["id"]]}).json() == {
@@ -192,7 +192,8 @@ def test_the_throughput_stream_sends_points(client: TestClient) -> None:
             if line.startswith("data: "):
                 point = json.loads(line[6:])
                 break
-    assert set(point) == {"t", "processed", "failed"}
+    assert set(point) == {"t", "processed", "failed", "totals"}
+    assert set(point["totals"]) == {"processed", "failed", "retried", "dead_lettered"}
 
 
 def test_every_route_is_in_the_openapi_document(app: Hurtle, client: TestClient) -> None:
@@ -473,7 +474,7 @@ def test_it_mounts_under_a_prefix_in_another_app(app: Hurtle) -> None:
         assert c.get("/ops/queues/static/app.js").status_code == 200
         r = c.post(
             "/ops/queues/api/queues/math/messages",
-            json={"task": "add"},
+            json={"task": "add", "args": [1, 2]},
             headers={"x-csrf-token": c.cookies["hurtle_csrf"]},
         )
         assert r.status_code == 201, r.text

@@ -57,7 +57,7 @@ def test_a_dead_letter_shows_its_reason_apart_from_its_traceback() -> None:
     )
     assert row["reason"] == "task add failed on attempt 3 of 3; no retries left:"
     assert row["traceback"] == "Traceback...\nValueError"
-    assert (row["message_id"], row["task"], row["attempts"]) == ("m1", "add", 3)
+    assert (row["message_id"], row["task"], row["attempt"]) == ("m1", "add", 3)
     assert row["args"] == [1, "eA=="]  # JSON-safe: bytes as msgspec's base64
 
     garbage = dead_letter_row(

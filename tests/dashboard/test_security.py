@@ -269,7 +269,9 @@ FOREIGN = "attacker.example:18001"
 def test_without_a_token_a_foreign_host_name_is_refused(app: Hurtle) -> None:
     with TestClient(create_app(app, token=""), base_url=f"http://{FOREIGN}") as c:
         same_site = {"origin": f"http://{FOREIGN}"}
-        enqueue = c.post("/api/queues/default/messages", json={"task": "add"}, headers=same_site)
+        enqueue = c.post(
+            "/api/queues/default/messages", json={"task": "add", "args": [1, 2]}, headers=same_site
+        )
         assert enqueue.status_code == 403 and "127.0.0.1" in enqueue.json()["error"]
         for method, path in [
             ("POST", "/api/queues/default/pause"),
@@ -296,7 +298,7 @@ def test_without_a_token_loopback_host_names_are_served(app: Hurtle, host: str) 
         assert c.get("/api/overview").status_code == 200
         r = c.post(
             "/api/queues/default/messages",
-            json={"task": "add"},
+            json={"task": "add", "args": [1, 2]},
             headers={"origin": f"http://{host}"},
         )
         assert r.status_code == 201

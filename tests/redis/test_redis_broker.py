@@ -19,7 +19,7 @@ pytest.importorskip("redis")
 import redis
 from helpers import stored_batch
 from hurtle.brokers import Delivery, QueueStats, StoredResults, make_broker
-from hurtle.brokers.keys import QUEUES, RESULT_KEY_PREFIX, queue_keys
+from hurtle.brokers.keys import DEAD_INDEX, QUEUES, RESULT_KEY_PREFIX, queue_keys
 from hurtle.brokers.redis import RedisBroker
 from hurtle.brokers.redis.scripts import RAW
 from hurtle.errors import ConfigurationError
@@ -256,8 +256,8 @@ def test_every_key_of_a_queue_shares_its_hash_tag(broker: RedisBroker, client: r
     consumer.dead_letter(held[0], "test")
     consumer.heartbeat()
     keys = {k.decode() for k in cast(list[bytes], client.keys("*"))}
-    assert QUEUES in keys
-    assert all(k.startswith("hurtle:{jobs}:") for k in keys - {QUEUES})
+    assert QUEUES in keys and DEAD_INDEX in keys  # outside any queue: read by name or id
+    assert all(k.startswith("hurtle:{jobs}:") for k in keys - {QUEUES, DEAD_INDEX})
     assert queue_keys("jobs").inflight(consumer.worker_id) in keys
     consumer.close()
 

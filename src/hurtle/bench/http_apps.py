@@ -1,7 +1,8 @@
 """The two ASGI apps ``hurtle bench http`` serves, each in a uvicorn process of its own:
 
-* ``enqueue`` — the dashboard (``hurtle.dashboard.create_app``) on a Redis broker; wrk posts
-  ``{"task": "add", "args": [5, 6], "kwargs": {}}`` to ``/api/queues/bench/messages``;
+* ``enqueue`` — the dashboard (``hurtle.dashboard.create_app``) on a Redis broker, made from an
+  app that registers ``add(x, y)``, so each request's task name and arguments are checked; wrk
+  posts ``{"task": "add", "args": [5, 6], "kwargs": {}}`` to ``/api/queues/bench/messages``;
 * ``incr`` — a plain ASGI app doing Redis ``INCR`` then ``GET`` per request with
   ``redis.asyncio`` (a pool of at most ``POOL`` connections), answering the value as JSON.
 
@@ -55,7 +56,13 @@ def enqueue_app(redis_url: str) -> Any:
     from ..app import Hurtle
     from ..dashboard import create_app
 
-    return create_app(Hurtle(redis_url), token="")
+    app = Hurtle(redis_url)
+
+    @app.task(name="add", queue="bench")
+    def add(x: int, y: int) -> int:  # what the enqueue checks each request's name and arguments
+        return x + y
+
+    return create_app(app, token="")
 
 
 def main(argv: list[str]) -> None:

@@ -15,6 +15,9 @@ is recorded. Each consumer beats with a deadline of its own (the time of the bea
 passed go back to their queues (``recover``), whatever their age: a slow task on a live worker is
 never handed out twice, whatever timeout the worker that recovers has.
 
+Dead letters are found by message id through an index of each broker's (``find_dead``), kept
+with the dead letters: a lookup costs one read whatever the number of queues.
+
 Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): each dead-letter
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
 then the oldest beyond the cap. Drops by the cap are logged as warnings, expiries as info.
@@ -321,6 +324,14 @@ class Consumer(abc.ABC):
         one at a time): the caller then beats again sooner than usual.
         """
 
+    def send_report(self) -> None:
+        """Store a report from ``reporter`` as a beat does (the report, and its delta added to
+        the totals; then ``confirm``), without beating: what a busy worker sends between its
+        beats, at most once a second, so that the figures move while it works
+        (``worker/heartbeat.py``). This default beats; brokers override it with the report's
+        part of their beat."""
+        self.heartbeat()
+
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         """``(beat, end)``: ``beat`` does what ``heartbeat`` does for this consumer, through
         connections of its own; ``end`` lets go of them (and releases nothing).
@@ -333,7 +344,13 @@ class Consumer(abc.ABC):
 
     @abc.abstractmethod
     def close(self) -> None:
-        """Release whatever is still held and leave the broker; the consumer is unusable after."""
+        """Release whatever is still held and leave the broker; the consumer is unusable after.
+
+        With a ``reporter``, the worker leaves with a last report in the same step: what it
+        counted since its last beat goes to the totals, and its report is removed, so that
+        ``workers()`` no longer lists it and ``totals()`` counts everything it ran (a worker
+        that ran for less than a heartbeat interval included).
+        """
 
 
 #: The size limit hurtle keeps to where the store's own is larger (64 MiB): a runaway value fails
@@ -424,6 +441,22 @@ class Broker(abc.ABC):
             f"{type(self).__name__} cannot purge a queue's waiting messages: its purge is missing"
         )
 
+    def forget(self, queue: str) -> bool:
+        """Drop ``queue`` from the known queues (``queues()``) if it is empty: nothing ready,
+        delayed, in flight or dead, and not paused. Returns whether it is not known now (True
+        also for a name never seen); False, changing nothing, when it holds messages or is
+        paused. The next message published to it makes it known again (on SQLite, a broker
+        object that wrote the queue's name less than ``KNOWN_REFRESH`` seconds before, a
+        minute, writes it with its first message after that: meanwhile what it publishes is
+        fetched and counted but the queue is not listed).
+
+        Only the name goes: a store may keep bookkeeping of its own (cursors, streams) that
+        costs nothing while the queue is empty.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot forget queues: its forget is missing"
+        )
+
     @abc.abstractmethod
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         """Store bytes as ready messages of ``queue`` as they are (dead-letter retries, tools)."""
@@ -447,6 +480,14 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         """Dead letters of ``queue``, oldest first."""
+
+    @abc.abstractmethod
+    def find_dead(self, message_id: str) -> DeadLetter | None:
+        """The dead letter of the message ``message_id``, whatever its queue, or None: one read
+        of an index (message id -> queue and dead letter) that each dead-letter write and
+        removal keeps in the same step, not a search through queues. Bytes that are not a
+        message have no id and are not indexed; a message dead-lettered more than once is
+        found by its latest dead letter."""
 
     @abc.abstractmethod
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:

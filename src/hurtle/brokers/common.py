@@ -1,7 +1,8 @@
 """What the brokers share beyond their contract (``base``): the checks of arguments every store
-makes the same way, the rate-limit arithmetic (GCRA) of the stores that do it in Python, lock
-keys, the log line of trimmed dead letters, and the failure record of a workflow whose member a
-store dead-letters itself."""
+makes the same way (a queue name's is ``hurtle.names.check_queue_name``, also importable from
+here), the rate-limit arithmetic (GCRA) of the stores that do it in Python, lock keys, the log
+line of trimmed dead letters, and the failure record of a workflow whose member a store
+dead-letters itself."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
 from ..message import Message, lock_of
+from ..names import check_queue_name as check_queue_name  # the one check, for every broker
 from .base import StoredResult
 
 if TYPE_CHECKING:
@@ -75,13 +77,6 @@ def check_cancel_ttl(ttl: object) -> float:
             f"a cancellation's ttl must be a finite number of seconds > 0, got {ttl!r}"
         )
     return float(ttl)
-
-
-def check_queue_name(queue: object) -> str:
-    """A queue name to pause or resume, checked: a non-empty str."""
-    if not isinstance(queue, str) or not queue:
-        raise ConfigurationError(f"a queue name must be a non-empty str, got {queue!r}")
-    return queue
 
 
 def check_tick_claim(queue: str, tick: float, messages: Sequence[Message]) -> None:

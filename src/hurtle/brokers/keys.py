@@ -2,7 +2,8 @@
 
 All keys of one queue share the hash tag ``{queue}`` so that they live in one Redis Cluster slot
 and every Lua script touches a single slot (``redis/cluster.py``); keys outside a queue are never
-touched from a queue's script. The only key outside a queue is the ``hurtle:queues``
+touched from a queue's script on a Redis Cluster (on one server, the dead-letter index and the
+records of failed workflows are). The only key outside a queue is the ``hurtle:queues``
 set of known queue names, which scripts never touch, and the three keys of workers' reports
 (``reports.py``), written by plain commands in the heartbeat's round trip.
 
@@ -10,6 +11,11 @@ Cancellations live outside any queue too (who cancels knows only message ids):
 ``hurtle:cancelled`` (a ZSET of ids scored by when each cancellation ends); each queue's
 ``cancels`` flag tells its fetch script, under the queue's own hash tag, that the set may hold a
 live id.
+
+Dead letters are found by message id through ``hurtle:dead:index`` (who looks one up knows only
+the id): the queue scripts that write or remove dead letters keep it in the same step on one
+server; on a Redis Cluster, where it has a slot of its own, they hand their changes back and the
+caller applies them right after (``redis/deadletters.py``).
 
 Results live outside any queue: ``hurtle:results:{BUCKET}``, a HASH of message id -> the
 result's expiry (13 digits, server milliseconds) then its payload, where BUCKET is the id less
@@ -24,6 +30,7 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:workers:report:W       STRING  W's last report (msgpack), expiring at its deadline
     hurtle:workers:deadlines      ZSET    W, scored by the deadline of its last report
     hurtle:totals                 HASH    queue \x1f task \x1f counter -> cluster total
+    hurtle:dead:index             HASH    message id -> q \x1f id of its latest dead letter
     hurtle:{q}:ready:P            LIST    raw messages of priority P; head = next to run
     hurtle:{q}:delayed            ZSET    "P:SEQ:" .. raw, scored by eta (Unix seconds)
     hurtle:{q}:inflight:W         HASH    batch id B -> how many of batch B worker W still holds
@@ -74,6 +81,8 @@ QUEUES = f"{PREFIX}:queues"
 WORKER_REPORT = f"{PREFIX}:workers:report:"  # + the worker id
 WORKER_DEADLINES = f"{PREFIX}:workers:deadlines"
 TOTALS = f"{PREFIX}:totals"
+#: Dead letters by message id: message id -> queue "\x1f" dead-letter id.
+DEAD_INDEX = f"{PREFIX}:dead:index"
 
 #: The channel that announces stored results (their ids, space-separated).
 RESULTS_CHANNEL = f"{PREFIX}:results"

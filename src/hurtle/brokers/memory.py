@@ -30,6 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 
+from ..errors import DecodeError
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
@@ -52,6 +53,7 @@ from .common import (
     unique_key_of,
 )
 from .memory_consumer import MemoryConsumer
+from .memory_dead import MemoryDeadLetters
 from .reports import TaskCounts, WorkerReport
 
 _LEVELS = MAX_PRIORITY + 1
@@ -82,7 +84,7 @@ class _Queue:
         return sum(len(level) for level in self.ready) + len(self.quarantine)
 
 
-class MemoryBroker(Broker):
+class MemoryBroker(MemoryDeadLetters, Broker):
     def __init__(
         self,
         url: str = "memory://",
@@ -124,6 +126,7 @@ class MemoryBroker(Broker):
         self._cancelled: dict[str, float] = {}
         self._cancel_until = 0.0
         self._paused: set[str] = set()
+        self._dead_index: dict[str, tuple[str, str]] = {}
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
         """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
@@ -364,16 +367,16 @@ class MemoryBroker(Broker):
             q.probes.pop(raw, None)
             if probe and lone and deaths > self.max_recoveries:
                 del q.deaths[raw]
-                dead_id = new_id()
-                q.dead[dead_id] = DeadLetter(
-                    id=dead_id,
+                dead = DeadLetter(
+                    id=new_id(),
                     queue=queue,
                     raw=raw,
                     failed_at=now,
                     reason=f"its worker died {deaths} times while holding it (max_recoveries "
                     f"is {self.max_recoveries})",
                 )
-                failed = flow_failure(raw, q.dead[dead_id].reason)
+                self._add_dead_locked(q, dead)
+                failed = flow_failure(raw, dead.reason)
                 if failed is not None:  # a workflow's member: its workflow fails now
                     for wake in self._store_results_locked([failed]):
                         wake()  # sets an event: takes no lock of this broker
@@ -416,34 +419,34 @@ class MemoryBroker(Broker):
         etas = [q.delayed[0][0] for n in queues if (q := self._queues.get(n)) and q.delayed]
         return min(etas) if etas else None
 
-    def _trim_dead_locked(self, q: _Queue, now: float) -> tuple[int, int]:
-        """Drop dead letters past the ttl, then the oldest beyond the cap; (expired, dropped)."""
-        dead = q.dead
-        expired = dropped = 0
-        if self.dead_letter_ttl:
-            cutoff = now - self.dead_letter_ttl
-            while dead and next(iter(dead.values())).failed_at < cutoff:
-                del dead[next(iter(dead))]
-                expired += 1
-        if self.dead_letter_max:
-            while len(dead) > self.dead_letter_max:
-                del dead[next(iter(dead))]
-                dropped += 1
-        return expired, dropped
-
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+    def fast_forward(self, queues: Iterable[str] | None = None) -> int:
+        """Make ready now, in the order they were due, the delayed messages of ``queues`` (all
+        by default) that wait for their own time (a send's ``delay``/``eta``, a retry's
+        backoff), as if it had come; returns how many. Messages a rate or concurrency limit
+        put back keep their turn: the limit would only put them back again. For tests
+        (``hurtle.testing``): no other broker has this."""
         with self._lock:
-            q = self._queues.get(queue)
-            if q is None:
-                return []
-            return list(itertools.islice(q.dead.values(), offset, offset + limit))
-
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
-        with self._lock:
-            q = self._queues.get(queue)
-            if q is None:
-                return 0
-            return sum(1 for i in ids if q.dead.pop(i, None) is not None)
+            moved = 0
+            for name in list(self._queues) if queues is None else queues:
+                q = self._queues.get(name)
+                if q is None or not q.delayed:
+                    continue
+                kept = []
+                for entry in sorted(q.delayed):
+                    eta, _, priority, raw = entry
+                    try:
+                        own = Message.decode(raw).eta  # a deferral keeps the message's own
+                    except DecodeError:
+                        own = eta
+                    if own >= eta:
+                        q.ready[priority].append(raw)
+                        moved += 1
+                    else:
+                        kept.append(entry)
+                q.delayed = kept  # sorted: a heap already
+            if moved:
+                self._wake.notify_all()
+            return moved
 
     def purge(self, queue: str) -> int:
         check_queue_name(queue)
@@ -458,14 +461,17 @@ class MemoryBroker(Broker):
             q.delayed.clear()
             return n
 
-    def purge_dead(self, queue: str) -> int:
+    def forget(self, queue: str) -> bool:
+        check_queue_name(queue)
         with self._lock:
             q = self._queues.get(queue)
             if q is None:
-                return 0
-            n = len(q.dead)
-            q.dead.clear()
-            return n
+                return True
+            held = any(h[0] == queue for hs in self._held.values() for h in hs.values())
+            if q.ready_count() or q.delayed or q.dead or held or queue in self._paused:
+                return False
+            del self._queues[queue]
+            return True
 
     def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
         with self._lock:

@@ -18,7 +18,7 @@ from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages
 from .base import Consumer, DeadLetter, Delivery, FlowStep, Lock, StoredResult
 from .common import log_trimmed
-from .reports import merge
+from .reports import WorkerReport, merge
 
 if TYPE_CHECKING:
     from .memory import MemoryBroker
@@ -147,14 +147,16 @@ class MemoryConsumer(Consumer):
             for delivery, reason in items:
                 if self._take(delivery) is None:
                     continue  # settled already, or recovered: the copy in the queue lives
-                dead_id = new_id()
                 q = b._queue(delivery.queue)
-                q.dead[dead_id] = DeadLetter(
-                    id=dead_id,
-                    queue=delivery.queue,
-                    reason=reason,
-                    raw=delivery.raw,
-                    failed_at=now,
+                b._add_dead_locked(
+                    q,
+                    DeadLetter(
+                        id=new_id(),
+                        queue=delivery.queue,
+                        reason=reason,
+                        raw=delivery.raw,
+                        failed_at=now,
+                    ),
                 )
                 expired, dropped = b._trim_dead_locked(q, now)
                 was = trimmed.get(delivery.queue, (0, 0))
@@ -221,13 +223,7 @@ class MemoryConsumer(Consumer):
             now = time.time()
             deadline = b._deadline[self.worker_id] = now + self.heartbeat_timeout
             if report is not None:
-                for gone in [w for w, r in b._reports.items() if r.deadline < now]:
-                    del b._reports[gone]
-                b._reports[self.worker_id] = msgspec.structs.replace(
-                    report, delta=(), deadline=deadline
-                )
-                if report.delta:
-                    b._totals = merge([*b._totals, *report.delta])
+                self._store_report_locked(report, now, deadline)
             self._held()
             b._recover_locked()
             pending = any(q.quarantine for q in b._queues.values())
@@ -235,9 +231,35 @@ class MemoryConsumer(Consumer):
             self.reporter.confirm(report)
         return pending
 
+    def send_report(self) -> None:
+        b = self.broker
+        reporter = self.reporter
+        if reporter is None:
+            return
+        report = reporter.report()
+        with b._lock:
+            now = time.time()
+            self._store_report_locked(report, now, now + self.heartbeat_timeout)
+        reporter.confirm(report)
+
+    def _store_report_locked(self, report: WorkerReport, now: float, deadline: float) -> None:
+        b = self.broker
+        for gone in [w for w, r in b._reports.items() if r.deadline < now]:
+            del b._reports[gone]
+        b._reports[self.worker_id] = msgspec.structs.replace(report, delta=(), deadline=deadline)
+        if report.delta:
+            b._totals = merge([*b._totals, *report.delta])
+
     def close(self) -> None:
         b = self.broker
+        report = self.reporter.report() if self.reporter is not None else None
         with b._lock:
             b._requeue_locked(b._held.pop(self.worker_id, {}).values())
             b._deadline.pop(self.worker_id, None)
+            if report is not None:  # leaves with its last counts in the totals
+                b._reports.pop(self.worker_id, None)
+                if report.delta:
+                    b._totals = merge([*b._totals, *report.delta])
             b._wake.notify_all()
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)

@@ -8,11 +8,15 @@ task:
   worker's deadline and read back by ``Broker.workers()`` while that deadline has not passed;
 * the counters' *increase* since the last report the broker confirmed, added to cluster totals
   kept for good (``Broker.totals()``). So the totals of a worker that died or stopped never
-  vanish: they were added when they were reported. What a worker counted after its last beat
-  is lost with it (at most one heartbeat interval). A beat whose reply is lost after the store
-  applied it is sent again, and counted twice: totals are at-least-once, like deliveries.
+  vanish: they were added when they were reported. A worker that stops leaves with a last
+  report (``Consumer.close``): its last counts go to the totals and its report goes, so a worker
+  that lived less than a heartbeat interval counts whole and is not listed once gone. What a
+  worker that *died* counted after its last beat is lost with it (at most one interval). A beat
+  whose reply is lost after the store applied it is sent again, and counted twice: totals are
+  at-least-once, like deliveries.
 
-Counters per queue and task: ``processed`` (taken in hand, whatever the outcome), ``failed``
+Counters per queue and task: ``processed`` (taken in hand, whatever the outcome; a deferral by
+a limit is no outcome: the call is counted once, when it runs), ``failed``
 (the call raised, or the message could not run), ``retried`` and ``dead_lettered`` (the outcome
 of a failure).
 
@@ -279,6 +283,13 @@ class Reporter:
             return max(int(self.running()), 0)
         except Exception:  # a report is worth more than this one figure
             return 0
+
+    def moved(self) -> bool:
+        """Whether the counters changed since the last report the broker confirmed."""
+        now = self.tally.snapshot()
+        with self._lock:
+            confirmed = self._confirmed
+            return any(confirmed.get(key) != row for key, row in now.items())
 
     def confirm(self, report: WorkerReport) -> None:
         """The broker stored ``report``: later deltas start from its counts."""

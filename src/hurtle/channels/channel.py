@@ -31,6 +31,7 @@ import atexit
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
 import weakref
@@ -69,6 +70,25 @@ def check_name(name: object) -> str:
     return name
 
 
+def check_options(name: object, buffer: object, flush_interval: object) -> None:
+    """Refuse a bad channel name, ``buffer`` or ``flush_interval`` (``ConfigurationError``)."""
+    check_name(name)
+    if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 0:
+        raise ConfigurationError(
+            f"buffer={buffer!r} for channel {name!r}: give a number of messages >= 0 "
+            "(0 sends each publish at once)"
+        )
+    if (
+        isinstance(flush_interval, bool)
+        or not isinstance(flush_interval, int | float)
+        or not 0 < flush_interval <= sys.float_info.max  # False for NaN, inf and 10**400
+    ):
+        raise ConfigurationError(
+            f"flush_interval={flush_interval!r} for channel {name!r}: give a finite number "
+            "of seconds > 0"
+        )
+
+
 class Channel:
     """A named channel of one app: publish to it, or subscribe to it."""
 
@@ -80,16 +100,8 @@ class Channel:
         buffer: int = DEFAULT_BUFFER,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
     ) -> None:
-        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 0:
-            raise ConfigurationError(
-                f"buffer={buffer!r} for channel {name!r}: give a number of messages >= 0 "
-                "(0 sends each publish at once)"
-            )
-        if not isinstance(flush_interval, int | float) or not flush_interval > 0:
-            raise ConfigurationError(
-                f"flush_interval={flush_interval!r} for channel {name!r}: give seconds > 0"
-            )
-        self.name = check_name(name)
+        check_options(name, buffer, flush_interval)
+        self.name = name
         self.buffer = buffer
         self.flush_interval = float(flush_interval)
         self._hub = hub
@@ -243,6 +255,7 @@ class ChannelHub:
         buffer: int = DEFAULT_BUFFER,
         flush_interval: float = DEFAULT_FLUSH_INTERVAL,
     ) -> Channel:
+        check_options(name, buffer, flush_interval)  # first: a list is no key
         key = (name, buffer, flush_interval)
         with self._lock:
             found = self._channels.get(key)

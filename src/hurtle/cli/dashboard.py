@@ -3,6 +3,8 @@
 Listens on 127.0.0.1 unless ``--host`` says otherwise; any other address needs an access token
 in ``HURTLE_DASHBOARD_TOKEN`` (``hurtle/dashboard/security.py``). uvicorn's own reading of proxy
 headers is off: ``--trust-proxy`` (or ``HURTLE_DASHBOARD_TRUST_PROXY=1``) is the one switch.
+The HTTP enqueue takes the app's task names only, unless ``--allow-unknown-tasks``
+(``hurtle/dashboard/enqueue.py``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..dashboard.names import FORGET_AFTER
 from ._app import load_app
 
 
@@ -33,6 +36,19 @@ def add_parser(sub: Any) -> None:
         "only when every request comes through your reverse proxy "
         "(or HURTLE_DASHBOARD_TRUST_PROXY=1)",
     )
+    p.add_argument(
+        "--allow-unknown-tasks",
+        action="store_true",
+        help="let POST /api/queues/Q/messages enqueue task names the app does not register "
+        "(tasks of another program's workers); by default they are refused with 400",
+    )
+    p.add_argument(
+        "--forget-after",
+        type=float,
+        default=FORGET_AFTER,
+        metavar="S",
+        help=f"forget queues empty and unused for S seconds (default {FORGET_AFTER:g}; 0: never)",
+    )
     p.set_defaults(handler=run)
 
 
@@ -54,7 +70,13 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     uvicorn.run(
-        create_app(app, token=token or "", trust_proxy=args.trust_proxy or trust_proxy),
+        create_app(
+            app,
+            token=token or "",
+            trust_proxy=args.trust_proxy or trust_proxy,
+            allow_unknown_tasks=args.allow_unknown_tasks,
+            forget_after=args.forget_after,
+        ),
         host=args.host,
         port=args.port,
         proxy_headers=False,

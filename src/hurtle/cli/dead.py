@@ -91,7 +91,7 @@ def _row(d: DeadLetter) -> dict[str, object]:
         "task": m.task if m else None,
         "args": list(m.args) if m else None,
         "kwargs": dict(m.kwargs) if m else None,
-        "attempt": m.attempt if m else None,
+        "attempt": m.attempt + 1 if m else None,  # 1 is the first, as in every reason text
         "raw": None if m else d.raw.hex(),
     }
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
+from ..names import check_queue_name
 from ..worker.executors import POOLS
 from ..worker.supervisor import EXIT_RECYCLE, Supervisor
 from ._app import load_app
@@ -111,6 +112,7 @@ def parse_concurrency(text: str | None, pool: str) -> tuple[int, int | None]:
 
 def run(args: argparse.Namespace) -> int:
     concurrency, min_concurrency = parse_concurrency(args.concurrency, args.pool)
+    queues = [check_queue_name(q.strip()) for q in args.queues.split(",") if q.strip()] or None
     ignored = args.pool == "solo" and args.concurrency is not None and int(args.concurrency) > 1
     if ignored and args.supervised_by is None:  # the supervisor warned: not once per child
         log.warning(
@@ -126,7 +128,6 @@ def run(args: argparse.Namespace) -> int:
 
     patch(args.pool)  # before the user's module is imported: a no-op but for greenlet pools
     app = load_app(args.app)
-    queues = [q.strip() for q in args.queues.split(",") if q.strip()] or None
     worker = app.worker(
         queues=queues,
         pool=args.pool,

@@ -4,9 +4,10 @@ A custom collector reads the broker on each scrape (no state in the dashboard pr
 
 * ``hurtle_tasks_processed_total``, ``hurtle_tasks_failed_total``, ``hurtle_tasks_retried_total``,
   ``hurtle_tasks_dead_lettered_total`` — counters labelled ``queue`` and ``task``, the cluster's
-  totals as workers report them with their heartbeats (``brokers/reports.py``);
+  totals as workers report them with their heartbeats (``brokers/reports.py``); ``task`` is one
+  of the app's tasks, or ``(other)`` for the names it does not register (``names.py``);
 * ``hurtle_queue_messages`` — a gauge labelled ``queue`` and ``state`` (ready, delayed,
-  in_flight, dead);
+  in_flight, dead), for the known queues less those forgotten when idle (``names.py``);
 * ``hurtle_workers_alive`` — workers whose heartbeat deadline has not passed;
 * ``hurtle_task_runtime_seconds`` — a histogram labelled ``queue`` and ``task``: the run times of
   the calls of the live workers, summed over them (each worker sends its own with its heartbeats,
@@ -16,7 +17,7 @@ A custom collector reads the broker on each scrape (no state in the dashboard pr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -31,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from ..brokers import Broker
 from ..brokers.reports import KINDS, RUNTIME_BUCKETS
 from . import queries
+from .names import IdleQueues, fold_counts, fold_histograms
 
 _HELP = {
     "processed": "Messages workers took in hand, whatever the outcome.",
@@ -41,23 +43,31 @@ _HELP = {
 
 
 class BrokerCollector:
-    def __init__(self, broker: Broker, declared: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        declared: Iterable[str] = (),
+        known: Collection[str] = (),
+        idle: IdleQueues | None = None,
+    ) -> None:
         self.broker = broker
         self.declared = list(declared)
+        self.known = known
+        self.idle = idle
 
     def collect(self) -> Iterator[Metric]:
         families = {
             kind: CounterMetricFamily(f"hurtle_tasks_{kind}", _HELP[kind], labels=["queue", "task"])
             for kind in KINDS
         }
-        for c in self.broker.totals():
+        for c in fold_counts(self.broker.totals(), self.known):
             for kind in KINDS:
                 families[kind].add_metric([c.queue, c.task], getattr(c, kind))
         yield from families.values()
         depth = GaugeMetricFamily(
             "hurtle_queue_messages", "Messages per queue and state.", labels=["queue", "state"]
         )
-        for name, s in queries.queue_stats(self.broker, self.declared).items():
+        for name, s in queries.queue_stats(self.broker, self.declared, self.idle).items():
             for state in ("ready", "delayed", "in_flight", "dead"):
                 depth.add_metric([name, state], getattr(s, state))
         yield depth
@@ -73,7 +83,7 @@ class BrokerCollector:
             labels=["queue", "task"],
         )
         bounds = [f"{b:g}" for b in RUNTIME_BUCKETS] + ["+Inf"]
-        for h in queries.runtime_histograms(workers):
+        for h in fold_histograms(queries.runtime_histograms(workers), self.known):
             cumulative, running = [], 0
             for n in h["counts"]:
                 running += n
@@ -86,9 +96,14 @@ class BrokerCollector:
         yield runtime
 
 
-def registry(broker: Broker, declared: Iterable[str] = ()) -> CollectorRegistry:
+def registry(
+    broker: Broker,
+    declared: Iterable[str] = (),
+    known: Collection[str] = (),
+    idle: IdleQueues | None = None,
+) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(BrokerCollector(broker, declared))
+    reg.register(BrokerCollector(broker, declared, known, idle))
     return reg
 
 

@@ -1,12 +1,19 @@
 """The OpenAPI document of the dashboard's JSON API, written by hand (``/api/openapi.json``).
 
 ``tests/dashboard/test_dashboard_api.py`` checks every route of the app is here and every
-answer matches its schema.
+answer matches its schema; ``test_dashboard_schemathesis.py`` sends generated requests to every
+operation and checks the answers against it. Besides its own answers, every operation may
+answer 401 (no or a wrong access token) and 503 (the broker failed), every change 403 (a
+cross-site request, or a cookie without its CSRF token), every request with a body 413 (too
+large) and every one that names a queue 400 (a name the brokers refuse): ``_add_common`` adds
+those to each.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from ..names import MAX_QUEUE_NAME, MAX_TASK_NAME, QUEUE_NAME_RULE
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -18,8 +25,21 @@ def _ok(schema: dict[str, Any], status: str = "200", text: str = "OK") -> dict[s
 
 
 _ERROR = {"description": "Refused", "content": {"application/json": {"schema": _ref("Error")}}}
-_QUEUE = {"name": "queue", "in": "path", "required": True, "schema": {"type": "string"}}
+_QUEUE = {
+    "name": "queue",
+    "in": "path",
+    "required": True,
+    "description": QUEUE_NAME_RULE,
+    "schema": {"type": "string", "pattern": f"^[A-Za-z0-9._:-]{{1,{MAX_QUEUE_NAME}}}$"},
+}
 _INT = {"type": "integer"}
+#: The attempt a message was on, as every reason text counts it.
+_ATTEMPT = {
+    "type": "integer",
+    "minimum": 1,
+    "description": "the attempt the message was on: 1 for its first (a message that never "
+    "ran, expired or cancelled, was on its first)",
+}
 _NUM = {"type": "number"}
 _STR = {"type": "string"}
 _COUNTS = {kind: _INT for kind in ("processed", "failed", "retried", "dead_lettered")}
@@ -46,7 +66,7 @@ _MESSAGE_IN = {
     "required": ["task"],
     "additionalProperties": False,
     "properties": {
-        "task": {"type": "string", "minLength": 1},
+        "task": {"type": "string", "minLength": 1, "maxLength": MAX_TASK_NAME},
         "args": {"type": "array"},
         "kwargs": {"type": "object"},
         "priority": {"type": "integer", "minimum": 0, "maximum": 9},
@@ -72,7 +92,7 @@ OPENAPI: dict[str, Any] = {
                 }
             ),
             "Paused": _obj({"queue": _STR, "paused": {"type": "boolean"}}),
-            "Point": _obj({"t": _NUM, "processed": _NUM, "failed": _NUM}),
+            "Point": _obj({"t": _NUM, "processed": _NUM, "failed": _NUM, "totals": _ref("Counts")}),
             "Counts": _obj(_COUNTS),
             "TaskCounts": _obj({"queue": _STR, "task": _STR, **_COUNTS}),
             "Worker": _obj(
@@ -109,7 +129,7 @@ OPENAPI: dict[str, Any] = {
                     "source": {"type": "string", "enum": ["result", "dead_letter"]},
                     "task": _STR,
                     "queue": _STR,
-                    "attempt": _INT,
+                    "attempt": _ATTEMPT,
                     "args": {"type": "array"},
                     "kwargs": {"type": "object"},
                     "result": {},
@@ -173,12 +193,12 @@ OPENAPI: dict[str, Any] = {
                     "failed_at": _NUM,
                     "message_id": _STR,
                     "task": _STR,
-                    "attempts": _INT,
+                    "attempt": _ATTEMPT,
                     "args": {"type": "array"},
                     "kwargs": {"type": "object"},
                     "size": _INT,
                 },
-                nullable=("message_id", "task", "attempts", "args", "kwargs"),
+                nullable=("message_id", "task", "attempt", "args", "kwargs"),
             ),
             "Overview": _obj(
                 {
@@ -317,7 +337,7 @@ OPENAPI: dict[str, Any] = {
                 "description": "Messages workers hold (in flight) finish as usual; dead "
                 "letters stay. purged is how many messages were dropped.",
                 "parameters": [_QUEUE],
-                "responses": _ok(_obj({"purged": _INT})),
+                "responses": {**_ok(_obj({"purged": _INT})), "400": _ERROR},
             },
         },
         "/api/queues/{queue}/pause": {
@@ -326,14 +346,14 @@ OPENAPI: dict[str, Any] = {
                 "description": "Tasks already fetched finish; workers started later see the "
                 "pause too (it lives in the broker).",
                 "parameters": [_QUEUE],
-                "responses": _ok(_ref("Paused")),
+                "responses": {**_ok(_ref("Paused")), "400": _ERROR},
             }
         },
         "/api/queues/{queue}/resume": {
             "post": {
                 "summary": "Resume a paused queue: workers fetch from it again",
                 "parameters": [_QUEUE],
-                "responses": _ok(_ref("Paused")),
+                "responses": {**_ok(_ref("Paused")), "400": _ERROR},
             }
         },
         "/api/queues/{queue}/dead": {
@@ -356,7 +376,7 @@ OPENAPI: dict[str, Any] = {
             "delete": {
                 "summary": "Purge every dead letter of a queue",
                 "parameters": [_QUEUE],
-                "responses": _ok(_obj({"purged": _INT})),
+                "responses": {**_ok(_obj({"purged": _INT})), "400": _ERROR},
             },
         },
         "/api/queues/{queue}/dead/retry": {
@@ -383,3 +403,29 @@ OPENAPI: dict[str, Any] = {
         },
     },
 }
+
+
+def _error(text: str) -> dict[str, Any]:
+    return {"description": text, "content": {"application/json": {"schema": _ref("Error")}}}
+
+
+_COMMON = {
+    "401": _error("No access token, or a wrong one"),
+    "503": _error("The broker failed; nothing was changed"),
+}
+_CHANGE = {"403": _error("A cross-site request, or a session cookie without its CSRF token")}
+_BODY = {"413": _error("The request body is too large")}
+
+
+def _add_common(doc: dict[str, Any]) -> None:
+    for path, operations in doc["paths"].items():
+        for method, operation in operations.items():
+            common = {**_COMMON, **(_CHANGE if method != "get" else {})}
+            if "requestBody" in operation:
+                common.update(_BODY)
+            if "{queue}" in path:
+                common["400"] = _error("A queue name the brokers refuse, or a bad request")
+            operation["responses"] = {**common, **operation["responses"]}
+
+
+_add_common(OPENAPI)

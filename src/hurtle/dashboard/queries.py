@@ -5,9 +5,10 @@ Nothing here imports Starlette, so ``hurtle status`` works without the ``dashboa
 
 Throughput is worked out from workers' reports (``brokers/reports.py``): each worker's rate is
 the change of its counters between its two latest reports divided by the time between them, and
-holds until its next report; the cluster's rate is the sum. So the chart moves in steps of a
-heartbeat interval per worker (``HURTLE_HEARTBEAT_INTERVAL``, a quarter of the heartbeat timeout
-unless set).
+holds until its next report; the cluster's rate is the sum. A busy worker reports every second
+(``worker/heartbeat.py``), an idle one with its beats: so the chart moves every second while work
+runs, and drops to zero within a second of its end. Each point also carries the cluster's totals,
+so that the overview's counters follow the same stream.
 """
 
 from __future__ import annotations
@@ -25,22 +26,31 @@ from ..brokers import Broker, DeadLetter, QueueStats
 from ..brokers.reports import KINDS, RUNTIME_BUCKETS, TaskCounts, WorkerReport, merge
 from ..errors import DecodeError
 from ..message import Message
+from ..names import queue_name_problem
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from .names import IdleQueues
 
 #: Points of throughput history the dashboard keeps (one a second at most).
 HISTORY = 300
 
 
 def queue_names(broker: Broker, declared: Iterable[str] = ()) -> list[str]:
-    """Every queue the broker has seen, and those the app's tasks name."""
-    return sorted(set(declared) | set(broker.queues()))
+    """Every queue the broker has seen, and those the app's tasks name; less names outside the
+    rule (``hurtle.names``) that a version which did not check them let in (on Redis Cluster,
+    ``}x`` cannot even be counted)."""
+    names = set(declared) | set(broker.queues())
+    return sorted(n for n in names if queue_name_problem(n) is None)
 
 
-def queue_stats(broker: Broker, declared: Iterable[str] = ()) -> dict[str, QueueStats]:
-    """Counts per queue: ready, delayed, in flight, dead; and whether it is paused."""
-    return broker.stats(queue_names(broker, declared))
+def queue_stats(
+    broker: Broker, declared: Iterable[str] = (), idle: IdleQueues | None = None
+) -> dict[str, QueueStats]:
+    """Counts per queue: ready, delayed, in flight, dead; and whether it is paused. With
+    ``idle``, less the queues it forgets now (``names.py``)."""
+    stats = broker.stats(queue_names(broker, declared))
+    return stats if idle is None else idle.sweep(stats)
 
 
 def queue_rows(stats: dict[str, QueueStats]) -> list[dict[str, Any]]:
@@ -116,7 +126,7 @@ def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
         "failed_at": dead.failed_at,
         "message_id": None,
         "task": None,
-        "attempts": None,
+        "attempt": None,
         "args": None,
         "kwargs": None,
         "size": len(dead.raw),
@@ -125,7 +135,7 @@ def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
         row.update(
             message_id=message.id,
             task=message.task,
-            attempts=message.attempt + 1,
+            attempt=message.attempt + 1,
             args=_json_safe(list(message.args)),
             kwargs=_json_safe(message.kwargs),
         )
@@ -150,7 +160,7 @@ class Throughput:
     def __init__(self, broker: Broker, every: float = 1.0) -> None:
         self.broker = broker
         self.every = every
-        self.history: deque[dict[str, float]] = deque(maxlen=HISTORY)
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._lock = threading.Lock()
         self._last: dict[str, tuple[float, int, int]] = {}  # worker -> (at, processed, failed)
         self._rates: dict[str, tuple[float, float]] = {}
@@ -195,8 +205,9 @@ class Throughput:
         ]
         return sum(p for p, _ in live), sum(f for _, f in live)
 
-    def sample(self) -> tuple[dict[str, float], list[WorkerReport]]:
-        """The newest point ``{"t", "processed", "failed"}`` and the live workers' reports."""
+    def sample(self) -> tuple[dict[str, Any], list[WorkerReport]]:
+        """The newest point ``{"t", "processed", "failed", "totals"}`` (rates per second, and
+        the cluster's counters) and the live workers' reports."""
         with self._lock:
             now = time.time()
             if self.history and now - self._sampled < self.every:
@@ -207,6 +218,7 @@ class Throughput:
                 "t": round(now, 3),
                 "processed": round(processed, 3),
                 "failed": round(failed, 3),
+                "totals": sum_counts(self.broker.totals()),
             }
             self.history.append(point)
             self._sampled = now
@@ -214,11 +226,14 @@ class Throughput:
 
 
 def overview(
-    broker: Broker, throughput: Throughput, declared: Iterable[str] = ()
+    broker: Broker,
+    throughput: Throughput,
+    declared: Iterable[str] = (),
+    idle: IdleQueues | None = None,
 ) -> dict[str, Any]:
     """Everything the overview page shows."""
     point, workers = throughput.sample()
-    stats = queue_stats(broker, declared)
+    stats = queue_stats(broker, declared, idle)
     return {
         "broker": broker.url,
         "time": time.time(),
@@ -234,19 +249,14 @@ def tasks(broker: Broker) -> list[dict[str, Any]]:
     return count_rows(merge(broker.totals()))
 
 
-#: Most dead letters per queue a task lookup reads through, looking for a message id.
-LOOKUP_DEAD_SCAN = 10_000
-
-
-def task_lookup(
-    broker: Broker, message_id: str, queues: Iterable[str] = (), keeps_results: Any = None
-) -> dict[str, Any]:
+def task_lookup(broker: Broker, message_id: str, keeps_results: Any = None) -> dict[str, Any]:
     """What is known of the message ``message_id``: its stored record (tasks that keep results,
     ``hurtle.middleware.results``), else its dead letter, else nothing — then ``state`` is
     ``unknown`` and ``note`` says why that may be.
 
-    ``queues`` are the queues whose dead letters are searched (up to ``LOOKUP_DEAD_SCAN`` each);
-    ``keeps_results`` maps task names to whether they keep results (the app's tasks), to say so.
+    Two reads by id, whatever the number of queues: the record, and the dead letter through the
+    broker's index (``Broker.find_dead``). ``keeps_results`` maps task names to whether they
+    keep results (the app's tasks), to say so.
     """
     from ..middleware.results import decode as decode_record
 
@@ -302,7 +312,7 @@ def task_lookup(
             if record.state == "failed":
                 row["note"] = "an attempt failed and another is scheduled"
     final = row["state"] in ("succeeded", "failed")
-    dead = None if final else _find_dead(broker, message_id, queues)
+    dead = None if final else broker.find_dead(message_id)
     if dead is not None:
         summary, _, trace = dead.reason.partition("\n")
         message = dead.message()
@@ -339,21 +349,6 @@ def task_lookup(
             )
         )
     return row
-
-
-def _find_dead(broker: Broker, message_id: str, queues: Iterable[str]) -> DeadLetter | None:
-    for queue in queues:
-        offset = 0
-        while offset < LOOKUP_DEAD_SCAN:
-            page = broker.dead_letters(queue, limit=500, offset=offset)
-            for dead in page:
-                message = dead.message()
-                if message is not None and message.id == message_id:
-                    return dead
-            if len(page) < 500:
-                break
-            offset += len(page)
-    return None
 
 
 #: Delayed messages per queue whose ETAs the scheduled page lists, where the broker can.

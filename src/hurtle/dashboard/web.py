@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from importlib import resources
 from typing import Any
 
@@ -32,25 +32,22 @@ from starlette.staticfiles import StaticFiles
 
 from ..app import Hurtle
 from ..brokers import Broker
-from ..errors import BrokerError, EncodeError
-from ..ids import new_id
-from ..message import Message
+from ..errors import BrokerError, ConfigurationError, EncodeError
+from ..message import seconds_problem
+from ..names import QUEUE_NAME_RULE, queue_name_problem
 from . import queries
 from .batcher import Batcher
 from .bodies import IDS_BODY, LOGIN_BODY, BodyBudget, BodyLimit
+from .enqueue import BadRequest, Enqueuer, decode_json
 from .login import Login, set_csrf_cookie
+from .names import FORGET_AFTER, IdleQueues, fold_counts
 from .openapi import OPENAPI
 from .security import Access, Guard, clean_token, from_environment
 
 #: Most dead letters one page of the API returns.
 MAX_PAGE = 500
-#: Most messages one enqueue request may carry, and the most bytes its body may have.
-MAX_ENQUEUE = 10_000
+#: Most bytes an enqueue request's body may have.
 MAX_BODY = 16 * 1024 * 1024
-
-
-class BadRequest(Exception):
-    """A request the API refuses with 400, and why."""
 
 
 def create_app(
@@ -61,6 +58,8 @@ def create_app(
     sample_every: float = 1.0,
     batch_window: float = 0.002,
     body_budget: int | None = None,
+    allow_unknown_tasks: bool = False,
+    forget_after: float = FORGET_AFTER,
 ) -> Any:
     """The dashboard for ``target`` (an app, or a broker), as an ASGI app to serve or mount.
 
@@ -69,8 +68,15 @@ def create_app(
     ``X-Forwarded-For``/``-Proto`` tell the client's address and scheme (``security.py``).
     ``sample_every`` is how often the throughput chart gets a point; ``batch_window`` how long
     an enqueue request waits for others to share its broker call; ``body_budget`` how many
-    bytes of request bodies it holds at once (``bodies.py``).
+    bytes of request bodies it holds at once (``bodies.py``). An enqueue names one of the app's
+    tasks, with arguments that fit it, unless ``allow_unknown_tasks`` lets through names the
+    dashboard has not the code of (``enqueue.py``). Queues empty and unused for
+    ``forget_after`` seconds (an hour; 0: never) are forgotten, and task names the app does not
+    register are counted as ``(other)`` (``names.py``).
     """
+    problem = seconds_problem(forget_after, "forget_after", "a number of seconds (0: never)")
+    if problem is not None:
+        raise ConfigurationError(f"create_app: {problem}")
     env_token, env_trust = from_environment()
     token = env_token if token is None else clean_token(token, "the dashboard's token")
     access = Access(token, env_trust if trust_proxy is None else trust_proxy)
@@ -81,6 +87,11 @@ def create_app(
         broker, declared = target, []
     dash = _Dashboard(broker, declared, access, sample_every, batch_window)
     dash.app = target if isinstance(target, Hurtle) else None
+    dash.enqueuer = Enqueuer(
+        dash.app.tasks if dash.app is not None else None, bool(allow_unknown_tasks)
+    )
+    dash.known = dash.app.tasks if dash.app is not None else frozenset()  # tasks added later too
+    dash.idle = IdleQueues(broker, declared, float(forget_after))
     static = resources.files("hurtle.dashboard") / "static"
     app = Starlette(
         routes=[
@@ -108,7 +119,8 @@ def create_app(
             Route("/api/queues/{queue}/dead/retry", dash.retry_dead, methods=["POST"]),
             Route("/api/queues/{queue}/dead/delete", dash.delete_dead, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
-        ]
+        ],
+        exception_handlers={BrokerError: _broker_failed, ConfigurationError: _refused},
     )
     app.add_middleware(_EnqueueLane, dashboard=dash)
     app.add_middleware(
@@ -133,19 +145,18 @@ def _error(status: int, text: str) -> JSONResponse:
     return JSONResponse({"error": text}, status_code=status)
 
 
+async def _broker_failed(request: Request, err: Exception) -> Response:
+    """Any API call the broker fails answers 503 with the broker's words, not a bare 500."""
+    return _error(503, f"the broker failed: {err}")
+
+
+async def _refused(request: Request, err: Exception) -> Response:
+    """A value the broker refuses (a queue name it cannot take, say) answers 400 and why."""
+    return _error(400, str(err))
+
+
 async def _body(request: Request) -> Any:
-    return _decode_json(await request.body())
-
-
-def _decode_json(raw: bytes) -> Any:
-    try:
-        return msgspec.json.decode(raw)
-    except msgspec.DecodeError as err:
-        raise BadRequest(f"the request body is not JSON: {err}") from None
-    except RecursionError:
-        raise BadRequest(
-            "the request body nests arrays or objects too deeply to decode: flatten it"
-        ) from None
+    return decode_json(await request.body())
 
 
 _encode_json = msgspec.json.Encoder().encode
@@ -205,6 +216,12 @@ class _EnqueueLane:
         await send({"type": "http.response.body", "body": body})
 
 
+def _bad_queue(request: Request) -> Response | None:
+    """The 400 answer for a request whose path names no valid queue, or None."""
+    problem = queue_name_problem(request.path_params["queue"])
+    return None if problem is None else _error(400, f"{problem}; {QUEUE_NAME_RULE}")
+
+
 def _ids_or_all(doc: Any) -> list[str] | None:
     """``{"ids": [...]}`` -> the ids; ``{"all": true}`` -> None (every one)."""
     if isinstance(doc, dict) and doc.get("all") is True and "ids" not in doc:
@@ -213,47 +230,6 @@ def _ids_or_all(doc: Any) -> list[str] | None:
     if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
         raise BadRequest('expected {"ids": ["<dead-letter id>", ...]} or {"all": true}')
     return ids
-
-
-def _messages(queue: str, doc: Any) -> list[Message]:
-    """Messages from ``{"task", "args", "kwargs", "priority", "eta"}`` or a list of those."""
-    items = doc if isinstance(doc, list) else [doc]
-    if not items:
-        raise BadRequest("nothing to enqueue: send a message object or a non-empty list")
-    if len(items) > MAX_ENQUEUE:
-        raise BadRequest(f"at most {MAX_ENQUEUE} messages per request, got {len(items)}")
-    now = time.time()
-    out = []
-    for n, item in enumerate(items):
-        where = f"message {n}" if isinstance(doc, list) else "the message"
-        if not isinstance(item, dict):
-            raise BadRequest(f'{where} is not an object: expected {{"task": "name", ...}}')
-        unknown = set(item) - {"task", "args", "kwargs", "priority", "eta"}
-        if unknown:
-            raise BadRequest(
-                f"{where} has unknown fields {sorted(unknown)}: use task, args, "
-                "kwargs, priority, eta"
-            )
-        task, args, kwargs = item.get("task"), item.get("args", []), item.get("kwargs", {})
-        if not isinstance(task, str) or not task:
-            raise BadRequest(f'{where} needs "task": the task\'s name, a non-empty string')
-        if not isinstance(args, list):
-            raise BadRequest(f'{where}: "args" must be a list, got {type(args).__name__}')
-        if not isinstance(kwargs, dict):
-            raise BadRequest(f'{where}: "kwargs" must be an object')
-        out.append(
-            Message(
-                id=new_id(),
-                task=task,
-                queue=queue,
-                args=tuple(args),
-                kwargs=kwargs,
-                priority=item.get("priority", 0),
-                eta=item.get("eta", 0.0),
-                created=now,
-            )
-        )
-    return out
 
 
 class _Dashboard:
@@ -271,6 +247,10 @@ class _Dashboard:
         self.sample_every = sample_every
         self.rates = queries.Throughput(broker, every=sample_every)
         self.batcher = Batcher(broker, window=batch_window)
+        self.enqueuer = Enqueuer(None, True)
+        #: Task names shown as they are (the app's); queues forgotten when idle.
+        self.known: Collection[str] = frozenset()
+        self.idle = IdleQueues(broker, declared, 0)
         self._registry: Any = None
         #: The app, when the dashboard was made from one: its schedules, which tasks keep results.
         self.app: Hurtle | None = None
@@ -300,7 +280,9 @@ class _Dashboard:
         return _json(OPENAPI)
 
     async def overview(self, request: Request) -> Response:
-        return _json(await self._run(queries.overview, self.broker, self.rates, self.declared))
+        return _json(
+            await self._run(queries.overview, self.broker, self.rates, self.declared, self.idle)
+        )
 
     async def throughput(self, request: Request) -> Response:
         await self._run(self.rates.sample)
@@ -323,11 +305,12 @@ class _Dashboard:
         )
 
     async def queues(self, request: Request) -> Response:
-        stats = await self._run(queries.queue_stats, self.broker, self.declared)
+        stats = await self._run(queries.queue_stats, self.broker, self.declared, self.idle)
         return _json(queries.queue_rows(stats))
 
     async def tasks(self, request: Request) -> Response:
-        return _json(await self._run(queries.tasks, self.broker))
+        totals = await self._run(self.broker.totals)
+        return _json(queries.count_rows(fold_counts(totals, self.known)))
 
     async def task(self, request: Request) -> Response:
         message_id = request.path_params["id"]
@@ -338,8 +321,7 @@ class _Dashboard:
             if self.app is not None
             else None
         )
-        queues = await self._run(queries.queue_names, self.broker, self.declared)
-        row = await self._run(queries.task_lookup, self.broker, message_id, queues, keeps)
+        row = await self._run(queries.task_lookup, self.broker, message_id, keeps)
         return _json(row)
 
     async def schedules(self, request: Request) -> Response:
@@ -356,6 +338,8 @@ class _Dashboard:
         return _json([queries.worker_row(r) for r in reports])
 
     async def dead_letters(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         try:
             limit = int(request.query_params.get("limit", "100"))
@@ -375,9 +359,11 @@ class _Dashboard:
 
     async def enqueue_body(self, queue: str, raw: bytes) -> tuple[int, bytes]:
         """Enqueue what a request body holds: (status, JSON answer)."""
+        if (problem := queue_name_problem(queue)) is not None:
+            return 400, _encode_json({"error": f"{problem}; {QUEUE_NAME_RULE}"})
         try:
-            doc = _decode_json(raw)
-            messages = _messages(queue, doc)
+            doc = decode_json(raw)
+            messages = self.enqueuer.messages(queue, doc)
             await self.batcher.publish(messages)
         except (BadRequest, EncodeError) as err:
             return 400, _encode_json({"error": str(err)})
@@ -389,25 +375,35 @@ class _Dashboard:
         )
 
     async def pause(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         await self._run(self.broker.pause, queue)
         return _json({"queue": queue, "paused": True})
 
     async def resume(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         queue = request.path_params["queue"]
         await self._run(self.broker.resume, queue)
         return _json({"queue": queue, "paused": False})
 
     async def purge_waiting(self, request: Request) -> Response:
         """Drop the queue's ready and delayed messages; those in flight finish."""
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         n = await self._run(self.broker.purge, request.path_params["queue"])
         return _json({"purged": n})
 
     async def purge_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         n = await self._run(self.broker.purge_dead, request.path_params["queue"])
         return _json({"purged": n})
 
     async def retry_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         try:
             ids = _ids_or_all(await _body(request))
         except BadRequest as err:
@@ -416,6 +412,8 @@ class _Dashboard:
         return _json({"retried": n})
 
     async def delete_dead(self, request: Request) -> Response:
+        if (bad := _bad_queue(request)) is not None:
+            return bad
         try:
             ids = _ids_or_all(await _body(request))
         except BadRequest as err:
@@ -435,6 +433,6 @@ class _Dashboard:
         if self._registry is None:
             from .metrics import registry
 
-            self._registry = registry(self.broker, self.declared)
+            self._registry = registry(self.broker, self.declared, self.known, self.idle)
         body, content_type = await self._run(render, self._registry)
         return Response(body, media_type=content_type)

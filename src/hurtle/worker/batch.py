@@ -125,8 +125,7 @@ class BatchPath:
             kept = [i for i, it in enumerate(items) if not (type(it) is Job and it.deferred)]
             for it in items:
                 if type(it) is Job and it.deferred:
-                    self.processed += 1
-                    self._defer(it)
+                    self._defer(it)  # not counted: it comes back to run later
             runnable = [runnable[i] for i in kept]
             items = [items[i] for i in kept]
         try:

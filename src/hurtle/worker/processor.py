@@ -51,15 +51,11 @@ stopped.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
-import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr, safe_str
@@ -72,6 +68,7 @@ from ..workflows import FLOW
 from .acker import Acker
 from .batch import _NO_SKIP, BatchPath, _fail_overran
 from .jobs import BatchState, Job, Limit, Pipeline, late_limit, take_all
+from .loops import Loops
 from .steps import JobSteps
 from .unrun import PROCESSED, NotRun
 
@@ -113,7 +110,7 @@ class Processor(BatchPath, JobSteps, NotRun):
         middleware: Sequence[Middleware] = (),
         *,
         limit: Limit = late_limit,
-        loops_take_turns: bool = False,
+        shared_loop: bool = False,
         inline_limits: bool = False,
     ) -> None:
         self.app = app
@@ -126,13 +123,9 @@ class Processor(BatchPath, JobSteps, NotRun):
             (m for m in self.middleware if isinstance(m, Retries)), None
         ) or Retries(app.settings.max_retry_delay)
         self.limit = limit
-        self._local = threading.local()
-        self._loops: list[asyncio.AbstractEventLoop] = []
-        # Greenlets share one OS thread, and asyncio allows one running loop per OS thread: in
-        # greenlet pools, ``async def`` tasks take turns.
-        self._turns: AbstractContextManager[Any] = (
-            threading.Lock() if loops_take_turns else contextlib.nullcontext()
-        )
+        #: Where ``async def`` tasks run outside the asyncio pool: a loop per thread, or one
+        #: shared loop in greenlet pools (greenlets share one OS thread; ``loops``).
+        self._loops = Loops(shared=shared_loop)
         #: Pipelines by task name, composed once per task; ``_inline`` holds the inline tasks,
         #: ``_columned`` the pipelines of tasks whose middleware has only ``after_calls`` (and
         #: ``after_outcome`` beside it): ``process_many`` calls those inline too, gathering the
@@ -148,7 +141,7 @@ class Processor(BatchPath, JobSteps, NotRun):
         )
         for name in list(self.tasks):
             self.pipeline(name)
-        #: Deliveries taken in hand (whatever the outcome), for progress reports.
+        #: Deliveries taken in hand (whatever the outcome; not a deferral), for progress reports.
         self.processed = 0
         self.failed = 0
         #: The same per queue and task, with retries and dead letters: sent with heartbeats.
@@ -389,13 +382,9 @@ class Processor(BatchPath, JobSteps, NotRun):
         overran.clear()
         for delivery in [d for d in done if id(d) in late]:
             done.remove(delivery)
-            job = self.begin(delivery)
-            self.processed -= 1  # counted already
+            job = self.begin(delivery, count=False)  # counted already
             if job is not None:
                 self._failed(job, job.time_limit_error())
 
     def close(self) -> None:
-        for loop in self._loops:
-            if not loop.is_running():
-                loop.close()
-        self._loops.clear()
+        self._loops.close()

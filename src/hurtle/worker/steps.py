@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Coroutine
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr
@@ -37,6 +35,7 @@ from ..middleware import Calls, Middleware, Outcome
 from ..workflows import FLOW
 from . import flows
 from .jobs import BatchState, Job, Limit, Pipeline
+from .loops import Loops
 from .unrun import DEAD_LETTERED, FAILED, PROCESSED, RETRIED
 
 if TYPE_CHECKING:
@@ -59,9 +58,7 @@ class JobSteps:
         failed: int
         tally: Tally
         timings: Timings
-        _local: threading.local
-        _loops: list[asyncio.AbstractEventLoop]
-        _turns: AbstractContextManager[Any]
+        _loops: Loops
 
         def pipeline(self, name: str) -> Pipeline | None: ...
         def _unknown(self, delivery: Delivery, message: Message) -> None: ...
@@ -77,19 +74,22 @@ class JobSteps:
         def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None: ...
         def _after_batch(self, groups: dict[Middleware, list[Job]]) -> None: ...
 
-    def _job(self, delivery: Delivery, message: Message) -> Job | None:
+    def _job(self, delivery: Delivery, message: Message, count: bool = True) -> Job | None:
         """A job for a decoded message, with its task's pipeline; dead-letters an unknown task
-        (and returns None)."""
+        (and returns None). Counted in the tally (unless ``count`` is False) now, or, when its
+        middleware may still defer it (``_alone``), once it is sure to run."""
         pipeline = self.pipeline(message.task)
         if pipeline is None:
             self._unknown(delivery, message)
             return None
-        self.tally.add(delivery.queue, message.task, PROCESSED)
+        if count and not pipeline.batched:
+            self.tally.add(delivery.queue, message.task, PROCESSED)
         return Job(delivery, message, pipeline.task, pipeline)
 
-    def begin(self, delivery: Delivery) -> Job | None:
-        """Decode and find the task; dead-letter (and return None) what cannot run."""
-        self.processed += 1
+    def begin(self, delivery: Delivery, count: bool = True) -> Job | None:
+        """Decode and find the task; dead-letter (and return None) what cannot run. ``count``
+        False: the delivery was counted already (a call that overran its time limit)."""
+        self.processed += count
         try:
             message = _decode(delivery.raw)
         except Exception as err:  # DecodeError, or whatever the decoder let escape
@@ -99,7 +99,7 @@ class JobSteps:
             self.processed -= 1  # counted above
             self._too_late(delivery, message)
             return None
-        return self._job(delivery, message)
+        return self._job(delivery, message, count)
 
     def run(self, job: Job, state: BatchState | None = None) -> None:
         """Call the task on this thread (within its time limit), then settle the outcome.
@@ -145,10 +145,12 @@ class JobSteps:
             return False
         job.alone = True  # its batch is itself: ``finish`` runs ``after_batch``
         self._before_batch({m: [job] for m in pipeline.before_batch})
-        if job.deferred:
+        if job.deferred:  # not run now: not counted (it comes back to run later)
+            self.processed -= 1
             self._defer(job)
             self._after_batch({m: [job] for m in pipeline.after_batch})
             return True
+        self.tally.add(job.delivery.queue, job.task.name, PROCESSED)
         return False
 
     def _start(self, job: Job) -> None:
@@ -246,13 +248,8 @@ class JobSteps:
     # -- helpers ---------------------------------------------------------------------------
 
     def _run_coroutine(self, job: Job) -> Any:
-        """Run an ``async def`` task outside the asyncio pool, on this thread's own loop."""
-        loop = getattr(self._local, "loop", None)
-        if loop is None:
-            loop = self._local.loop = asyncio.new_event_loop()
-            self._loops.append(loop)
-        with self._turns:
-            return loop.run_until_complete(_within_limit(job))
+        """Run an ``async def`` task outside the asyncio pool (``loops``)."""
+        return self._loops.run(_within_limit(job))
 
     def _failed(self, job: Job, err: Exception) -> None:
         """A call failed: the retry policy decides (retry or dead letter), the acker records."""

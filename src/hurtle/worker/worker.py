@@ -36,6 +36,7 @@ from ..brokers.reports import Reporter
 from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..message import Message, message_id
 from ..middleware import Middleware, overrides
+from ..names import check_queue_name
 from ..scheduler import Scheduler
 from .acker import Acker
 from .executors import Executor, make_executor
@@ -86,7 +87,12 @@ class Worker:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
         self.app = app
         self.settings = app.settings
-        self.queues = tuple(queues) if queues else tuple(app.queues())
+        if isinstance(queues, str):
+            raise ConfigurationError(
+                f"queues must be a list of queue names, got the str {queues!r}: "
+                f"write queues=[{queues!r}]"
+            )
+        self.queues = tuple(map(check_queue_name, queues)) if queues else tuple(app.queues())
         self.pool = pool
         self.burst = burst
         self.shutdown_timeout = (
@@ -196,7 +202,7 @@ class Worker:
             acker,
             self.middleware,
             limit=executor.limit,
-            loops_take_turns=executor.greenlets,
+            shared_loop=executor.greenlets,
             inline_limits=executor.watches_time_limits(),
         )
         consumer.reporter = Reporter(

@@ -126,3 +126,52 @@ local function requeue_all(index, ready)
   push_front(items, ready)
   return #items
 end
+
+-- The index of dead letters by message id (keys.DEAD_INDEX, a hash: message id -> queue ..
+-- '\31' .. dead-letter id), kept in the same step as the dead letters it names. Its key has
+-- a slot of its own: on a Redis Cluster (index = '') a script cannot write it, and appends
+-- what it would have done to `changes` ('+' or '-', message id, entry), which the caller
+-- applies with dead_index.lua.
+
+-- The id of the message in `payload` (msgpack, its first field), or nil.
+local function dead_message_id(payload)
+  local ok, m = pcall(cmsgpack.unpack, payload)
+  if ok and type(m) == 'table' and type(m[1]) == 'string' and m[1] ~= '' then
+    return m[1]
+  end
+  return nil
+end
+
+local function index_dead(index, changes, message_id, queue, id)
+  if not message_id or message_id == '' then
+    return
+  end
+  local entry = queue .. '\31' .. id
+  if index == '' then
+    changes[#changes + 1] = '+'
+    changes[#changes + 1] = message_id
+    changes[#changes + 1] = entry
+  else
+    redis.call('HSET', index, message_id, entry)
+  end
+end
+
+-- Forget the entries of the dead letters `ids` of `queue` (their payloads in `raw`, read before
+-- they go), each only while it names that dead letter: a later dead letter of the same message
+-- keeps its own.
+local function unindex_dead(index, changes, raw, queue, ids)
+  for _, id in ipairs(ids) do
+    local payload = redis.call('HGET', raw, id)
+    local message_id = payload and dead_message_id(payload)
+    if message_id then
+      local entry = queue .. '\31' .. id
+      if index == '' then
+        changes[#changes + 1] = '-'
+        changes[#changes + 1] = message_id
+        changes[#changes + 1] = entry
+      elseif redis.call('HGET', index, message_id) == entry then
+        redis.call('HDEL', index, message_id)
+      end
+    end
+  end
+end

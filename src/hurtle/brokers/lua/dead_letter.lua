@@ -15,9 +15,13 @@
     ARGV[5]      payload, as it was delivered
     ARGV[6]      seconds a dead letter is kept, 0 for no limit
     ARGV[7]      most dead letters kept, 0 for no limit
+    ARGV[8]      the index of dead letters by message id, '' on a Redis Cluster (_lib.lua)
+    ARGV[9]      the message's id, '' when the payload is not a message
+    ARGV[10]     the queue's name
 
   Output:
-    { held, expired, dropped }: held is 1 if the delivery was still held and is now a dead
+    { held, expired, dropped, index changes (ARGV[8] = '' only)... }: held is 1 if the
+    delivery was still held and is now a dead
     letter; 0 if it had been settled already or recovered from this worker (declared dead):
     then nothing is stored (the copy that went back to the queue is the one that lives) and
     nothing is trimmed. expired and dropped count the dead letters removed by the ttl and by
@@ -32,12 +36,15 @@ end
 redis.call('ZADD', KEYS[2], server_now(), ARGV[3])
 redis.call('HSET', KEYS[3], ARGV[3], ARGV[5])
 redis.call('HSET', KEYS[4], ARGV[3], ARGV[4])
+local changes = {}
+index_dead(ARGV[8], changes, ARGV[9], ARGV[10], ARGV[3])
 
 -- trimming
 local TRIM_MAX = 10000
 
 local function drop(ids)
   if #ids > 0 then
+    unindex_dead(ARGV[8], changes, KEYS[3], ARGV[10], ids)
     call_chunked('ZREM', KEYS[2], ids)
     call_chunked('HDEL', KEYS[3], ids)
     call_chunked('HDEL', KEYS[4], ids)
@@ -59,4 +66,8 @@ if cap > 0 then
     dropped = drop(redis.call('ZRANGE', KEYS[2], 0, math.min(excess, TRIM_MAX) - 1))
   end
 end
-return { 1, expired, dropped }
+local out = { 1, expired, dropped }
+for i = 1, #changes do
+  out[#out + 1] = changes[i]
+end
+return out

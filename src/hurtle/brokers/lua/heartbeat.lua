@@ -49,11 +49,13 @@
                  id, naming the member). ARGV[4] = '' (a Redis Cluster, where the record's key
                  has another slot than this queue's): the records are returned instead, for
                  the caller to store
+    ARGV[8]      the index of dead letters by message id, '' on a Redis Cluster (_lib.lua)
+    ARGV[9]      the queue's name
 
   Output:
     { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
       how many messages wait in quarantine, then per failed workflow (ARGV[4] = '' only) its
-      id and its record }
+      id and its record, and last { index changes (ARGV[8] = '' only)... } }
 ]]
 -- @include _lib
 
@@ -68,6 +70,7 @@ if ARGV[1] ~= '' then
 end
 local max_recoveries = tonumber(ARGV[3])
 local failed = {}  -- flow id, record, ...: the workflows to fail, when the caller stores them
+local changes = {}  -- of the dead-letter index, when the caller makes them
 
 -- A dead-lettered workflow member (headers["flow"], see hurtle/workflows.py) fails its workflow:
 -- a Record (middleware/results.py) {state, value = {task, id}, error type, message, traceback}.
@@ -129,6 +132,7 @@ for _, worker in ipairs(dead) do
       local reason = 'its worker died ' .. string.format('%d', deaths)
         .. ' times while holding it (max_recoveries is ' .. ARGV[3] .. ')'
       redis.call('HSET', KEYS[19], id, reason)
+      index_dead(ARGV[8], changes, dead_message_id(item[2]), ARGV[9], id)
       fail_workflow(item[2], reason)
       redis.call('ZREM', KEYS[14], digest)
     elseif deaths >= 2 then
@@ -177,4 +181,5 @@ local out = { moved, redis.call('LLEN', KEYS[13]) }
 for i = 1, #failed do
   out[#out + 1] = failed[i]
 end
+out[#out + 1] = changes
 return out

@@ -293,14 +293,32 @@ class NatsBroker(Broker):
     def queues(self) -> list[str]:
         async def names_() -> list[str]:
             out = []
+            gone = await control.forgotten(self.store)
             async for info in self._streams():
-                # a stream is made for a consumer too: a queue is one that had messages
+                # a stream is made for a consumer too: a queue is one that had messages, and
+                # some since it was forgotten
                 if info.config.name.startswith("HQ_") and info.state.last_seq:
-                    out.append(names.untoken(info.config.name[3:]))
+                    name = names.untoken(info.config.name[3:])
+                    if gone.get(name) != info.state.last_seq:
+                        out.append(name)
             paused, _ = await control.read(self.store)  # a paused queue is known, as elsewhere
             return sorted({*out, *paused})
 
         return run(names_())
+
+    def forget(self, queue: str) -> bool:
+        return run(self._forget(check_queue_name(queue)))
+
+    async def _forget(self, queue: str) -> bool:
+        # the stream's last sequence first: a message published after it is read shows then
+        try:
+            info = await self.store.js.stream_info(names.stream(queue))
+        except NotFoundError:
+            return QueueStats() == (await self._stats([queue]))[queue]  # never had messages
+        if (await self._stats([queue]))[queue] != QueueStats():
+            return False
+        await control.forget(self.store, queue, info.state.last_seq)
+        return True
 
     async def _streams(self) -> Any:
         offset = 0
@@ -375,6 +393,9 @@ class NatsBroker(Broker):
 
     def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
         return run(self.dead.page(queue, limit, offset))
+
+    def find_dead(self, message_id: str) -> DeadLetter | None:
+        return run(self.dead.find(message_id))
 
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         return run(self.dead.delete(queue, list(ids)))

@@ -381,6 +381,14 @@ class NatsConsumer(Consumer):
             chores.append(self.broker._workers(forget=True))
         await asyncio.gather(*chores)
 
+    def send_report(self) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            return
+        report = reporter.report()
+        run(self._report(report))
+        reporter.confirm(report)
+
     async def _report(self, report: Any) -> None:
         kv = await self.store.kv(REPORTS_BUCKET)
         await kv.put(names.token(self.worker_id), _pack([self._deadline, encode_report(report)]))
@@ -392,6 +400,15 @@ class NatsConsumer(Consumer):
             run(self._close(), 30)
 
     async def _close(self) -> None:
+        reporter = self.reporter
+        if reporter is not None:  # leaves with its last counts in the totals
+            report = reporter.report()
+            if report.delta:
+                await self.broker.add_totals(report.delta)
+            reporter.confirm(report)
+            kv = await self.store.kv(REPORTS_BUCKET)
+            with contextlib.suppress(Exception):
+                await kv.delete(names.token(self.worker_id))
         with self._lock:
             held = list(self._held.items())
             self._held.clear()

@@ -1,4 +1,4 @@
-"""Control on NATS: paused queues and cancelled message ids.
+"""Control on NATS: paused queues, cancelled message ids and forgotten queues.
 
 One record in the state bucket, ``control``, says what every fetch must know: the paused queues
 and, per cancellation bucket, until when a cancellation stored there is live. A fetch reads it
@@ -10,6 +10,11 @@ Cancelled ids are keys of the buckets ``hurtle-cancel-<seconds>`` (the ages of
 ``RESULT_CLASSES``: JetStream 2.9 keeps one age per bucket), each in the first bucket that keeps
 it as long as its ttl, with its own expiry as the value; ``cancelled`` reads only the buckets
 the record says are live, every id at once (pipelined).
+
+A forgotten queue keeps its stream (a publisher or consumer may hold it); the record
+``forgotten`` maps its name to the stream's last sequence at the time. ``queues()`` leaves out a
+stream whose last sequence is still that one, so any message published since makes the queue
+known again.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from . import names
 from .store import RESULT_CLASSES, Store, pack, unpack
 
 CONTROL_KEY = "control"
+FORGOTTEN_KEY = "forgotten"
 
 
 def cancel_class(ttl: float) -> int:
@@ -122,3 +128,16 @@ async def uncancel(store: Store, ids: Sequence[str]) -> None:
                 await kv.purge(key)
 
         await asyncio.gather(*(drop(kv, names.token(str(i))) for i in ids))
+
+
+async def forgotten(store: Store) -> dict[str, int]:
+    """Forgotten queues, each with the last sequence of its stream when it was forgotten."""
+    found = await store.get(FORGOTTEN_KEY)
+    return {} if found is None else dict(found[0])
+
+
+async def forget(store: Store, queue: str, last_seq: int) -> None:
+    def change(old: Any) -> tuple[Any, None]:
+        return {**(old or {}), queue: last_seq}, None
+
+    await store.cas(FORGOTTEN_KEY, change)

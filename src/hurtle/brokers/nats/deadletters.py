@@ -12,21 +12,40 @@ sequence as their id.
 The cap (``dead_letter_max``) is the stream's ``max_msgs`` (the server drops the oldest) and the
 ttl its ``max_age``; a write also drops, before it, the dead letters past the ttl and counts
 what either limit dropped, for ``log_trimmed``.
+
+``find_dead`` reads the KV bucket ``hurtle-dead-index`` (key: the message id as a token; value:
+its queue and dead letter's sequence), whose entries live as long as dead letters
+(``dead_letter_ttl``). JetStream writes one stream at a time, so the entry is written right
+after its dead letter and removed with it (by ``delete`` and ``purge``, and by a write for those
+the cap is about to drop), each only while it names that dead letter; a lookup checks that the
+dead letter it names is the message's and reads a stale entry (its client died in between) as
+nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
 
 from nats.js import api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BadRequestError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
 
 from ...ids import new_id
+from ...message import message_id
 from ..base import DeadLetter
 from . import names
-from .store import Store
+from .store import Store, pack, unpack
+
+#: The KV bucket of dead letters by message id.
+INDEX_BUCKET = "hurtle-dead-index"
 
 #: Bytes of a dead letter kept for its headers other than the reason (ids, time, framing).
 HEADERS_ROOM = 512
@@ -69,15 +88,73 @@ class DeadLetters:
         if self.ttl:
             expired = await self._drop_before(queue, now - self.ttl)
         before = (await js.stream_info(stream)).state.messages
+        dropped = max(0, before + len(items) - self.max) if self.max else 0
+        if dropped:  # the oldest, which the server drops to make room: out of the index first
+            await self._unindex(queue, await self._oldest(queue, dropped))
         most = self.store.nc.max_payload - HEADERS_ROOM
+        written = []
         for raw, reason in items:
             headers = {
                 names.REASON_JSON: _fit(reason or "-", most - len(raw)),
                 names.FAILED_AT: repr(now),
             }
-            await js.publish(f"{names.dead_subject(queue)}.{new_id()}", raw, headers=headers)
-        dropped = max(0, before + len(items) - self.max) if self.max else 0
+            subject = f"{names.dead_subject(queue)}.{new_id()}"
+            ack = await js.publish(subject, raw, headers=headers)
+            written.append((message_id(raw), ack.seq))
+        index = await self._index()
+        for key, seq in written:
+            if key:
+                await index.put(names.token(key), pack([queue, seq]))
         return expired, dropped
+
+    async def _index(self) -> Any:
+        return await self.store.kv(INDEX_BUCKET, ttl=self.ttl or None)
+
+    async def _oldest(self, queue: str, n: int) -> list[Any]:
+        out: list[Any] = []
+        seq = 1
+        while len(out) < n:
+            try:
+                msg = await self.store.js.get_msg(
+                    names.dead_stream(queue), seq=seq, subject=_EVERY, next=True
+                )
+            except NotFoundError:
+                break
+            out.append(msg)
+            seq = msg.seq + 1
+        return out
+
+    async def _unindex(self, queue: str, msgs: list[Any]) -> None:
+        """Remove the entries of these dead letters, each only while it names that one."""
+        index = await self._index()
+        for msg in msgs:
+            key = message_id(bytes(msg.data or b""))
+            if not key:
+                continue
+            try:
+                entry = await index.get(names.token(key))
+            except (KeyNotFoundError, NotFoundError):
+                continue
+            if entry.value is not None and unpack(entry.value) == [queue, msg.seq]:
+                # written again meanwhile: a later dead letter's entry, which stays
+                with contextlib.suppress(KeyWrongLastSequenceError, BadRequestError):
+                    await index.delete(names.token(key), last=entry.revision)
+
+    async def find(self, message_id_: str) -> DeadLetter | None:
+        index = await self._index()
+        try:
+            entry = await index.get(names.token(message_id_))
+        except (KeyNotFoundError, NotFoundError):
+            return None
+        if entry.value is None:
+            return None
+        queue, seq = unpack(entry.value)
+        try:
+            msg = await self.store.js.get_msg(names.dead_stream(queue), seq=seq)
+        except NotFoundError:
+            return None
+        dead = _letter(queue, msg)
+        return dead if message_id(dead.raw) == message_id_ else None
 
     async def _drop_before(self, queue: str, cutoff: float) -> int:
         js = self.store.js
@@ -121,9 +198,11 @@ class DeadLetters:
             if not seq:
                 continue
             try:
+                msg = await self.store.js.get_msg(stream, seq=seq)
                 await self.store.js.delete_msg(stream, seq)
             except APIError:  # deleted meanwhile
                 continue
+            await self._unindex(queue, [msg])
             n += 1
         return n
 
@@ -150,6 +229,7 @@ class DeadLetters:
             n = int((await self.store.js.stream_info(names.dead_stream(queue))).state.messages)
         except NotFoundError:
             return 0
+        await self._unindex(queue, await self._oldest(queue, n))
         await self.store.js.purge_stream(names.dead_stream(queue))
         return n
 

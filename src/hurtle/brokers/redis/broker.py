@@ -22,7 +22,7 @@ from ...errors import BrokerError, ConfigurationError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, DeadLetter, QueueStats
+from ..base import Broker, QueueStats
 from ..common import (
     check_dead_letter_limits,
     check_queue_name,
@@ -41,6 +41,7 @@ from ..keys import (
 from . import flows
 from .consumer import MAX_BLOCK, RedisConsumer
 from .control import _Control
+from .deadletters import _DeadLetters
 from .results import CLOCK_CHECK_EVERY, _ResultListener
 from .scripts import _PRIORITIES, _PRIORITY_ARG, _Command, _get_scripts, _publish_keys
 from .workers import _Workers
@@ -101,7 +102,7 @@ def _check_replicas(acked: Any, wanted: int, url: str, doing: str) -> None:
         )
 
 
-class RedisBroker(_Workers, _Control, Broker):
+class RedisBroker(_Workers, _DeadLetters, _Control, Broker):
     """The broker contract on one Redis server (6.2 or later)."""
 
     _consumer_class: type[RedisConsumer] = RedisConsumer
@@ -366,49 +367,6 @@ class RedisBroker(_Workers, _Control, Broker):
 
     def recover(self) -> int:
         return self._heartbeat(self.queues(), "", 0.0)[0]
-
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
-        k = queue_keys(queue)
-        flat = self._eval(
-            self._scripts.dead_list,
-            (k.dead, k.dead_raw, k.dead_reason),
-            (offset, limit),
-            f"listing dead letters of {queue!r}",
-        )
-        return [
-            DeadLetter(
-                id=flat[i].decode(),
-                queue=queue,
-                failed_at=float(flat[i + 1]),
-                reason=flat[i + 2].decode("utf-8", "replace"),
-                raw=flat[i + 3],
-            )
-            for i in range(0, len(flat), 4)
-        ]
-
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
-        if not ids:
-            return 0
-        k = queue_keys(queue)
-        return int(
-            self._eval(
-                self._scripts.dead_delete,
-                (k.dead, k.dead_raw, k.dead_reason),
-                list(ids),
-                f"deleting dead letters of {queue!r}",
-            )
-        )
-
-    def purge_dead(self, queue: str) -> int:
-        k = queue_keys(queue)
-        return int(
-            self._eval(
-                self._scripts.dead_purge,
-                (k.dead, k.dead_raw, k.dead_reason),
-                (),
-                f"purging dead letters of {queue!r}",
-            )
-        )
 
     def purge(self, queue: str) -> int:
         check_queue_name(queue)

@@ -21,7 +21,7 @@ from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from .limits import _Limits
 from .scripts import _Command
 from .settling import _Settling
-from .workers import _beat_reporting
+from .workers import _beat_reporting, leave_commands, report_commands
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -250,6 +250,16 @@ class RedisConsumer(_Settling, _Limits, Consumer):
         self._touch_slots(self.broker)
         return _beat_reporting(self, self.broker)
 
+    def send_report(self) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            return
+        report = reporter.report()
+        self.broker._pipeline(
+            report_commands(report, self.heartbeat_timeout), "storing a worker's report"
+        )
+        reporter.confirm(report)
+
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = type(self.broker)(
             self.broker._url,
@@ -280,5 +290,10 @@ class RedisConsumer(_Settling, _Limits, Consumer):
         commands += self._slot_commands(
             self.broker, ((key, 0, -n) for key, n in self._slots.items())
         )
+        report = self.reporter.report() if self.reporter is not None else None
+        if report is not None:  # leaves with its last counts in the totals
+            commands += leave_commands(report)
         self.broker._pipeline(commands, "closing a consumer")
         self._slots.clear()
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)

@@ -1,13 +1,15 @@
 """Control: cancellations (a sorted set of ids by the end of each, and a flag per queue that
-its fetch script reads) and paused queues (a key per queue, read by the fetch script too)."""
+its fetch script reads), paused queues (a key per queue, read by the fetch script too) and
+forgetting an empty queue (its name out of ``hurtle:queues``)."""
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from ..base import QueueStats
 from ..common import check_cancel_ttl, check_queue_name
 from ..keys import CANCELLED, QUEUES, queue_keys
 from .scripts import _ScriptRunner, _Scripts
@@ -21,6 +23,8 @@ class _Control(_ScriptRunner):
     if TYPE_CHECKING:  # RedisBroker's
 
         def queues(self) -> list[str]: ...
+
+        def stats(self, queues: Iterable[str] | None = None) -> dict[str, QueueStats]: ...
 
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then
@@ -89,3 +93,17 @@ class _Control(_ScriptRunner):
             [(("EXISTS", queue_keys(n).paused), None) for n in names], "reading paused queues"
         )
         return {n for n, flag in zip(names, flags, strict=True) if flag}
+
+    def forget(self, queue: str) -> bool:
+        """``SREM`` the name if the queue is empty, then look again: a message published in
+        between (its ``SADD`` came first) puts the name back. ``hurtle:queues`` lives in
+        another slot than the queue's keys, so this cannot be one script."""
+        check_queue_name(queue)
+        empty = QueueStats()
+        if self.stats([queue])[queue] != empty:
+            return False
+        self._pipeline([(("SREM", QUEUES, queue), None)], f"forgetting queue {queue!r}")
+        if self.stats([queue])[queue] == empty:
+            return True
+        self._pipeline([(("SADD", QUEUES, queue), None)], f"knowing queue {queue!r} again")
+        return False

@@ -67,6 +67,7 @@ class _Scripts:
         self.dead_list = _Script("dead_list")
         self.dead_delete = _Script("dead_delete")
         self.dead_purge = _Script("dead_purge")
+        self.dead_index = _Script("dead_index")
         self.purge = _Script("purge")
         self.claim_tick = _Script("claim_tick")
         self.results_expire = _Script("results_expire")

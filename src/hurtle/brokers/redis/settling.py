@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import EncodeError
 from ...ids import new_id
-from ...message import MAX_PRIORITY, Message
+from ...message import MAX_PRIORITY, Message, message_id
 from ..base import Delivery, FlowStep, StoredResult
 from ..common import log_trimmed
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES
@@ -175,15 +175,13 @@ class _Settling:
             delivery.raw,
             repr(b.dead_letter_ttl),
             b.dead_letter_max,
+            b._dead_index,
+            message_id(delivery.raw),
+            delivery.queue,
         )
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        b = self.broker
-        keys, args = self._dead_letter_call(delivery, reason)
-        _, expired, dropped = b._eval(
-            b._scripts.dead_letter, keys, args, f"dead-lettering a message of {delivery.queue!r}"
-        )
-        log_trimmed(b, delivery.queue, expired, dropped)
+        self.dead_letter_many([(delivery, reason)])
 
     def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
         """``dead_letter.lua`` per delivery, pipelined: one round trip for them all."""
@@ -192,11 +190,15 @@ class _Settling:
         b = self.broker
         script = b._scripts.dead_letter
         commands = [b._call(script, *self._dead_letter_call(d, reason)) for d, reason in items]
-        results = b._pipeline(commands, f"dead-lettering {len(items)} messages")
+        doing = f"dead-lettering {len(items)} messages"
+        results = b._pipeline(commands, doing)
         trimmed: dict[str, tuple[int, int]] = {}
-        for (delivery, _), (_, expired, dropped) in zip(items, results, strict=True):
+        changes = []  # of the dead-letter index, on a cluster (deadletters.py)
+        for (delivery, _), (_, expired, dropped, *changed) in zip(items, results, strict=True):
             was = trimmed.get(delivery.queue, (0, 0))
             trimmed[delivery.queue] = (was[0] + expired, was[1] + dropped)
+            changes += changed
+        b._index_dead(changes, doing)
         for queue, (expired, dropped) in trimmed.items():
             log_trimmed(b, queue, expired, dropped)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..base import StoredResult
@@ -23,6 +23,8 @@ class _Workers(_ScriptRunner):
     max_recoveries: int
     _scripts: _Scripts
     _sharded: bool
+    _dead_index: str
+    _index_dead: Callable[[Sequence[Any], str], None]
     #: ``heartbeat.lua``'s workflow arguments; on a cluster the result prefix is ``''``: the
     #: script hands the records of failed workflows back, stored by ``_fail_flows``
     _heartbeat_flow_args: tuple[Any, ...] = HEARTBEAT_FLOW_ARGS
@@ -71,29 +73,7 @@ class _Workers(_ScriptRunner):
         quarantine."""
         if not queues:
             return 0, False
-        commands: list[_Command] = []
-        if report is not None:
-            now = time.time()
-            commands += [
-                (
-                    (
-                        "SET",
-                        WORKER_REPORT + worker_id,
-                        encode_report(report),
-                        "PX",
-                        max(int(timeout * 1000), 1),
-                    ),
-                    None,
-                ),
-                (("ZADD", WORKER_DEADLINES, repr(now + timeout), worker_id), None),
-                # dead workers' entries; their reports expire by themselves
-                (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
-            ]
-            for c in report.delta:
-                for kind in KINDS:
-                    if n := getattr(c, kind):
-                        field = f"{c.queue}\x1f{c.task}\x1f{kind}"
-                        commands.append((("HINCRBY", TOTALS, field, n), None))
+        commands = [] if report is None else report_commands(report, timeout)
         n_report = len(commands)
         for name in queues:
             k = queue_keys(name)
@@ -102,6 +82,8 @@ class _Workers(_ScriptRunner):
                 repr(float(timeout)),
                 self.max_recoveries,
                 *self._heartbeat_flow_args,
+                self._dead_index,
+                name,
             )
             keys = (
                 *k.ready,
@@ -118,10 +100,12 @@ class _Workers(_ScriptRunner):
                 k.inflight_prefix,
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
-        results = self._pipeline(commands, "recording a heartbeat and recovering")[n_report:]
-        failed = [x for r in results for x in r[2:]]
+        doing = "recording a heartbeat and recovering"
+        results = self._pipeline(commands, doing)[n_report:]
+        failed = [x for r in results for x in r[2:-1]]
         if failed:
             self._fail_flows(failed)
+        self._index_dead([x for r in results for x in r[-1]], doing)
         return sum(r[0] for r in results), any(r[1] for r in results)
 
     def _fail_flows(self, failed: list[Any]) -> None:
@@ -144,6 +128,46 @@ class _Workers(_ScriptRunner):
             _results_commands(self, records),  # type: ignore[arg-type]
             "failing the workflows of dead-lettered members",
         )
+
+
+def report_commands(report: WorkerReport, timeout: float) -> list[_Command]:
+    """Store ``report`` until ``timeout`` seconds from now, and add its delta to the totals."""
+    now = time.time()
+    return [
+        (
+            (
+                "SET",
+                WORKER_REPORT + report.id,
+                encode_report(report),
+                "PX",
+                max(int(timeout * 1000), 1),
+            ),
+            None,
+        ),
+        (("ZADD", WORKER_DEADLINES, repr(now + timeout), report.id), None),
+        # dead workers' entries; their reports expire by themselves
+        (("ZREMRANGEBYSCORE", WORKER_DEADLINES, "-inf", f"({now!r}"), None),
+        *_total_commands(report),
+    ]
+
+
+def _total_commands(report: WorkerReport) -> list[_Command]:
+    """What ``report`` adds to the cluster's counters."""
+    return [
+        (("HINCRBY", TOTALS, f"{c.queue}\x1f{c.task}\x1f{kind}", n), None)
+        for c in report.delta
+        for kind in KINDS
+        if (n := getattr(c, kind))
+    ]
+
+
+def leave_commands(report: WorkerReport) -> list[_Command]:
+    """A worker that stops: its last counts to the totals, its report and deadline gone."""
+    return [
+        *_total_commands(report),
+        (("DEL", WORKER_REPORT + report.id), None),
+        (("ZREM", WORKER_DEADLINES, report.id), None),
+    ]
 
 
 def _beat_reporting(consumer: RedisConsumer, broker: RedisBroker) -> bool:

@@ -35,8 +35,12 @@ deletes it once, like a plain insert-then-delete loop:
   worker with a longer one holds. Recovery re-queues what workers whose deadline passed held.
 * ``dead`` — dead letters, oldest first by row id. Each dead-letter write drops, in its own
   transaction, those of its queue past ``dead_letter_ttl`` and then the oldest beyond
-  ``dead_letter_max`` (expiry goes by the order they were recorded).
-* ``queues`` — every queue ever published to.
+  ``dead_letter_max`` (expiry goes by the order they were recorded). Each row keeps its
+  message's id, indexed: ``find_dead`` is one index read, and trims take the index rows along.
+* ``queues`` — the names of the queues published to, less those forgotten (``forget``: empty
+  ones only). A broker object writes the name of a queue it publishes to once a minute at most
+  (``KNOWN_REFRESH``), so a queue another process forgot is known again soon after its next
+  message; its ``cursors`` are never dropped.
 * ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed
   (``claim_tick``: the check, the record and the publish in one transaction). Made by the first
   claim, so files of older versions need no upgrade.

@@ -45,6 +45,17 @@ from .schema import (
     _report_tables,
 )
 
+#: Seconds a broker object trusts that a queue it published to still has its name row: then
+#: it writes the row again (``INSERT OR IGNORE``), so a queue forgotten by another process
+#: (``forget``) is known again within that long of its next message.
+KNOWN_REFRESH = 60.0
+#: A row if the queue holds anything (ready, held, delayed, dead, quarantined) or is paused.
+_HOLDS_ANY = (
+    "SELECT 1 FROM paused WHERE queue = ?1 UNION ALL SELECT 1 FROM messages WHERE queue = ?1 "
+    "UNION ALL SELECT 1 FROM delayed WHERE queue = ?1 UNION ALL SELECT 1 FROM dead WHERE "
+    "queue = ?1 UNION ALL SELECT 1 FROM quarantine WHERE queue = ?1 LIMIT 1"
+)
+
 
 class SQLiteBroker(_Recovery, Broker):
     """The contract on one SQLite file, shared by every process and thread that opens it."""
@@ -69,8 +80,10 @@ class SQLiteBroker(_Recovery, Broker):
         self._lock = threading.Lock()
         self._wake = threading.Condition(threading.Lock())
         self._ticket = 0  # bumped (under _wake) by every local commit that may make work ready
-        # (queue, priority) pairs this object knows have a cursor (and their queue a name row)
+        # (queue, priority) pairs this object knows have a cursor (and their queue a name row),
+        # forgotten every KNOWN_REFRESH seconds: another process may have forgotten a queue
         self._known: set[tuple[str, int]] = set()
+        self._known_since = time.monotonic()
         self._closed = False
         self._pid = os.getpid()
         self._conn = self._open()
@@ -80,6 +93,9 @@ class SQLiteBroker(_Recovery, Broker):
     ) -> set[tuple[str, int]]:
         """Make sure these (queue, priority) pairs have a cursor; returns those this object did
         not know of, to add to ``_known`` once the transaction committed."""
+        if time.monotonic() - self._known_since > KNOWN_REFRESH:
+            self._known.clear()
+            self._known_since = time.monotonic()
         new = pairs - self._known
         if new:
             conn.executemany(_ADD_QUEUE, [(q,) for q in {q for q, _ in new}])
@@ -313,6 +329,16 @@ class SQLiteBroker(_Recovery, Broker):
             conn.execute("DELETE FROM paused WHERE queue = ?", (queue,))
         self._notify()  # waiters of this process look again; others see the commit
 
+    def forget(self, queue: str) -> bool:
+        check_queue_name(queue)
+        with self._write() as conn:
+            if conn.execute(_HOLDS_ANY, (queue,)).fetchone() is not None:
+                return False
+            conn.execute("DELETE FROM queues WHERE name = ?", (queue,))
+        # its cursors stay (a publisher that still counts them as made writes under them)
+        self._known = {pair for pair in self._known if pair[0] != queue}
+        return True
+
     def paused(self) -> set[str]:
         with self._read() as conn:
             return {r[0] for r in conn.execute("SELECT queue FROM paused")}
@@ -350,6 +376,17 @@ class SQLiteBroker(_Recovery, Broker):
         return [
             DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4]) for r in rows
         ]
+
+    def find_dead(self, message_id: str) -> DeadLetter | None:
+        with self._read() as conn:  # the dead_message index; the latest dead letter first
+            r = conn.execute(
+                "SELECT id, queue, reason, body, failed_at FROM dead WHERE message_id = ? "
+                "ORDER BY seq DESC LIMIT 1",
+                (message_id,),
+            ).fetchone()
+        if r is None:
+            return None
+        return DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4])
 
     def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         if not ids:

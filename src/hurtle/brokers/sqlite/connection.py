@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 from ...errors import BrokerError, ConfigurationError
+from ...message import message_id
 from .schema import _CONTROL_SCHEMA, _RESULTS_SCHEMA, _SCHEMA, _SCHEMA_VERSION, _UPGRADES
 
 #: ``?synchronous=`` levels a SQLite URL may ask for, and the one it gets without asking.
@@ -99,6 +100,8 @@ class _Connection:
         return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
+        # for upgrades that index what only a decoder knows
+        conn.create_function("hurtle_message_id", 1, message_id, deterministic=True)
         conn.execute("BEGIN IMMEDIATE")
         try:
             version = conn.execute("PRAGMA user_version").fetchone()[0]

@@ -10,11 +10,10 @@ from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
-from ...ids import new_id
 from ...message import Message
 from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
 from ..common import log_trimmed
-from ..reports import encode_report
+from ..reports import WorkerReport, encode_report
 from . import flows
 from .schema import (
     _ADD_CLAIM,
@@ -39,6 +38,7 @@ from .schema import (
     _UPSERT_WORKER,
     Rows,
     _clamp,
+    _dead_row,
     _group,
     _next_ids,
     _placeholders,
@@ -247,7 +247,7 @@ class _SQLiteConsumer(Consumer):
         with b._write() as conn:
             if self._settle_one(conn, delivery):
                 now = time.time()
-                conn.execute(_INSERT_DEAD, (new_id(), delivery.queue, reason, delivery.raw, now))
+                conn.execute(_INSERT_DEAD, _dead_row(delivery.queue, reason, delivery.raw, now))
                 expired, dropped = b._trim_dead(conn, delivery.queue, now)
         log_trimmed(b, delivery.queue, expired, dropped)
 
@@ -262,9 +262,7 @@ class _SQLiteConsumer(Consumer):
             queues = set()
             for delivery, reason in items:
                 if self._settle_one(conn, delivery):
-                    conn.execute(
-                        _INSERT_DEAD, (new_id(), delivery.queue, reason, delivery.raw, now)
-                    )
+                    conn.execute(_INSERT_DEAD, _dead_row(delivery.queue, reason, delivery.raw, now))
                     queues.add(delivery.queue)
             for queue in queues:
                 trimmed[queue] = b._trim_dead(conn, queue, now)
@@ -351,19 +349,7 @@ class _SQLiteConsumer(Consumer):
             now = time.time()
             conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             if report is not None:
-                _report_tables(conn)
-                conn.execute("DELETE FROM worker_reports WHERE deadline < ?", (now,))
-                conn.execute(
-                    _UPSERT_REPORT,
-                    (self.worker_id, now + self.heartbeat_timeout, encode_report(report)),
-                )
-                conn.executemany(
-                    _ADD_TOTALS,
-                    [
-                        (c.queue, c.task, c.processed, c.failed, c.retried, c.dead_lettered)
-                        for c in report.delta
-                    ],
-                )
+                self._store_report(conn, report, now)
             conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved, released, pending = b._recover_in(conn, now)
         if report is not None and self.reporter is not None:
@@ -371,6 +357,23 @@ class _SQLiteConsumer(Consumer):
         if moved or released:
             b._notify()
         return pending
+
+    def send_report(self) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            return
+        report = reporter.report()
+        with self.broker._write() as conn:
+            self._store_report(conn, report, time.time())
+        reporter.confirm(report)
+
+    def _store_report(self, conn: sqlite3.Connection, report: WorkerReport, now: float) -> None:
+        _report_tables(conn)
+        conn.execute("DELETE FROM worker_reports WHERE deadline < ?", (now,))
+        conn.execute(
+            _UPSERT_REPORT, (self.worker_id, now + self.heartbeat_timeout, encode_report(report))
+        )
+        conn.executemany(_ADD_TOTALS, _total_rows(report))
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         from .broker import SQLiteBroker  # here: broker.py imports this module
@@ -392,7 +395,12 @@ class _SQLiteConsumer(Consumer):
         b = self.broker
         if b._closed:
             return
+        report = self.reporter.report() if self.reporter is not None else None
         with b._write() as conn:
+            if report is not None:  # leaves with its last counts in the totals
+                _report_tables(conn)
+                conn.execute("DELETE FROM worker_reports WHERE worker_id = ?", (self.worker_id,))
+                conn.executemany(_ADD_TOTALS, _total_rows(report))
             rows: Rows = []
             for queue, priority, lo, hi in conn.execute(
                 "SELECT queue, priority, lo, hi FROM claims WHERE worker = ?", (self.worker_id,)
@@ -402,4 +410,13 @@ class _SQLiteConsumer(Consumer):
             conn.execute("DELETE FROM claims WHERE worker = ?", (self.worker_id,))
             conn.execute("DELETE FROM workers WHERE worker_id = ?", (self.worker_id,))
             conn.execute("DELETE FROM slots WHERE worker = ?", (self.worker_id,))
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)
         b._notify()
+
+
+def _total_rows(report: WorkerReport) -> list[tuple[object, ...]]:
+    """The parameters of ``_ADD_TOTALS`` for what ``report`` adds to the totals."""
+    return [
+        (c.queue, c.task, c.processed, c.failed, c.retried, c.dead_lettered) for c in report.delta
+    ]

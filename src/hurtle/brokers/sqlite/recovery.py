@@ -8,10 +8,19 @@ import json
 import logging
 import sqlite3
 
-from ...ids import new_id
 from ..common import flow_failure
 from .connection import _Connection
-from .schema import _IDS, _INSERT, _PUT_RESULT, _TAKE_BACK_RANGE, Rows, _next_ids, _requeue
+from .schema import (
+    _IDS,
+    _INSERT,
+    _INSERT_DEAD,
+    _PUT_RESULT,
+    _TAKE_BACK_RANGE,
+    Rows,
+    _dead_row,
+    _next_ids,
+    _requeue,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +105,7 @@ class _Recovery(_Connection):
                     f"its worker died {deaths} times while holding it (max_recoveries is "
                     f"{self.max_recoveries})"
                 )
-                conn.execute(
-                    "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)",
-                    (new_id(), queue, reason, body, now),
-                )
+                conn.execute(_INSERT_DEAD, _dead_row(queue, reason, body, now))
                 failed = flow_failure(body, reason)
                 if failed is not None:  # a workflow's member: its workflow fails now
                     conn.execute(_PUT_RESULT, (failed.id, now + failed.ttl, failed.payload))

@@ -7,10 +7,11 @@ import sqlite3
 from collections.abc import Sequence
 from operator import attrgetter, itemgetter
 
-from ...message import MAX_PRIORITY, MIN_PRIORITY
+from ...ids import new_id
+from ...message import MAX_PRIORITY, MIN_PRIORITY, message_id
 from ..base import Delivery
 
-_SCHEMA_VERSION = 4
+_SCHEMA_VERSION = 5
 #: A receipt is ``id << _PRIORITY_BITS | priority``, i.e. ``id * 16 + priority``.
 _PRIORITY_BITS = 4
 _PRIORITY_MASK = (1 << _PRIORITY_BITS) - 1
@@ -105,9 +106,11 @@ CREATE TABLE dead (
     queue     TEXT    NOT NULL,
     reason    TEXT    NOT NULL,
     body      BLOB    NOT NULL,
-    failed_at REAL    NOT NULL
+    failed_at REAL    NOT NULL,
+    message_id TEXT
 );
 CREATE INDEX dead_queue ON dead (queue);
+CREATE INDEX dead_message ON dead (message_id);
 CREATE TABLE queues (name TEXT PRIMARY KEY) WITHOUT ROWID;
 """
     + _POISON_SCHEMA
@@ -121,6 +124,10 @@ _UPGRADES = {
     2: "ALTER TABLE workers RENAME COLUMN last_seen TO deadline; "
     "UPDATE workers SET deadline = deadline + 20.0;" + _POISON_SCHEMA,
     3: _LIMITS_SCHEMA,
+    # version 5 finds a dead letter by its message's id (``hurtle_message_id``: ``_migrate``)
+    4: "ALTER TABLE dead ADD COLUMN message_id TEXT; "
+    "UPDATE dead SET message_id = NULLIF(hurtle_message_id(body), ''); "
+    "CREATE INDEX dead_message ON dead (message_id)",
 }
 
 _RESULTS_SCHEMA = (
@@ -179,7 +186,11 @@ _DROP_REACHED = (
     f"AND {_CLAIM_IS_EMPTY}"
 )
 _DROP_EMPTY = f"DELETE FROM claims WHERE worker = ? AND {_CLAIM_IS_EMPTY}"
-_INSERT_DEAD = "INSERT INTO dead (id, queue, reason, body, failed_at) VALUES (?, ?, ?, ?, ?)"
+#: A dead letter, with its message's id (``message.message_id``, None when the bytes are not a
+#: message) for ``find_dead`` to read through the ``dead_message`` index.
+_INSERT_DEAD = (
+    "INSERT INTO dead (id, queue, reason, body, failed_at, message_id) VALUES (?, ?, ?, ?, ?, ?)"
+)
 # Dead letters of a queue are trimmed in the order they were recorded (``seq``, which the
 # ``dead_queue`` index holds): expiry reads the oldest rows only until the first one still
 # within the ttl, so a write that expires nothing reads one row; the cap walks that index.
@@ -264,6 +275,11 @@ def _group(deliveries: Sequence[Delivery]) -> dict[tuple[str, int], list[int]]:
 def _report_tables(conn: sqlite3.Connection) -> None:
     for statement in _REPORT_TABLES:
         conn.execute(statement)
+
+
+def _dead_row(queue: str, reason: str, body: bytes, now: float) -> tuple[object, ...]:
+    """The parameters of ``_INSERT_DEAD`` for a new dead letter."""
+    return (new_id(), queue, reason, body, now, message_id(body) or None)
 
 
 def _placeholders(n: int) -> str:

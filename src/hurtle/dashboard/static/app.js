@@ -2,9 +2,12 @@
 "use strict";
 
 const ROOT = document.body.dataset.root || "";
-const MAX_POINTS = 120;
-// The throughput chart's data, also read by the browser tests: {t, processed, failed} points.
-const chart = { points: [], received: 0 };
+// The chart shows the last WINDOW seconds, time on its x-axis; points further apart than GAP
+// seconds (nobody was watching, or the server was down) are not joined.
+const WINDOW = 120, GAP = 5, TIME_TICK = 30;
+// The throughput chart's data, also read by the browser tests: {t, processed, failed} points,
+// and what the last drawing showed (``view``: x-axis labels, y-axis ticks, points' x).
+const chart = { points: [], received: 0, view: null };
 window.hurtleChart = chart;
 
 function cookie(name) {
@@ -81,41 +84,66 @@ async function loadOverview() {
 }
 
 function addPoint(point) {
-  chart.points.push(point);
+  const pts = chart.points;
+  if (pts.length && point.t <= pts[pts.length - 1].t) return;  // seen (a reconnected stream)
+  pts.push(point);
   chart.received += 1;
-  if (chart.points.length > MAX_POINTS) chart.points.shift();
+  while (pts.length && pts[0].t < point.t - WINDOW) pts.shift();
   document.getElementById("rate-processed").textContent = fmt(Math.round(point.processed));
   document.getElementById("rate-failed").textContent = fmt(Math.round(point.failed));
+  for (const [k, v] of Object.entries(point.totals || {})) {
+    document.getElementById("total-" + k).textContent = fmt(v);
+  }
   drawChart();
+}
+
+// A time of day as HH:MM:SS, for the x-axis.
+const clock = (t) => new Date(t * 1000).toTimeString().slice(0, 8);
+
+// Integer ticks from 0 that cover `peak`, a step of 1, 2 or 5 times a power of ten apart.
+function integerTicks(peak) {
+  const step = Math.max(1, niceCeil(Math.max(peak, 1) / 4));
+  const ticks = [0];
+  do ticks.push(ticks[ticks.length - 1] + step); while (ticks[ticks.length - 1] < peak);
+  return ticks;
 }
 
 function drawChart() {
   const canvas = document.getElementById("chart");
   const ctx = canvas.getContext("2d");
-  const w = canvas.width, h = canvas.height, left = 56, bottom = 20, top = 10;
+  const w = canvas.width, h = canvas.height, left = 56, right = 8, bottom = 20, top = 10;
   ctx.clearRect(0, 0, w, h);
   const pts = chart.points;
-  const peak = Math.max(1, ...pts.map((p) => Math.max(p.processed, p.failed)));
-  const scale = niceCeil(peak);
-  ctx.strokeStyle = "#dddcd6"; ctx.fillStyle = "#6b6b66"; ctx.font = "11px system-ui";
-  for (let i = 0; i <= 4; i++) {
-    const y = top + (h - top - bottom) * (1 - i / 4);
-    ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(w - 8, y); ctx.stroke();
-    ctx.fillText(fmt(Math.round((scale * i) / 4)), 6, y + 4);
-  }
-  const x = (i) => left + ((w - left - 8) * i) / (MAX_POINTS - 1);
-  if (pts.length) {
-    const first = x(MAX_POINTS - pts.length);
-    if (first < w - 160) ctx.fillText(when(pts[0].t), first, h - 4);
-    ctx.fillText(when(pts[pts.length - 1].t), w - 70, h - 4);
-  }
+  const end = pts.length ? pts[pts.length - 1].t : Date.now() / 1000;
+  const start = end - WINDOW;
+  const peak = Math.max(0, ...pts.map((p) => Math.max(p.processed, p.failed)));
+  const yTicks = integerTicks(peak);
+  const scale = yTicks[yTicks.length - 1];
+  const x = (t) => left + ((w - left - right) * (t - start)) / WINDOW;
   const y = (v) => top + (h - top - bottom) * (1 - v / scale);
+  ctx.strokeStyle = "#dddcd6"; ctx.fillStyle = "#6b6b66"; ctx.font = "11px system-ui";
+  for (const v of yTicks) {
+    ctx.beginPath(); ctx.moveTo(left, y(v)); ctx.lineTo(w - right, y(v)); ctx.stroke();
+    ctx.fillText(fmt(v), 6, y(v) + 4);
+  }
+  const xLabels = [];
+  ctx.textAlign = "center";
+  for (let t = Math.ceil(start / TIME_TICK) * TIME_TICK; t <= end; t += TIME_TICK) {
+    const label = clock(t);
+    xLabels.push(label);
+    ctx.beginPath(); ctx.moveTo(x(t), top); ctx.lineTo(x(t), h - bottom); ctx.stroke();
+    ctx.fillText(label, Math.min(Math.max(x(t), left + 24), w - right - 24), h - 4);
+  }
+  ctx.textAlign = "start";
   for (const [key, color] of [["processed", "#2c7be5"], ["failed", "#d6443a"]]) {
     ctx.strokeStyle = color; ctx.lineWidth = 2; ctx.beginPath();
-    const offset = MAX_POINTS - pts.length;
-    pts.forEach((p, i) => (i ? ctx.lineTo : ctx.moveTo).call(ctx, x(offset + i), y(p[key])));
+    pts.forEach((p, i) => {
+      const joined = i > 0 && p.t - pts[i - 1].t <= GAP;
+      (joined ? ctx.lineTo : ctx.moveTo).call(ctx, x(p.t), y(p[key]));
+    });
     ctx.stroke(); ctx.lineWidth = 1;
   }
+  chart.view = { xLabels, yTicks, xs: pts.map((p) => ({ t: p.t, x: x(p.t) })) };
 }
 
 function niceCeil(v) {
@@ -129,7 +157,7 @@ async function startStream() {
   if (stream) return;
   try {
     const doc = await api("/api/throughput");
-    if (doc) doc.points.slice(-MAX_POINTS).forEach(addPoint);
+    if (doc) doc.points.forEach(addPoint);
   } catch (err) { showError(err); }
   stream = new EventSource(ROOT + "/api/throughput/stream", { withCredentials: true });
   stream.addEventListener("throughput", (e) => addPoint(JSON.parse(e.data)));
@@ -223,7 +251,7 @@ async function loadDead() {
     { title: "Failed at", value: (d) => when(d.failed_at) },
     { title: "Task", value: (d) => d.task ?? "(not a message)" },
     { title: "Message id", value: (d) => (d.message_id ? taskLink(d.message_id) : "–") },
-    { title: "Attempts", value: (d) => d.attempts ?? "–", numeric: true },
+    { title: "Attempt", value: (d) => d.attempt ?? "–", numeric: true },
     { title: "Reason", value: (d) => {
       const cell = el("div", {}, d.reason);
       if (d.traceback) {

@@ -24,7 +24,7 @@ from ..processor import Job, Processor, late_limit
 class Executor(abc.ABC):
     #: Deliveries that may run at once (the most, when the pool scales itself).
     concurrency: int
-    #: True when runners are greenlets sharing one OS thread (``async def`` tasks take turns).
+    #: True when runners are greenlets sharing one OS thread (``async def`` tasks share a loop).
     greenlets = False
     #: True when ``submit`` runs the batch before it returns (solo): the fetch loop then asks
     #: the broker for the next batch first, so that the round trip overlaps the work.

@@ -1,0 +1,85 @@
+"""What a queue name and a task name may be: the one check every entry point calls.
+
+A queue name is 1 to ``MAX_QUEUE_NAME`` (100) characters of ``A-Z a-z 0-9 . _ : -``. Each broker
+can carry such a name as it is: Redis (and Redis Cluster) put it in a hash tag ``{queue}``, which
+a ``{`` or ``}`` would break; NATS makes subject tokens and stream names of it, where a space,
+``*`` or ``>`` mean something else. So a name is checked where it comes in (``@app.task(queue=)``,
+``.options(queue=)``, ``Hurtle(default_queue=)``, a worker's queues, ``hurtle queue``, the HTTP
+API, ``Broker.pause``/``resume``/``purge``), never per message.
+
+A task name is a non-empty str of at most ``MAX_TASK_NAME`` (200) characters: it travels in
+every message and names the task in logs, metrics and the dashboard.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import ConfigurationError
+
+#: Longest queue name, in characters.
+MAX_QUEUE_NAME = 100
+#: Longest task name, in characters.
+MAX_TASK_NAME = 200
+
+QUEUE_ALPHABET = "A-Z a-z 0-9 . _ : -"
+#: The rule, as error messages state it.
+QUEUE_NAME_RULE = (
+    f"queue names are 1 to {MAX_QUEUE_NAME} characters of {QUEUE_ALPHABET} "
+    "(e.g. 'emails' or 'reports.daily')"
+)
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def queue_name_problem(queue: object) -> str | None:
+    """What is wrong with ``queue`` as a queue name, or None."""
+    if not isinstance(queue, str):
+        return f"a queue name must be a str, got {_shown(queue)} ({type(queue).__name__})"
+    if not queue:
+        return "a queue name must not be empty"
+    if len(queue) > MAX_QUEUE_NAME:
+        return (
+            f"queue name {_shown(queue)} is {len(queue)} characters long: at most "
+            f"{MAX_QUEUE_NAME} are allowed"
+        )
+    if not _QUEUE_NAME.fullmatch(queue):
+        bad = sorted({c for c in queue if not _QUEUE_NAME.fullmatch(c)})
+        return f"queue name {_shown(queue)} has characters not allowed: {' '.join(map(repr, bad))}"
+    return None
+
+
+def check_queue_name(queue: object) -> str:
+    """``queue``, checked: 1 to 100 characters of ``A-Z a-z 0-9 . _ : -``; else a
+    ``ConfigurationError`` naming the value."""
+    problem = queue_name_problem(queue)
+    if problem is not None:
+        raise ConfigurationError(f"{problem}; {QUEUE_NAME_RULE}")
+    return queue  # type: ignore[return-value]
+
+
+def task_name_problem(name: object) -> str | None:
+    """What is wrong with ``name`` as a task name, or None."""
+    if not isinstance(name, str):
+        return f"a task name must be a str, got {_shown(name)} ({type(name).__name__})"
+    if not name:
+        return "a task name must not be empty"
+    if len(name) > MAX_TASK_NAME:
+        return (
+            f"task name {_shown(name)} is {len(name)} characters long: at most "
+            f"{MAX_TASK_NAME} are allowed; give a shorter name=..."
+        )
+    return None
+
+
+def check_task_name(name: object) -> str:
+    """``name``, checked: a non-empty str of at most 200 characters."""
+    problem = task_name_problem(name)
+    if problem is not None:
+        raise ConfigurationError(problem)
+    return name  # type: ignore[return-value]
+
+
+def _shown(value: object) -> str:
+    """``repr(value)``, cut to a readable length."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:50]}..."
