@@ -110,9 +110,7 @@ class Workers:
             self._stop(entry)
 
 
-def run_python(
-    block: Block, namespace: dict[str, Any], page: Path, workers: Workers
-) -> None:
+def run_python(block: Block, namespace: dict[str, Any], page: Path, workers: Workers) -> None:
     """Run a block statement by statement, so a worker serves the tasks a statement defined
     before the next one waits on their results."""
     name = f"{page.relative_to(ROOT)}:{block.line}"
@@ -161,9 +159,7 @@ def page_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
             del sys.modules[name]
 
 
-@pytest.mark.parametrize(
-    "page", pages_with_examples(), ids=lambda p: str(p.relative_to(ROOT))
-)
+@pytest.mark.parametrize("page", pages_with_examples(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_example_of_the_page_runs(page: Path, page_env: Path, request: Any) -> None:
     namespace: dict[str, Any] = {"__name__": "__main__"}
     workers = Workers()
