@@ -413,7 +413,7 @@ class Point:
 _UUID = uuid.UUID("12345678-1234-5678-1234-567812345678")
 _UTC = datetime.UTC
 
-#: what a task is sent -> what it receives: the table in README.md ("What a task receives")
+#: what a task is sent -> what it receives: the table in docs/tasks.md ("What a task receives")
 MAPPING: list[tuple[str, Any, Any]] = [
     ("tuple", (1, 2), [1, 2]),
     ("set", {1}, [1]),
@@ -446,8 +446,8 @@ def test_the_codec_maps_types_as_the_readme_says(
     keep.send(sent)
     app.worker(burst=True).run()
     assert got == [received] and type(got[0]) is type(received)
-    readme = (ROOT / "README.md").read_text()
-    assert f"| {name} |" in readme, f"README's type table has no row for {name}"
+    readme = (ROOT / "docs" / "tasks.md").read_text()
+    assert f"| {name} |" in readme, f"the type table of docs/tasks.md has no row for {name}"
 
 
 def test_the_publish_check_accepts_whatever_decode_accepts_at_the_bounds() -> None:

@@ -422,17 +422,17 @@ def test_hurtle_worker_runs_the_apps_middleware(tmp_path: Path) -> None:
     p.app.close()
 
 
-def test_the_readme_middleware_example_counts_and_logs_every_ten_thousand(
+def test_the_guide_middleware_example_counts_and_logs_every_ten_thousand(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent / "docs" / "middleware.md").read_text()
     block = next(
         b.split("\n", 1)[1] for b in readme.split("```python")[1:] if "class Count(Middleware)" in b
     ).split("```")[0]
     monkeypatch.setenv("HURTLE_BROKER_URL", "memory://")
     namespace: dict[str, Any] = {}
-    exec(compile(block, "README.md", "exec"), namespace)
+    exec(compile(block, "docs/middleware.md", "exec"), namespace)
     app: Hurtle = namespace["app"]
 
     @app.task(name="t.noop")

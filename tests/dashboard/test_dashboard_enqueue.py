@@ -1,6 +1,7 @@
 """``POST /api/queues/{queue}/messages`` refuses what ``send()`` refuses, each request on its
 own: an unknown task name, arguments that do not fit, arguments that cannot be encoded; and
-README's own example enqueues a message that a worker runs. On SQLite and a real Redis."""
+the documentation's own example (docs/dashboard.md, with README's ``tasks.py``) enqueues a
+message that a worker runs. On SQLite and a real Redis."""
 
 from __future__ import annotations
 
@@ -229,9 +230,8 @@ def test_a_dashboard_made_from_a_broker_needs_allow_unknown_tasks_to_enqueue(url
 
 
 def _readme_enqueue_example() -> tuple[str, dict[str, Any]]:
-    """The queue and body of README's HTTP enqueue example."""
-    text = (ROOT / "README.md").read_text()
-    dashboard = text[text.index("## Dashboard") :]
+    """The queue and body of the documentation's HTTP enqueue example (docs/dashboard.md)."""
+    dashboard = (ROOT / "docs" / "dashboard.md").read_text()
     start = dashboard.index("`POST /api/queues/{queue}/messages` and `") + len(
         "`POST /api/queues/{queue}/messages` and `"
     )
@@ -239,11 +239,11 @@ def _readme_enqueue_example() -> tuple[str, dict[str, Any]]:
     return "default", body
 
 
-def test_the_readme_enqueue_example_runs_on_a_worker_of_the_readme_app(
+def test_the_documented_enqueue_example_runs_on_a_worker_of_the_readme_app(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     text = (ROOT / "README.md").read_text()
-    start = text.index("```python\n", text.index("## Use")) + len("```python\n")
+    start = text.index("```python\n# tasks.py\n") + len("```python\n")
     (tmp_path / "tasks.py").write_text(text[start : text.index("```", start)])
     monkeypatch.setenv("HURTLE_BROKER_URL", f"sqlite:///{tmp_path / 'hurtle.db'}")
     spec = importlib.util.spec_from_file_location("tasks", tmp_path / "tasks.py")
