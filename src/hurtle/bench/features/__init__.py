@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
     chosen = [r for r in ROWS if not wanted or r.name in wanted or r is BARE]
     runs: list[list[Row]] = []
-    with servers.redis(args.redis_url) as url:
+    with servers.redis_url(args.redis_url) as url:
         info = machine.describe(url)
         with tempfile.TemporaryDirectory(prefix="hurtle-bench-features-") as tmp:
             runner = Runner(url, Path(tmp), timeout=args.timeout)

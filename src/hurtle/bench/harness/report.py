@@ -48,7 +48,7 @@ def machine_line(info: dict[str, Any]) -> str:
     )
 
 
-def print_lines(heading: str, lines: Sequence[str]) -> None:
+def _print_lines(heading: str, lines: Sequence[str]) -> None:
     """``heading`` after a blank line, then each line indented; nothing when there are none."""
     if lines:
         print(f"\n{heading}")
@@ -56,12 +56,12 @@ def print_lines(heading: str, lines: Sequence[str]) -> None:
             print("  " + line)
 
 
-def write_json(path: Path, document: dict[str, Any]) -> None:
+def _write_json(path: Path, document: dict[str, Any]) -> None:
     path.write_text(json.dumps(document, indent=2) + "\n")
     print(f"\nwrote {path}")
 
 
-def say_plot(path: Path, why_not: str | None) -> None:
+def _say_plot(path: Path, why_not: str | None) -> None:
     """Where the plot went, or why it was not written."""
     print(f"plot: {why_not}" if why_not else f"wrote {path}")
 
@@ -86,8 +86,8 @@ def show(
     print(title)
     print(table)
     for heading, lines in sections:
-        print_lines(heading, lines)
+        _print_lines(heading, lines)
     if json_path:
-        write_json(json_path, document())
+        _write_json(json_path, document())
     if plot_path:
-        say_plot(plot_path, chart(plot_path))
+        _say_plot(plot_path, chart(plot_path))

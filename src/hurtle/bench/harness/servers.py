@@ -92,7 +92,7 @@ class NatsServer:
 
 
 @contextlib.contextmanager
-def redis(given: str | None) -> Iterator[str]:
+def redis_url(given: str | None) -> Iterator[str]:
     """The Redis URL of a run: ``given`` (``--redis-url``) as it is, or a ``RedisServer``
     started now and stopped when the block ends."""
     if given:

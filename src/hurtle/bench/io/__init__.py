@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigurationError("--count must be at least 10 and --concurrency at least 1")
     variants = options.choose(args.variants, tasks.VARIANTS, "variant")
     pools = options.choose(args.pools, POOLS, "pool")
-    with servers.redis(args.redis_url) as url:
+    with servers.redis_url(args.redis_url) as url:
         info = machine.describe(url)
         bench = IoBench(url, args.concurrency, args.timeout)
         rows = bench.run_all(variants, pools, args.count)

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     by_name: dict[str, Client] = {row.name: row for row in registry.discover(ROWS_PACKAGE)}
     wanted = options.choose(args.only, list(by_name), default=list(by_name))
     results: list[PubSubRow] = []
-    with servers.redis(args.redis_url) as url:
+    with servers.redis_url(args.redis_url) as url:
         info = machine.describe(url)
         for name in wanted:
             client = by_name[name]

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     chosen = [by_name[n] for n in options.choose(args.only, list(by_name), default=list(by_name))]
     brokers = _brokers(args.broker_url)
     results: list[Row] = []
-    with servers.redis(args.redis_url) as url:
+    with servers.redis_url(args.redis_url) as url:
         info = machine.describe(url)
         tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="hurtle-bench-")
         root = args.workdir or Path(tmp.name if tmp else ".")
