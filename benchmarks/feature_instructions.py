@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 import redis
-from hurtle.bench.features import ROWS, scenario
-from hurtle.bench.redis_server import RedisServer
-from hurtle.bench.scenario import Scenario
+from hurtle.bench.features.rows import BARE, ROWS
+from hurtle.bench.harness.scenario import Scenario
+from hurtle.bench.harness.servers import RedisServer
 
 
 def totals(directory: Path) -> dict[str, int]:
@@ -78,19 +78,19 @@ def main(argv: list[str]) -> int:
         only = set(argv[at + 1].split(","))
         argv = argv[:at] + argv[at + 2 :]
     small, large = (int(argv[0]), int(argv[1])) if len(argv) >= 2 else (20_000, 60_000)
-    rows = [r for r in ROWS if not only or r[0] in only or r[0] == "bare"]
+    rows = [r for r in ROWS if not only or r.name in only or r is BARE]
     server = RedisServer()
     results = []
     try:
-        for name, options, worker in rows:
-            print(f"-- {name}", file=sys.stderr, flush=True)
-            row = scenario(name, options, worker)
+        for feature in rows:
+            print(f"-- {feature.name}", file=sys.stderr, flush=True)
+            row = feature.scenario()
             a = measure(server.url, row, small)
             b = measure(server.url, row, large)
             span = large - small
             main_thread = (b.get("out-01", 0) - a.get("out-01", 0)) / span
             everything = (sum(b.values()) - sum(a.values())) / span
-            results.append((name, main_thread, everything - main_thread, everything))
+            results.append((feature.name, main_thread, everything - main_thread, everything))
     finally:
         server.stop()
     bare = results[0][3]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import redis
-from hurtle.bench.redis_server import RedisServer
+from hurtle.bench.harness.servers import RedisServer
 
 TASKS = textwrap.dedent(
     """

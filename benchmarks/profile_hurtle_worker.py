@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from hurtle.bench.redis_server import RedisServer
+from hurtle.bench.harness.servers import RedisServer
 
 
 def main() -> int:

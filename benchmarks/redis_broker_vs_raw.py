@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import redis
-from hurtle.bench.redis_server import RedisServer
+from hurtle.bench.harness.servers import RedisServer
 from hurtle.brokers.redis import RedisBroker
 from hurtle.ids import new_id
 from hurtle.message import Message

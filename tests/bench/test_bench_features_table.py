@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hurtle.bench.features import table
-from hurtle.bench.scenario import Row
+from hurtle.bench.harness.scenario import Row
 
 
 def _row(name: str, rate: float) -> Row:

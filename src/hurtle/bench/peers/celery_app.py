@@ -8,7 +8,8 @@ from collections.abc import Callable
 
 from celery import Celery
 
-from ..probe import hit
+from ..harness.probe import hit
+from . import one_by_one
 
 app = Celery("bench", broker=os.environ["HURTLE_BENCH_REDIS_URL"])
 
@@ -20,8 +21,4 @@ def add(x: int, y: int) -> int:
 
 
 def publish(count: int, progress: Callable[[int], None]) -> int:
-    for i in range(1, count + 1):
-        add.delay(5, 6)
-        if not i % 1000:
-            progress(i)
-    return count
+    return one_by_one(add.delay, count, progress)

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
-from ..probe import hit
+from ..harness.probe import hit
+from . import one_by_one
 
 broker = RedisBroker(url=os.environ["HURTLE_BENCH_REDIS_URL"])
 dramatiq.set_broker(broker)
@@ -22,8 +23,4 @@ def add(x: int, y: int) -> int:
 
 
 def publish(count: int, progress: Callable[[int], None]) -> int:
-    for i in range(1, count + 1):
-        add.send(5, 6)
-        if not i % 1000:
-            progress(i)
-    return count
+    return one_by_one(add.send, count, progress)

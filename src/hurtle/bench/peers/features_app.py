@@ -9,7 +9,7 @@ import os
 from collections.abc import Callable
 
 from ...app import Hurtle
-from ..probe import hit
+from ..harness.probe import hit
 
 BATCH = 1000
 

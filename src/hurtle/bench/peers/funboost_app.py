@@ -3,7 +3,8 @@
 with ``push()``. ``python -m hurtle.bench.peers.funboost_app`` consumes until stopped.
 
 funboost reads ``funboost_config.py`` and ``nb_log_config.py`` from ``sys.path`` (and writes
-them there when absent): ``funboost_setup`` writes both into the row's work directory first.
+them there when absent): ``tasks.rows.funboost`` writes both into the row's work directory
+first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from funboost import (
     boost,
 )
 
-from ..probe import hit
+from ..harness.probe import hit
+from . import one_by_one
 
 KIND = os.environ.get("HURTLE_BENCH_FUNBOOST_KIND", "REDIS")
 
@@ -41,11 +43,7 @@ def add(x: int, y: int) -> int:
 
 
 def publish(count: int, progress: Callable[[int], None]) -> int:
-    for i in range(1, count + 1):
-        add.push(5, 6)
-        if not i % 1000:
-            progress(i)
-    return count
+    return one_by_one(add.push, count, progress)
 
 
 if __name__ == "__main__":

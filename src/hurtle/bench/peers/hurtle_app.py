@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...app import Hurtle
-from ..probe import hit
+from ..harness.probe import hit
 
 BATCH = 1000
 #: Three queues whose hash tags fall in the three thirds of the slots, so that on a cluster

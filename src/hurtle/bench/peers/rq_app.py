@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 
@@ -10,7 +11,8 @@ from rq import Queue
 
 from redis import Redis
 
-from ..probe import hit
+from ..harness.probe import hit
+from . import one_by_one
 
 
 def add(x: int, y: int) -> int:
@@ -20,8 +22,4 @@ def add(x: int, y: int) -> int:
 
 def publish(count: int, progress: Callable[[int], None]) -> int:
     queue = Queue("bench", connection=Redis.from_url(os.environ["HURTLE_BENCH_REDIS_URL"]))
-    for i in range(1, count + 1):
-        queue.enqueue(add, 5, 6)
-        if not i % 1000:
-            progress(i)
-    return count
+    return one_by_one(functools.partial(queue.enqueue, add), count, progress)

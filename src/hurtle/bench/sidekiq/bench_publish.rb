@@ -3,7 +3,7 @@
 #   ruby bench_publish.rb COUNT
 #
 # Writes {"count", "seconds"} to $HURTLE_BENCH_RESULT_FILE and progress to
-# $HURTLE_BENCH_PROGRESS_FILE, like hurtle.bench.publish.
+# $HURTLE_BENCH_PROGRESS_FILE, like hurtle.bench.harness.publish.
 require_relative "bench_worker"
 
 count = Integer(ARGV.fetch(0))

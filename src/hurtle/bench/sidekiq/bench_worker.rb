@@ -1,4 +1,5 @@
-# The Sidekiq side of `hurtle bench tasks`: an `Add` job and the same probe as hurtle.bench.probe.
+# The Sidekiq side of `hurtle bench tasks`: an `Add` job and the same probe as
+# hurtle.bench.harness.probe.
 #
 # Loaded by the worker (`sidekiq -r bench_worker.rb`) and by bench_publish.rb. Redis comes from
 # HURTLE_BENCH_REDIS_URL. Each finished job adds one to a counter and keeps the CLOCK_MONOTONIC

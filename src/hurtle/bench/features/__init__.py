@@ -1,0 +1,109 @@
+"""``hurtle bench features``: what each feature costs the consume path, on Redis.
+
+Each row publishes N calls of ``bench.add(i, 6)`` registered with some task options, then consumes
+them with one worker process (``hurtle.bench.peers.features_app``), like ``hurtle bench tasks``
+does; it reports consume tasks/s and the ratio to the ``bare`` row of the same run (the ratio,
+and the targets, are about consuming), and the publish rate beside it (``unique_for`` costs
+there too: each send takes its lock). With ``--rounds R``
+the rows run R times in turn (so that a noisy moment hits every row alike) and each row shows
+its median. In each round ``bare`` runs before every other row and after the last, and a row's
+ratio is to the mean of the two ``bare`` runs beside it; the table shows the median of those
+ratios over the rounds, and their range. A row whose option
+this hurtle does not have (registering the task raises ``TypeError``) is skipped with the note
+"option not available", so rows appear by themselves once the feature exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..harness import options, rounds
+from ..harness.scenario import Row
+from .rows import BARE, ROWS
+
+
+def add_parser(kinds: Any) -> None:
+    p: argparse.ArgumentParser = kinds.add_parser(
+        "features",
+        help="consume tasks/s with each feature on, as a ratio to none (Redis)",
+        description="Publish then consume N tasks per row on Redis: "
+        + ", ".join(row.name for row in ROWS)
+        + ". Each row's ratio is to the bare row of the same run.",
+    )
+    p.add_argument("--count", "-n", type=int, default=100_000, help="tasks per row")
+    options.add_redis_url(p, help="use this Redis instead of starting one; its database is FLUSHED")
+    p.add_argument("--only", default="", help="comma-separated rows (bare always runs)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="run every row this many times, in turn; report medians (default 3)",
+    )
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per phase of a row")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..harness import machine, servers
+    from ..harness.runner import Runner
+
+    wanted = {n.strip() for n in args.only.split(",") if n.strip()}
+    chosen = [r for r in ROWS if not wanted or r.name in wanted or r is BARE]
+    runs: list[list[Row]] = []
+    with servers.redis_url(args.redis_url) as url:
+        info = machine.describe(url)
+        with tempfile.TemporaryDirectory(prefix="hurtle-bench-features-") as tmp:
+            runner = Runner(url, Path(tmp), timeout=args.timeout)
+            for n in range(max(args.rounds, 1)):
+                done: list[Row] = []
+                # bare before every other row and after the last: each row is compared with
+                # the bare runs right beside it
+                for feature in rounds.interleave(chosen, BARE):
+                    why = feature.unavailable()
+                    if why is not None:
+                        done.append(Row(name=feature.name, system="hurtle", skipped=why))
+                        continue
+                    print(f"-- {feature.name} (round {n + 1})", file=sys.stderr, flush=True)
+                    done.append(runner.run(feature.scenario(), args.count))
+                runs.append(done)
+    print(
+        f"hurtle bench features: {args.count:,} x add(i, 6) per row on Redis "
+        f"{info['redis']}; {info['cpu']}, {info['cores']} cores, Python {info['python']}, "
+        f"{info['date']}; median of {len(runs)} round(s)"
+    )
+    print(table(runs))
+    return 0 if all(r.skipped or r.consumed == r.count for rows in runs for r in rows) else 1
+
+
+def table(runs: list[list[Row]]) -> str:
+    """One line per row: the median consume rate over the rounds, and the median and range of
+    its ratio to the ``bare`` runs right beside it (``harness.rounds``)."""
+    lines = [
+        f"{'row':<14} {'consume/s':>12} {'x bare':>7} {'range':>11} {'publish/s':>12}  "
+        "config / note"
+    ]
+    shown_rows = {r.name: r for r in runs[0]}  # each name once, in its first order
+    for r in shown_rows.values():
+        if r.skipped:
+            lines.append(
+                f"{r.name:<14} {'-':>12} {'-':>7} {'':>11} {'-':>12}  skipped: {r.skipped}"
+            )
+            continue
+        consumed = rounds.rates(runs, r.name, lambda row: row.consume_rate)
+        published = rounds.rates(runs, r.name, lambda row: row.publish_rate)
+        each = rounds.ratios(runs, r.name, BARE.name)
+        shown = f"{statistics.median(consumed):,.0f}" if consumed else "-"
+        sent = f"{statistics.median(published):,.0f}" if published else "-"
+        ratio = f"{statistics.median(each):.2f}" if each else "-"
+        spread = f"{min(each):.2f}-{max(each):.2f}" if len(each) > 1 else ""
+        notes = [n for rows in runs for row in rows if row.name == r.name for n in row.notes]
+        lines.append(
+            f"{r.name:<14} {shown:>12} {ratio:>7} {spread:>11} {sent:>12}  "
+            + "; ".join([r.config, *notes])
+        )
+    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""The rows of ``hurtle bench features``: one ``Feature`` each, the task options it registers
+``bench.add`` with and the worker options it runs with. ``bare`` (no option) is the baseline every
+other row is compared with. A row whose option this hurtle does not have is skipped by itself."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from ...app import Hurtle
+from ..harness.scenario import Scenario, hurtle_worker, publisher
+
+#: A rate that never binds at bench speed, and a uniqueness window longer than any run.
+_RATE = "10000000/s"
+_UNIQUE = 3600
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    name: str
+    #: Task options ``bench.add`` is registered with (``$HURTLE_BENCH_OPTIONS``).
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: ``hurtle worker`` options; the solo pool when empty.
+    worker: tuple[str, ...] = ()
+
+    def unavailable(self) -> str | None:
+        """Why a task cannot be registered with these options here, or None if it can."""
+        try:
+            Hurtle("memory://").task(name="probe", **self.options)(lambda x, y: x + y)
+        except TypeError as err:
+            return f"option not available ({err})"
+        return None
+
+    def scenario(self) -> Scenario:
+        """The publish-then-consume row the harness runs, on ``peers.features_app``."""
+        env = {"HURTLE_BENCH_OPTIONS": json.dumps(self.options)}
+        if self.worker:
+            env["HURTLE_BENCH_PROBE_LOCK"] = "1"  # tasks count from several threads
+        options = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "no option"
+        return Scenario(
+            name=self.name,
+            system="hurtle",
+            guarantee="acknowledged",
+            config=options + (f"; {' '.join(self.worker)}" if self.worker else "; solo"),
+            publisher=publisher("hurtle.bench.peers.features_app:publish"),
+            worker=hurtle_worker("hurtle.bench.peers.features_app:app", *self.worker),
+            env=env,
+            modules=("redis",),
+            version_of="hurtle",
+        )
+
+
+BARE = Feature("bare")
+ROWS = [
+    BARE,
+    Feature("store_result", {"store_result": True}),
+    Feature("rate_limit", {"rate_limit": _RATE}),
+    Feature("unique_for", {"unique_for": _UNIQUE}),
+    Feature("time_limit", {"time_limit": 10}),
+    Feature(
+        "all",
+        {"store_result": True, "rate_limit": _RATE, "unique_for": _UNIQUE, "time_limit": 10},
+    ),
+    Feature("threads-8", worker=("--pool", "threads", "--concurrency", "8")),
+]

@@ -1,0 +1,54 @@
+"""What the rows of ``hurtle bench tasks`` declare alike: a hurtle row with the batch settings
+every hurtle row reports, the machine's cores, and the environment flag for pools that finish
+tasks on several threads."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from ...settings import Settings
+from ..harness.scenario import Scenario, hurtle_worker, publisher
+from . import leftover
+
+CORES = os.cpu_count() or 1
+#: Tasks finish on several threads of one process: the probe takes a lock.
+LOCK = {"HURTLE_BENCH_PROBE_LOCK": "1"}
+REDIS_INSTALL = "the Redis broker (hurtle/brokers/redis/) and pip install -e '.[redis]'"
+
+_S = Settings()
+HURTLE_BATCHES = (
+    f"prefetch {_S.fetch_batch_size}, acks in batches of {_S.ack_batch_size} "
+    f"or every {_S.ack_interval_ms:g} ms, send_many batches of 1000"
+)
+
+
+def hurtle_row(
+    name: str,
+    config: str,
+    *options: str,
+    publish: str = "publish",
+    worker: tuple[str, ...] | None = None,
+    modules: tuple[str, ...] = ("redis", "hurtle.brokers.redis"),
+    install: str = REDIS_INSTALL,
+    env: Mapping[str, str] | None = None,
+    store: str = "redis",
+    url_query: str = "",
+) -> Scenario:
+    """A row of hurtle itself: ``bench.add`` of ``peers.hurtle_app``, published with its
+    ``publish`` function, consumed by ``hurtle worker`` with ``options`` (or ``worker``)."""
+    return Scenario(
+        name=name,
+        system="hurtle",
+        guarantee="acknowledged",
+        config=f"{config}, {HURTLE_BATCHES}",
+        publisher=publisher(f"hurtle.bench.peers.hurtle_app:{publish}"),
+        worker=worker or hurtle_worker("hurtle.bench.peers.hurtle_app:app", *options),
+        modules=modules,
+        version_of="hurtle",
+        install=install,
+        leftover=leftover.hurtle,
+        env=env or {},
+        store=store,
+        url_query=url_query,
+    )
