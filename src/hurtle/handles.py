@@ -364,3 +364,6 @@ class GroupHandle:
     def failed(self) -> bool:
         """Celery's: whether some member failed for good, read now."""
         return any(h.failed() for h in self.handles)
+
+
+__all__ = ["CELERY_STATES", "FlowHandle", "GroupHandle", "Handle", "State", "wait_seconds"]
