@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import tzinfo
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
 
 from .brokers import Broker, make_broker
 from .errors import ConfigurationError
@@ -25,8 +25,9 @@ from .message import Message
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
 from .names import check_task_name
+from .options import CelerySendOptions, CeleryTaskOptions, TaskChoices, celery_task
 from .settings import Settings, load_settings
-from .task import Task
+from .task import Task, send_by_name
 
 if TYPE_CHECKING:
     from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
@@ -141,6 +142,27 @@ class Hurtle:
         ``result`` on a task that keeps no results fails at once)."""
         return Handle(id, self, task)
 
+    def AsyncResult(self, id: str) -> Handle[Any]:
+        """Celery's name for ``handle``: ``app.AsyncResult(id).get(timeout=10)``."""
+        return Handle(id, self)
+
+    def send_task(
+        self,
+        name: str,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Unpack[CelerySendOptions],
+    ) -> Handle[Any]:
+        """Send a call of the task named ``name``, registered here or not (another service's):
+        ``app.send_task("tasks.add", args=(1, 2), countdown=10)``, with ``apply_async``'s
+        options, checked alike. A task registered here is sent as ``apply_async`` sends it
+        (its queue, its checks of the arguments); another name goes to ``queue=`` or the
+        app's default queue, with priority 0 and no expiry unless given."""
+        task = self.tasks.get(check_task_name(name))
+        if task is not None:
+            return task.apply_async(args, kwargs, **options)
+        return send_by_name(self, name, args, kwargs, options)
+
     def __repr__(self) -> str:
         return f"<Hurtle broker={self.settings.broker_url!r} tasks={len(self.tasks)}>"
 
@@ -173,6 +195,7 @@ class Hurtle:
         queue: str | None = None,
         retries: int | None = None,
         retry_delay: float | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         priority: int = 0,
         time_limit: float | None = None,
         store_result: bool | None = None,
@@ -184,6 +207,7 @@ class Hurtle:
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
+        **celery: Unpack[CeleryTaskOptions],
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
     def task(
@@ -195,6 +219,7 @@ class Hurtle:
         queue: str | None = None,
         retries: int | None = None,
         retry_delay: float | None = None,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         priority: int = 0,
         time_limit: float | None = None,
         store_result: bool | None = None,
@@ -206,6 +231,7 @@ class Hurtle:
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
+        **celery: Any,
     ) -> Any:
         """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
 
@@ -218,10 +244,20 @@ class Hurtle:
 
         ``expires=`` seconds: a message not started that long after its send is not run; it
         becomes a dead letter with the reason ``expired`` (its handle's state: ``expired``).
+
+        ``retry_on=(ConnectionError, ...)``: only these exceptions are retried; any other one
+        makes the message a dead letter at once. Celery's ``max_retries``, ``autoretry_for``,
+        ``retry_backoff``, ``ignore_result``, ``acks_late=True`` and ``bind=False`` are taken
+        with their hurtle meaning (``hurtle.options.celery_task``); other Celery options raise
+        ``ConfigurationError`` naming hurtle's.
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task_name = _default_name(func) if name is None else check_task_name(name)
+            given = TaskChoices(retries, retry_delay, store_result, retry_on)
+            retries_, retry_delay_, store_result_, retry_on_ = (
+                celery_task(task_name, celery, given) if celery else given
+            )
             if task_name in self.tasks and self.tasks[task_name].fn is not func:
                 raise ConfigurationError(
                     f"two tasks are named {task_name!r}; give one of them name=..."
@@ -231,14 +267,15 @@ class Hurtle:
                 func,
                 name=task_name,
                 queue=self.settings.default_queue if queue is None else queue,
-                retries=self.settings.default_retries if retries is None else retries,
+                retries=self.settings.default_retries if retries_ is None else retries_,
                 retry_delay=(
-                    self.settings.default_retry_delay if retry_delay is None else retry_delay
+                    self.settings.default_retry_delay if retry_delay_ is None else retry_delay_
                 ),
+                retry_on=retry_on_,
                 priority=priority,
                 time_limit=time_limit,
                 store_result=(
-                    self.settings.store_results if store_result is None else store_result
+                    self.settings.store_results if store_result_ is None else store_result_
                 ),
                 result_ttl=self.settings.result_ttl if result_ttl is None else result_ttl,
                 rate_limit=rate_limit,

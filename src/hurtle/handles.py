@@ -22,6 +22,15 @@ ids each batch of results announces, however many threads wait. The SQLite broke
 across processes: waiters re-read with short sleeps (2 ms doubling to 50 ms) within the timeout.
 The memory broker wakes them directly.
 
+Celery's spellings work on every handle: ``h.get(timeout=10)`` (``result``; without a timeout it
+waits as long as it takes, as Celery's does), ``h.ready()``, ``h.successful()``, ``h.failed()``,
+and ``h.status`` / ``h.state``: the state read now under Celery's name (``CELERY_STATES``).
+``h.state`` is a ``State``: a ``str`` holding Celery's name, so ``h.state == "SUCCESS"`` holds,
+that called returns hurtle's (``h.state() == "succeeded"``), so both spellings keep working.
+
+Workflows have handles of their own: ``FlowHandle`` (a chain's or chord's, or one group
+member's) and ``GroupHandle`` (a group's members).
+
 A handle is one small object with the id, the app and the task; ``send_many`` makes one per
 message and nothing else.
 """
@@ -33,12 +42,23 @@ import contextlib
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 import msgspec
 
 from .errors import ConfigurationError, ResultError, ResultTimeout, TaskFailed
-from .middleware.results import FINAL, PENDING, SUCCEEDED, Record, decode
+from .middleware.results import (
+    CANCELLED,
+    DEAD,
+    EXPIRED,
+    FAILED,
+    FINAL,
+    PENDING,
+    RUNNING,
+    SUCCEEDED,
+    Record,
+    decode,
+)
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -52,6 +72,39 @@ POLL_FIRST = 0.002
 POLL_MAX = 0.05
 #: Longest wait between two reads on brokers that notify (in case a notification was lost).
 RECHECK = 5.0
+
+
+#: Celery's name of each of hurtle's states (``Handle.status``). Celery marks an expired message
+#: revoked, as it does a cancelled one; hurtle never reports ``running`` (``STARTED``).
+CELERY_STATES = {
+    PENDING: "PENDING",
+    RUNNING: "STARTED",
+    SUCCEEDED: "SUCCESS",
+    FAILED: "RETRY",
+    DEAD: "FAILURE",
+    EXPIRED: "REVOKED",
+    CANCELLED: "REVOKED",
+}
+
+
+class State(str):
+    """A state read from a handle: Celery's name (``h.state == "SUCCESS"``), and called,
+    hurtle's (``h.state() == "succeeded"``)."""
+
+    hurtle: str
+
+    def __new__(cls, hurtle: str) -> State:
+        state = super().__new__(cls, CELERY_STATES[hurtle])
+        state.hurtle = hurtle
+        return state
+
+    def __call__(self) -> str:
+        """hurtle's name of this state: ``pending``, ``succeeded``, ``failed``, ``dead``,
+        ``expired`` or ``cancelled``."""
+        return self.hurtle
+
+    def __getnewargs__(self) -> tuple[str]:
+        return (self.hurtle,)
 
 
 def wait_seconds(timeout: object) -> float:
@@ -91,12 +144,51 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
     def __hash__(self) -> int:
         return hash(self.id)
 
-    def state(self) -> str:
-        """``pending``, ``succeeded``, ``failed``, ``dead``, ``expired`` or ``cancelled``
-        (module docstring), read now."""
+    @property
+    def state(self) -> State:
+        """The state, read now: ``h.state()`` is hurtle's name (``pending``, ``succeeded``,
+        ``failed``, ``dead``, ``expired`` or ``cancelled``: module docstring), and ``h.state``
+        itself a str holding Celery's (``PENDING``, ``SUCCESS``, ``RETRY``, ``FAILURE``,
+        ``REVOKED``)."""
         self._check()
         payload = self.app.broker.get_result(self.id)
-        return PENDING if payload is None else decode(payload).state
+        return State(PENDING if payload is None else decode(payload).state)
+
+    @property
+    def status(self) -> str:
+        """Celery's name of the state, read now: ``h.status == "SUCCESS"``."""
+        return str(self.state)
+
+    def ready(self) -> bool:
+        """Celery's: whether the message is done with (succeeded, dead, expired or
+        cancelled), read now."""
+        return self.state() in FINAL
+
+    def successful(self) -> bool:
+        """Celery's: whether the task succeeded, read now."""
+        return self.state() == SUCCEEDED
+
+    def failed(self) -> bool:
+        """Celery's: whether the task failed for good (``dead``: Celery's ``FAILURE``), read
+        now."""
+        return self.state() == DEAD
+
+    @overload
+    def get(self, timeout: float | None = None, propagate: Literal[True] = True) -> R: ...
+
+    @overload
+    def get(self, timeout: float | None = None, *, propagate: bool) -> R | TaskFailed: ...
+
+    def get(self, timeout: float | None = None, propagate: bool = True) -> R | TaskFailed:
+        """Celery's ``result``: ``h.get(timeout=10)``. Without a timeout it waits as long as
+        it takes, as Celery's does; ``propagate=False`` returns the ``TaskFailed`` instead of
+        raising it."""
+        try:
+            return self.result(timeout)
+        except TaskFailed as err:
+            if propagate:
+                raise
+            return err
 
     def result(self, timeout: float | None = 10.0) -> R:
         """The task's return value, waiting up to ``timeout`` seconds for it (``None``: as long
@@ -201,3 +293,77 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
             f"no result for task {name}[{self.id}] within {timeout:g}s (state: {state}); "
             "is a worker consuming its queue?"
         )
+
+
+class FlowHandle(Handle[R]):
+    """The handle of a workflow (or one member): ``result`` is its final result, or raises
+    ``TaskFailed`` naming the member that failed for good."""
+
+    name: str = "?"
+
+    def __repr__(self) -> str:
+        return f"<FlowHandle {self.name}[{self.id}]>"
+
+    def _unwrap(self, record: Record) -> R:
+        if record.state == SUCCEEDED:
+            value: R = record.value
+            return value
+        member, member_id = self.name, self.id
+        if isinstance(record.value, list) and len(record.value) == 2:
+            member, member_id = str(record.value[0]), str(record.value[1])
+        raise TaskFailed(
+            member_id, member, record.error_type, record.error_message, record.traceback
+        )
+
+    def _timeout(self, timeout: float) -> ResultTimeout:
+        return ResultTimeout(
+            f"no result for workflow {self.name}[{self.id}] within {timeout:g}s; is a worker "
+            "consuming its queues?"
+        )
+
+
+class GroupHandle:
+    """The handles of a group's members; ``result(timeout)`` is the list of their results."""
+
+    def __init__(self, handles: list[FlowHandle[Any]]) -> None:
+        self.handles = handles
+
+    def __repr__(self) -> str:
+        return f"<GroupHandle of {len(self.handles)}>"
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    @property
+    def ids(self) -> list[str]:
+        return [h.id for h in self.handles]
+
+    def result(self, timeout: float | None = 10.0) -> list[Any]:
+        """The members' results in order, within ``timeout`` seconds in all (``None``: as long
+        as it takes); raises ``TaskFailed`` naming a member that failed for good."""
+        deadline = time.monotonic() + wait_seconds(timeout)
+        return [h.result(max(deadline - time.monotonic(), 0.0)) for h in self.handles]
+
+    async def aresult(self, timeout: float | None = 10.0) -> list[Any]:
+        deadline = time.monotonic() + wait_seconds(timeout)
+        return [await h.aresult(max(deadline - time.monotonic(), 0.0)) for h in self.handles]
+
+    def get(self, timeout: float | None = None) -> list[Any]:
+        """Celery's ``result``: ``g.get(timeout=10)``; without a timeout it waits as long as it
+        takes, as Celery's does."""
+        return self.result(timeout)
+
+    def ready(self) -> bool:
+        """Celery's: whether every member is done with, read now."""
+        return all(h.ready() for h in self.handles)
+
+    def successful(self) -> bool:
+        """Celery's: whether every member succeeded, read now."""
+        return all(h.successful() for h in self.handles)
+
+    def failed(self) -> bool:
+        """Celery's: whether some member failed for good, read now."""
+        return any(h.failed() for h in self.handles)
+
+
+__all__ = ["CELERY_STATES", "FlowHandle", "GroupHandle", "Handle", "State", "wait_seconds"]

@@ -8,8 +8,10 @@ and the checks of a task's options: each checked once, when given, never per mes
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from typing import Any, Concatenate, ParamSpec, TypeVar
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from typing import Any, Concatenate, Literal, NamedTuple, NoReturn, ParamSpec, TypedDict, TypeVar
 
 import msgspec
 
@@ -52,6 +54,29 @@ class SendOptions:
             problem = seconds_problem(self.expires, "expires")
         if problem is not None:
             raise ConfigurationError(problem)
+
+    def resolve(
+        self, now: float, queue: str, priority: int, expires: float | None
+    ) -> tuple[str, int, float, dict[str, Any], float]:
+        """Queue, priority, eta, headers and expiry time of a call sent at ``now`` with these
+        options over a task's ``queue``, ``priority`` and ``expires`` (seconds, or None).
+
+        The expiry counts from the send (not from the eta): a message due in an hour that
+        expires in ten minutes never runs."""
+        eta = 0.0
+        if self.eta is not None:
+            eta = self.eta
+        elif self.delay is not None:
+            eta = now + self.delay
+        if self.expires is not None:
+            expires = self.expires
+        return (
+            queue if self.queue is None else self.queue,
+            priority if self.priority is None else self.priority,
+            eta,
+            dict(self.headers) if self.headers else {},
+            0 if expires is None else now + expires,
+        )
 
 
 def same_options(
@@ -100,3 +125,216 @@ def check_seconds(task: str, value: object, what: str, unit: str = "a number of 
     problem = seconds_problem(value, what, unit)
     if problem is not None:
         raise ConfigurationError(f"task {task!r}: {problem}")
+
+
+# -- Celery's spellings -----------------------------------------------------------------------
+
+
+class CelerySendOptions(TypedDict, total=False):
+    """Celery's per-call options that hurtle takes (``apply_async``, ``signature``, ``set``,
+    ``send_task``): ``countdown`` is ``delay``; ``eta`` and ``expires`` may be ``datetime``s."""
+
+    countdown: float | None
+    eta: datetime | float | None
+    expires: datetime | float | None
+    queue: str | None
+    priority: int | None
+    headers: Mapping[str, Any] | None
+
+
+_SEND_NAMES = tuple(CelerySendOptions.__annotations__)
+_NO_RETRY = "a send returns once the broker has the message, or raises BrokerError: leave it out"
+#: Celery's per-call options that hurtle does not take, and what to write instead.
+SEND_INSTEAD = {
+    "link": "chain the calls instead: add.s(1, 2) | mul.s(3)",
+    "link_error": (
+        "a call that fails for good becomes a dead letter (hurtle dead ... list), and a "
+        "workflow's handle raises TaskFailed naming the step"
+    ),
+    "task_id": "hurtle makes each message's id: read it from the handle (h.id)",
+    "serializer": "messages are always MessagePack: leave it out",
+    "compression": "messages are always MessagePack, uncompressed: leave it out",
+    "routing_key": "there are no routing keys: give queue=...",
+    "exchange": "there are no exchanges: give queue=...",
+    "retry": _NO_RETRY,
+    "retry_policy": _NO_RETRY,
+    "ignore_result": "it is the task's: @app.task(ignore_result=True) (store_result=False)",
+    "time_limit": "it is the task's: @app.task(time_limit=N)",
+    "soft_time_limit": "hurtle has one time limit, the task's: @app.task(time_limit=N)",
+}
+
+
+def call_args(what: str, args: object, kwargs: object) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Celery's ``args`` and ``kwargs`` of ``what`` (a tuple or list, a dict of str keys, or
+    None), checked."""
+    if args is not None and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
+        raise ConfigurationError(
+            f"{what} args must be a tuple or list of positional arguments, got "
+            f"{type(args).__name__}"
+        )
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise ConfigurationError(f"{what} kwargs must be a dict, got {type(kwargs).__name__}")
+    for key in kwargs or ():
+        if not isinstance(key, str):
+            raise ConfigurationError(f"{what} kwargs must have str keys, got {key!r:.60}")
+    return tuple(args or ()), dict(kwargs or {})
+
+
+def celery_send(what: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """hurtle's per-call options (``Task.options``'s keywords) for Celery's ``options`` of
+    ``what``; one given as None is left out, as Celery does. A naive ``datetime`` is read in the
+    local time zone. An option hurtle does not take raises ``ConfigurationError`` saying what
+    to write instead; the values are checked where the options are made."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in _SEND_NAMES:
+            instead = SEND_INSTEAD.get(key, f"the options it takes are {', '.join(_SEND_NAMES)}")
+            raise ConfigurationError(f"{what} does not take {key}=...: {instead}")
+        if value is None:
+            continue
+        if key == "countdown":
+            out["delay"] = value
+        elif key == "eta" and isinstance(value, datetime):
+            out["eta"] = value.timestamp()
+        elif key == "expires" and isinstance(value, datetime):
+            out["expires"] = max(value.timestamp() - time.time(), 0.0)
+        else:
+            out[key] = value
+    return out
+
+
+class CeleryTaskOptions(TypedDict, total=False):
+    """Celery's task options that ``@app.task`` takes beside its own (``celery_task``)."""
+
+    max_retries: int
+    autoretry_for: type[BaseException] | tuple[type[BaseException], ...]
+    retry_backoff: bool | float
+    ignore_result: bool
+    acks_late: Literal[True]
+    bind: Literal[False]
+
+
+#: The options of ``@app.task`` (``Hurtle.task``), for messages that list them.
+TASK_OPTIONS = [
+    "name",
+    "queue",
+    "retries",
+    "retry_delay",
+    "retry_on",
+    "priority",
+    "time_limit",
+    "store_result",
+    "result_ttl",
+    "rate_limit",
+    "rate_limit_key",
+    "concurrency_limit",
+    "concurrency_key",
+    "unique_for",
+    "unique_key",
+    "expires",
+]
+#: Celery's task options that hurtle does not take, and what to write instead.
+TASK_INSTEAD = {
+    "soft_time_limit": (
+        "hurtle has one time limit: give time_limit=N seconds (the task is interrupted with "
+        "hurtle.TimeLimitExceeded, then retried or dead-lettered)"
+    ),
+    "default_retry_delay": "give retry_delay=N, the first delay of hurtle's exponential backoff",
+    "retry_backoff_max": "the longest delay is the app's: Hurtle(max_retry_delay=N)",
+    "retry_jitter": "hurtle's backoff always has jitter (±25%): leave it out",
+    "track_started": "hurtle records no started state (a task being run reads PENDING)",
+    "serializer": "messages are always MessagePack: leave it out",
+    "typing": "hurtle always checks the arguments against the signature at send: leave it out",
+    "reject_on_worker_lost": (
+        "a message whose worker keeps dying becomes a dead letter after "
+        "HURTLE_MAX_RECOVERIES deaths: leave it out"
+    ),
+    "base": "hurtle has no task classes: put what the base class did in a Middleware",
+    "shared": "a task belongs to the app that registers it: leave it out",
+}
+
+
+class TaskChoices(NamedTuple):
+    """hurtle's task options that Celery's set (None: not set)."""
+
+    retries: int | None
+    retry_delay: float | None
+    store_result: bool | None
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
+
+
+def celery_task(task: str, given: Mapping[str, Any], hurtle: TaskChoices) -> TaskChoices:
+    """hurtle's options of ``task`` once Celery's ``given`` ones (``CeleryTaskOptions``) are
+    read: ``max_retries`` is ``retries``, ``autoretry_for`` is ``retry_on``, ``retry_backoff``
+    the first delay (True: 1 s, as in Celery), ``ignore_result`` the opposite of
+    ``store_result``; ``acks_late=True`` and ``bind=False`` are what hurtle does anyway. Any
+    other option, or a value hurtle has no meaning for, raises ``ConfigurationError`` naming
+    what to write instead; so does an option given under both names."""
+    retries, retry_delay, store_result, retry_on = hurtle
+    for key, value in given.items():
+        if key == "max_retries":
+            _once(task, key, retries, "retries")
+            if type(value) is not int or value < 0:
+                _refuse(task, key, value, "give max_retries=N, an int >= 0 (no retrying for ever)")
+            retries = value
+        elif key == "autoretry_for":
+            _once(task, key, retry_on, "retry_on")
+            retry_on = exception_classes(task, "autoretry_for", value)
+        elif key == "retry_backoff":
+            _once(task, key, retry_delay, "retry_delay")
+            if value is False:
+                _refuse(task, key, value, "hurtle's retries always back off: leave it out")
+            retry_delay = 1.0 if value is True else value
+            if seconds_problem(retry_delay, key) is not None or not retry_delay:
+                _refuse(task, key, value, "give True, or the first delay in seconds (> 0)")
+        elif key == "ignore_result":
+            if not isinstance(value, bool):
+                _refuse(task, key, value, "give True or False")
+            if store_result is value:
+                _refuse(task, key, value, f"it contradicts store_result={store_result}")
+            store_result = not value
+        elif key == "acks_late":
+            if value is not True:
+                _refuse(
+                    task,
+                    key,
+                    value,
+                    "hurtle always acknowledges late, once the outcome is "
+                    "recorded: leave acks_late out",
+                )
+        elif key == "bind":
+            if value is not False:
+                _refuse(
+                    task,
+                    key,
+                    value,
+                    "hurtle has no bound tasks: drop bind=True and the "
+                    "task's self parameter (self.retry(countdown=N) is raise Retry(delay=N))",
+                )
+        else:
+            instead = TASK_INSTEAD.get(key, f"its options are {', '.join(TASK_OPTIONS)}")
+            raise ConfigurationError(f"task {task!r}: @app.task does not take {key}=: {instead}")
+    return TaskChoices(retries, retry_delay, store_result, retry_on)
+
+
+def _refuse(task: str, key: str, value: object, why: str) -> NoReturn:
+    raise ConfigurationError(f"task {task!r}: {key}={value!r:.60} is not taken: {why}")
+
+
+def _once(task: str, key: str, mine: object, name: str) -> None:
+    if mine is not None:
+        raise ConfigurationError(
+            f"task {task!r}: {key}= is hurtle's {name}=, also given: give one of them"
+        )
+
+
+def exception_classes(task: str, what: str, value: object) -> tuple[type[BaseException], ...]:
+    """``value`` as a tuple of exception classes (one class, or a tuple or list of them)."""
+    items = value if isinstance(value, tuple | list) else (value,)
+    for item in items:
+        if not (isinstance(item, type) and issubclass(item, BaseException)):
+            raise ConfigurationError(
+                f"task {task!r}: {what} must be exception classes, such as (ConnectionError,), "
+                f"got {item!r:.60}"
+            )
+    return tuple(items)

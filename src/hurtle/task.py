@@ -24,19 +24,27 @@ import inspect
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, Unpack
 
 import msgspec
 
 from .arity import arity_of
-from .errors import ArgumentError, ConfigurationError
+from .errors import ArgumentError, ConfigurationError, Retry
 from .handles import Handle
 from .ids import new_id
 from .limits import KeyFunction, Limits
 from .message import CheckedBatch, Message
 from .names import check_queue_name, check_task_name
-from .options import SendOptions, check_priority, check_seconds, checked
+from .options import (
+    CelerySendOptions,
+    SendOptions,
+    call_args,
+    celery_send,
+    check_priority,
+    check_seconds,
+    checked,
+    exception_classes,
+)
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -68,6 +76,7 @@ class Task(Generic[P, R]):
         queue: str,
         retries: int,
         retry_delay: float,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         priority: int = 0,
         time_limit: float | None = None,
         store_result: bool = False,
@@ -98,12 +107,17 @@ class Task(Generic[P, R]):
                 raise ConfigurationError(f"task {name!r}: time_limit must be > 0 (or None)")
         if expires is not None:
             check_seconds(name, expires, "expires")
+        retry_for = None if retry_on is None else exception_classes(name, "retry_on", retry_on)
         self.app = app
         self.fn = fn
         self.name = name
         self.queue = queue
         self.retries = retries
         self.retry_delay = retry_delay
+        #: The exceptions worth another attempt (and ``Retry``), or None: any exception.
+        self.retry_on: tuple[type[BaseException], ...] | None = (
+            None if retry_for is None else (Retry, *retry_for)
+        )
         self.priority = check_priority(name, priority)
         self.time_limit = time_limit
         #: Seconds after its send past which a message of this task is no longer started (a
@@ -180,27 +194,12 @@ class Task(Generic[P, R]):
     def _resolve(
         self, options: SendOptions | None, now: float
     ) -> tuple[str, int, float, dict[str, Any], float]:
-        """Queue, priority, eta, headers and expiry time of a call with ``options``.
-
-        The expiry counts from the send (not from the eta): a message due in an hour that
-        expires in ten minutes never runs."""
-        expires = self.expires
+        """Queue, priority, eta, headers and expiry time of a call with ``options``
+        (``SendOptions.resolve``)."""
         if options is None:
+            expires = self.expires
             return self.queue, self.priority, 0.0, {}, 0 if expires is None else now + expires
-        eta = 0.0
-        if options.eta is not None:
-            eta = options.eta
-        elif options.delay is not None:
-            eta = now + options.delay
-        if options.expires is not None:
-            expires = options.expires
-        return (
-            self.queue if options.queue is None else options.queue,
-            self.priority if options.priority is None else options.priority,
-            eta,
-            dict(options.headers) if options.headers else {},
-            0 if expires is None else now + expires,
-        )
+        return options.resolve(now, self.queue, self.priority, self.expires)
 
     def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
         """Enqueue one call; returns its handle (``.id``, ``.result()``) once the broker has it.
@@ -221,13 +220,7 @@ class Task(Generic[P, R]):
         self,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
-        *,
-        countdown: float | None = None,
-        eta: datetime | float | None = None,
-        queue: str | None = None,
-        priority: int | None = None,
-        expires: datetime | float | None = None,
-        headers: Mapping[str, Any] | None = None,
+        **options: Unpack[CelerySendOptions],
     ) -> Handle[R]:
         """Celery's spelling of ``options(...).send(...)``: ``add.apply_async((1, 2),
         countdown=10)``.
@@ -235,31 +228,12 @@ class Task(Generic[P, R]):
         ``countdown`` is seconds from now (``delay``); ``eta`` a ``datetime`` or a Unix time
         (it wins over ``countdown``); ``expires`` seconds from now or a ``datetime``. A naive
         ``datetime`` is read in the local time zone (``datetime.timestamp``). Priorities run
-        from 0 to 9, 9 first, as everywhere in hurtle.
+        from 0 to 9, 9 first, as everywhere in hurtle. Any other option raises
+        ``ConfigurationError`` saying what to write instead.
         """
-        if args is not None and (isinstance(args, str | bytes) or not isinstance(args, Sequence)):
-            raise ConfigurationError(
-                f"task {self.name!r}: apply_async args must be a tuple or list of positional "
-                f"arguments, got {type(args).__name__}"
-            )
-        if kwargs is not None and not isinstance(kwargs, Mapping):
-            raise ConfigurationError(
-                f"task {self.name!r}: apply_async kwargs must be a dict, got "
-                f"{type(kwargs).__name__}"
-            )
-        if isinstance(eta, datetime):
-            eta = eta.timestamp()
-        if isinstance(expires, datetime):
-            expires = max(expires.timestamp() - time.time(), 0.0)
-        bound = self.options(
-            queue=queue,
-            delay=countdown,
-            eta=eta,
-            priority=priority,
-            headers=headers,
-            expires=expires,
-        )
-        return bound.send(*(args or ()), **dict(kwargs or {}))
+        what = f"task {self.name!r}: apply_async"
+        call, keywords = call_args(what, args, kwargs)
+        return self.options(**celery_send(what, options)).send(*call, **keywords)
 
     def send_many(
         self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
@@ -286,6 +260,21 @@ class Task(Generic[P, R]):
         from .workflows import Signature
 
         return Signature(self, args, kwargs)
+
+    def signature(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Unpack[CelerySendOptions],
+    ) -> Signature[R]:
+        """Celery's long form of ``s``: ``add.signature((1, 2), countdown=10)`` is
+        ``add.s(1, 2).options(delay=10)``; it takes ``apply_async``'s options."""
+        from .workflows import Signature
+
+        what = f"task {self.name!r}: signature"
+        call, keywords = call_args(what, args, kwargs)
+        given = celery_send(what, options)
+        return Signature(self, call, keywords, self.options(**given).opts if given else None)
 
     def options(
         self,
@@ -351,6 +340,30 @@ class BoundTask(Generic[P, R]):
         from .workflows import Signature
 
         return Signature(self.task, args, kwargs, self.opts)
+
+
+def send_by_name(
+    app: Hurtle,
+    name: str,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    options: Mapping[str, Any],
+) -> Handle[Any]:
+    """Send a call of the task ``name``, which ``app`` does not register (``send_task``): to
+    ``queue=`` or the app's default queue, priority 0 and no expiry unless given; the arguments
+    cannot be checked against a signature here, the options are checked as ``send``'s."""
+    what = f"send_task({name!r})"
+    call, keywords = call_args(what, args, kwargs)
+    try:
+        opts = SendOptions(**celery_send(what, options))
+    except ConfigurationError as err:
+        raise ConfigurationError(f"{what}: {err}") from None
+    now = time.time()
+    queue, priority, eta, headers, expires = opts.resolve(now, app.settings.default_queue, 0, None)
+    message = Message(
+        new_id(), name, queue, call, keywords, 0, priority, eta, now, headers, expires
+    )
+    return Handle(app._publish([message]), app)
 
 
 def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:

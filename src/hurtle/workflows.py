@@ -27,6 +27,13 @@ What makes them hold (``hurtle.worker.flows`` is the worker side):
   polled, a chord of 10,000 members costs 10,000 counter updates (batched with the members'
   acknowledgements) and one read.
 
+Celery's spellings build and send the same workflows: ``add.s(1, 2) | mul.s(3)`` is a chain
+(and ``group(...) | total.s()`` a chord); ``chain(...)()``, ``.delay()`` and ``.apply_async()``
+send one, ``group(...)()`` a group, ``chord([...])(total.s())`` a chord; a signature has
+``delay``, ``apply_async`` and ``set`` (Celery's option names), and calling it runs the task
+here, as calling a task does. Arguments given when sending are put before a signature's own (a
+chain's first step's, each group or chord member's), as Celery does.
+
 Messages outside workflows carry no such header and pay nothing for any of this but one check
 of their (empty) headers on the processor's inline path.
 
@@ -38,17 +45,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Never, TypeVar, Unpack
 
 import msgspec
 
-from .errors import ConfigurationError, ResultTimeout, TaskFailed
-from .handles import Handle, wait_seconds
+from .errors import ConfigurationError
+from .handles import FlowHandle, GroupHandle, Handle
 from .ids import new_id
 from .message import Message
-from .middleware.results import SUCCEEDED, Record
-from .options import same_options
+from .options import CelerySendOptions, call_args, celery_send, same_options
 from .task import BoundTask, Task
 
 if TYPE_CHECKING:
@@ -166,11 +172,61 @@ class Signature(Generic[R]):
             return self.task.send(*self.args, **self.kwargs)
         return BoundTask(self.task, self.opts).send(*self.args, **self.kwargs)
 
-    def _check(self, extra: int) -> None:
-        """Refuse a call that would not fit once given ``extra`` arguments before its own."""
+    # -- Celery's spellings ----------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> R:
+        """Run the task here and now, not sent (Celery's): ``add.s(2)(1)`` is ``add(1, 2)``."""
+        sig = self.merged(args, kwargs)
+        return sig.task.fn(*sig.args, **sig.kwargs)
+
+    def delay(self, *args: Any, **kwargs: Any) -> Handle[R]:
+        """Send this call (Celery's), ``args`` before its own and ``kwargs`` over its own:
+        ``add.s(1).delay(2)`` sends ``add(2, 1)``."""
+        return self.merged(args, kwargs).send()
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Unpack[CelerySendOptions],
+    ) -> Handle[R]:
+        """Send this call (Celery's), with ``delay``'s arguments and ``Task.apply_async``'s
+        options over its own: ``add.s(1, 2).apply_async(countdown=10)``."""
+        what = f"signature of {self.task.name!r}: apply_async"
+        call, keywords = call_args(what, args, kwargs)
+        given = celery_send(what, options)
+        sig = self.merged(call, keywords)
+        return (sig.options(**given) if given else sig).send()
+
+    def set(self, **options: Unpack[CelerySendOptions]) -> Signature[R]:
+        """Set options on this signature itself and return it (Celery's, with its names:
+        ``add.s(1, 2).set(countdown=10, queue="slow")``); ``options`` makes a copy instead."""
+        given = celery_send(f"signature of {self.task.name!r}: set", options)
+        if given:
+            self.opts = self.options(**given).opts
+        return self
+
+    def __or__(self, other: Signature[Any] | chain) -> chain:
+        """``add.s(1, 2) | mul.s(3)``: the chain of the two (Celery's)."""
+        return chain(self) | other
+
+    def merged(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature[R]:
+        """This call with ``args`` before its own and ``kwargs`` over its own (itself if there
+        are none): Celery's partial arguments."""
+        if not args and not kwargs:
+            return self
+        return Signature(self.task, (*args, *self.args), {**self.kwargs, **kwargs}, self.opts)
+
+    def _check(self, extra: int, partial: bool = False) -> None:
+        """Refuse a call that would not fit once given ``extra`` arguments before its own
+        (with ``partial``, at least ``extra``: more may be given when it is sent)."""
         task = self.task
         _check_member(task)
         problem = task.unfit((*(None,) * extra, *self.args), self.kwargs)
+        if problem is not None and partial and task.arity is not None:
+            more = range(extra + 1, extra + len(task.arity.positional) + 1)
+            if any(task.unfit((*(None,) * n, *self.args), self.kwargs) is None for n in more):
+                return
         if problem is not None:
             what = "" if not extra else " (after the result it is given first)"
             raise ConfigurationError(f"cannot build the workflow: {problem}{what}")
@@ -224,6 +280,21 @@ def _app_of(sigs: list[Signature[Any]]) -> Hurtle:
     return app
 
 
+def _no_options(what: str, options: dict[str, Any]) -> None:
+    if options:
+        raise ConfigurationError(
+            f"{what} takes no options ({', '.join(options)}): set them on its signatures, "
+            "such as add.s(1, 2).set(countdown=10)"
+        )
+
+
+def _nested(what: str, other: object) -> ConfigurationError:
+    return ConfigurationError(
+        f"cannot append a {type(other).__name__} to a {what}: workflows cannot be nested yet; "
+        "send it on its own"
+    )
+
+
 def _publish(app: Hurtle, messages: list[Message]) -> None:
     for hook in app._publish_hooks:
         messages = hook.before_publish(messages)
@@ -239,8 +310,8 @@ class chain:
         self.signatures = _signatures(signatures, "chain")
         if not self.signatures:
             raise ConfigurationError("a chain needs at least one signature")
-        for i, s in enumerate(self.signatures):
-            s._check(0 if i == 0 else 1)
+        for i, s in enumerate(self.signatures):  # the first may get arguments when sent
+            s._check(0 if i == 0 else 1, partial=i == 0)
 
     def send(self) -> FlowHandle[Any]:
         sigs = self.signatures
@@ -253,6 +324,38 @@ class chain:
         _publish(app, [first.message((), flow)])
         return FlowHandle(flow_id, app, None, last.name)
 
+    def __call__(self, *args: Any, **kwargs: Any) -> FlowHandle[Any]:
+        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step."""
+        return self.apply_async(args, kwargs)
+
+    def delay(self, *args: Any, **kwargs: Any) -> FlowHandle[Any]:
+        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step."""
+        return self.apply_async(args, kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Never,
+    ) -> FlowHandle[Any]:
+        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step."""
+        _no_options("a chain", options)
+        call, keywords = call_args("chain: apply_async", args, kwargs)
+        if not call and not keywords:
+            return self.send()
+        first, *rest = self.signatures
+        return chain(first.merged(call, keywords), *rest).send()
+
+    def __or__(self, other: Signature[Any] | chain) -> chain:
+        """``chain(...) | mul.s(3)``, ``chain(...) | chain(...)``: a longer chain (Celery's)."""
+        if isinstance(other, Signature):
+            return chain(*self.signatures, other)
+        if isinstance(other, chain):
+            return chain(*self.signatures, *other.signatures)
+        if isinstance(other, group | chord):
+            raise _nested("chain", other)
+        return NotImplemented
+
 
 class group:
     """``group(add.s(i, i) for i in range(100))``: the members run in parallel; ``.send()``
@@ -264,8 +367,8 @@ class group:
         else:
             items = signatures
         self.signatures = _signatures(items, "group")
-        for s in self.signatures:
-            s._check(0)
+        for s in self.signatures:  # each may get arguments when sent
+            s._check(0, partial=True)
 
     def send(self) -> GroupHandle:
         sigs = self.signatures
@@ -279,22 +382,76 @@ class group:
         _publish(app, messages)
         return GroupHandle([FlowHandle(m.id, app, None, m.task) for m in messages])
 
+    def __call__(self, *args: Any, **options: Never) -> GroupHandle:
+        """Send the group (Celery's), ``args`` put before each member's own."""
+        return self.apply_async(args, **options)
+
+    def delay(self, *args: Any, **kwargs: Any) -> GroupHandle:
+        """Send the group (Celery's), ``args`` and ``kwargs`` given to each member."""
+        return self.apply_async(args, kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        **options: Never,
+    ) -> GroupHandle:
+        """Send the group (Celery's), ``args`` and ``kwargs`` given to each member."""
+        _no_options("a group", options)
+        call, keywords = call_args("group: apply_async", args, kwargs)
+        if not call and not keywords:
+            return self.send()
+        return group(s.merged(call, keywords) for s in self.signatures).send()
+
+    def __or__(self, other: Signature[Any]) -> chord:
+        """``group(...) | total.s()``: the chord of the two (Celery's)."""
+        if isinstance(other, Signature):
+            return chord(self, other)
+        if isinstance(other, chain | group | chord):
+            raise _nested("group", other)
+        return NotImplemented
+
 
 class chord:
     """``chord(group(...), total.s())``: ``total`` runs once every member succeeded, with the
     list of their results (in member order) first; ``.send()`` returns its handle. A member
-    that fails for good fails the chord at once, and ``total`` never runs."""
+    that fails for good fails the chord at once, and ``total`` never runs.
 
-    def __init__(self, header: group | Iterable[Signature[Any]], callback: Signature[R]) -> None:
+    As in Celery, the callback may come when it is sent: ``chord([...])(total.s())``."""
+
+    def __init__(
+        self, header: group | Iterable[Signature[Any]], callback: Signature[Any] | None = None
+    ) -> None:
         members = header.signatures if isinstance(header, group) else _signatures(header, "chord")
         self.members = members
-        self.callback = _signatures([callback], "chord")[0]
+        self.callback = None if callback is None else _signatures([callback], "chord")[0]
         for s in members:
             s._check(0)
-        self.callback._check(1)
+        if self.callback is not None:
+            self.callback._check(1)
+
+    def __call__(self, callback: Signature[Any] | None = None, **options: Never) -> FlowHandle[Any]:
+        """Send the chord (Celery's): ``chord([...])(total.s())`` gives the callback now."""
+        _no_options("a chord", options)
+        if callback is not None:
+            return chord(self.members, callback).send()
+        return self.send()
+
+    def delay(self) -> FlowHandle[Any]:
+        """Send the chord (Celery's)."""
+        return self.send()
+
+    def apply_async(self, **options: Never) -> FlowHandle[Any]:
+        """Send the chord (Celery's)."""
+        _no_options("a chord", options)
+        return self.send()
 
     def send(self) -> FlowHandle[Any]:
         members, callback = self.members, self.callback
+        if callback is None:
+            raise ConfigurationError(
+                "a chord needs a callback: chord(header, total.s()), or chord(header)(total.s())"
+            )
         app = _app_of([*members, callback])
         ttl = callback.task.result_ttl
         cb = callback._link(1)
@@ -310,60 +467,6 @@ class chord:
         ]
         _publish(app, messages)
         return FlowHandle(cb.id, app, None, callback.task.name)
-
-
-class FlowHandle(Handle[R]):
-    """The handle of a workflow (or one member): ``result`` is its final result, or raises
-    ``TaskFailed`` naming the member that failed for good."""
-
-    name: str = "?"
-
-    def __repr__(self) -> str:
-        return f"<FlowHandle {self.name}[{self.id}]>"
-
-    def _unwrap(self, record: Record) -> R:
-        if record.state == SUCCEEDED:
-            value: R = record.value
-            return value
-        member, member_id = self.name, self.id
-        if isinstance(record.value, list) and len(record.value) == 2:
-            member, member_id = str(record.value[0]), str(record.value[1])
-        raise TaskFailed(
-            member_id, member, record.error_type, record.error_message, record.traceback
-        )
-
-    def _timeout(self, timeout: float) -> ResultTimeout:
-        return ResultTimeout(
-            f"no result for workflow {self.name}[{self.id}] within {timeout:g}s; is a worker "
-            "consuming its queues?"
-        )
-
-
-class GroupHandle:
-    """The handles of a group's members; ``result(timeout)`` is the list of their results."""
-
-    def __init__(self, handles: list[FlowHandle[Any]]) -> None:
-        self.handles = handles
-
-    def __repr__(self) -> str:
-        return f"<GroupHandle of {len(self.handles)}>"
-
-    def __len__(self) -> int:
-        return len(self.handles)
-
-    @property
-    def ids(self) -> list[str]:
-        return [h.id for h in self.handles]
-
-    def result(self, timeout: float | None = 10.0) -> list[Any]:
-        """The members' results in order, within ``timeout`` seconds in all (``None``: as long
-        as it takes); raises ``TaskFailed`` naming a member that failed for good."""
-        deadline = time.monotonic() + wait_seconds(timeout)
-        return [h.result(max(deadline - time.monotonic(), 0.0)) for h in self.handles]
-
-    async def aresult(self, timeout: float | None = 10.0) -> list[Any]:
-        deadline = time.monotonic() + wait_seconds(timeout)
-        return [await h.aresult(max(deadline - time.monotonic(), 0.0)) for h in self.handles]
 
 
 __all__ = [

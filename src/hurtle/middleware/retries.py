@@ -6,6 +6,8 @@ budget stays on the processor's inline path until it fails. It decides, in this 
 * a ``TypeError`` because the message's arguments do not fit the task's signature: dead letter
   at once (no attempt could succeed);
 * ``Reject``: dead letter with the task's reason;
+* an exception the task's ``retry_on`` (Celery's ``autoretry_for``) does not list, when it lists
+  some: dead letter at once (``Retry`` is always retried);
 * attempts left (``message.attempt < task.retries``): another attempt after an exponential
   backoff with jitter capped by the app's ``max_retry_delay`` (``backoff``), or after
   ``Retry(delay=...)``'s own delay; the next attempt carries the error in its ``error`` header
@@ -74,6 +76,15 @@ class Retries(Middleware):
             log.warning("task %s[%s] rejected: %s", task.name, message.id, why)
             return Outcome("dead", error=err, reason=f"rejected by task {task.name}: {why}")
         summary = describe(err)
+        retry_on = task.retry_on
+        if retry_on is not None and not isinstance(err, retry_on):
+            listed = ", ".join(e.__name__ for e in retry_on[1:]) or "nothing"
+            reason = (
+                f"task {task.name} raised {type(err).__name__}, which its retry_on does not "
+                f"list ({listed}): not retried:\n{trace(err)}"
+            )
+            log.error("task %s[%s] failed, not retried: %s", task.name, message.id, summary)
+            return Outcome("dead", error=err, reason=reason)
         if message.attempt < task.retries:
             if isinstance(err, Retry) and err.delay is not None:
                 delay = err.delay
