@@ -9,9 +9,16 @@ the code is provided here, never written into the page:
 * after each block, every ``Hurtle`` app of the namespace that has tasks gets a worker (a thread
   of this process, the ``threads`` pool), started afresh when the block added tasks or queues, so
   ``h.result()`` in a page returns as it would with ``hurtle worker`` running;
-* a block that starts with a file name comment (``# tasks.py``) is also written to that file, so
-  a later ``hurtle worker tasks:app`` in the page names a module that exists;
+* a block that starts with a file name comment (``# tasks.py``, ``# shop/views.py``) is also
+  written to that file, and every such file of the page is written before its first block runs,
+  as a project has all its files at once: ``hurtle worker tasks:app`` names a module that
+  exists, and a module may import one that the page shows later (a Django app's files exist
+  when the settings that install it are loaded); a page names each file once;
 * top-level ``await`` works, as in ``python -m asyncio``.
+
+After a page, ``os.environ`` is as it was and the modules imported from its directory (packages
+without ``__init__.py`` too) are forgotten. A library's own process-wide state is not undone:
+Django's settings can be configured once per process, so one page only may configure them.
 
 Shell blocks (``sh``, ``console``) are not run, but each ``hurtle ...`` command in them is parsed
 by hurtle's own argument parser: a command or option that does not exist fails the page.
@@ -24,6 +31,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import os
 import re
 import shlex
 import sys
@@ -77,6 +85,12 @@ def pages_with_examples() -> list[Path]:
     return [p for p in PAGES if any(b.lang in ("python", "py", "sh", "console") for b in blocks(p))]
 
 
+def is_app(value: object) -> bool:
+    """Whether ``value`` is a ``Hurtle`` app, asked of its type: ``isinstance`` would evaluate a
+    lazy object (Django's ``settings`` before they are configured)."""
+    return issubclass(type(value), Hurtle)
+
+
 class Workers:
     """One in-process worker per app of a page, restarted when the app's tasks change."""
 
@@ -85,7 +99,7 @@ class Workers:
 
     def ensure(self, namespace: dict[str, Any]) -> None:
         for app in list(namespace.values()):
-            if not isinstance(app, Hurtle) or not app.tasks:
+            if not is_app(app) or not app.tasks:
                 continue
             shape = (tuple(app.tasks), tuple(app.queues()), len(app.schedules))
             current = self.running.get(id(app))
@@ -124,6 +138,23 @@ def run_python(block: Block, namespace: dict[str, Any], page: Path, workers: Wor
         workers.ensure(namespace)
 
 
+def write_files(runnable: list[Block], page: Path, directory: Path) -> None:
+    """Write each block that starts with a file name comment to that file, under ``directory``."""
+    written: set[str] = set()
+    for block in runnable:
+        first = block.body.splitlines()[0] if block.body.strip() else ""
+        named = FILE_COMMENT.fullmatch(first.strip())
+        if not named:
+            continue
+        name = named.group(1)
+        if name in written:
+            raise ValueError(f"{page.name}:{block.line}: a second block is named {name}")
+        written.add(name)
+        target = directory / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(block.body)
+
+
 def check_commands(block: Block, page: Path) -> None:
     from hurtle.cli import build_parser
 
@@ -152,11 +183,31 @@ def page_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("HURTLE_BROKER_URL", "memory://")
     monkeypatch.syspath_prepend(str(tmp_path))
     before = set(sys.modules)
+    environ = dict(os.environ)
     yield tmp_path
-    for name in set(sys.modules) - before:  # modules the page wrote (tasks.py) go with it
-        module = sys.modules.get(name)
-        if module is not None and str(getattr(module, "__file__", "")).startswith(str(tmp_path)):
-            del sys.modules[name]
+    os.environ.clear()
+    os.environ.update(environ)
+    forget_modules(before, tmp_path)
+
+
+def forget_modules(before: set[str], directory: Path) -> None:
+    """Drop from ``sys.modules`` what was imported from ``directory`` since ``before``: the
+    modules a page wrote (tasks.py) go with it. All are found before any goes: the path of a
+    package without ``__init__.py`` cannot be read once its parent package is gone."""
+    written = [
+        name
+        for name in set(sys.modules) - before
+        if sys.modules.get(name) is not None and _loaded_from(sys.modules[name], directory)
+    ]
+    for name in written:
+        del sys.modules[name]
+
+
+def _loaded_from(module: Any, directory: Path) -> bool:
+    """Whether ``module`` was imported from ``directory``: its file, or for a package without
+    ``__init__.py`` (``__file__`` is None), its path."""
+    where = [getattr(module, "__file__", None), *getattr(module, "__path__", ())]
+    return any(str(w).startswith(str(directory)) for w in where if w)
 
 
 @pytest.mark.parametrize("page", pages_with_examples(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -165,6 +216,7 @@ def test_every_example_of_the_page_runs(page: Path, page_env: Path, request: Any
     workers = Workers()
     redis_url: str | None = None
     try:
+        runnable: list[Block] = []
         for block in blocks(page):
             if block.skip is not None:
                 continue
@@ -178,15 +230,27 @@ def test_every_example_of_the_page_runs(page: Path, page_env: Path, request: Any
                 if redis_url is None:
                     redis_url = request.getfixturevalue("redis_url")
                 body = LOCAL_REDIS.sub(redis_url, body)
-            first = body.splitlines()[0] if body.strip() else ""
-            named = FILE_COMMENT.fullmatch(first.strip())
-            if named:
-                target = page_env / named.group(1)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(body)
-            run_python(Block(block.lang, body, block.line, None), namespace, page, workers)
+            runnable.append(Block(block.lang, body, block.line, None))
+        write_files(runnable, page, page_env)
+        for block in runnable:
+            run_python(block, namespace, page, workers)
     finally:
         workers.close()
         for value in namespace.values():
-            if isinstance(value, Hurtle):
+            if is_app(value):
                 value.close()
+
+
+def test_a_page_s_packages_without_init_are_forgotten_with_its_modules(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Django page's ``shop`` (no ``__init__.py``) must not outlive the page: a later page's
+    ``shop.tasks`` would be looked up in the first page's directory."""
+    (tmp_path / "docs_probe_app" / "management").mkdir(parents=True)
+    (tmp_path / "docs_probe_app" / "management" / "command.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = set(sys.modules)
+    import docs_probe_app.management.command  # noqa: F401
+
+    forget_modules(before, tmp_path)
+    assert not any(name.startswith("docs_probe_app") for name in sys.modules)
