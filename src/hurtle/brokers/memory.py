@@ -45,7 +45,6 @@ from .common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,
-    check_tick_claim,
     flow_failure,
     gcra,
     lock_end,
@@ -53,6 +52,7 @@ from .common import (
 )
 from .memory_consumer import MemoryConsumer
 from .reports import TaskCounts, WorkerReport
+from .ticks import TAKEN, WON, TickClaim, check_tick_claim, too_early
 
 _LEVELS = MAX_PRIORITY + 1
 
@@ -290,19 +290,39 @@ class MemoryBroker(Broker):
                 self._put(queue, bytes(raw), 0, 0.0)
             self._wake.notify_all()
 
-    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
-        check_tick_claim(queue, tick, messages)
+    def claim_tick(
+        self,
+        queue: str,
+        name: str,
+        tick: float,
+        messages: Sequence[Message],
+        unique_for: float | None = None,
+    ) -> TickClaim:
+        check_tick_claim(queue, tick, messages, unique_for)
         check_messages(messages)
+        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
         payloads = encode_many(list(messages))
         with self._lock:
+            now = time.time()
             last = self._ticks.get((queue, name))
             if last is not None and last >= tick:
-                return False
+                return TAKEN
+            early = too_early(tick, now)
+            if early is not None:
+                return early
             self._ticks[(queue, name)] = tick
-            for m, raw in zip(messages, payloads, strict=True):
+            held_by = None
+            for i, (m, raw) in enumerate(zip(messages, payloads, strict=True)):
+                if keys is not None:
+                    assert unique_for is not None
+                    held = self._unique.get((m.queue, keys[i]))
+                    if held is not None and held[1] > now:
+                        held_by = held_by or held[0]
+                        continue
+                    self._unique[(m.queue, keys[i])] = (m.id, lock_end(m, now, unique_for))
                 self._put(m.queue, raw, m.priority, m.eta)
             self._wake.notify_all()
-        return True
+        return WON if held_by is None else TickClaim(True, held_by=held_by)
 
     def last_tick(self, queue: str, name: str) -> float | None:
         with self._lock:
