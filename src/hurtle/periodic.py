@@ -9,7 +9,9 @@ A schedule names a registered task, its arguments, and either a cron expression 
 * ``cron``: the times the expression matches in its zone, with Debian cron's rules across DST
   changes (``cronsim``): a job at a fixed time that falls in the hour skipped in spring runs at
   the end of the gap (``30 2 * * *`` at 03:00 in Paris), one in the hour repeated in autumn runs
-  once; expressions with ``*`` in the minute or hour field follow real time through both.
+  once, on the first pass; expressions with ``*`` in the minute or hour field follow real time
+  through both. ``next_after`` is always a later instant, also from the second pass of a
+  repeated hour (the scheduler sleeps until it).
 
 This module only computes; ``hurtle.scheduler`` claims the ticks through the broker.
 """
