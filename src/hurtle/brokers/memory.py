@@ -18,7 +18,8 @@ Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads
 ones, and a write drops them all at most once a second. Watchers are called once the lock is
 released.
 
-What a worker holds and settles is ``memory_consumer.py``'s ``MemoryConsumer``.
+What a worker holds and settles is ``memory_consumer.py``'s ``MemoryConsumer``; tick claims
+are ``memory_ticks.py``'s.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ from .common import (
     unique_key_of,
 )
 from .memory_consumer import MemoryConsumer
+from .memory_ticks import _Ticks
 from .reports import TaskCounts, WorkerReport
-from .ticks import TAKEN, WON, TickClaim, check_tick_claim, too_early
 
 _LEVELS = MAX_PRIORITY + 1
 
@@ -82,7 +83,7 @@ class _Queue:
         return sum(len(level) for level in self.ready) + len(self.quarantine)
 
 
-class MemoryBroker(Broker):
+class MemoryBroker(_Ticks, Broker):
     def __init__(
         self,
         url: str = "memory://",
@@ -222,15 +223,21 @@ class MemoryBroker(Broker):
             if len(self._unique) > MAX_UNIQUE:  # forget expired locks, now and then
                 self._unique = {k: v for k, v in self._unique.items() if v[1] > now}
             for m, key, raw in zip(messages, keys, payloads, strict=True):
-                held = self._unique.get((m.queue, key))
-                if held is not None and held[1] > now:
-                    out.append(held[0])
-                    continue
-                self._unique[(m.queue, key)] = (m.id, lock_end(m, now, unique_for))
-                self._put(m.queue, raw, m.priority, m.eta)
-                out.append(m.id)
+                holder = self._take_lock(m, key, now, unique_for)
+                if holder == m.id:
+                    self._put(m.queue, raw, m.priority, m.eta)
+                out.append(holder)
             self._wake.notify_all()
         return out
+
+    def _take_lock(self, m: Message, key: str, now: float, unique_for: float) -> str:
+        """Take the unique lock ``key`` for ``m`` unless another message holds it: the id of
+        the one that does. Called with ``_lock`` held."""
+        held = self._unique.get((m.queue, key))
+        if held is not None and held[1] > now:
+            return held[0]
+        self._unique[(m.queue, key)] = (m.id, lock_end(m, now, unique_for))
+        return m.id
 
     def take_tokens(
         self, requests: Sequence[tuple[str, int, float, int]]
@@ -289,44 +296,6 @@ class MemoryBroker(Broker):
             for raw in payloads:
                 self._put(queue, bytes(raw), 0, 0.0)
             self._wake.notify_all()
-
-    def claim_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        unique_for: float | None = None,
-    ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
-        payloads = encode_many(list(messages))
-        with self._lock:
-            now = time.time()
-            last = self._ticks.get((queue, name))
-            if last is not None and last >= tick:
-                return TAKEN
-            early = too_early(tick, now)
-            if early is not None:
-                return early
-            self._ticks[(queue, name)] = tick
-            held_by = None
-            for i, (m, raw) in enumerate(zip(messages, payloads, strict=True)):
-                if keys is not None:
-                    assert unique_for is not None
-                    held = self._unique.get((m.queue, keys[i]))
-                    if held is not None and held[1] > now:
-                        held_by = held_by or held[0]
-                        continue
-                    self._unique[(m.queue, keys[i])] = (m.id, lock_end(m, now, unique_for))
-                self._put(m.queue, raw, m.priority, m.eta)
-            self._wake.notify_all()
-        return WON if held_by is None else TickClaim(True, held_by=held_by)
-
-    def last_tick(self, queue: str, name: str) -> float | None:
-        with self._lock:
-            return self._ticks.get((queue, name))
 
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> Consumer:
         return MemoryConsumer(self, tuple(queues), worker_id or f"memory-{new_id()}")

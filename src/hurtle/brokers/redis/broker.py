@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import socket
@@ -26,7 +25,6 @@ from ..base import Broker, DeadLetter, QueueStats
 from ..common import (
     check_dead_letter_limits,
     check_queue_name,
-    lock_end,
     unique_key_of,
 )
 from ..keys import (
@@ -37,12 +35,19 @@ from ..keys import (
     result_batches_key,
     result_key,
 )
-from ..ticks import TAKEN, TICK_SKEW, WON, TickClaim, check_tick_claim
 from . import flows
 from .consumer import MAX_BLOCK, RedisConsumer
 from .control import _Control
 from .results import CLOCK_CHECK_EVERY, _ResultListener
-from .scripts import _PRIORITIES, _PRIORITY_ARG, _Command, _get_scripts, _publish_keys
+from .scripts import (
+    _PRIORITIES,
+    _PRIORITY_ARG,
+    _Command,
+    _get_scripts,
+    _lock_end,
+    _publish_keys,
+)
+from .ticks import _Ticks
 from .workers import _Workers
 
 #: Socket timeout of the connections that block; must exceed ``MAX_BLOCK``.
@@ -101,7 +106,7 @@ def _check_replicas(acked: Any, wanted: int, url: str, doing: str) -> None:
         )
 
 
-class RedisBroker(_Workers, _Control, Broker):
+class RedisBroker(_Workers, _Control, _Ticks, Broker):
     """The broker contract on one Redis server (6.2 or later)."""
 
     _consumer_class: type[RedisConsumer] = RedisConsumer
@@ -294,46 +299,6 @@ class RedisBroker(_Workers, _Control, Broker):
             f"publishing {len(payloads)} raw payloads to {queue!r}",
         )
 
-    def claim_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        unique_for: float | None = None,
-    ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        batch = list(messages)
-        payloads = encode_many(batch)
-        k = queue_keys(queue)
-        keys: tuple[str, ...] = (k.schedule(name), *_publish_keys(queue))
-        args: list[Any] = [repr(float(tick)), repr(TICK_SKEW)]
-        if unique_for is None:
-            args += ["p", *_publish_args(batch, payloads)]
-        else:
-            keys += (k.unique, k.unique_sweep)
-            args += ["u", *_unique_args(batch, payloads, unique_for)]
-        _, (status, detail) = self._publishing(
-            [(("SADD", QUEUES, queue), None), self._call(self._scripts.claim_tick, keys, args)],
-            f"claiming tick {tick!r} of schedule {name!r}",
-        )
-        if status == 0:
-            return TAKEN
-        if status < 0:
-            return TickClaim(False, early=tick - float(detail))
-        if not detail:
-            return WON
-        holder = detail[1]
-        return TickClaim(True, held_by=holder.decode() if isinstance(holder, bytes) else holder)
-
-    def last_tick(self, queue: str, name: str) -> float | None:
-        try:
-            raw = self._client.get(queue_keys(queue).schedule(name))
-        except redis.RedisError as err:
-            self._fail(err, f"reading the last tick of schedule {name!r}")
-        return None if raw is None else float(raw)
-
     # -- consuming --------------------------------------------------------------------------
 
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> RedisConsumer:
@@ -495,47 +460,3 @@ class RedisBroker(_Workers, _Control, Broker):
         self._blocking.close()
         self._results.connection_pool.disconnect()
         self._results.close()
-
-
-def _lock_end(message: Message) -> str:
-    """When the unique lock of ``message`` ends (``common.lock_end``), as ``publish_unique.lua``
-    takes it: "" when the message does not say (the script counts from the server's now)."""
-    until = lock_end(message, 0.0, math.nan)
-    return "" if math.isnan(until) else f"{until:.3f}"
-
-
-def _publish_args(messages: list[Message], payloads: list[bytes]) -> list[Any]:
-    """``publish.lua``'s ARGV for messages of one queue: ready ones by priority, then delayed."""
-    now = time.time()
-    ready: dict[int, list[bytes]] = {p: [] for p in _PRIORITIES}
-    delayed: list[Any] = []
-    for m, raw in zip(messages, payloads, strict=True):
-        if m.eta > now:
-            delayed.extend((m.eta, _PRIORITY_ARG[m.priority], raw))
-        else:
-            ready[m.priority].append(raw)
-    args: list[Any] = [len(ready[p]) for p in _PRIORITIES]
-    for p in _PRIORITIES:
-        args += ready[p]
-    return args + delayed
-
-
-def _unique_args(messages: list[Message], payloads: list[bytes], unique_for: float) -> list[Any]:
-    """``claim_tick.lua``'s ARGV after 'u': the number of groups of one (priority, eta), then
-    per group its size and ``publish_unique.lua``'s ARGV."""
-    groups: dict[tuple[int, float], list[Any]] = {}
-    for m, raw in zip(messages, payloads, strict=True):
-        group = groups.get((m.priority, m.eta))
-        if group is None:
-            group = groups[(m.priority, m.eta)] = [
-                0,
-                repr(float(unique_for)),
-                _PRIORITY_ARG[m.priority],
-                repr(float(m.eta)),
-            ]
-        group[0] += 1
-        group.extend((unique_key_of(m), m.id, raw, _lock_end(m)))
-    args: list[Any] = [len(groups)]
-    for group in groups.values():
-        args += group
-    return args
