@@ -16,11 +16,13 @@ claims to the others.
 Missed ticks. On start, a scheduler reads each schedule's last tick from the broker: if a tick
 came and went since then with no worker to claim it, the latest such tick is claimed now (once,
 however many were missed), unless the schedule says ``catch_up=False``. A schedule that never ran
-starts with its next tick. A scheduler that wakes late claims only the latest tick due. A claim
-the broker could not take (unreachable, failing) is owed: tried again (after ``RETRY_FIRST``
-seconds, doubled at each failure up to ``RETRY_MOST``) until it is taken, and then every tick
-that came due meanwhile is claimed in order — only the latest, as after a restart, if more than
-``MAX_OWED`` came due or the schedule says ``catch_up=False``.
+starts with its next tick; if the last tick cannot be read on start, it is read again until it
+can, and only then are ticks claimed (a newer tick claimed first would shut out the missed one).
+A scheduler that wakes late claims only the latest tick due. A claim the broker could not take
+(unreachable, failing) is owed: tried again (after ``RETRY_FIRST`` seconds, doubled at each
+failure up to ``RETRY_MOST``) until it is taken, and then every tick that came due meanwhile is
+claimed in order — only the latest, as after a restart, if more than ``MAX_OWED`` came due or
+the schedule says ``catch_up=False``.
 
 Cost: one thread that sleeps until the next tick of any schedule (at most ``MAX_SLEEP``, so that
 a change of the wall clock is noticed), and one broker round trip per tick per worker. The time
@@ -80,6 +82,7 @@ class _Plan:
     owed: bool = False  # a claim of ``next`` failed or was early: claim it (and those after)
     retry_at: float = 0.0  # when to claim the owed ticks (this scheduler's clock)
     failures: int = 0  # claims that failed in a row
+    start_due: float | None = None  # due on start, its last tick unread: catch-up undecided
 
 
 class Scheduler:
@@ -135,18 +138,16 @@ class Scheduler:
             try:
                 last = self.app.broker.last_tick(s.queue, s.name)
             except Exception as err:
+                # owed: until this is known, a newer tick claimed here could shut out the
+                # missed one, which the other schedulers may still be trying to claim
                 log.warning(
-                    "schedule %s: cannot read its last tick (%s): not catching up", s.name, err
+                    "schedule %s: cannot read its last tick (%s): trying again", s.name, err
                 )
+                plan.start_due = due
+                self._failed(plan, now)
                 continue
-            if last is not None and last < due:
-                log.info(
-                    "schedule %s: tick %s was missed (last run %s): running it now",
-                    s.name,
-                    _when(due),
-                    _when(last),
-                )
-                plan.next = due
+            self._catch_up(s, plan, due, last)
+            if plan.next <= now:
                 self._claim_due(s, plan, now)
         return self._wake()
 
@@ -203,17 +204,41 @@ class Scheduler:
             )
         return answer
 
+    def _catch_up(self, s: Schedule, plan: _Plan, due: float, last: float | None) -> None:
+        """Plan from ``due`` (the tick due when this scheduler began) if it was missed."""
+        if last is not None and last < due:
+            log.info(
+                "schedule %s: tick %s was missed (last run %s): running it now",
+                s.name,
+                _when(due),
+                _when(last),
+            )
+            plan.next = due
+        else:
+            plan.next = s.next_after(due)
+
+    def _failed(self, plan: _Plan, now: float) -> None:
+        plan.owed = True
+        plan.failures += 1
+        plan.retry_at = now + min(RETRY_FIRST * 2 ** (plan.failures - 1), RETRY_MOST)
+
     def _claim_due(self, s: Schedule, plan: _Plan, now: float) -> None:
         """Claim ``plan.next`` and each tick after it up to ``now``, in order; stop at the first
         claim the broker could not take, or judged early, and owe it."""
+        if plan.start_due is not None:  # the catch-up on start is still to be decided
+            try:
+                last = self.app.broker.last_tick(s.queue, s.name)
+            except Exception:
+                self._failed(plan, now)
+                return
+            self._catch_up(s, plan, plan.start_due, last)
+            plan.start_due = None
         if plan.owed and plan.next <= now:
             self._give_up_old(s, plan, now)
         while plan.next <= now:
             answer = self.claim(s, plan.next)
             if answer is None:
-                plan.owed = True
-                plan.failures += 1
-                plan.retry_at = now + min(RETRY_FIRST * 2 ** (plan.failures - 1), RETRY_MOST)
+                self._failed(plan, now)
                 return
             if answer.early:
                 plan.owed = True
