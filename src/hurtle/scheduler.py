@@ -2,10 +2,10 @@
 
 Every worker runs one (unless ``--no-scheduler``); none is a leader. At each tick, every scheduler
 asks the broker to claim it (``Broker.claim_tick``): in one atomic step the broker records the
-tick as the schedule's last and publishes its message, only if the last recorded tick is older.
-One caller wins; the others, and anyone late with an older tick, publish nothing. So any number
-of workers on any number of hosts enqueue each tick exactly once, and one that vanishes leaves
-the others to carry on.
+tick and publishes its message, only if no one claimed that tick yet (it keeps the schedule's
+latest claimed ticks). One caller wins; the others, and anyone late with a tick claimed
+already, publish nothing. So any number of workers on any number of hosts enqueue each tick
+exactly once, and one that vanishes leaves the others to carry on.
 
 Clocks. A tick is an instant (Unix seconds), and the broker judges each claim by its own clock
 (``brokers.ticks``): a tick more than ``TICK_SKEW`` ahead of it is refused as early, and this

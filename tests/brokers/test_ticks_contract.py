@@ -1,9 +1,9 @@
 """Conformance of tick claims (``Broker.claim_tick``, ``last_tick``) on every broker.
 
 A claim records a schedule's tick and publishes its messages in one atomic step, only when the
-tick is newer than the last one claimed: of any number of callers, one wins, and an older tick
-never wins after a newer one. A tick ahead of the broker's clock is refused; the messages of a
-``unique_for`` task take their unique locks in the same step.
+tick was not claimed yet (among the latest ``RECENT_TICKS`` ones kept): of any number of
+callers, one wins, and a tick never wins twice. A tick ahead of the broker's clock is refused;
+the messages of a ``unique_for`` task take their unique locks in the same step.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from hurtle.brokers import Broker, Consumer, Delivery, TickClaim
-from hurtle.brokers.ticks import TICK_SKEW
+from hurtle.brokers.ticks import RECENT_TICKS, TICK_SKEW
 from hurtle.errors import ConfigurationError
 from hurtle.ids import new_id
 from hurtle.message import Message
@@ -65,17 +65,34 @@ def test_two_callers_claiming_one_tick_publish_it_once(make: MakeBroker) -> None
     consumer.close()
 
 
-def test_an_older_tick_never_wins_after_a_newer_one(make: MakeBroker) -> None:
+def test_a_tick_is_claimed_once_even_after_newer_ones(make: MakeBroker) -> None:
+    """An older tick no one claimed (its schedulers could not reach the broker while a new one
+    claimed the next tick) is still claimed, once; the last tick stays the newest."""
     a, b = make(), make()
     assert a.claim_tick("q", "s", 200.0, [tick_msg(200.0)]).won is True
-    assert b.claim_tick("q", "s", 100.0, [tick_msg(100.0)]).won is False
-    assert b.claim_tick("q", "s", 199.999, [tick_msg(199.999)]).won is False
+    assert b.claim_tick("q", "s", 200.0, [tick_msg(200.0)]).won is False
+    assert b.claim_tick("q", "s", 199.0, [tick_msg(199.0)]).won is True
+    assert a.claim_tick("q", "s", 199.0, [tick_msg(199.0)]).won is False
     assert a.last_tick("q", "s") == 200.0
     assert b.claim_tick("q", "s", 200.5, [tick_msg(200.5)]).won is True
     assert a.last_tick("q", "s") == 200.5
     consumer = a.consumer(["q"])
-    assert ticks_of(drain(consumer)) == [200.0, 200.5]
+    assert ticks_of(drain(consumer)) == [200.0, 199.0, 200.5]
     consumer.close()
+
+
+def test_a_tick_older_than_every_recent_one_kept_is_refused(broker: Broker) -> None:
+    """The broker keeps the latest RECENT_TICKS claimed ticks: older than all of them, a tick
+    cannot be told apart from one claimed long ago, and is refused."""
+    for i in range(RECENT_TICKS):
+        assert broker.claim_tick("q", "s", 1000.0 + i, [tick_msg(1000.0 + i)]).won
+    assert broker.claim_tick("q", "s", 999.0, [tick_msg(999.0)]).won is False
+    assert broker.claim_tick("q", "s", 1000.0, [tick_msg(1000.0)]).won is False
+    assert broker.claim_tick("q", "s", 2000.0, [tick_msg(2000.0)]).won is True  # 1000 is let go
+    assert broker.claim_tick("q", "s", 1000.5, [tick_msg(1000.5)]).won is False
+    assert broker.claim_tick("q", "s", 1001.5, [tick_msg(1001.5)]).won is True
+    assert broker.last_tick("q", "s") == 2000.0
+    assert broker.stats(["q"])["q"].ready == RECENT_TICKS + 2
 
 
 def test_many_threads_racing_for_each_tick_publish_each_once(make: MakeBroker) -> None:

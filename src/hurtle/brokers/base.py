@@ -451,8 +451,9 @@ class Broker(abc.ABC):
         unique_for: float | None = None,
     ) -> TickClaim:
         """Claim ``tick`` of the schedule ``name`` and publish ``messages`` (all of ``queue``):
-        in one atomic step, if the schedule's last claimed tick is older than ``tick`` (or there
-        is none), record ``tick`` as its last and store the messages; else change nothing.
+        in one atomic step, if ``tick`` was not claimed yet (``ticks.claimable``: the broker
+        keeps the schedule's latest claimed ticks), record it and store the messages; else
+        change nothing.
         A tick more than ``ticks.TICK_SKEW`` ahead of the broker's clock is refused as early.
         With ``unique_for`` (a task's), each message takes its unique lock in the same step, as
         ``publish_unique`` does, and one whose lock is held is not stored (the tick is still

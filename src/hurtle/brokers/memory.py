@@ -106,7 +106,7 @@ class MemoryBroker(_Ticks, Broker):
         self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
         self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
-        self._ticks: dict[tuple[str, str], float] = {}  # (queue, schedule) -> last claimed tick
+        self._ticks: dict[tuple[str, str], list[float]] = {}  # (queue, schedule) -> recent ticks
         self._reports: dict[str, WorkerReport] = {}  # worker id -> last report, with deadline
         self._totals: list[TaskCounts] = []
         # results: id -> (payload, expires at); reads skip expired ones, and a write at most

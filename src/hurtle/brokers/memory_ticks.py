@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..message import Message, check_messages, encode_many
 from .common import unique_key_of
-from .ticks import TAKEN, WON, TickClaim, check_tick_claim, too_early
+from .ticks import TAKEN, WON, TickClaim, check_tick_claim, claimable, remember, too_early
 
 
 class _Ticks:
@@ -18,7 +18,7 @@ class _Ticks:
 
     _lock: threading.Lock
     _wake: threading.Condition
-    _ticks: dict[tuple[str, str], float]  # (queue, schedule) -> last claimed tick
+    _ticks: dict[tuple[str, str], list[float]]  # (queue, schedule) -> recent claimed ticks
 
     if TYPE_CHECKING:  # MemoryBroker's
 
@@ -40,13 +40,13 @@ class _Ticks:
         payloads = encode_many(list(messages))
         with self._lock:
             now = time.time()
-            last = self._ticks.get((queue, name))
-            if last is not None and last >= tick:
+            recent = self._ticks.get((queue, name), [])
+            if not claimable(tick, recent, recent[-1] if recent else None):
                 return TAKEN
             early = too_early(tick, now)
             if early is not None:
                 return early
-            self._ticks[(queue, name)] = tick
+            self._ticks[(queue, name)] = remember(tick, recent)
             held_by = None
             for i, (m, raw) in enumerate(zip(messages, payloads, strict=True)):
                 if keys is not None and unique_for is not None:
@@ -60,4 +60,5 @@ class _Ticks:
 
     def last_tick(self, queue: str, name: str) -> float | None:
         with self._lock:
-            return self._ticks.get((queue, name))
+            recent = self._ticks.get((queue, name))
+            return recent[-1] if recent else None

@@ -1,5 +1,11 @@
-"""Tick claims (``Broker.claim_tick``): what a claim answers, the clock skew a broker tolerates,
-and the checks every broker makes of a claim's arguments.
+"""Tick claims (``Broker.claim_tick``): what a claim answers, which ticks a broker still takes,
+the clock skew it tolerates, and the checks every broker makes of a claim's arguments.
+
+A broker keeps, per schedule, its last tick and the ``RECENT_TICKS`` latest ticks claimed. A
+tick among them is claimed already; a tick older than all of them (once that many are kept) is
+too old to tell, and refused; any other is claimed, even when newer ones were claimed before
+it: a scheduler that owes ticks from a broker outage can still claim them after another, which
+began meanwhile, claimed a newer one.
 
 A claim is judged by the broker's clock (Redis ``TIME``; the local clock for the memory and
 SQLite brokers, which share their host; the server's time for NATS): a tick more than
@@ -18,6 +24,9 @@ import msgspec
 
 from ..errors import ConfigurationError
 from ..message import Message
+
+#: How many of a schedule's latest claimed ticks a broker keeps (``claimable``).
+RECENT_TICKS = 256
 
 #: How far ahead of the broker's clock (seconds) a tick may be and still be claimed: a host whose
 #: clock runs up to this much ahead enqueues its ticks up to this early; one further ahead is
@@ -41,6 +50,24 @@ class TickClaim(msgspec.Struct, frozen=True, gc=False):
 #: The answers that carry nothing but the outcome, made once.
 WON = TickClaim(True)
 TAKEN = TickClaim(False)
+
+
+def claimable(tick: float, recent: list[float], last: float | None) -> bool:
+    """Whether ``tick`` may be claimed, given the schedule's ``recent`` claimed ticks (sorted)
+    and its ``last``: not among them, and not older than all of them once ``RECENT_TICKS``
+    are kept. A record of an older hurtle (a last tick, no recent ones) takes newer ticks only.
+    """
+    if not recent:
+        return last is None or tick > last
+    if tick in recent:
+        return False
+    return len(recent) < RECENT_TICKS or tick > recent[0]
+
+
+def remember(tick: float, recent: list[float]) -> list[float]:
+    """``recent`` with ``tick`` added, sorted, cut to the ``RECENT_TICKS`` latest."""
+    out = sorted([*recent, tick])
+    return out[-RECENT_TICKS:]
 
 
 def too_early(tick: float, now: float) -> TickClaim | None:

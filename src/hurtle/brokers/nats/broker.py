@@ -53,7 +53,7 @@ from ..common import (
     unique_key_of,
 )
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
-from ..ticks import TAKEN, WON, TickClaim, check_tick_claim, too_early
+from ..ticks import TAKEN, WON, TickClaim, check_tick_claim, claimable, remember, too_early
 from . import control, flows, names, results
 from .deadletters import DeadLetters
 from .delays import Promoters
@@ -259,7 +259,7 @@ class NatsBroker(Broker):
         publish); then record the tick with a compare-and-set."""
         key = f"t.{names.token(queue)}.{names.token(name)}"
         found = await self.store.get(key)
-        if found is not None and found[0] >= tick:
+        if not claimable(tick, *_recent(None if found is None else found[0])):
             return TAKEN
         early = too_early(tick, await self.store.server_time())
         if early is not None:
@@ -280,9 +280,10 @@ class NatsBroker(Broker):
             await self._publish([queue], items)
 
         def claim(old: Any) -> tuple[Any, bool]:
-            if old is not None and old >= tick:
+            recent, last = _recent(old)
+            if not claimable(tick, recent, last):
                 return old, False
-            return tick, True
+            return remember(tick, recent if recent else ([] if last is None else [last])), True
 
         if not await self.store.cas(key, claim):
             return TAKEN
@@ -290,7 +291,7 @@ class NatsBroker(Broker):
 
     def last_tick(self, queue: str, name: str) -> float | None:
         found = run(self.store.get(f"t.{names.token(queue)}.{names.token(name)}"))
-        return None if found is None else float(found[0])
+        return None if found is None else _recent(found[0])[1]
 
     # -- consumers and recovery ------------------------------------------------------------
 
@@ -485,3 +486,14 @@ class NatsBroker(Broker):
     async def _close(self) -> None:
         await self.promoters.stop()
         await self.store.close()
+
+
+def _recent(record: Any) -> tuple[list[float], float | None]:
+    """A schedule's record as ``(its latest claimed ticks, its last tick)``: a list of the
+    latest ticks, or (written by an older hurtle) the last tick alone."""
+    if record is None:
+        return [], None
+    if isinstance(record, list):
+        ticks = [float(t) for t in record]
+        return ticks, (ticks[-1] if ticks else None)
+    return [], float(record)

@@ -1,6 +1,7 @@
-"""Tick claims (``Broker.claim_tick``): ``claim_tick.lua`` records a schedule's tick, judges it
-by the server's clock, and publishes its messages (taking their unique locks for a
-``unique_for`` task) in one step under the queue's hash tag; ``last_tick`` reads the record."""
+"""Tick claims (``Broker.claim_tick``): ``claim_tick.lua`` records a schedule's tick among its
+latest claimed ones, judges it by the server's clock, and publishes its messages (taking their
+unique locks for a ``unique_for`` task) in one step under the queue's hash tag; ``last_tick``
+reads the record."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import redis
 from ...message import Message, check_messages, encode_many
 from ..common import unique_key_of
 from ..keys import QUEUES, queue_keys
-from ..ticks import TAKEN, TICK_SKEW, WON, TickClaim, check_tick_claim
+from ..ticks import RECENT_TICKS, TAKEN, TICK_SKEW, WON, TickClaim, check_tick_claim
 from .scripts import (
     _PRIORITIES,
     _PRIORITY_ARG,
@@ -47,8 +48,8 @@ class _Ticks(_ScriptRunner):
         batch = list(messages)
         payloads = encode_many(batch)
         k = queue_keys(queue)
-        keys: tuple[str, ...] = (k.schedule(name), *_publish_keys(queue))
-        args: list[Any] = [repr(float(tick)), repr(TICK_SKEW)]
+        keys: tuple[str, ...] = (k.schedule(name), k.schedule_ticks(name), *_publish_keys(queue))
+        args: list[Any] = [repr(float(tick)), repr(TICK_SKEW), RECENT_TICKS]
         if unique_for is None:
             args += ["p", *_publish_args(batch, payloads)]
         else:

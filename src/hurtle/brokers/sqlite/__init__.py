@@ -37,9 +37,10 @@ deletes it once, like a plain insert-then-delete loop:
   transaction, those of its queue past ``dead_letter_ttl`` and then the oldest beyond
   ``dead_letter_max`` (expiry goes by the order they were recorded).
 * ``queues`` — every queue ever published to.
-* ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed
-  (``claim_tick``: the check, the record and the publish in one transaction). Made by the first
-  claim, so files of older versions need no upgrade.
+* ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed, and
+  ``schedule_ticks`` the latest ticks claimed (``claim_tick``: the check, the record and the
+  publish in one transaction). Made by the first claim, so files of older versions need no
+  upgrade.
 * ``results`` — task results by message id with their expiry (``Consumer.ack(..., results)``),
   written in the acknowledgement's transaction; each such write first deletes up to 100 expired
   rows (an index seek on ``expires`` that finds nothing, most of the time). Made with ``IF NOT

@@ -22,7 +22,15 @@ from ..common import (
     unique_key_of,
 )
 from ..reports import TaskCounts, WorkerReport, decode_report
-from ..ticks import TAKEN, WON, TickClaim, check_tick_claim, too_early
+from ..ticks import (
+    RECENT_TICKS,
+    TAKEN,
+    WON,
+    TickClaim,
+    check_tick_claim,
+    claimable,
+    too_early,
+)
 from . import flows
 from .connection import _path_of, _synchronous_of
 from .consumer import _SQLiteConsumer
@@ -30,15 +38,19 @@ from .recovery import _Recovery
 from .schema import (
     _ADD_CURSOR,
     _ADD_QUEUE,
+    _ADD_TICK,
     _CAP_DEAD,
     _CLAIM_TICK,
     _EXPIRE_DEAD,
+    _FORGET_TICKS,
     _GET_RESULT,
     _HAS_SCHEDULES,
     _IDS,
     _INSERT,
     _INSERT_DELAYED,
     _LAST_TICK,
+    _RECENT_TICKS,
+    _SCHEDULE_TICKS,
     _SCHEDULES,
     _eta_of,
     _next_ids,
@@ -185,13 +197,18 @@ class SQLiteBroker(_Recovery, Broker):
         with self._write() as conn:
             now = time.time()  # the write lock is held: every claimer's clock is read in turn
             conn.execute(_SCHEDULES)
+            conn.execute(_SCHEDULE_TICKS)
             row = conn.execute(_LAST_TICK, (queue, name)).fetchone()
-            if row is not None and row[0] >= tick:
+            recent = [r[0] for r in conn.execute(_RECENT_TICKS, (queue, name))]
+            if not claimable(tick, recent, None if row is None else row[0]):
                 return TAKEN
             early = too_early(tick, now)
             if early is not None:
                 return early
             conn.execute(_CLAIM_TICK, (queue, name, float(tick)))
+            conn.execute(_ADD_TICK, (queue, name, float(tick)))
+            if len(recent) >= RECENT_TICKS:
+                conn.execute(_FORGET_TICKS, (queue, name, RECENT_TICKS - 1))
             if keys is None:
                 items = [
                     (m.queue, m.priority, m.eta, raw)
