@@ -4,17 +4,22 @@ and the scheduler's claims — catch-up of a missed tick, late wake-ups, several
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import pairwise
+from typing import NoReturn
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from helpers import RedisServer
 from hurtle import ConfigurationError, Hurtle, Message
 from hurtle.brokers import Broker
+from hurtle.brokers.ticks import TICK_SKEW
+from hurtle.errors import BrokerError
 from hurtle.middleware import Middleware
 from hurtle.periodic import Schedule
-from hurtle.scheduler import Scheduler
+from hurtle.scheduler import MAX_OWED, Clock, Scheduler
 from hurtle.worker.processor import Job
 
 PARIS = ZoneInfo("Europe/Paris")
@@ -211,6 +216,84 @@ def test_a_fixed_time_in_the_repeated_hour_runs_once(app: Hurtle) -> None:
     assert s.last_at(paris(2026, 10, 25, 2, 45, fold=1)) == first
 
 
+@pytest.mark.parametrize(
+    ("zone", "cron", "now", "expected_next", "expected_last"),
+    [
+        # the clock at 02:05 of the second pass; 02:30 ran on the first pass
+        (
+            "Europe/Paris",
+            "30 2 * * *",
+            (2024, 10, 27, 2, 5),
+            (2024, 10, 28, 2, 30),
+            (2024, 10, 27, 2, 30),
+        ),
+        (
+            "Europe/Paris",
+            "0,30 2 * * *",
+            (2024, 10, 27, 2, 45),
+            (2024, 10, 28, 2, 0),
+            (2024, 10, 27, 2, 30),
+        ),
+        (
+            "America/New_York",
+            "59 1 * * *",
+            (2024, 11, 3, 1, 0),
+            (2024, 11, 4, 1, 59),
+            (2024, 11, 3, 1, 59),
+        ),
+        (
+            "Australia/Sydney",
+            "30 2 * * *",
+            (2025, 4, 6, 2, 10),
+            (2025, 4, 7, 2, 30),
+            (2025, 4, 6, 2, 30),
+        ),
+    ],
+)
+def test_in_the_second_pass_of_a_repeated_hour_the_next_tick_is_a_later_instant(
+    app: Hurtle,
+    zone: str,
+    cron: str,
+    now: tuple[int, ...],
+    expected_next: tuple[int, ...],
+    expected_last: tuple[int, ...],
+) -> None:
+    """Ticks are instants: from the second pass of the hour repeated in autumn, the next tick
+    is tomorrow's, not the first pass's (already gone), and the last is the first pass's."""
+
+    @app.task
+    def job() -> None: ...
+
+    tz = ZoneInfo(zone)
+    s = app.periodic(job, cron=cron, tz=zone)
+    t = datetime(*now, tzinfo=tz, fold=1).timestamp()  # type: ignore[misc]
+    assert s.next_after(t) == datetime(*expected_next, tzinfo=tz).timestamp()  # type: ignore[misc]
+    assert s.last_at(t) == datetime(*expected_last, tzinfo=tz, fold=0).timestamp()  # type: ignore[misc]
+
+
+def test_a_scheduler_in_the_second_pass_of_a_repeated_hour_waits_for_tomorrow(
+    app: Hurtle,
+) -> None:
+    """The clock at 02:05 of the second pass, 02:30 claimed on the first: nothing is due, and
+    the scheduler's next look is at tomorrow's 02:30, not at once (it used to spin)."""
+
+    @app.task
+    def job() -> None: ...
+
+    s = app.periodic(job, cron="30 2 * * *", tz="Europe/Paris")
+    first = paris(2024, 10, 27, 2, 30, fold=0)
+    app.broker.claim_tick(s.queue, s.name, first, [s.message(first)])
+    ticks_queued(app.broker)
+    now = paris(2024, 10, 27, 2, 5, fold=1)
+    scheduler = Scheduler(app)
+    scheduler.begin(now)
+    for _ in range(3):
+        scheduler.run_due(now)
+    assert scheduler.tried == 0
+    assert ticks_queued(app.broker) == []
+    assert scheduler.run_due(now) == paris(2024, 10, 28, 2, 30)
+
+
 def test_an_every_few_minutes_cron_keeps_real_time_through_dst_changes(app: Hurtle) -> None:
     @app.task
     def job() -> None: ...
@@ -368,3 +451,147 @@ def test_a_scheduler_thread_stops_promptly_between_ticks(app: Hurtle) -> None:
     assert scheduler._thread is not None and scheduler._thread.is_alive()
     scheduler.stop(timeout=10)
     assert not scheduler._thread.is_alive()
+
+
+# -- a broker that fails, a clock that runs ahead, unique tasks -----------------------------
+
+
+@pytest.mark.parametrize("catch_up", [True, False])
+def test_a_tick_that_falls_in_a_broker_outage_is_claimed_once_it_is_back(
+    make_redis_server: Callable[..., RedisServer], catch_up: bool
+) -> None:
+    """Redis is down at the ticks 1010 and 1020: the scheduler owes them and claims them once
+    it answers again, in order (with ``catch_up=False``, only the latest)."""
+    server = make_redis_server(appendonly=True)
+    app = Hurtle(server.url)
+    try:
+        _every_10(app, catch_up=catch_up)
+        scheduler = Scheduler(app)
+        scheduler.begin(1000.5)
+        server.stop()
+        scheduler.run_due(1010.0)
+        scheduler.run_due(1020.0)
+        assert scheduler.claimed == 0
+        server.start()
+        scheduler.run_due(1025.0)  # the retry is due (within RETRY_MOST of the last failure)
+        assert ticks_queued(app.broker) == ([1010.0, 1020.0] if catch_up else [1020.0])
+        scheduler.run_due(1030.0)
+        assert ticks_queued(app.broker) == [1030.0]
+    finally:
+        app.close()
+
+
+def test_a_scheduler_started_in_a_broker_outage_catches_up_before_claiming_newer_ticks(
+    make_redis_server: Callable[..., RedisServer],
+) -> None:
+    """Tick 1010 was missed; the scheduler starts at 1015 while Redis is down, so it cannot
+    read the last tick. Once Redis answers, it claims 1010 before 1020: a newer tick claimed
+    first would shut out the missed one for good."""
+    server = make_redis_server(appendonly=True)
+    app = Hurtle(server.url)
+    try:
+        s = _every_10(app)
+        app.broker.claim_tick(s.queue, s.name, 1000.0, [s.message(1000.0)])
+        ticks_queued(app.broker)
+        server.stop()
+        scheduler = Scheduler(app)
+        scheduler.begin(1015.0)
+        server.start()
+        scheduler.run_due(1021.0)
+        assert ticks_queued(app.broker) == [1010.0, 1020.0]
+    finally:
+        app.close()
+
+
+def test_after_a_long_outage_only_the_latest_tick_is_claimed(app: Hurtle) -> None:
+    """More than MAX_OWED ticks came due while the broker failed: as after a restart, only
+    the latest runs."""
+
+    _every_10(app)
+    scheduler = Scheduler(app)
+    scheduler.begin(1000.5)
+    broker = app.broker
+    real = broker.claim_tick
+    broker.claim_tick = _refuse  # type: ignore[method-assign]
+    try:
+        scheduler.run_due(1010.0)
+    finally:
+        broker.claim_tick = real  # type: ignore[method-assign]
+    now = 1010.0 + 10 * (MAX_OWED + 5)
+    scheduler.run_due(now)
+    assert ticks_queued(app.broker) == [now]
+
+
+def _refuse(*args: object, **kwargs: object) -> NoReturn:
+    raise BrokerError("cannot reach the broker")
+
+
+def test_a_scheduler_whose_clock_runs_ahead_records_no_tick_before_its_time(app: Hurtle) -> None:
+    """A scheduler a minute ahead is told its tick is early and records nothing; the
+    schedulers whose clocks are right claim theirs."""
+    s = _every_10(app)
+    now = time.time()
+    ahead, right = Scheduler(app), Scheduler(app)
+    ahead.begin(now + 60 - 20)
+    right.begin(now - 20)
+    ahead.run_due(now + 60)
+    assert app.broker.last_tick(s.queue, s.name) is None
+    assert ahead.claimed == 0
+    assert ahead.tried == 1
+    right.run_due(now)
+    assert ticks_queued(app.broker) == [s.last_at(now)]
+
+
+class _Ahead(Clock):
+    """A clock 3 s ahead: enough to be refused, short enough to wait for its first tick."""
+
+    def time(self) -> float:
+        return time.time() + 3.0
+
+
+def test_a_lone_scheduler_whose_clock_runs_ahead_enqueues_each_tick_on_the_brokers_time(
+    app: Hurtle,
+) -> None:
+    s = app.periodic(app.task(lambda: None, name="beat"), every=0.2)
+    scheduler = Scheduler(app, clock=_Ahead())
+    scheduler.start()
+    seen: list[float] = []
+    try:
+        deadline = time.monotonic() + 30
+        while len(seen) < 3:
+            assert time.monotonic() < deadline, "nothing was enqueued"
+            last = app.broker.last_tick(s.queue, s.name)
+            assert last is None or last <= time.time() + TICK_SKEW
+            for tick in ticks_queued(app.broker):
+                assert tick <= time.time() + TICK_SKEW
+                seen.append(tick)
+            time.sleep(0.02)
+    finally:
+        scheduler.stop()
+    assert seen == sorted(set(seen))
+
+
+def test_ticks_of_a_unique_task_enqueue_nothing_while_a_call_holds_its_lock(
+    app: Hurtle,
+) -> None:
+    @app.task(unique_for=60)
+    def slow() -> None: ...
+
+    s = app.periodic(slow, every=10)
+    scheduler = Scheduler(app)
+    scheduler.begin(1000.5)
+    scheduler.run_due(1010.0)
+    scheduler.run_due(1020.0)  # the call of 1010 still waits: its lock is held
+    assert scheduler.claimed == 2
+    assert app.broker.last_tick(s.queue, s.name) == 1020.0
+    consumer = app.broker.consumer([s.queue])
+    batch = consumer.fetch(10, 0)
+    assert [Message.decode(d.raw).headers["tick"] for d in batch] == [1010.0]
+    message = Message.decode(batch[0].raw)
+    assert message.unique == slow.limits.unique_key_of((), {})  # type: ignore[union-attr]
+    # settled, the call lets its lock go: the next tick runs
+    consumer.ack(batch)
+    consumer.release_unique([(s.queue, message.unique, message.id, message.unique_until)])
+    consumer.close()
+    scheduler.run_due(1030.0)
+    assert ticks_queued(app.broker) == [1030.0]

@@ -109,7 +109,7 @@ def claim_old_tick(project: Project, tick: float) -> None:
     """Record ``tick`` of ``tasks.beat`` as claimed (and enqueue it), as a worker would have."""
     app = Hurtle(project.url)
     s = app.periodic(app.task(name="tasks.beat")(lambda: None), every=60)
-    assert app.broker.claim_tick(s.queue, s.name, tick, [s.message(tick)])
+    assert app.broker.claim_tick(s.queue, s.name, tick, [s.message(tick)]).won
     app.close()
 
 

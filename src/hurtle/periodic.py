@@ -9,7 +9,9 @@ A schedule names a registered task, its arguments, and either a cron expression 
 * ``cron``: the times the expression matches in its zone, with Debian cron's rules across DST
   changes (``cronsim``): a job at a fixed time that falls in the hour skipped in spring runs at
   the end of the gap (``30 2 * * *`` at 03:00 in Paris), one in the hour repeated in autumn runs
-  once; expressions with ``*`` in the minute or hour field follow real time through both.
+  once, on the first pass; expressions with ``*`` in the minute or hour field follow real time
+  through both. ``next_after`` is always a later instant, also from the second pass of a
+  repeated hour (the scheduler sleeps until it).
 
 This module only computes; ``hurtle.scheduler`` claims the ticks through the broker.
 """
@@ -23,6 +25,7 @@ from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+import msgspec
 from cronsim import CronSim, CronSimError
 
 from .errors import ConfigurationError, EncodeError
@@ -59,6 +62,13 @@ class Schedule:
         """The queue its messages go to (the task's), where the broker keeps its last tick."""
         return self.task.queue
 
+    @property
+    def unique_for(self) -> float | None:
+        """The task's ``unique_for``: a tick takes the task's unique lock when it is claimed,
+        and enqueues nothing while a call like it still waits or runs."""
+        limits = self.task.limits
+        return None if limits is None or limits.unique_for is None else float(limits.unique_for)
+
     def describe(self) -> str:
         """``cron '*/5 * * * *' Europe/Paris`` or ``every 10s``."""
         if self.every is not None:
@@ -76,7 +86,16 @@ class Schedule:
                 k -= 1
             return k * every
         assert self.cron is not None
-        return next(CronSim(self.cron, datetime.fromtimestamp(t, self.tz))).timestamp()
+        # cronsim walks wall-clock time: from a time in the second pass of an hour repeated in
+        # autumn, a fixed-time expression first yields that hour's tick of the first pass (an
+        # earlier instant, already gone). Ticks are instants: skip what is not after ``t``.
+        for at in CronSim(self.cron, datetime.fromtimestamp(t, self.tz)):
+            tick = at.timestamp()
+            if tick > t:
+                return tick
+        raise ConfigurationError(  # a schedule's expression is checked to fire when declared
+            f"schedule {self.name!r}: cron {self.cron!r} has no tick after {t!r} in 50 years"
+        )
 
     def last_at(self, t: float) -> float | None:
         """The last tick at or before ``t``, or ``None`` if there is none (in 50 years)."""
@@ -93,16 +112,31 @@ class Schedule:
         # ticks at or before it (cronsim steps back first from a time without a fraction).
         start = datetime.fromtimestamp(math.floor(t) + 0.5, self.tz)
         try:
-            return next(CronSim(self.cron, start, reverse=True)).timestamp()
+            last = next(CronSim(self.cron, start, reverse=True)).timestamp()
         except StopIteration:
             return None
+        # Looking back from the second pass of a repeated hour misses that hour's tick (taken
+        # on the first pass): step forward over the ticks that came before ``t``.
+        while (later := self.next_after(last)) <= t:
+            last = later
+        return last
 
     def message(self, tick: float) -> Message:
-        """The message of ``tick``: the task's call, with the schedule and tick in its headers."""
-        return self.task.message(
+        """The message of ``tick``: the task's call, with the schedule and tick in its headers
+        (and, for a ``unique_for`` task, its lock, as ``Task.send`` names it)."""
+        message = self.task.message(
             self.args,
             dict(self.kwargs),
             SendOptions(headers={SCHEDULE_HEADER: self.name, TICK_HEADER: tick}),
+        )
+        unique_for = self.unique_for
+        if unique_for is None:
+            return message
+        assert self.task.limits is not None
+        return msgspec.structs.replace(
+            message,
+            unique=self.task.limits.unique_key_of(message.args, message.kwargs),
+            unique_until=message.created + unique_for,
         )
 
 

@@ -18,6 +18,7 @@ from .base import (
     StoredResult,
 )
 from .columns import ResultBatch, StoredResults, UniqueLocks
+from .ticks import TickClaim
 
 __all__ = [
     "Broker",
@@ -31,6 +32,7 @@ __all__ = [
     "ResultBatch",
     "StoredResult",
     "StoredResults",
+    "TickClaim",
     "UniqueLocks",
     "make_broker",
 ]

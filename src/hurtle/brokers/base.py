@@ -84,6 +84,7 @@ import msgspec
 
 from ..message import Message
 from .reports import Reporter, TaskCounts, WorkerReport
+from .ticks import TickClaim
 
 log = logging.getLogger(__name__)
 
@@ -502,11 +503,22 @@ class Broker(abc.ABC):
         """Let go of connections and files."""
 
     @abc.abstractmethod
-    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
+    def claim_tick(
+        self,
+        queue: str,
+        name: str,
+        tick: float,
+        messages: Sequence[Message],
+        unique_for: float | None = None,
+    ) -> TickClaim:
         """Claim ``tick`` of the schedule ``name`` and publish ``messages`` (all of ``queue``):
-        in one atomic step, if the schedule's last claimed tick is older than ``tick`` (or there
-        is none), record ``tick`` as its last and store the messages; else change nothing.
-        Returns True if this call claimed the tick.
+        in one atomic step, if ``tick`` was not claimed yet (``ticks.claimable``: the broker
+        keeps the schedule's latest claimed ticks), record it and store the messages; else
+        change nothing.
+        A tick more than ``ticks.TICK_SKEW`` ahead of the broker's clock is refused as early.
+        With ``unique_for`` (a task's), each message takes its unique lock in the same step, as
+        ``publish_unique`` does, and one whose lock is held is not stored (the tick is still
+        recorded: a unique call skipped is not retried).
 
         The record is kept per ``(queue, name)``, beside the queue (one hash tag in Redis).
         """

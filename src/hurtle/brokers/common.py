@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigurationError
@@ -77,20 +76,6 @@ def check_cancel_ttl(ttl: object) -> float:
             f"a cancellation's ttl must be a finite number of seconds > 0, got {ttl!r}"
         )
     return float(ttl)
-
-
-def check_tick_claim(queue: str, tick: float, messages: Sequence[Message]) -> None:
-    """Refuse a tick claim whose messages are not all of ``queue``, or a tick that is no time."""
-    if isinstance(tick, bool) or not isinstance(tick, int | float) or not math.isfinite(tick):
-        raise ConfigurationError(f"a tick must be a finite Unix time, got {tick!r}")
-    if not messages:
-        raise ConfigurationError("a tick claim needs at least one message to publish")
-    for m in messages:
-        if m.queue != queue:
-            raise ConfigurationError(
-                f"a tick claim of queue {queue!r} holds a message of queue {m.queue!r}: the "
-                "schedule's record and its messages must share one queue"
-            )
 
 
 def gcra(

@@ -49,6 +49,7 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
     hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
     hurtle:{q}:sched:N            STRING  the last tick claimed by schedule N, whose task runs on q
+    hurtle:{q}:ticks:N            ZSET    the latest ticks claimed by schedule N, scored by tick
     hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
                                           END (server seconds)
     hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
@@ -168,6 +169,10 @@ class QueueKeys:
     def schedule(self, name: str) -> str:
         """The last tick of the schedule ``name``, whose messages go to this queue."""
         return f"{PREFIX}:{{{self.name}}}:sched:{name}"
+
+    def schedule_ticks(self, name: str) -> str:
+        """The latest ticks claimed by the schedule ``name`` (``brokers.ticks.RECENT_TICKS``)."""
+        return f"{PREFIX}:{{{self.name}}}:ticks:{name}"
 
     def fetched(self, worker_id: str) -> str:
         """The record of the last fetch of ``worker_id`` from this queue that took something."""

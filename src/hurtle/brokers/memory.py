@@ -18,7 +18,8 @@ Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads
 ones, and a write drops them all at most once a second. Watchers are called once the lock is
 released.
 
-What a worker holds and settles is ``memory_consumer.py``'s ``MemoryConsumer``.
+What a worker holds and settles is ``memory_consumer.py``'s ``MemoryConsumer``; tick claims
+are ``memory_ticks.py``'s.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ from .common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,
-    check_tick_claim,
     flow_failure,
     gcra,
     lock_end,
@@ -54,6 +54,7 @@ from .common import (
 )
 from .memory_consumer import MemoryConsumer
 from .memory_dead import MemoryDeadLetters
+from .memory_ticks import _Ticks
 from .reports import TaskCounts, WorkerReport
 
 _LEVELS = MAX_PRIORITY + 1
@@ -84,7 +85,7 @@ class _Queue:
         return sum(len(level) for level in self.ready) + len(self.quarantine)
 
 
-class MemoryBroker(MemoryDeadLetters, Broker):
+class MemoryBroker(MemoryDeadLetters, _Ticks, Broker):
     def __init__(
         self,
         url: str = "memory://",
@@ -107,7 +108,7 @@ class MemoryBroker(MemoryDeadLetters, Broker):
         self._held: dict[str, dict[int, tuple[str, bytes, int]]] = {}
         self._deadline: dict[str, float] = {}  # worker id -> when it counts as dead
         self._seq = itertools.count()
-        self._ticks: dict[tuple[str, str], float] = {}  # (queue, schedule) -> last claimed tick
+        self._ticks: dict[tuple[str, str], list[float]] = {}  # (queue, schedule) -> recent ticks
         self._reports: dict[str, WorkerReport] = {}  # worker id -> last report, with deadline
         self._totals: list[TaskCounts] = []
         # results: id -> (payload, expires at); reads skip expired ones, and a write at most
@@ -225,15 +226,21 @@ class MemoryBroker(MemoryDeadLetters, Broker):
             if len(self._unique) > MAX_UNIQUE:  # forget expired locks, now and then
                 self._unique = {k: v for k, v in self._unique.items() if v[1] > now}
             for m, key, raw in zip(messages, keys, payloads, strict=True):
-                held = self._unique.get((m.queue, key))
-                if held is not None and held[1] > now:
-                    out.append(held[0])
-                    continue
-                self._unique[(m.queue, key)] = (m.id, lock_end(m, now, unique_for))
-                self._put(m.queue, raw, m.priority, m.eta)
-                out.append(m.id)
+                holder = self._take_lock(m, key, now, unique_for)
+                if holder == m.id:
+                    self._put(m.queue, raw, m.priority, m.eta)
+                out.append(holder)
             self._wake.notify_all()
         return out
+
+    def _take_lock(self, m: Message, key: str, now: float, unique_for: float) -> str:
+        """Take the unique lock ``key`` for ``m`` unless another message holds it: the id of
+        the one that does. Called with ``_lock`` held."""
+        held = self._unique.get((m.queue, key))
+        if held is not None and held[1] > now:
+            return held[0]
+        self._unique[(m.queue, key)] = (m.id, lock_end(m, now, unique_for))
+        return m.id
 
     def take_tokens(
         self, requests: Sequence[tuple[str, int, float, int]]
@@ -292,24 +299,6 @@ class MemoryBroker(MemoryDeadLetters, Broker):
             for raw in payloads:
                 self._put(queue, bytes(raw), 0, 0.0)
             self._wake.notify_all()
-
-    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
-        check_tick_claim(queue, tick, messages)
-        check_messages(messages)
-        payloads = encode_many(list(messages), self.max_message_size)
-        with self._lock:
-            last = self._ticks.get((queue, name))
-            if last is not None and last >= tick:
-                return False
-            self._ticks[(queue, name)] = tick
-            for m, raw in zip(messages, payloads, strict=True):
-                self._put(m.queue, raw, m.priority, m.eta)
-            self._wake.notify_all()
-        return True
-
-    def last_tick(self, queue: str, name: str) -> float | None:
-        with self._lock:
-            return self._ticks.get((queue, name))
 
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> Consumer:
         return MemoryConsumer(self, tuple(queues), worker_id or f"memory-{new_id()}")

@@ -46,7 +46,6 @@ from ..common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,
-    check_tick_claim,
     flow_failure,
     gcra,
     lock_end,
@@ -54,6 +53,7 @@ from ..common import (
     unique_key_of,
 )
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
+from ..ticks import TAKEN, WON, TickClaim, check_tick_claim, claimable, remember, too_early
 from . import control, flows, names, results
 from .deadletters import DeadLetters
 from .delays import Promoters
@@ -159,6 +159,20 @@ class NatsBroker(Broker):
         payloads: list[bytes],
         unique_for: float,
     ) -> list[str]:
+        holders = await self._lock(messages, keys, unique_for)
+        chosen = [i for i, m in enumerate(messages) if holders[i] == m.id]
+        if chosen:
+            picked = [messages[i] for i in chosen]
+            await self._publish(
+                [m.queue for m in picked], self._items(picked, [payloads[i] for i in chosen])
+            )
+        return holders
+
+    async def _lock(
+        self, messages: Sequence[Message], keys: list[str], unique_for: float
+    ) -> list[str]:
+        """Take the unique lock of each message whose lock is free (of several messages with
+        one lock, the first): per message, the id holding its lock."""
         first: dict[tuple[str, str], int] = {}
         for i, (m, key) in enumerate(zip(messages, keys, strict=True)):
             first.setdefault((m.queue, key), i)
@@ -176,12 +190,6 @@ class NatsBroker(Broker):
 
         holders = await asyncio.gather(*(lock(q, k, i) for (q, k), i in first.items()))
         holder = dict(zip(first, holders, strict=True))
-        chosen = [i for (q, k), i in first.items() if holder[(q, k)] == messages[i].id]
-        if chosen:
-            picked = [messages[i] for i in chosen]
-            await self._publish(
-                [m.queue for m in picked], self._items(picked, [payloads[i] for i in chosen])
-            )
         return [holder[(m.queue, key)] for m, key in zip(messages, keys, strict=True)]
 
     def take_tokens(
@@ -229,38 +237,68 @@ class NatsBroker(Broker):
 
     # -- ticks ---------------------------------------------------------------------------
 
-    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
-        check_tick_claim(queue, tick, messages)
+    def claim_tick(
+        self,
+        queue: str,
+        name: str,
+        tick: float,
+        messages: Sequence[Message],
+        unique_for: float | None = None,
+    ) -> TickClaim:
+        check_tick_claim(queue, tick, messages, unique_for)
         check_messages(messages)
+        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
         payloads = encode_many(list(messages), self.max_message_size)
-        return run(self._claim_tick(queue, name, float(tick), messages, payloads))
+        return run(self._claim_tick(queue, name, float(tick), messages, payloads, keys, unique_for))
 
     async def _claim_tick(
-        self, queue: str, name: str, tick: float, messages: Sequence[Message], payloads: list[bytes]
-    ) -> bool:
-        """Publish first, under ids made of the schedule and the tick (JetStream keeps one copy
-        of what racing claimers publish), then record the tick with a compare-and-set."""
+        self,
+        queue: str,
+        name: str,
+        tick: float,
+        messages: Sequence[Message],
+        payloads: list[bytes],
+        keys: list[str] | None,
+        unique_for: float | None,
+    ) -> TickClaim:
+        """Judge the tick by the server's clock; take the unique locks if any; publish, under
+        ids made of the schedule and the tick (JetStream keeps one copy of what racing claimers
+        publish); then record the tick with a compare-and-set."""
         key = f"t.{names.token(queue)}.{names.token(name)}"
         found = await self.store.get(key)
-        if found is not None and found[0] >= tick:
-            return False
-        items = self._items(messages, payloads)
-        for i, (subject, raw, headers) in enumerate(items):
-            assert headers is not None
-            headers[names.MSG_ID] = f"tick.{key}.{tick!r}.{i}"
-            items[i] = (subject, raw, headers)
-        await self._publish([queue], items)
+        if not claimable(tick, *_recent(None if found is None else found[0])):
+            return TAKEN
+        early = too_early(tick, await self.store.server_time())
+        if early is not None:
+            return early
+        held_by = None
+        chosen = list(range(len(messages)))
+        if keys is not None:
+            assert unique_for is not None
+            holders = await self._lock(messages, keys, unique_for)
+            chosen = [i for i, m in enumerate(messages) if holders[i] == m.id]
+            held_by = next((h for h, m in zip(holders, messages, strict=True) if h != m.id), None)
+        if chosen:
+            picked = [messages[i] for i in chosen]
+            items = self._items(picked, [payloads[i] for i in chosen])
+            for i, (_, _, headers) in zip(chosen, list(items), strict=True):
+                assert headers is not None
+                headers[names.MSG_ID] = f"tick.{key}.{tick!r}.{i}"
+            await self._publish([queue], items)
 
         def claim(old: Any) -> tuple[Any, bool]:
-            if old is not None and old >= tick:
+            recent, last = _recent(old)
+            if not claimable(tick, recent, last):
                 return old, False
-            return tick, True
+            return remember(tick, recent if recent else ([] if last is None else [last])), True
 
-        return await self.store.cas(key, claim)
+        if not await self.store.cas(key, claim):
+            return TAKEN
+        return WON if held_by is None else TickClaim(True, held_by=held_by)
 
     def last_tick(self, queue: str, name: str) -> float | None:
         found = run(self.store.get(f"t.{names.token(queue)}.{names.token(name)}"))
-        return None if found is None else float(found[0])
+        return None if found is None else _recent(found[0])[1]
 
     # -- consumers and recovery ------------------------------------------------------------
 
@@ -476,3 +514,14 @@ class NatsBroker(Broker):
     async def _close(self) -> None:
         await self.promoters.stop()
         await self.store.close()
+
+
+def _recent(record: Any) -> tuple[list[float], float | None]:
+    """A schedule's record as ``(its latest claimed ticks, its last tick)``: a list of the
+    latest ticks, or (written by an older hurtle) the last tick alone."""
+    if record is None:
+        return [], None
+    if isinstance(record, list):
+        ticks = [float(t) for t in record]
+        return ticks, (ticks[-1] if ticks else None)
+    return [], float(record)

@@ -214,6 +214,14 @@ class Store:
                 continue
             return outcome
 
+    async def server_time(self) -> float:
+        """The server's clock (Unix seconds): the time it stamps on a record written now (or
+        by another client since, when it came in between: the bucket keeps the last one)."""
+        kv = await self.kv()
+        await kv.put("clock", b"")
+        msg = await self.js.get_msg(f"KV_{STATE_BUCKET}", subject=f"$KV.{STATE_BUCKET}.clock")
+        return float(msg.time.timestamp())
+
     async def keys(self, bucket: str) -> list[str]:
         """Every key of ``bucket`` that holds a value, and perhaps some deleted ones: callers
         read each with ``get``, which gives None for those.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import re
 import socket
@@ -26,8 +25,6 @@ from ..base import Broker, QueueStats
 from ..common import (
     check_dead_letter_limits,
     check_queue_name,
-    check_tick_claim,
-    lock_end,
     unique_key_of,
 )
 from ..keys import (
@@ -43,7 +40,15 @@ from .consumer import MAX_BLOCK, RedisConsumer
 from .control import _Control
 from .deadletters import _DeadLetters
 from .results import CLOCK_CHECK_EVERY, _ResultListener
-from .scripts import _PRIORITIES, _PRIORITY_ARG, _Command, _get_scripts, _publish_keys
+from .scripts import (
+    _PRIORITIES,
+    _PRIORITY_ARG,
+    _Command,
+    _get_scripts,
+    _lock_end,
+    _publish_keys,
+)
+from .ticks import _Ticks
 from .workers import _Workers
 
 #: Socket timeout of the connections that block; must exceed ``MAX_BLOCK``.
@@ -102,7 +107,7 @@ def _check_replicas(acked: Any, wanted: int, url: str, doing: str) -> None:
         )
 
 
-class RedisBroker(_Workers, _DeadLetters, _Control, Broker):
+class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
     """The broker contract on one Redis server (6.2 or later)."""
 
     _consumer_class: type[RedisConsumer] = RedisConsumer
@@ -295,36 +300,6 @@ class RedisBroker(_Workers, _DeadLetters, _Control, Broker):
             f"publishing {len(payloads)} raw payloads to {queue!r}",
         )
 
-    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
-        check_tick_claim(queue, tick, messages)
-        check_messages(messages)
-        payloads = encode_many(list(messages), self.max_message_size)
-        now = time.time()
-        ready: dict[int, list[bytes]] = {p: [] for p in _PRIORITIES}
-        delayed: list[Any] = []
-        for m, raw in zip(messages, payloads, strict=True):
-            if m.eta > now:
-                delayed.extend((m.eta, _PRIORITY_ARG[m.priority], raw))
-            else:
-                ready[m.priority].append(raw)
-        args: list[Any] = [repr(float(tick)), *(len(ready[p]) for p in _PRIORITIES)]
-        for p in _PRIORITIES:
-            args += ready[p]
-        args += delayed
-        keys = (queue_keys(queue).schedule(name), *_publish_keys(queue))
-        _, won = self._publishing(
-            [(("SADD", QUEUES, queue), None), self._call(self._scripts.claim_tick, keys, args)],
-            f"claiming tick {tick!r} of schedule {name!r}",
-        )
-        return bool(won)
-
-    def last_tick(self, queue: str, name: str) -> float | None:
-        try:
-            raw = self._client.get(queue_keys(queue).schedule(name))
-        except redis.RedisError as err:
-            self._fail(err, f"reading the last tick of schedule {name!r}")
-        return None if raw is None else float(raw)
-
     # -- consuming --------------------------------------------------------------------------
 
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> RedisConsumer:
@@ -443,10 +418,3 @@ class RedisBroker(_Workers, _DeadLetters, _Control, Broker):
         self._blocking.close()
         self._results.connection_pool.disconnect()
         self._results.close()
-
-
-def _lock_end(message: Message) -> str:
-    """When the unique lock of ``message`` ends (``common.lock_end``), as ``publish_unique.lua``
-    takes it: "" when the message does not say (the script counts from the server's now)."""
-    until = lock_end(message, 0.0, math.nan)
-    return "" if math.isnan(until) else f"{until:.3f}"

@@ -4,6 +4,7 @@ script or a pipeline of commands in one round trip, redis-py errors turned into 
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Callable, Sequence
 from importlib import resources
@@ -14,7 +15,8 @@ from redis.exceptions import NoScriptError
 import redis
 
 from ...errors import BrokerError
-from ...message import MAX_PRIORITY
+from ...message import MAX_PRIORITY, Message
+from ..common import lock_end
 from ..keys import queue_keys
 
 _PRIORITIES = range(MAX_PRIORITY + 1)
@@ -252,3 +254,10 @@ def _packed(texts: list[str]) -> tuple[Sequence[str | bytes], bytes]:
         return texts, joined.encode()
     encoded = [t.encode() for t in texts]
     return encoded, b"".join(encoded)
+
+
+def _lock_end(message: Message) -> str:
+    """When the unique lock of ``message`` ends (``common.lock_end``), as ``publish_unique.lua``
+    takes it: "" when the message does not say (the script counts from the server's now)."""
+    until = lock_end(message, 0.0, math.nan)
+    return "" if math.isnan(until) else f"{until:.3f}"

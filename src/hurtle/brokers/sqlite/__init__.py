@@ -41,9 +41,10 @@ deletes it once, like a plain insert-then-delete loop:
   ones only). A broker object writes the name of a queue it publishes to once a minute at most
   (``KNOWN_REFRESH``), so a queue another process forgot is known again soon after its next
   message; its ``cursors`` are never dropped.
-* ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed
-  (``claim_tick``: the check, the record and the publish in one transaction). Made by the first
-  claim, so files of older versions need no upgrade.
+* ``schedules`` — per ``(queue, name)`` of a periodic task, the last tick claimed, and
+  ``schedule_ticks`` the latest ticks claimed (``claim_tick``: the check, the record and the
+  publish in one transaction). Made by the first claim, so files of older versions need no
+  upgrade.
 * ``results`` — task results by message id with their expiry (``Consumer.ack(..., results)``),
   written in the acknowledgement's transaction; each such write first deletes up to 100 expired
   rows (an index seek on ``expires`` that finds nothing, most of the time). Made with ``IF NOT

@@ -17,12 +17,20 @@ from ..common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,
-    check_tick_claim,
     gcra,
     lock_end,
     unique_key_of,
 )
 from ..reports import TaskCounts, WorkerReport, decode_report
+from ..ticks import (
+    RECENT_TICKS,
+    TAKEN,
+    WON,
+    TickClaim,
+    check_tick_claim,
+    claimable,
+    too_early,
+)
 from . import flows
 from .connection import _path_of, _synchronous_of
 from .consumer import _SQLiteConsumer
@@ -30,15 +38,19 @@ from .recovery import _Recovery
 from .schema import (
     _ADD_CURSOR,
     _ADD_QUEUE,
+    _ADD_TICK,
     _CAP_DEAD,
     _CLAIM_TICK,
     _EXPIRE_DEAD,
+    _FORGET_TICKS,
     _GET_RESULT,
     _HAS_SCHEDULES,
     _IDS,
     _INSERT,
     _INSERT_DELAYED,
     _LAST_TICK,
+    _RECENT_TICKS,
+    _SCHEDULE_TICKS,
     _SCHEDULES,
     _eta_of,
     _next_ids,
@@ -155,29 +167,9 @@ class SQLiteBroker(_Recovery, Broker):
         check_messages(messages)
         keys = [unique_key_of(m) for m in messages]
         payloads = encode_many(list(messages), self.max_message_size)
-        out: list[str] = []
-        items: list[tuple[str, int, float, bytes]] = []
         with self._write() as conn:
             now = time.time()
-            conn.execute(  # a bounded sweep of expired locks
-                "DELETE FROM uniques WHERE (queue, key) IN (SELECT queue, key FROM uniques "
-                "WHERE expires <= ? LIMIT 1000)",
-                (now,),
-            )
-            for m, key, raw in zip(messages, keys, payloads, strict=True):
-                row = conn.execute(
-                    "SELECT id FROM uniques WHERE queue = ? AND key = ? AND expires > ?",
-                    (m.queue, key, now),
-                ).fetchone()
-                if row is not None:
-                    out.append(row[0])
-                    continue
-                conn.execute(
-                    "INSERT OR REPLACE INTO uniques (queue, key, id, expires) VALUES (?, ?, ?, ?)",
-                    (m.queue, key, m.id, lock_end(m, now, unique_for)),
-                )
-                items.append((m.queue, m.priority, m.eta, raw))
-                out.append(m.id)
+            items, out = _take_locks(conn, messages, keys, payloads, now, unique_for)
             new = self._store(conn, items, now) if items else set()
         self._known.update(new)
         if items:
@@ -206,22 +198,48 @@ class SQLiteBroker(_Recovery, Broker):
         self._known.update(new)
         self._notify()
 
-    def claim_tick(self, queue: str, name: str, tick: float, messages: Sequence[Message]) -> bool:
-        check_tick_claim(queue, tick, messages)
+    def claim_tick(
+        self,
+        queue: str,
+        name: str,
+        tick: float,
+        messages: Sequence[Message],
+        unique_for: float | None = None,
+    ) -> TickClaim:
+        check_tick_claim(queue, tick, messages, unique_for)
         check_messages(messages)
+        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
         payloads = encode_many(list(messages), self.max_message_size)
-        now = time.time()
-        items = [
-            (m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, payloads, strict=True)
-        ]
         with self._write() as conn:
+            now = time.time()  # the write lock is held: every claimer's clock is read in turn
             conn.execute(_SCHEDULES)
-            won = conn.execute(_CLAIM_TICK, (queue, name, float(tick))).fetchone() is not None
-            new = self._store(conn, items, now) if won else set()
+            conn.execute(_SCHEDULE_TICKS)
+            row = conn.execute(_LAST_TICK, (queue, name)).fetchone()
+            recent = [r[0] for r in conn.execute(_RECENT_TICKS, (queue, name))]
+            if not claimable(tick, recent, None if row is None else row[0]):
+                return TAKEN
+            early = too_early(tick, now)
+            if early is not None:
+                return early
+            conn.execute(_CLAIM_TICK, (queue, name, float(tick)))
+            conn.execute(_ADD_TICK, (queue, name, float(tick)))
+            if len(recent) >= RECENT_TICKS:
+                conn.execute(_FORGET_TICKS, (queue, name, RECENT_TICKS - 1))
+            if keys is None:
+                items = [
+                    (m.queue, m.priority, m.eta, raw)
+                    for m, raw in zip(messages, payloads, strict=True)
+                ]
+                holders = [m.id for m in messages]
+            else:
+                assert unique_for is not None
+                items, holders = _take_locks(conn, messages, keys, payloads, now, unique_for)
+            new = self._store(conn, items, now) if items else set()
         self._known.update(new)
-        if won:
+        if items:
             self._notify()
-        return won
+        held_by = next((h for h, m in zip(holders, messages, strict=True) if h != m.id), None)
+        return WON if held_by is None else TickClaim(True, held_by=held_by)
 
     def last_tick(self, queue: str, name: str) -> float | None:
         with self._read() as conn:
@@ -447,3 +465,37 @@ class SQLiteBroker(_Recovery, Broker):
                 if self._pid == os.getpid():
                     self._conn.close()
         self._notify()
+
+
+def _take_locks(
+    conn: sqlite3.Connection,
+    messages: Sequence[Message],
+    keys: list[str],
+    payloads: list[bytes],
+    now: float,
+    unique_for: float,
+) -> tuple[list[tuple[str, int, float, bytes]], list[str]]:
+    """Take the unique lock of each message whose lock is free, in the caller's transaction:
+    ``(the rows to store, per message the id holding its lock)``."""
+    conn.execute(  # a bounded sweep of expired locks
+        "DELETE FROM uniques WHERE (queue, key) IN (SELECT queue, key FROM uniques "
+        "WHERE expires <= ? LIMIT 1000)",
+        (now,),
+    )
+    items: list[tuple[str, int, float, bytes]] = []
+    out: list[str] = []
+    for m, key, raw in zip(messages, keys, payloads, strict=True):
+        row = conn.execute(
+            "SELECT id FROM uniques WHERE queue = ? AND key = ? AND expires > ?",
+            (m.queue, key, now),
+        ).fetchone()
+        if row is not None:
+            out.append(row[0])
+            continue
+        conn.execute(
+            "INSERT OR REPLACE INTO uniques (queue, key, id, expires) VALUES (?, ?, ?, ?)",
+            (m.queue, key, m.id, lock_end(m, now, unique_for)),
+        )
+        items.append((m.queue, m.priority, m.eta, raw))
+        out.append(m.id)
+    return items, out

@@ -207,10 +207,21 @@ _SCHEDULES = (
     "last REAL NOT NULL, PRIMARY KEY (queue, name)) WITHOUT ROWID"
 )
 _HAS_SCHEDULES = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schedules'"
-# A row comes back only when this call recorded the tick: new, or newer than the last one.
+# The schedule's last tick: the newer of the one recorded and this one.
 _CLAIM_TICK = (
     "INSERT INTO schedules (queue, name, last) VALUES (?, ?, ?) ON CONFLICT (queue, name) "
-    "DO UPDATE SET last = excluded.last WHERE schedules.last < excluded.last RETURNING last"
+    "DO UPDATE SET last = max(schedules.last, excluded.last)"
+)
+# The latest ticks claimed per schedule (``brokers.ticks.RECENT_TICKS`` of them).
+_SCHEDULE_TICKS = (
+    "CREATE TABLE IF NOT EXISTS schedule_ticks (queue TEXT NOT NULL, name TEXT NOT NULL, "
+    "tick REAL NOT NULL, PRIMARY KEY (queue, name, tick)) WITHOUT ROWID"
+)
+_RECENT_TICKS = "SELECT tick FROM schedule_ticks WHERE queue = ? AND name = ? ORDER BY tick"
+_ADD_TICK = "INSERT INTO schedule_ticks (queue, name, tick) VALUES (?, ?, ?)"
+_FORGET_TICKS = (
+    "DELETE FROM schedule_ticks WHERE queue = ?1 AND name = ?2 AND tick < (SELECT tick FROM "
+    "schedule_ticks WHERE queue = ?1 AND name = ?2 ORDER BY tick DESC LIMIT 1 OFFSET ?3)"
 )
 _LAST_TICK = "SELECT last FROM schedules WHERE queue = ? AND name = ?"
 # Workers' reports (``reports.py``): made when first needed, outside the versioned schema, so
