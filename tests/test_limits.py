@@ -350,6 +350,8 @@ def test_a_sqlite_file_without_the_limit_tables_is_upgraded(tmp_path: Any) -> No
     conn = sqlite3.connect(tmp_path / "hurtle.db")  # what the previous version wrote
     for table in ("rates", "slots", "uniques"):
         conn.execute(f"DROP TABLE {table}")
+    conn.execute("DROP INDEX dead_message")  # added by version 5
+    conn.execute("ALTER TABLE dead DROP COLUMN message_id")
     conn.execute("PRAGMA user_version = 3")
     conn.commit()
     conn.close()
