@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ..cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ..errors import ConfigurationError
 from .scenario import Row
 
@@ -61,6 +62,7 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="keep each row's logs and probe files here (default: a temp dir)",
     )
+    add_yes(tasks, "flush --redis-url and --broker-url")
     tasks.set_defaults(handler=run_tasks)
     from .io import add_parser as add_io_parser  # the worker runtime's own benchmark
 
@@ -106,6 +108,8 @@ def run_tasks(args: argparse.Namespace) -> int:
                 f"--broker-url takes a NATS server (nats://host:port) or a Redis Cluster "
                 f"(redis+cluster://host:port), got {broker_url!r}; a single Redis is --redis-url"
             )
+    if not confirm_flush([args.redis_url, *(args.broker_url or ())], yes=args.yes):
+        return EXIT_NOT_CONFIRMED
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
     rows: list[Row] = []

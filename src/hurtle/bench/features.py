@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..app import Hurtle
+from ..cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from .scenario import Row, Scenario
 
 _PY = "{python}"
@@ -110,6 +111,7 @@ def add_parser(kinds: Any) -> None:
         help="run every row this many times, in turn; report medians (default 3)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per phase of a row")
+    add_yes(p, "flush --redis-url")
     p.set_defaults(handler=run)
 
 
@@ -120,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
 
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
     chosen = [r for r in ROWS if not wanted or r[0] in wanted or r[0] == "bare"]
+    if not confirm_flush([args.redis_url], yes=args.yes):
+        return EXIT_NOT_CONFIRMED
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
     rounds: list[list[Row]] = []

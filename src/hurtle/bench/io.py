@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..app import Hurtle
+from ..cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ..cli._progress import Progress
 from ..errors import ConfigurationError
 from ..worker.executors import POOLS
@@ -101,6 +102,7 @@ def add_parser(kinds: Any) -> None:
     io.add_argument(
         "--timeout", type=float, default=600.0, help="seconds one row may take (default 600)"
     )
+    add_yes(io, "flush --redis-url")
     io.set_defaults(handler=run)
 
 
@@ -112,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigurationError("--count must be at least 10 and --concurrency at least 1")
     variants = _choose(args.variants, io_tasks.VARIANTS, "variant")
     pools = _choose(args.pools, POOLS, "pool")
+    if not confirm_flush([args.redis_url], yes=args.yes):
+        return EXIT_NOT_CONFIRMED
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
     try:
