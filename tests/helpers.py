@@ -394,16 +394,50 @@ def hurtle_env(**extra: str) -> dict[str, str]:
 def run_hurtle(
     *args: str, cwd: Path | None = None, timeout: float = 60, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """Run the ``hurtle`` CLI in a real subprocess and capture what it prints."""
+    """Run the ``hurtle`` CLI in a real subprocess and capture what it prints. Its stdin is
+    no terminal (as in a script): a command that would ask a question refuses instead."""
     return subprocess.run(
         [sys.executable, "-m", "hurtle", *args],
         cwd=cwd,
         env=hurtle_env(**env),
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
+
+
+def run_hurtle_at_a_terminal(
+    *args: str, answer: str, cwd: Path | None = None, timeout: float = 60, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``run_hurtle`` with a terminal (a pseudo-terminal) as stdin, on which ``answer`` is
+    typed: what a person at a terminal answers to a question (stdout and stderr are pipes)."""
+    main, terminal = os.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "hurtle", *args],
+            cwd=cwd,
+            env=hurtle_env(**env),
+            stdin=terminal,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        os.close(terminal)
+        terminal = -1
+        os.write(main, answer.encode())  # kept by the terminal until the command reads it
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+    finally:
+        os.close(main)
+        if terminal != -1:
+            os.close(terminal)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 class Project:
@@ -423,6 +457,8 @@ class Project:
         self.url = url or f"sqlite:///{root / 'hurtle.db'}"
         self.env = {"HURTLE_BROKER_URL": self.url, "RUNS_LOG": str(self.log)}
         self.app = Hurtle(self.url)
+        if url is None:  # its file exists, as after a first send (only those create one)
+            self.app.broker.queues()
         self._started = 0
         self._outputs: dict[int, Path] = {}
         for name in task_names:

@@ -124,7 +124,7 @@ def test_dead_letters_can_be_listed_retried_and_purged(project: Project) -> None
     assert project.hurtle("worker", "tasks:app", "--burst").returncode == 0
     assert project.runs().count("broken") == 4  # a fresh budget: two more attempts
 
-    purged = project.hurtle("dead", "tasks:app", "purge")
+    purged = project.hurtle("dead", "tasks:app", "purge", "--yes")
     assert "purged 1 dead letters" in purged.stdout
     assert project.status()["default"]["dead"] == 0
 

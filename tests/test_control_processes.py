@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from helpers import Project, hurtle_env
+from helpers import Project, run_hurtle_at_a_terminal
 
 TASKS = textwrap.dedent(
     """
@@ -127,20 +126,14 @@ def test_queue_purge_asks_first_and_drops_only_the_waiting_messages(project: Pro
     project.send("tasks.other", "o1")
 
     def purge(*extra: str, answer: str = "") -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "hurtle", "queue", "tasks:app", "purge", "pq", *extra],
-            cwd=project.root,
-            env=hurtle_env(**project.env),
-            input=answer,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        command = ("queue", "tasks:app", "purge", "pq", *extra)
+        if extra:
+            return project.hurtle(*command)
+        return run_hurtle_at_a_terminal(*command, answer=answer, cwd=project.root, **project.env)
 
     refused = purge(answer="n\n")
     assert refused.returncode == 1, refused.stderr
-    assert "3 ready" in refused.stdout and "nothing purged" in refused.stdout
+    assert "3 ready" in refused.stdout and "nothing done" in refused.stdout
     assert project.status()["pq"]["ready"] == 3
     confirmed = purge(answer="y\n")
     assert confirmed.returncode == 0, confirmed.stderr

@@ -95,7 +95,9 @@ def test_retry_by_message_id_puts_back_only_that_message(project: Project) -> No
 def test_purge_by_dead_letter_id_removes_only_those(project: Project) -> None:
     ids = dead_letters_of(project, 1, 2, 3)
     rows = listed(project)
-    out = project.hurtle("dead", "tasks:app", "purge", str(rows[0]["id"]), str(rows[2]["id"]))
+    out = project.hurtle(
+        "dead", "tasks:app", "purge", str(rows[0]["id"]), str(rows[2]["id"]), "--yes"
+    )
     assert (out.returncode, out.stdout.strip()) == (0, "purged 2 dead letters"), out.stderr
     assert [r["message_id"] for r in listed(project)] == [ids[1]]
     assert project.stats() == {"ready": 0, "delayed": 0, "in_flight": 0, "dead": 1}
@@ -105,7 +107,7 @@ def test_an_id_that_names_no_dead_letter_is_reported_and_the_others_are_handled(
     project: Project,
 ) -> None:
     ids = dead_letters_of(project, 1, 2)
-    out = project.hurtle("dead", "tasks:app", "purge", "no-such-id", ids[0])
+    out = project.hurtle("dead", "tasks:app", "purge", "no-such-id", ids[0], "--yes")
     assert out.returncode == 1
     assert "purged 1 dead letters" in out.stdout
     assert "'no-such-id'" in out.stderr and "Traceback" not in out.stderr
@@ -123,7 +125,7 @@ def test_retry_and_purge_by_id_on_the_other_brokers(project: Project) -> None:
     assert all(re.fullmatch("[0-9a-f]{24}", str(r["id"])) for r in rows), rows  # as elsewhere
     retried = project.hurtle("dead", "tasks:app", "retry", ids[0])
     assert (retried.returncode, retried.stdout.strip()) == (0, "put back 1 dead letters")
-    purged = project.hurtle("dead", "tasks:app", "purge", str(rows[1]["id"]))
+    purged = project.hurtle("dead", "tasks:app", "purge", str(rows[1]["id"]), "--yes")
     assert (purged.returncode, purged.stdout.strip()) == (0, "purged 1 dead letters")
     assert [r["message_id"] for r in listed(project)] == [ids[2]]
     assert project.stats()["ready"] == 1

@@ -188,6 +188,6 @@ def test_schedule_list_of_an_app_without_schedules_says_so(tmp_path: Path) -> No
     project = Project(tmp_path, "from hurtle import Hurtle\napp = Hurtle()\n", [])
     text = project.hurtle("schedule", "tasks:app", "list")
     assert text.returncode == 0, text.stderr
-    assert text.stdout.strip() == "tasks:app has no periodic tasks (app.periodic)"
+    assert text.stdout.strip().splitlines()[-1] == "tasks:app has no periodic tasks (app.periodic)"
     doc = project.hurtle("schedule", "tasks:app", "list", "--json")
     assert json.loads(doc.stdout)["schedules"] == []

@@ -170,18 +170,23 @@ class Hurtle:
     def broker(self) -> Broker:
         """The broker, connected on first use."""
         broker = self._broker
-        if broker is None:
-            with self._broker_lock:
-                if self._broker is None:
-                    self._broker = make_broker(
-                        self.settings.broker_url,
-                        heartbeat_timeout=self.settings.heartbeat_timeout,
-                        dead_letter_max=self.settings.dead_letter_max,
-                        dead_letter_ttl=self.settings.dead_letter_ttl,
-                        max_recoveries=self.settings.max_recoveries,
-                    )
-                broker = self._broker
-        return broker
+        return broker if broker is not None else self.connect()
+
+    def connect(self, *, create: bool = True) -> Broker:
+        """Connect the broker now (once; later calls return it). ``create=False`` opens only a
+        SQLite file that exists, else raises ``ConfigurationError`` naming its absolute path:
+        what only reads, such as ``hurtle status``, never leaves an empty file behind."""
+        with self._broker_lock:
+            if self._broker is None:
+                self._broker = make_broker(
+                    self.settings.broker_url,
+                    heartbeat_timeout=self.settings.heartbeat_timeout,
+                    dead_letter_max=self.settings.dead_letter_max,
+                    dead_letter_ttl=self.settings.dead_letter_ttl,
+                    max_recoveries=self.settings.max_recoveries,
+                    create=create,
+                )
+            return self._broker
 
     @overload
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...

@@ -122,7 +122,15 @@ def wait_seconds(timeout: object) -> float:
     )
 
 
-class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
+class _Seen(msgspec.Struct, kw_only=True, gc=False, eq=False):
+    """What a handle learnt from the records it read. Its field is keyword-only, so that the
+    positional fields of ``Handle`` and of its subclasses keep their places."""
+
+    #: The task's name from the last record read, for a handle made without its task.
+    _task_name: str = ""
+
+
+class Handle(_Seen, Generic[R], gc=False, eq=False):
     """A sent message: its ``id``, and its task's result if the task keeps results.
 
     ``app`` sends and reads through its broker; ``task`` is known when ``send`` made the handle
@@ -135,8 +143,18 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
     task: Task[Any, R] | None = None
 
     def __repr__(self) -> str:
-        name = self.task.name if self.task is not None else "?"
-        return f"<Handle {name}[{self.id}]>"
+        name = self._name()
+        return f"<Handle {name}[{self.id}]>" if name else f"<Handle [{self.id}]>"
+
+    def _name(self) -> str:
+        """The task's name: its own, else the one the last record read named, else ''."""
+        return self.task.name if self.task is not None else self._task_name
+
+    def _read(self, record: Record) -> Record:
+        """Remember the task a record names (records of older versions name none)."""
+        if record.task:
+            self._task_name = record.task
+        return record
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Handle) and other.id == self.id
@@ -152,7 +170,7 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
         ``REVOKED``)."""
         self._check()
         payload = self.app.broker.get_result(self.id)
-        return State(PENDING if payload is None else decode(payload).state)
+        return State(PENDING if payload is None else self._read(decode(payload)).state)
 
     @property
     def status(self) -> str:
@@ -273,14 +291,14 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
         payload = broker.get_result(self.id)
         if payload is None:
             return None
-        record = decode(payload)
+        record = self._read(decode(payload))
         return record if record.state in FINAL else None
 
     def _unwrap(self, record: Record) -> R:
         if record.state == SUCCEEDED:
             value: R = record.value
             return value
-        name = self.task.name if self.task is not None else "?"
+        name = self._name() or "?"
         raise TaskFailed(self.id, name, record.error_type, record.error_message, record.traceback)
 
     def _timeout(self, timeout: float) -> ResultTimeout:
@@ -288,9 +306,10 @@ class Handle(msgspec.Struct, Generic[R], gc=False, eq=False):
             state = self.state()
         except Exception as err:  # the broker went away: say so rather than hide it
             state = f"unknown ({err})"
-        name = self.task.name if self.task is not None else "?"
+        name = self._name()  # known once a record was read (state() above reads one)
+        what = f"task {name}[{self.id}]" if name else f"message {self.id}"
         return ResultTimeout(
-            f"no result for task {name}[{self.id}] within {timeout:g}s (state: {state}); "
+            f"no result for {what} within {timeout:g}s (state: {state}); "
             "is a worker consuming its queue?"
         )
 

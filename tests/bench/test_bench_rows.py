@@ -132,6 +132,7 @@ def test_a_row_added_as_one_module_runs_through_the_harness(
     code = main(
         [
             *("bench", "tasks", "--only", "tiny", "--count", "20", "--redis-url", redis_url),
+            "--yes",
             *("--json", str(out), "--workdir", str(tiny_row / "work")),
         ]
     )

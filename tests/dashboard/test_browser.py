@@ -219,6 +219,28 @@ def test_retrying_a_dead_letter_from_the_page_puts_it_back_and_it_runs(
     assert project.app.broker.stats(["default"])["default"].dead == 0
 
 
+def test_the_dead_letters_page_shows_each_calls_arguments_as_text_and_says_which_are_no_message(
+    project: Project, server: str, page: Page, worker: subprocess.Popen[str]
+) -> None:
+    markup = '<b id="bold">x</b><img src=x onerror="window.hurtlePwned=1">'
+    project.send("fragile", markup)
+    project.app.broker.publish_raw("default", [b"\x93not a hurtle message"])
+    wait_for(
+        lambda: project.app.broker.stats(["default"])["default"].dead == 2, what="dead letters"
+    )
+    page.goto(server + "/#/dead")
+    wait_for(
+        lambda: len(page.query_selector_all("#dead-table button.retry-one")) == 2,
+        what="both dead letters on the page",
+    )
+    shown = page.inner_text("#dead-table code.arguments")
+    assert json.loads(shown) == [markup]  # the JSON text of the arguments, as text
+    assert page.query_selector("#dead-table #bold, #dead-table img") is None  # never as HTML
+    assert page.evaluate("window.hurtlePwned") is None
+    undecodable = page.inner_text("#dead-table .undecodable")
+    assert undecodable.startswith("undecodable: not a valid hurtle message (21 bytes)")
+
+
 def test_purging_a_queues_dead_letters_from_the_page_asks_first(
     project: Project,
     server: str,

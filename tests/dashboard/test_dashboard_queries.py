@@ -59,8 +59,11 @@ def test_a_dead_letter_shows_its_reason_apart_from_its_traceback() -> None:
     assert row["traceback"] == "Traceback...\nValueError"
     assert (row["message_id"], row["task"], row["attempt"]) == ("m1", "add", 3)
     assert row["args"] == [1, "eA=="]  # JSON-safe: bytes as msgspec's base64
+    assert (row["arguments"], row["undecodable"]) == ('[1, "eA=="]', None)  # JSON text
 
     garbage = dead_letter_row(
         DeadLetter(id="d2", queue="q", raw=b"\xff", reason="bad", failed_at=0.0)
     )
     assert (garbage["task"], garbage["message_id"], garbage["size"]) == (None, None, 1)
+    assert garbage["arguments"] is None
+    assert garbage["undecodable"].startswith("not a valid hurtle message (1 bytes)")

@@ -47,9 +47,13 @@ def make_broker(
     dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
     dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
     max_recoveries: int = 3,
+    create: bool = True,
 ) -> Broker:
     """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``,
-    ``redis+cluster://host:port``, ``nats://host:4222``."""
+    ``redis+cluster://host:port``, ``nats://host:4222``.
+
+    ``create=False``: a SQLite file must exist already (the broker never makes one then);
+    the other brokers have no file to make and ignore it."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme == "memory":
         from .memory import MemoryBroker
@@ -70,6 +74,7 @@ def make_broker(
             dead_letter_max=dead_letter_max,
             dead_letter_ttl=dead_letter_ttl,
             max_recoveries=max_recoveries,
+            create=create,
         )
     if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
         try:

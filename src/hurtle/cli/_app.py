@@ -1,12 +1,18 @@
-"""Finding the user's app from ``module:attribute`` on the command line."""
+"""Finding the user's app from ``module:attribute`` on the command line, and its broker.
+
+Only ``hurtle worker`` creates a SQLite file; every other command opens an existing one only
+(``open_broker``), so that one run from the wrong directory says so instead of showing the
+zeros of a new empty file, and each says which file it uses (``describe``)."""
 
 from __future__ import annotations
 
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from ..app import Hurtle
+from ..brokers import Broker
 from ..errors import ConfigurationError
 
 
@@ -34,3 +40,28 @@ def load_app(path: str) -> Hurtle:
     if not isinstance(app, Hurtle):
         raise ConfigurationError(f"{path!r} is a {type(app).__name__}, not a hurtle.Hurtle app")
     return app
+
+
+def open_broker(app: Hurtle, *, create: bool = False) -> Broker:
+    """The app's broker, connected now; without ``create`` a SQLite file that does not exist is
+    a ``ConfigurationError`` naming its absolute path, and no file is made."""
+    return app.connect(create=create)
+
+
+def file_of(broker: Broker) -> str | None:
+    """The absolute path of a SQLite broker's file; None for a broker without one."""
+    path = getattr(broker, "path", None)
+    return None if path is None else str(Path(path).resolve())
+
+
+def describe(broker: Broker) -> str:
+    """The broker's URL and, for a SQLite broker, the absolute path of its file."""
+    path = file_of(broker)
+    return broker.url if path is None else f"{broker.url} (file {path})"
+
+
+def announce(broker: Broker) -> None:
+    """Say on stderr which SQLite file a command works on (stdout stays its output); a
+    network broker's URL is what the user set, and an error names it anyway."""
+    if file_of(broker) is not None:
+        print(f"broker: {describe(broker)}", file=sys.stderr, flush=True)

@@ -7,9 +7,11 @@ cancelled); an id whose result says it is settled is reported as such, not cance
 id is cancelled, also one never sent yet (the output says so: nothing indexes waiting messages).
 ``queue pause`` stops every worker from fetching a queue until ``queue resume``; ``hurtle
 status`` shows which queues are paused. ``queue purge`` drops the queue's waiting messages (ready
-and delayed; never those workers hold, nor dead letters) after asking, unless ``--yes``.
+and delayed; never those workers hold, nor dead letters) after asking, unless ``--yes``
+(``_confirm``: without a terminal to ask at it refuses).
 ``queue forget`` drops an empty queue's name from the known queues (``hurtle status``, the
-dashboard), and refuses one that holds messages or is paused.
+dashboard), and refuses one that holds messages or is paused. Each names its broker (and SQLite
+file) on stderr, and never creates a SQLite file (``_app.open_broker``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import Any
 from ..app import CANCEL_TTL
 from ..ids import check_message_ids
 from ..names import check_queue_name
-from ._app import load_app
+from ._app import announce, load_app, open_broker
+from ._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm
 
 
 def add_parser(sub: Any) -> None:
@@ -54,7 +57,7 @@ def add_parser(sub: Any) -> None:
     q.add_argument("app", help="the app, as module:attribute")
     q.add_argument("action", choices=("pause", "resume", "purge", "forget"))
     q.add_argument("queue", help="the queue's name")
-    q.add_argument("--yes", action="store_true", help="purge without asking for confirmation")
+    add_yes(q, "purge")
     q.set_defaults(handler=run_queue)
 
 
@@ -62,6 +65,7 @@ def run_cancel(args: argparse.Namespace) -> int:
     ids = list(dict.fromkeys(args.ids))
     check_message_ids(ids)
     app = load_app(args.app)
+    announce(open_broker(app))
     settled = _settled(app, ids)
     wanted = [i for i in ids if i not in settled]
     for i, state in settled.items():
@@ -93,6 +97,7 @@ def _settled(app: Any, ids: list[str]) -> dict[str, str]:
 def run_queue(args: argparse.Namespace) -> int:
     check_queue_name(args.queue)
     app = load_app(args.app)
+    announce(open_broker(app))
     if args.action == "purge":
         return _purge(app, args.queue, args.yes)
     if args.action == "forget":
@@ -109,20 +114,12 @@ def run_queue(args: argparse.Namespace) -> int:
 def _purge(app: Any, queue: str, yes: bool) -> int:
     if not yes:
         stats = app.broker.stats([queue])[queue]
-        print(
-            f"purge queue {queue!r}: drop its {stats.ready} ready and {stats.delayed} delayed "
-            f"message(s) for good ({stats.in_flight} in flight finish, {stats.dead} dead "
-            "letter(s) stay)? [y/N] ",
-            end="",
-            flush=True,
+        details = (
+            f"drop its {stats.ready} ready and {stats.delayed} delayed message(s) for good "
+            f"({stats.in_flight} in flight finish, {stats.dead} dead letter(s) stay)"
         )
-        try:
-            answer = input()
-        except EOFError:
-            answer = ""
-        if answer.strip().lower() not in ("y", "yes"):
-            print(f"nothing purged (answer y, or pass --yes, to purge {queue!r})")
-            return 1
+        if not confirm(f"purge queue {queue!r}", details, yes=False):
+            return EXIT_NOT_CONFIRMED
     n = app.broker.purge(queue)
     print(f"queue {queue!r} purged: {n} waiting message(s) dropped")
     return 0

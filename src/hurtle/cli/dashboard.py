@@ -4,7 +4,9 @@ Listens on 127.0.0.1 unless ``--host`` says otherwise; any other address needs a
 in ``HURTLE_DASHBOARD_TOKEN`` (``hurtle/dashboard/security.py``). uvicorn's own reading of proxy
 headers is off: ``--trust-proxy`` (or ``HURTLE_DASHBOARD_TRUST_PROXY=1``) is the one switch.
 The HTTP enqueue takes the app's task names only, unless ``--allow-unknown-tasks``
-(``hurtle/dashboard/enqueue.py``).
+(``hurtle/dashboard/enqueue.py``). It serves an existing SQLite file only, and names it: one
+started from the wrong directory says the file does not exist (``_app.open_broker``) instead of
+showing the zeros of a new one.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import sys
 from typing import Any
 
 from ..dashboard.names import FORGET_AFTER
-from ._app import load_app
+from ._app import describe, load_app, open_broker
 
 
 def add_parser(sub: Any) -> None:
@@ -62,9 +64,10 @@ def run(args: argparse.Namespace) -> int:
     from ..dashboard import create_app
 
     app = load_app(args.app)
+    broker = open_broker(app)
     where = f"[{args.host}]" if ":" in args.host else args.host
     print(
-        f"hurtle dashboard for {app.broker.url} on http://{where}:{args.port}/"
+        f"hurtle dashboard for {describe(broker)} on http://{where}:{args.port}/"
         + (" (access token required)" if token else ""),
         file=sys.stderr,
         flush=True,

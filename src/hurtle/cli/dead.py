@@ -1,10 +1,14 @@
-"""``hurtle dead APP list|retry|purge [ID...]``: look at, re-run or drop dead letters.
+"""``hurtle dead APP list|show|retry|purge [ID...]``: look at, re-run or drop dead letters.
 
 Without ids, an action covers every dead letter of the queues (``--queue``, else every queue the
 app or the broker knows). With ids, only those: an id is a dead letter's own id (the first column
 of ``list``) or the id of the message inside it (what ``send`` returned, ``message`` in ``list``).
 An id that names no dead letter is reported and makes the command exit 1, after the others were
-handled.
+handled. ``show ID...`` prints everything a dead letter holds (its whole reason with the
+traceback, the call's arguments, attempt, ids and times); a message id is found through the
+broker's index (``Broker.find_dead``), a dead letter's own id by reading the queues. ``purge``
+asks first (``_confirm``). The broker (and SQLite file) used is named on stderr; a SQLite file
+that does not exist is an error, never created.
 """
 
 from __future__ import annotations
@@ -17,7 +21,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..brokers import Broker, DeadLetter
-from ._app import load_app
+from ..errors import ConfigurationError, DecodeError
+from ..message import Message
+from ._app import announce, load_app, open_broker
+from ._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm
 
 #: Dead letters read per round trip when looking for ids.
 _PAGE = 500
@@ -28,14 +35,14 @@ def add_parser(sub: Any) -> None:
     p: argparse.ArgumentParser = sub.add_parser(
         "dead",
         help="dead letters",
-        description="List, retry or purge dead letters: every one of the queues, or those "
-        "named by ID.",
+        description="List, show, retry or purge dead letters: every one of the queues, or "
+        "those named by ID (show needs at least one).",
         epilog="ID is a dead letter's own id (the first column of 'list') or the id of the "
         "message it holds (what send() returned, shown as 'message' by 'list'). An ID that "
         "names no dead letter is reported and the command exits 1, after handling the others.",
     )
     p.add_argument("app", help="the app, as module:attribute")
-    p.add_argument("action", choices=("list", "retry", "purge"))
+    p.add_argument("action", choices=("list", "show", "retry", "purge"))
     p.add_argument("ids", nargs="*", metavar="ID", help="only these dead letters (see below)")
     p.add_argument("--queue", "-q", default=None, help="one queue (default: every queue)")
     p.add_argument(
@@ -44,7 +51,8 @@ def add_parser(sub: Any) -> None:
         default=50,
         help="how many to list per queue (default 50; ignored with IDs)",
     )
-    p.add_argument("--json", action="store_true", help="list as JSON")
+    p.add_argument("--json", action="store_true", help="list or show as JSON")
+    add_yes(p, "purge")
     p.set_defaults(handler=run)
 
 
@@ -119,19 +127,22 @@ def _print_list(rows: list[dict[str, Any]], more: dict[str, int]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.action == "show" and not args.ids:
+        raise ConfigurationError(
+            "hurtle dead APP show needs the id of a dead letter or of its message: "
+            "hurtle dead APP list shows both"
+        )
     app = load_app(args.app)
-    broker = app.broker
+    broker = open_broker(app)
+    announce(broker)
     queues = [args.queue] if args.queue else sorted(set(app.queues()) | set(broker.queues()))
+    if args.action == "show":
+        return _show(broker, queues, args.ids, args.json)
     chosen: list[DeadLetter] = []
     missing: list[str] = []
     if args.ids:
         chosen, missing = _named(broker, queues, args.ids)
-        for i in missing:
-            print(
-                f"hurtle: no dead letter in {', '.join(map(repr, queues)) or 'any queue'} has "
-                f"the id {i!r} (neither as its own id nor as its message's id)",
-                file=sys.stderr,
-            )
+        _report_missing(queues, missing)
     if args.action == "list":
         more: dict[str, int] = {}
         if not args.ids:
@@ -147,6 +158,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_list(rows, more)
         return EXIT_NOT_FOUND if missing else 0
+    if args.action == "purge" and not _purge_confirmed(broker, queues, chosen, args):
+        return EXIT_NOT_CONFIRMED
     total = 0
     if args.ids:
         by_queue: dict[str, list[str]] = {}
@@ -166,3 +179,118 @@ def run(args: argparse.Namespace) -> int:
     verb = "put back" if args.action == "retry" else "purged"
     print(f"{verb} {total} dead letters")
     return EXIT_NOT_FOUND if missing else 0
+
+
+def _report_missing(queues: Sequence[str], missing: Sequence[str]) -> None:
+    for i in missing:
+        print(
+            f"hurtle: no dead letter in {', '.join(map(repr, queues)) or 'any queue'} has "
+            f"the id {i!r} (neither as its own id nor as its message's id)",
+            file=sys.stderr,
+        )
+
+
+def _purge_confirmed(
+    broker: Broker, queues: Sequence[str], chosen: list[DeadLetter], args: argparse.Namespace
+) -> bool:
+    """Whether the purge may go on: asked unless ``--yes``; nothing to purge is not asked."""
+    if args.yes:
+        return True
+    if args.ids:
+        count = len(chosen)
+        where = sorted({d.queue for d in chosen})
+        action = f"purge {count} dead letter(s) named by id"
+    else:
+        counts = broker.stats(queues)
+        count = sum(counts[q].dead for q in queues if q in counts)
+        where = [q for q in queues if q in counts and counts[q].dead]
+        action = f"purge every dead letter of {', '.join(map(repr, queues))}"
+    if count == 0:
+        return True
+    details = (
+        f"{count} dead letter(s) of {', '.join(map(repr, where))} deleted for good "
+        "('retry' puts them back in their queues instead)"
+    )
+    return confirm(action, details, yes=args.yes)
+
+
+def _show(broker: Broker, queues: Sequence[str], ids: Sequence[str], as_json: bool) -> int:
+    """Everything each named dead letter holds; a message id is found through the index."""
+    letters: dict[str, DeadLetter] = {}
+    rest: list[str] = []
+    for i in dict.fromkeys(ids):
+        d = broker.find_dead(i)
+        if d is not None and d.queue in queues:
+            letters.setdefault(d.id, d)
+        else:
+            rest.append(i)  # a dead letter's own id, or no id at all: read the queues
+    scanned, missing = _named(broker, queues, rest) if rest else ([], [])
+    for d in scanned:
+        letters.setdefault(d.id, d)
+    _report_missing(queues, missing)
+    details = [_detail(d) for d in letters.values()]
+    if as_json:
+        print(json.dumps(details, indent=2, default=repr))
+    else:
+        for n, row in enumerate(details):
+            if n:
+                print()
+            _print_detail(row)
+    return EXIT_NOT_FOUND if missing else 0
+
+
+def _detail(d: DeadLetter) -> dict[str, Any]:
+    """``_row`` and the rest: the message's priority, times and headers, or why its bytes
+    are no message."""
+    row = _row(d)
+    try:
+        m = Message.decode(d.raw)
+    except DecodeError as err:
+        row["undecodable"] = str(err)
+        return row
+    row.update(
+        priority=m.priority,
+        sent_at=m.created or None,
+        eta=m.eta or None,
+        expires=m.expires or None,
+        headers=dict(m.headers),
+    )
+    return row
+
+
+def _time(t: float | None) -> str:
+    if not t:
+        return "-"
+    return datetime.datetime.fromtimestamp(t).astimezone().isoformat(timespec="milliseconds")
+
+
+def _print_detail(row: dict[str, Any]) -> None:
+    lines = [("dead letter", str(row["id"])), ("queue", str(row["queue"]))]
+    if "undecodable" in row:
+        lines += [
+            ("message", f"none: {row['undecodable']}"),
+            ("bytes", f"{str(row['raw'])[:120]}{'...' if len(str(row['raw'])) > 120 else ''}"),
+        ]
+    else:
+        lines += [
+            ("message", str(row["message_id"])),
+            ("task", str(row["task"])),
+            ("args", json.dumps(row["args"], default=repr)),
+            ("kwargs", json.dumps(row["kwargs"], default=repr)),
+            ("attempt", f"{row['attempt']} (1 is the first)"),
+            ("priority", str(row["priority"])),
+            ("sent at", _time(row["sent_at"])),
+        ]
+        if row["eta"]:
+            lines.append(("due at", _time(row["eta"])))
+        if row["expires"]:
+            lines.append(("expires at", _time(row["expires"])))
+        if row["headers"]:
+            lines.append(("headers", json.dumps(row["headers"], default=repr)))
+    lines.append(("failed at", _time(row["failed_at"])))
+    width = max(len(k) for k, _ in lines)
+    for key, value in lines:
+        print(f"{key:<{width}}  {value}")
+    print("reason:")
+    for line in str(row["reason"]).rstrip().splitlines():
+        print(f"    {line}")

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from ..dashboard.queries import schedule_rows
-from ._app import load_app
+from ._app import describe, file_of, load_app, open_broker
 
 
 def add_parser(sub: Any) -> None:
@@ -28,13 +28,14 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
-    broker = app.broker
+    broker = open_broker(app)
     now = time.time()
     rows = [{k: v for k, v in row.items() if k != "when"} for row in schedule_rows(app, now)]
     if args.json:
-        doc = {"broker": broker.url, "time": now, "schedules": rows}
+        doc = {"broker": broker.url, "file": file_of(broker), "time": now, "schedules": rows}
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
+    print(f"broker: {describe(broker)}")
     if not rows:
         print(f"{args.app} has no periodic tasks (app.periodic)")
         return 0
@@ -51,7 +52,6 @@ def run(args: argparse.Namespace) -> int:
             )
         )
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
-    print(f"broker: {broker.url}")
     for row in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     return 0

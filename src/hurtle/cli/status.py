@@ -1,5 +1,6 @@
 """``hurtle status APP``: how many messages each queue has ready, delayed, in flight and dead,
-and which queues are paused."""
+and which queues are paused, on which broker (for SQLite, the file's absolute path: the file
+must exist, ``_app.open_broker``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from typing import Any
 
 from ..dashboard.queries import queue_stats
-from ._app import load_app
+from ._app import describe, file_of, load_app, open_broker
 
 
 def add_parser(sub: Any) -> None:
@@ -21,12 +22,13 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
-    broker = app.broker
+    broker = open_broker(app)
     stats = queue_stats(broker, app.queues())
     names = list(stats)
     if args.json:
         doc = {
             "broker": broker.url,
+            "file": file_of(broker),
             "time": time.time(),
             "queues": {
                 name: {
@@ -42,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
     width = max([len("queue"), *map(len, names)])
-    print(f"broker: {broker.url}")
+    print(f"broker: {describe(broker)}")
     print(f"{'queue':<{width}}  {'ready':>10}  {'delayed':>10}  {'in flight':>10}  {'dead':>10}")
     for name, s in stats.items():
         print(

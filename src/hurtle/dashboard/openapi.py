@@ -196,9 +196,19 @@ OPENAPI: dict[str, Any] = {
                     "attempt": _ATTEMPT,
                     "args": {"type": "array"},
                     "kwargs": {"type": "object"},
+                    "arguments": _STR,
+                    "undecodable": _STR,
                     "size": _INT,
                 },
-                nullable=("message_id", "task", "attempt", "args", "kwargs"),
+                nullable=(
+                    "message_id",
+                    "task",
+                    "attempt",
+                    "args",
+                    "kwargs",
+                    "arguments",
+                    "undecodable",
+                ),
             ),
             "Overview": _obj(
                 {

@@ -13,6 +13,7 @@ so that the overview's counters follow the same stream.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
@@ -115,9 +116,11 @@ def sum_counts(counts: Iterable[TaskCounts]) -> dict[str, int]:
 
 def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
     """A dead letter for people: its reason's first line, the rest (a traceback) apart, and
-    what the message was, if its bytes are one."""
+    what the message was, if its bytes are one. ``arguments`` is the call's arguments as JSON
+    text (``[args]``, then ``{kwargs}`` if any), for the page to show as text; bytes that are
+    no message (decoded as MessagePack into plain data only: nothing is ever unpickled) have
+    ``undecodable`` saying why instead."""
     summary, _, trace = dead.reason.partition("\n")
-    message = dead.message()
     row: dict[str, Any] = {
         "id": dead.id,
         "queue": dead.queue,
@@ -129,17 +132,31 @@ def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
         "attempt": None,
         "args": None,
         "kwargs": None,
+        "arguments": None,
+        "undecodable": None,
         "size": len(dead.raw),
     }
-    if message is not None:
-        row.update(
-            message_id=message.id,
-            task=message.task,
-            attempt=message.attempt + 1,
-            args=_json_safe(list(message.args)),
-            kwargs=_json_safe(message.kwargs),
-        )
+    try:
+        message = Message.decode(dead.raw)
+    except DecodeError as err:
+        row["undecodable"] = str(err)
+        return row
+    args, kwargs = _json_safe(list(message.args)), _json_safe(message.kwargs)
+    text = _json_text(args) + (f" {_json_text(kwargs)}" if message.kwargs else "")
+    row.update(
+        message_id=message.id,
+        task=message.task,
+        attempt=message.attempt + 1,
+        args=args,
+        kwargs=kwargs,
+        arguments=text,
+    )
     return row
+
+
+def _json_text(value: Any) -> str:
+    """JSON text with a space after each separator, as people write it."""
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
 def _json_safe(value: Any) -> Any:

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ..harness import options, rounds
 from ..harness.scenario import Row
 from .rows import BARE, ROWS
@@ -45,6 +46,7 @@ def add_parser(kinds: Any) -> None:
         help="run every row this many times, in turn; report medians (default 3)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per phase of a row")
+    add_yes(p, "flush --redis-url")
     p.set_defaults(handler=run)
 
 
@@ -55,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
     chosen = [r for r in ROWS if not wanted or r.name in wanted or r is BARE]
     runs: list[list[Row]] = []
+    if not confirm_flush([args.redis_url], yes=args.yes):
+        return EXIT_NOT_CONFIRMED
     with servers.redis_url(args.redis_url) as url:
         info = machine.describe(url)
         with tempfile.TemporaryDirectory(prefix="hurtle-bench-features-") as tmp:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ...errors import ConfigurationError
 from ..harness.servers import free_port
 
@@ -76,6 +77,7 @@ def add_parser(kinds: Any) -> None:
     )
     http.add_argument("--json", type=Path, default=None, help="write rows and machine here")
     http.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
+    add_yes(http, "flush --redis-url")
     http.set_defaults(handler=run)
 
 
@@ -233,6 +235,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigurationError(
             f"unknown row(s) {', '.join(unknown)}: choose from {', '.join(ROWS)}"
         )
+    if not confirm_flush([args.redis_url], yes=args.yes):
+        return EXIT_NOT_CONFIRMED
     server = None if args.redis_url else RedisServer()
     url = args.redis_url or (server.url if server else "")
     rows: list[HttpRow] = []

@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ...errors import ConfigurationError
 from ...worker.executors import POOLS
 from ..harness import options
@@ -56,6 +57,7 @@ def add_parser(kinds: Any) -> None:
     io.add_argument(
         "--timeout", type=float, default=600.0, help="seconds one row may take (default 600)"
     )
+    add_yes(io, "flush --redis-url")
     io.set_defaults(handler=run)
 
 
@@ -69,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigurationError("--count must be at least 10 and --concurrency at least 1")
     variants = options.choose(args.variants, tasks.VARIANTS, "variant")
     pools = options.choose(args.pools, POOLS, "pool")
+    if not confirm_flush([args.redis_url], yes=args.yes):
+        return EXIT_NOT_CONFIRMED
     with servers.redis_url(args.redis_url) as url:
         info = machine.describe(url)
         bench = IoBench(url, args.concurrency, args.timeout)

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ...errors import ConfigurationError
 from ..harness import options, registry
 from ..harness.scenario import Row
@@ -53,6 +54,7 @@ def add_parser(kinds: Any) -> None:
         default=None,
         help="keep each row's logs and probe files here (default: a temp dir)",
     )
+    add_yes(tasks, "flush --redis-url and --broker-url")
     tasks.set_defaults(handler=run)
 
 
@@ -86,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     chosen = [by_name[n] for n in options.choose(args.only, list(by_name), default=list(by_name))]
     brokers = _brokers(args.broker_url)
     results: list[Row] = []
+    if not confirm_flush([args.redis_url, *(args.broker_url or ())], yes=args.yes):
+        return EXIT_NOT_CONFIRMED
     with servers.redis_url(args.redis_url) as url:
         info = machine.describe(url)
         tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="hurtle-bench-")

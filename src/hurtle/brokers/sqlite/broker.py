@@ -80,6 +80,7 @@ class SQLiteBroker(_Recovery, Broker):
         dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
         dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
         max_recoveries: int = 3,
+        create: bool = True,
     ) -> None:
         self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
             dead_letter_max, dead_letter_ttl
@@ -89,6 +90,7 @@ class SQLiteBroker(_Recovery, Broker):
         self.max_recoveries = max_recoveries
         self.path = _path_of(url)
         self.synchronous = _synchronous_of(url)
+        self.create = create
         self._lock = threading.Lock()
         self._wake = threading.Condition(threading.Lock())
         self._ticket = 0  # bumped (under _wake) by every local commit that may make work ready

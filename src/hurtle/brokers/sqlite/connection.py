@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, quote
 
 from ...errors import BrokerError, ConfigurationError
 from ...message import message_id
@@ -57,12 +57,27 @@ def _synchronous_of(url: str) -> str:
     return level
 
 
+def _missing(url: str, path: Path) -> str:
+    """Why a SQLite file that must exist (``create=False``) cannot be opened, and what to do."""
+    where = str(path.absolute())
+    relative = (
+        f", relative to the current directory {os.getcwd()!r}" if not path.is_absolute() else ""
+    )
+    return (
+        f"the SQLite broker file {where!r} (from {url!r}{relative}) does not exist, and "
+        "nothing was created: run from the directory of your app, or set HURTLE_BROKER_URL "
+        "to its file (sqlite:////absolute/path.db); a worker or a send creates it"
+    )
+
+
 class _Connection:
     """What ``SQLiteBroker`` is built on: its file, its connection and their transactions."""
 
     url: str
     path: Path
     synchronous: str
+    #: False: open the file only if it exists (``make_broker(..., create=False)``).
+    create: bool
     _lock: threading.Lock
     _wake: threading.Condition
     _ticket: int
@@ -76,12 +91,16 @@ class _Connection:
         try:
             if not self.path.parent.is_dir():  # a typo must not quietly start an empty queue
                 raise FileNotFoundError(f"no directory {str(self.path.parent.absolute())!r}")
+            if not self.create and not self.path.exists():
+                raise ConfigurationError(_missing(self.url, self.path))
             conn = sqlite3.connect(
-                self.path,
+                # mode=rw: never create the file, even if it vanished since the check above
+                self.path if self.create else f"file:{quote(str(self.path))}?mode=rw",
                 timeout=_BUSY_TIMEOUT_MS / 1000,
                 isolation_level=None,
                 check_same_thread=False,
                 cached_statements=256,
+                uri=not self.create,
             )
             try:
                 conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")

@@ -51,6 +51,7 @@ function table(node, columns, rows) {
   );
 }
 
+const clip = (text, n) => (text.length > n ? `${text.slice(0, n - 1)}…` : text);
 const fmt = (n) => (typeof n === "number" ? n.toLocaleString("en") : n);
 const when = (t) => (t ? new Date(t * 1000).toLocaleTimeString() : "–");
 const ago = (t) => (t ? `${Math.max(0, Date.now() / 1000 - t).toFixed(1)} s ago` : "–");
@@ -250,6 +251,10 @@ async function loadDead() {
     { title: "", value: (d) => el("input", { type: "checkbox", "data-id": d.id }) },
     { title: "Failed at", value: (d) => when(d.failed_at) },
     { title: "Task", value: (d) => d.task ?? "(not a message)" },
+    // JSON text from the server, set as text (never as HTML); undecodable bytes say why
+    { title: "Arguments", value: (d) => (d.arguments === null
+      ? el("span", { class: "undecodable" }, `undecodable: ${d.undecodable}`)
+      : el("code", { class: "arguments", title: d.arguments }, clip(d.arguments, 120))) },
     { title: "Message id", value: (d) => (d.message_id ? taskLink(d.message_id) : "–") },
     { title: "Attempt", value: (d) => d.attempt ?? "–", numeric: true },
     { title: "Reason", value: (d) => {
