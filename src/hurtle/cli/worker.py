@@ -1,8 +1,9 @@
 """``hurtle worker APP``: run a worker until SIGTERM/SIGINT (or drained, with ``--burst``).
 
 This is the launcher: for the gevent and eventlet pools it patches the standard library before
-the user's module is imported and with ``--processes P`` it runs a supervisor of P fresh worker
-processes instead of a worker (the supervisor imports no user code).
+the user's module is imported, with ``--processes P`` it runs a supervisor of P fresh worker
+processes instead of a worker (the supervisor imports no user code), and with ``--watch`` a
+parent that restarts the worker (or its supervisor) when the code changes (``watch``).
 """
 
 from __future__ import annotations
@@ -85,6 +86,16 @@ def add_parser(sub: Any) -> None:
         metavar="S",
         help=f"seconds between summary lines under load (default {SUMMARY_EVERY:g})",
     )
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        const=".",
+        default=None,
+        type=Path,
+        metavar="PATH",
+        help="development: restart the worker when a .py file under PATH (default: the "
+        "current directory) changes; put it after APP or give PATH",
+    )
     p.add_argument("--supervised-by", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
@@ -135,6 +146,15 @@ def parse_concurrency(text: str | None, pool: str) -> tuple[int, int | None]:
 def run(args: argparse.Namespace) -> int:
     concurrency, min_concurrency = parse_concurrency(args.concurrency, args.pool)
     queues = [check_queue_name(q.strip()) for q in args.queues.split(",") if q.strip()] or None
+    if args.watch is not None:  # the worker (or supervisor) runs in a child: it warns
+        from .watch import Reloader
+
+        command = worker_argv(args)
+        if args.processes is not None:
+            command += ["--processes", str(args.processes)]
+        reloader = Reloader(command, args.watch)
+        reloader.install_signal_handlers()
+        return reloader.run()
     ignored = args.pool == "solo" and args.concurrency is not None and int(args.concurrency) > 1
     if ignored and args.supervised_by is None:  # the supervisor warned: not once per child
         log.warning(
@@ -184,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
 
 def worker_argv(args: argparse.Namespace) -> list[str]:
     """The ``hurtle`` arguments of this worker command for a child process, but for
-    ``--processes``, which the parent that starts it handles."""
+    ``--watch`` and ``--processes``, which the parent that starts it handles."""
     command = ["--log-level", str(args.log_level), "--log-format", args.log_format]
     if args.log_config is not None:
         command += ["--log-config", str(args.log_config.resolve())]
