@@ -43,6 +43,10 @@ ROWS: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
         (),
     ),
     ("threads-8", {}, ("--pool", "threads", "--concurrency", "8")),
+    # the worker's call log at its default level (``bare`` runs at WARNING: logging off), and
+    # with a line for every call
+    ("log-default", {}, ("--log-level", "INFO")),
+    ("log-tasks", {}, ("--log-level", "INFO", "--log-tasks")),
 ]
 
 
@@ -57,7 +61,7 @@ def unavailable(options: dict[str, Any]) -> str | None:
 
 def scenario(name: str, options: dict[str, Any], worker: tuple[str, ...]) -> Scenario:
     env = {"HURTLE_BENCH_OPTIONS": json.dumps(options)}
-    if worker:
+    if "--pool" in worker:
         env["HURTLE_BENCH_PROBE_LOCK"] = "1"  # tasks count from several threads
     return Scenario(
         name=name,
