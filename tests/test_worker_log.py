@@ -192,6 +192,19 @@ def test_a_json_summary_carries_its_counts_per_task(project: Project) -> None:
     assert summary["calls"] + sum(r.get("task") == "tasks.add" for r in records) == 3000
 
 
+def test_a_supervisor_passes_the_logging_options_to_its_worker_processes(
+    project: Project,
+) -> None:
+    project.app.tasks["tasks.add"].send_many([(i, 1) for i in range(300)])
+    result = project.hurtle(
+        "worker", "tasks:app", "--burst", "--processes", "2", "--log-tasks", "--log-format", "json"
+    )
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in result.stderr.splitlines()]  # all JSON
+    assert {r["logger"] for r in records} >= {"hurtle.worker.supervisor", "hurtle.worker.log"}
+    assert sum(r.get("task") == "tasks.add" for r in records) == 300  # every call
+
+
 def test_log_config_sets_up_logging_from_a_dict_config_file(
     project: Project, tmp_path: Path
 ) -> None:
