@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
 import signal
 import subprocess
 import sys
@@ -137,6 +140,41 @@ def test_demo_runs_on_the_embedded_default_and_reports_tasks_per_second(tmp_path
     assert "3,000 correct sums, 0 dead letters" in result.stdout
     assert "tasks/s" in result.stdout
     assert not (tmp_path / "hurtle.db").exists()  # the demo leaves nothing behind
+
+
+def test_on_a_terminal_no_log_line_of_the_demo_shares_its_progress_bars_line(
+    tmp_path: Path,
+) -> None:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hurtle", "demo", "--count", "3000"],
+        cwd=tmp_path,
+        env=hurtle_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the other end closed (EIO)
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(master)
+    assert proc.wait(60) == 0, out
+    lines = out.decode().split("\r\n")  # the terminal ends lines with CR LF
+    logged = [line for line in lines if " INFO hurtle." in line]
+    assert any("stopped after 3000 tasks" in line for line in logged), lines
+    for line in logged:  # what stays on screen of it: what follows its last carriage return
+        shown = line.rsplit("\r", 1)[-1].removeprefix("\x1b[K")  # (erased to the line's end)
+        assert re.match(r"\d{4}-\d\d-\d\d \S+ INFO hurtle\.", shown), lines
+    last = max(i for i, line in enumerate(lines) if " INFO hurtle." in line)
+    assert lines[last + 1].lstrip("\r").startswith("consume  ["), lines  # the bar, below them
+    assert " ok in " not in out.decode()  # the demo reports its calls as a whole
 
 
 @pytest.mark.parametrize("pool", ["solo", "threads"])

@@ -2,27 +2,26 @@
 
 Errors a user can fix (a wrong app path, a bad broker URL or setting, an unreachable broker, a
 missing optional package) print one line and exit with status 2, without a traceback.
-``--log-level`` is accepted before or after the subcommand. Building the parser imports no user
-code and reads no setting, so ``hurtle --help`` works whatever the environment holds. A mistyped
-subcommand or choice, at any depth, gets "did you mean"; an unknown option is reported by the
-subcommand it was given to, with that subcommand's usage and the closest option it has.
+The logging options (``--log-level``, ``--log-format``, ``--log-config``: ``logs``) are accepted
+before or after the subcommand. Building the parser imports no user code and reads no setting,
+so ``hurtle --help`` works whatever the environment holds. A mistyped subcommand or choice, at
+any depth, gets "did you mean"; an unknown option is reported by the subcommand it was given to,
+with that subcommand's usage and the closest option it has.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from .. import __version__
 from ..errors import HurtleError
-from . import control, dashboard, dead, demo, schedule, status, worker
+from . import control, dashboard, dead, demo, logs, schedule, status, worker
 
 EXIT_USAGE = 2
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: Optional packages: a command that needs one that is missing says which extra installs it.
 OPTIONAL = {
     "redis": "redis",
@@ -33,26 +32,6 @@ OPTIONAL = {
     "uvicorn": "dashboard",
     "prometheus_client": "dashboard",
 }
-
-
-def _log_level(text: str) -> str:
-    level = text.upper()
-    if level not in LOG_LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"invalid level {text!r}: choose from {', '.join(LOG_LEVELS)}"
-        )
-    return level
-
-
-def _add_log_level(parser: argparse.ArgumentParser, default: object) -> None:
-    parser.add_argument(
-        "--log-level",
-        type=_log_level,
-        default=default,
-        metavar="LEVEL",
-        help="DEBUG, INFO, WARNING or ERROR (default: INFO); at DEBUG a worker "
-        "logs one line per batch it fetches",
-    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hurtle", description="hurtle: a fast distributed task queue that keeps its promises"
     )
     parser.add_argument("--version", action="version", version=f"hurtle {__version__}")
-    _add_log_level(parser, "INFO")
+    logs.add_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (worker, status, dead, control, schedule, demo, dashboard):
         module.add_parser(sub)
@@ -121,8 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
         pass
     else:
         bench_cli.add_parser(sub)
-    for child in _subparsers(parser):  # after the subcommand too; unset there, INFO wins
-        _add_log_level(child, argparse.SUPPRESS)
+    for child in _subparsers(parser):  # after the subcommand too; unset there, the top's stand
+        logs.add_options(child, top=False)
     return parser
 
 
@@ -131,12 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extras = parser.parse_known_args(argv)
     if extras:  # said by the subcommand they were given to, with its usage
         _chosen(parser, args).error(_unrecognized(_chosen(parser, args), extras))
-    logging.basicConfig(
-        level=getattr(logging, args.log_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
     try:
+        logs.setup(args)
         return int(args.handler(args) or 0)
     except HurtleError as err:
         print(f"hurtle: error: {err}", file=sys.stderr)

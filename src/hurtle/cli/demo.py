@@ -9,11 +9,16 @@ With ``--broker URL`` (a broker of the user's) the demo sends to a queue of its 
 name (``hurtle-demo-<id>``), consumes only that queue, and afterwards removes only the dead
 letters of that queue: nothing of the user's is touched. The empty queue's name stays known to
 the broker.
+
+Its worker's call lines are left out (the ``hurtle.worker.log`` logger is set to WARNING while
+the demo runs): the demo reports the calls as a whole. Other log lines do not share the progress
+bar's line (``_progress``).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import tempfile
 import time
@@ -22,6 +27,7 @@ from typing import Any
 
 from ..app import Hurtle
 from ..ids import new_id
+from ..worker import log as call_log
 from ._progress import Progress
 
 
@@ -81,11 +87,17 @@ def demo(url: str, count: int, batch: int = 1000, *, quiet: bool = False) -> dic
 
     worker = app.worker(queues=[queue], pool="solo", burst=True)
     bar = Progress("consume", count, stream)
+    calls = logging.getLogger(call_log.__name__)
+    level = calls.level
+    calls.setLevel(max(logging.WARNING, calls.getEffectiveLevel()))  # its failures still show
     started = time.perf_counter()
-    thread = worker.run_in_thread()
-    while thread.is_alive():
-        thread.join(0.1)
-        bar.update(worker.processed)
+    try:
+        thread = worker.run_in_thread()
+        while thread.is_alive():
+            thread.join(0.1)
+            bar.update(worker.processed)
+    finally:
+        calls.setLevel(level)
     # until the last task ended: a burst worker takes a few more ms to see the queue is empty
     consume_s = (finished[0] or time.perf_counter()) - started
     bar.finish(worker.processed)

@@ -1,8 +1,9 @@
 """``hurtle worker APP``: run a worker until SIGTERM/SIGINT (or drained, with ``--burst``).
 
 This is the launcher: for the gevent and eventlet pools it patches the standard library before
-the user's module is imported, and with ``--processes P`` it runs a supervisor of P fresh worker
-processes instead of a worker (the supervisor imports no user code).
+the user's module is imported, with ``--processes P`` it runs a supervisor of P fresh worker
+processes instead of a worker (the supervisor imports no user code), and with ``--watch`` a
+parent that restarts the worker (or its supervisor) when the code changes (``watch``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from ..errors import ConfigurationError
 from ..names import check_queue_name
 from ..worker.executors import POOLS
+from ..worker.log import BURST, LINES_PER_SECOND, SUMMARY_EVERY
 from ..worker.supervisor import EXIT_RECYCLE, Supervisor
 from ._app import load_app
 
@@ -70,6 +72,30 @@ def add_parser(sub: Any) -> None:
         action="store_true",
         help="do not enqueue the app's periodic tasks (other workers still do)",
     )
+    p.add_argument(
+        "--log-tasks",
+        action="store_true",
+        help="at INFO, log a line for every call, however many (default: a line per call "
+        f"while they average at most {LINES_PER_SECOND:g} a second, in bursts of up to "
+        f"{BURST}; beyond that, a summary every --log-interval seconds)",
+    )
+    p.add_argument(
+        "--log-interval",
+        type=_interval,
+        default=SUMMARY_EVERY,
+        metavar="S",
+        help=f"seconds between summary lines under load (default {SUMMARY_EVERY:g})",
+    )
+    p.add_argument(
+        "--watch",
+        nargs="?",
+        const=".",
+        default=None,
+        type=Path,
+        metavar="PATH",
+        help="development: restart the worker when a .py file under PATH (default: the "
+        "current directory) changes; put it after APP or give PATH",
+    )
     p.add_argument("--supervised-by", type=int, default=None, help=argparse.SUPPRESS)
     p.set_defaults(handler=run)
 
@@ -81,6 +107,13 @@ def _seconds(text: str) -> float:
         value = math.nan
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return value
+
+
+def _interval(text: str) -> float:
+    value = _seconds(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
     return value
 
 
@@ -113,6 +146,15 @@ def parse_concurrency(text: str | None, pool: str) -> tuple[int, int | None]:
 def run(args: argparse.Namespace) -> int:
     concurrency, min_concurrency = parse_concurrency(args.concurrency, args.pool)
     queues = [check_queue_name(q.strip()) for q in args.queues.split(",") if q.strip()] or None
+    if args.watch is not None:  # the worker (or supervisor) runs in a child: it warns
+        from .watch import Reloader
+
+        command = worker_argv(args)
+        if args.processes is not None:
+            command += ["--processes", str(args.processes)]
+        reloader = Reloader(command, args.watch)
+        reloader.install_signal_handlers()
+        return reloader.run()
     ignored = args.pool == "solo" and args.concurrency is not None and int(args.concurrency) > 1
     if ignored and args.supervised_by is None:  # the supervisor warned: not once per child
         log.warning(
@@ -138,6 +180,8 @@ def run(args: argparse.Namespace) -> int:
         recycle_abandoned=args.supervised_by is not None,
         parent_pid=args.supervised_by,
         scheduler=not args.no_scheduler,
+        log_tasks=args.log_tasks,
+        log_interval=args.log_interval,
     )
     broker = app.broker  # connect now, so a bad URL fails before anything starts
     where = getattr(broker, "path", None)  # a file broker: say which file, wherever we run
@@ -158,19 +202,13 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_RECYCLE if worker.recycle else 0
 
 
-def _supervise(args: argparse.Namespace) -> int:
-    if args.processes < 1:
-        raise ConfigurationError(f"--processes must be at least 1, got {args.processes}")
-    command = [
-        "--log-level",
-        str(args.log_level),
-        "worker",
-        args.app,
-        "--pool",
-        args.pool,
-        "--supervised-by",
-        str(os.getpid()),
-    ]
+def worker_argv(args: argparse.Namespace) -> list[str]:
+    """The ``hurtle`` arguments of this worker command for a child process, but for
+    ``--watch`` and ``--processes``, which the parent that starts it handles."""
+    command = ["--log-level", str(args.log_level), "--log-format", args.log_format]
+    if args.log_config is not None:
+        command += ["--log-config", str(args.log_config.resolve())]
+    command += ["worker", args.app, "--pool", args.pool]
     if args.queues:
         command += ["--queues", args.queues]
     if args.concurrency is not None:
@@ -181,6 +219,16 @@ def _supervise(args: argparse.Namespace) -> int:
         command.append("--no-scheduler")
     if args.shutdown_timeout is not None:
         command += ["--shutdown-timeout", str(args.shutdown_timeout)]
+    if args.log_tasks:
+        command.append("--log-tasks")
+    command += ["--log-interval", str(args.log_interval)]
+    return command
+
+
+def _supervise(args: argparse.Namespace) -> int:
+    if args.processes < 1:
+        raise ConfigurationError(f"--processes must be at least 1, got {args.processes}")
+    command = [*worker_argv(args), "--supervised-by", str(os.getpid())]
     supervisor = Supervisor(command, args.processes, burst=args.burst)
     supervisor.install_signal_handlers()
     return supervisor.run()

@@ -13,11 +13,13 @@ budget stays on the processor's inline path until it fails. It decides, in this 
   ``Retry(delay=...)``'s own delay; the next attempt carries the error in its ``error`` header
   (``next_attempt``);
 * else a dead letter with the traceback.
+
+It logs nothing: the worker's call log (``worker/log.py``) writes each failure's line, with
+what was decided.
 """
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from typing import TYPE_CHECKING, Any
@@ -32,8 +34,6 @@ from . import Middleware, Outcome
 if TYPE_CHECKING:
     from ..task import Task
     from ..worker.jobs import Job
-
-log = logging.getLogger("hurtle.worker.processor")
 
 
 def backoff(attempt: int, base: float, cap: float) -> float:
@@ -61,7 +61,7 @@ class Retries(Middleware):
         return task.retries > 0
 
     def decide(self, job: Job, err: Exception) -> Outcome:
-        """The outcome of ``job``'s failed call (logged here; the processor records it)."""
+        """The outcome of ``job``'s failed call (the processor logs and records it)."""
         message, task = job.message, job.task
         if isinstance(err, TypeError) and (unfit := task.unfit(message.args, message.kwargs)):
             reason = (
@@ -69,11 +69,9 @@ class Retries(Middleware):
                 f"({unfit}); retrying cannot help: send it with arguments that match "
                 f"{task.name}{signature(task.fn)}, then purge this dead letter"
             )
-            log.error("task %s[%s]: %s", task.name, message.id, reason)
             return Outcome("dead", error=err, reason=reason)
         if isinstance(err, Reject):
             why = safe_str(err.reason)
-            log.warning("task %s[%s] rejected: %s", task.name, message.id, why)
             return Outcome("dead", error=err, reason=f"rejected by task {task.name}: {why}")
         summary = describe(err)
         retry_on = task.retry_on
@@ -83,26 +81,15 @@ class Retries(Middleware):
                 f"task {task.name} raised {type(err).__name__}, which its retry_on does not "
                 f"list ({listed}): not retried:\n{trace(err)}"
             )
-            log.error("task %s[%s] failed, not retried: %s", task.name, message.id, summary)
             return Outcome("dead", error=err, reason=reason)
         if message.attempt < task.retries:
             if isinstance(err, Retry) and err.delay is not None:
                 delay = err.delay
             else:
                 delay = backoff(message.attempt, task.retry_delay, self.max_retry_delay)
-            log.warning(
-                "task %s[%s] attempt %d of %d failed (%s); retrying in %.2fs",
-                task.name,
-                message.id,
-                message.attempt + 1,
-                task.retries + 1,
-                summary,
-                delay,
-            )
             return Outcome("retry", error=err, message=next_attempt(message, delay, summary))
         reason = (
             f"task {task.name} failed on attempt {message.attempt + 1} of {task.retries + 1}; "
             f"no retries left:\n{trace(err)}"
         )
-        log.error("task %s[%s] failed for good: %s", task.name, message.id, summary)
         return Outcome("dead", error=err, reason=reason)

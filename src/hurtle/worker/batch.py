@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from ..brokers.reports import Tally, Timings
     from ..task import Task
     from .acker import Acker
+    from .log import CallLog
     from .screen import Screen
 
 log = logging.getLogger("hurtle.worker.processor")  # the name these lines were always logged under
@@ -41,6 +42,8 @@ BEFORE_BATCH_PAUSE = 1.0
 class BatchPath:
     if TYPE_CHECKING:  # what the batch path uses of the ``Processor`` it is mixed into
         acker: Acker
+        call_log: CallLog
+        log_calls: bool
         processed: int
         screen: Screen | None
         tally: Tally
@@ -52,7 +55,7 @@ class BatchPath:
         def run(self, job: Job, state: BatchState | None = None) -> None: ...
         def _after_outcome(self, job: Job) -> None: ...
         def _defer(self, job: Job) -> None: ...
-        def _failed(self, job: Job, err: Exception) -> None: ...
+        def _failed(self, job: Job, err: Exception, ran: float | None = None) -> None: ...
         def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None: ...
         def _unknown(self, delivery: Delivery, message: Message) -> None: ...
         def _too_late(
@@ -179,6 +182,7 @@ class BatchPath:
         ``Calls`` of ``after_calls`` are kept per run of one task on one queue (a batch is
         mostly one run), as ``process_many`` does: one clock read per call."""
         pipelines = self._pipelines
+        log_calls = self.log_calls  # every call gathered in columns, to be logged: see log.py
         done: list[Delivery] = []
         # by task and queue: calls for ``after_calls``, before their acks
         returned: dict[tuple[str, str], Calls] = {}
@@ -244,7 +248,7 @@ class BatchPath:
                     name = pipeline.task.name
                     run_times = runtimes.setdefault((run_queue, name), [])
                     run_calls = None
-                    if pipeline.after_calls:
+                    if pipeline.after_calls or log_calls:
                         run_calls = returned.get((name, run_queue))
                         if run_calls is None:
                             run_calls = returned[name, run_queue] = Calls(pipeline.task)
@@ -256,9 +260,10 @@ class BatchPath:
                 try:
                     result = task.fn(*message.args, **message.kwargs)
                 except Exception as err:
-                    run_times.append(clock() - last)
+                    ran = clock() - last
+                    run_times.append(ran)
                     state.current = None
-                    self._failed(job or Job(delivery, message, task, pipeline), err)
+                    self._failed(job or Job(delivery, message, task, pipeline), err, ran)
                     last = clock()
                     continue
                 now = clock()
@@ -295,6 +300,8 @@ class BatchPath:
                 self.acker.ack_many(done)
             for c in returned.values():
                 self._settle_calls(c)
+                if log_calls:
+                    self.call_log.calls(c)
 
     def _settle_calls(self, calls: Calls, job: Job | None = None) -> None:
         """``after_calls`` for calls of one task that returned, then their acknowledgements
@@ -339,7 +346,8 @@ class BatchPath:
                     if calls.jobs is not None
                     else Job(deliveries[i], calls.messages[i], calls.task, pipeline)
                 )
-                self._failed(failed, failed.time_limit_error() if i in overran else failure)
+                failing = failed.time_limit_error() if i in overran else failure
+                self._failed(failed, failing, calls.runtimes[i])
             kept = [i for i in range(len(deliveries)) if i not in failures]
             deliveries = [deliveries[i] for i in kept]
             if stored is not None:

@@ -68,6 +68,7 @@ from ..workflows import FLOW
 from .acker import Acker
 from .batch import _NO_SKIP, BatchPath, _fail_overran
 from .jobs import BatchState, Job, Limit, Pipeline, late_limit, take_all
+from .log import CallLog
 from .loops import Loops
 from .steps import JobSteps
 from .unrun import PROCESSED, NotRun
@@ -135,6 +136,9 @@ class Processor(BatchPath, JobSteps, NotRun):
         self._columned: dict[str, Pipeline] = {}
         #: Both kinds, the tasks ``process_many`` calls itself: one lookup per message.
         self._called: dict[str, Task[Any, Any]] = {}
+        #: The pipelines of those tasks, all gathered in columns in a batch whose calls are
+        #: logged one by one (``log_calls``).
+        self._logged: dict[str, Pipeline] = {}
         #: True when some middleware has batch hooks: batches are then decoded before they run.
         self._batch_hooks = any(
             overrides(m, hook) for m in self.middleware for hook in ("before_batch", "after_batch")
@@ -151,6 +155,11 @@ class Processor(BatchPath, JobSteps, NotRun):
         #: Cancellations recorded after a delivery was fetched (set by the worker; None: no
         #: check before a task starts).
         self.screen: Screen | None = None
+        #: What the worker says it ran (``log``): set by the worker, with its options.
+        self.call_log = CallLog(self.tally)
+        #: True when the calls of the batches starting now are logged one by one (set once per
+        #: fetched batch by the worker: ``CallLog.admit``), read once per batch.
+        self.log_calls = False
 
     def pipeline(self, name: str) -> Pipeline | None:
         """The pipeline of the task called ``name`` (composed on first sight), None if unknown."""
@@ -162,8 +171,9 @@ class Processor(BatchPath, JobSteps, NotRun):
             pipeline = self._pipelines[name] = Pipeline(task, self.middleware, self.inline_limits)
             if pipeline.inline:
                 self._inline[name] = self._called[name] = task
+                self._logged[name] = pipeline
             elif pipeline.after_calls and not (pipeline.per_call or pipeline.batched):
-                self._columned[name] = pipeline
+                self._columned[name] = self._logged[name] = pipeline
                 self._called[name] = task
         return pipeline
 
@@ -195,7 +205,8 @@ class Processor(BatchPath, JobSteps, NotRun):
             self._too_late(delivery, message)
             return
         task = self._inline.get(message.task)
-        if task is None or (message.headers and FLOW in message.headers):
+        # a call logged one by one takes the job path, whose ``finish`` logs it
+        if task is None or self.log_calls or (message.headers and FLOW in message.headers):
             job = self._job(delivery, message)
             if job is not None:
                 self.run(job)
@@ -205,8 +216,9 @@ class Processor(BatchPath, JobSteps, NotRun):
         try:
             task.fn(*message.args, **message.kwargs)
         except Exception as err:
-            self.timings.add(delivery.queue, task.name, _clock() - begin)
-            self._failed(Job(delivery, message, task), err)
+            ran = _clock() - begin
+            self.timings.add(delivery.queue, task.name, ran)
+            self._failed(Job(delivery, message, task), err, ran)
             return
         self.timings.add(delivery.queue, task.name, _clock() - begin)
         self.acker.ack(delivery)
@@ -225,7 +237,10 @@ class Processor(BatchPath, JobSteps, NotRun):
             self._process_batch(deliveries, state)
             return
         called = self._called
-        columned = self._columned
+        # A batch whose calls are logged one by one gathers every task's calls in columns
+        # (``Calls``), and logs them once they are settled.
+        log_calls = self.log_calls
+        columned = self._logged if log_calls else self._columned
         # by task and queue: the calls ``after_calls`` settles
         returned: dict[tuple[str, str], Calls] = {}
         # The current run's Calls when its task has ``after_calls`` (else None), and its columns
@@ -322,8 +337,10 @@ class Processor(BatchPath, JobSteps, NotRun):
                     result = task.fn(*message.args, **message.kwargs)
                 except Exception as err:
                     state.current = None
-                    run_times.append(clock() - last)
-                    self._failed(Job(delivery, message, task, columned.get(task.name)), err)
+                    ran = clock() - last
+                    run_times.append(ran)
+                    pipeline = self._columned.get(task.name)
+                    self._failed(Job(delivery, message, task, pipeline), err, ran)
                     last = clock()
                     continue
                 state.current = None  # before the outcome: a hard stop now hands nothing back
@@ -340,7 +357,7 @@ class Processor(BatchPath, JobSteps, NotRun):
                     call_runtimes.append(ran)
                     room -= 1
                     if room == 0:  # settled now, while its objects are still in the cache
-                        self._settle_chunk(run_calls, state)
+                        self._settle_chunk(run_calls, state, log_calls)
                         run_calls = returned[task.name, run_queue] = Calls(task)
                         call_deliveries = run_calls.deliveries
                         call_messages = run_calls.messages
@@ -366,15 +383,20 @@ class Processor(BatchPath, JobSteps, NotRun):
                 self.acker.ack_many(done)
             for c in returned.values():
                 self._settle_calls(c)
+                if log_calls:
+                    self.call_log.calls(c)
             if late:
                 self.acker.dead_letter_many(late)
 
-    def _settle_chunk(self, calls: Calls, state: BatchState) -> None:
+    def _settle_chunk(self, calls: Calls, state: BatchState, log_calls: bool) -> None:
         """Settle ``CALLS_CHUNK`` calls gathered in the middle of a batch (failing those that
-        returned after they were interrupted at their time limit)."""
+        returned after they were interrupted at their time limit), and log them if
+        ``log_calls``."""
         if state.overran:
             _fail_overran((calls,), state.overran)
         self._settle_calls(calls)
+        if log_calls:
+            self.call_log.calls(calls)
 
     def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None:
         """Fail the inline calls that returned after they were interrupted at their limit."""

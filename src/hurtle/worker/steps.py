@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ..brokers.reports import Tally, Timings
     from ..middleware.retries import Retries
     from .acker import Acker
+    from .log import CallLog
 
 log = logging.getLogger("hurtle.worker.processor")  # the name these lines were always logged under
 _decode = Message.decode
@@ -52,6 +53,8 @@ class JobSteps:
     if TYPE_CHECKING:  # what the steps use of the ``Processor`` they are mixed into
         app: Hurtle
         acker: Acker
+        call_log: CallLog
+        log_calls: bool
         retries: Retries
         limit: Limit
         processed: int
@@ -188,6 +191,8 @@ class JobSteps:
                 calls.results.append(result)
                 calls.runtimes.append(job.finished - job.started if job.started else 0.0)
                 self._settle_calls(calls, job)  # acknowledged, or failed
+                if self.log_calls and not calls.failures:
+                    self.call_log.job(job, result)
                 if job.alone and pipeline.after_batch:
                     self._after_batch({m: [job] for m in pipeline.after_batch})
                 return
@@ -207,6 +212,8 @@ class JobSteps:
                 self.acker.ack_many_with_results([job.delivery], [stored])
             job.outcome = Outcome("ack", result)
             self._after_outcome(job)
+            if self.log_calls:
+                self.call_log.job(job, result)
         else:
             self._failed(job, error)
         if job.alone and pipeline is not None and pipeline.after_batch:
@@ -251,8 +258,9 @@ class JobSteps:
         """Run an ``async def`` task outside the asyncio pool (``loops``)."""
         return self._loops.run(_within_limit(job))
 
-    def _failed(self, job: Job, err: Exception) -> None:
-        """A call failed: the retry policy decides (retry or dead letter), the acker records."""
+    def _failed(self, job: Job, err: Exception, ran: float | None = None) -> None:
+        """A call failed: the retry policy decides (retry or dead letter), the call log logs
+        it (``ran``: seconds the call ran, when not timed by ``job``), the acker records it."""
         self.failed += 1
         self.tally.add(job.delivery.queue, job.task.name, FAILED)
         try:
@@ -263,6 +271,7 @@ class JobSteps:
             self._flow_failed(job, inner, "crashed")
             self._crashed(job.delivery, inner)
             return
+        self.call_log.failed(job, outcome, ran)
         # the hooks run before the hand-off: what they give the acker goes out no later
         job.outcome = outcome
         self._after_outcome(job)

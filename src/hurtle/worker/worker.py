@@ -42,6 +42,7 @@ from .acker import Acker
 from .executors import Executor, make_executor
 from .fetcher import Fetcher
 from .heartbeat import Heartbeat
+from .log import SUMMARY_EVERY, CallLog
 from .processor import Processor
 from .screen import Screen
 
@@ -64,6 +65,8 @@ class Worker:
     overran its time limit in a thread that cannot be interrupted, so that a fresh process takes
     its place (``recycle`` is then True). ``parent_pid`` stops the worker if that process dies.
     ``scheduler=False`` leaves the app's periodic tasks to other workers.
+    At INFO, the worker logs a line per call while calls are few, else a summary every
+    ``log_interval`` seconds (``log.CallLog``); ``log_tasks=True`` logs every call.
     The worker runs the app's middleware (``app.middleware``), then ``middleware``, if given.
     """
 
@@ -82,6 +85,8 @@ class Worker:
         recycle_abandoned: bool = False,
         parent_pid: int | None = None,
         scheduler: bool = True,
+        log_tasks: bool = False,
+        log_interval: float = SUMMARY_EVERY,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
@@ -112,6 +117,12 @@ class Worker:
         self.middleware = app.middleware + self._extra_middleware
         self.recycle_abandoned = recycle_abandoned
         self.parent_pid = parent_pid
+        if not log_interval > 0:
+            raise ConfigurationError(
+                f"log_interval must be a number of seconds > 0, got {log_interval!r}"
+            )
+        self.log_tasks = log_tasks
+        self.log_interval = log_interval
         #: Enqueue the app's periodic tasks (``hurtle.scheduler``) while this worker runs.
         self.scheduler: Scheduler | None = Scheduler(app) if scheduler and app.schedules else None
         self._stop = threading.Event()
@@ -126,6 +137,7 @@ class Worker:
         self.processor: Processor | None = None
         self.screen: Screen | None = None
         self.heartbeat: Heartbeat | None = None
+        self.call_log: CallLog | None = None
         #: Set once the worker has started its parts (tests and the demo wait on it).
         self.started = threading.Event()
         #: True when the worker stopped to be replaced by a fresh process (``recycle_abandoned``).
@@ -205,6 +217,9 @@ class Worker:
             shared_loop=executor.greenlets,
             inline_limits=executor.watches_time_limits(),
         )
+        self.call_log = processor.call_log = CallLog(
+            processor.tally, every_call=self.log_tasks, interval=self.log_interval
+        )
         consumer.reporter = Reporter(
             processor.tally,
             worker_id=self.worker_id,
@@ -273,11 +288,14 @@ class Worker:
         wait = min(s.fetch_timeout, 0.05) if self.burst else s.fetch_timeout
         assert self.acker is not None
         fetcher = Fetcher(consumer, executor, self.acker, wait, self._stop)
+        call_log = self.call_log
+        assert call_log is not None
         while not self._stop.is_set():
             if self._must_leave(executor):
                 return
             batch = fetcher.fetch()
             self._note(fetcher, batch)
+            call_log.tick()
             if batch and fetcher.cancellations:
                 batch = self._screen(batch)
             if batch:
@@ -292,8 +310,9 @@ class Worker:
     def _submit(self, executor: Executor, batch: list[Delivery], sent_at: float) -> None:
         """Hand a batch to the executor, telling the ``Screen`` when the broker state it was
         checked against was read (solo runs it inside ``submit``: told first)."""
-        screen = self.screen
-        assert screen is not None
+        screen, processor, call_log = self.screen, self.processor, self.call_log
+        assert screen is not None and processor is not None and call_log is not None
+        processor.log_calls = call_log.admit(len(batch))  # once per batch: see log.py
         if executor.runs_in_submit:
             screen.fetched(sent_at, alone=True)
             executor.submit(batch)
@@ -392,6 +411,8 @@ class Worker:
             log.warning("could not close the broker session cleanly: %s", err)
         self.executor.close()
         self.processor.close()
+        if self.call_log is not None:
+            self.call_log.close()
         log.info("worker %s stopped after %d tasks", self.worker_id, self.processor.processed)
 
     def _hook(self, name: str) -> None:

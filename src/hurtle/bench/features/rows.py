@@ -35,7 +35,7 @@ class Feature:
     def scenario(self) -> Scenario:
         """The publish-then-consume row the harness runs, on ``peers.features_app``."""
         env = {"HURTLE_BENCH_OPTIONS": json.dumps(self.options)}
-        if self.worker:
+        if "--pool" in self.worker:
             env["HURTLE_BENCH_PROBE_LOCK"] = "1"  # tasks count from several threads
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "no option"
         return Scenario(
@@ -63,4 +63,8 @@ ROWS = [
         {"store_result": True, "rate_limit": _RATE, "unique_for": _UNIQUE, "time_limit": 10},
     ),
     Feature("threads-8", worker=("--pool", "threads", "--concurrency", "8")),
+    # the worker's call log at its default level (``bare`` runs at WARNING: logging off), and
+    # with a line for every call
+    Feature("log-default", worker=("--log-level", "INFO")),
+    Feature("log-tasks", worker=("--log-level", "INFO", "--log-tasks")),
 ]
