@@ -11,8 +11,9 @@ beat plus that timeout) is what recovery checks.
 
 Poison messages are handled as in the Redis broker (``lua/heartbeat.lua`` explains how): deaths
 are counted per message, a message recovered a second time waits in quarantine and is let out
-one at a time, and a message let out that way whose worker dies holding no other such message
-becomes a dead letter past ``max_recoveries`` deaths.
+one at a time, and a message whose worker dies holding it alone (or no other message let out
+that way) becomes a dead letter past ``max_recoveries`` deaths, ending what waits on it
+(``common.dead_ends``).
 
 Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads skip expired
 ones, and a write drops them all at most once a second. Watchers are called once the lock is
@@ -46,9 +47,10 @@ from .common import (
     check_dead_letter_limits,
     check_queue_name,
     check_tick_claim,
-    flow_failure,
+    dead_ends,
     gcra,
     lock_end,
+    lost_reason,
     unique_key_of,
 )
 from .memory_consumer import MemoryConsumer
@@ -364,19 +366,7 @@ class MemoryBroker(Broker):
             q.probes.pop(raw, None)
             if probe and lone and deaths > self.max_recoveries:
                 del q.deaths[raw]
-                dead_id = new_id()
-                q.dead[dead_id] = DeadLetter(
-                    id=dead_id,
-                    queue=queue,
-                    raw=raw,
-                    failed_at=now,
-                    reason=f"its worker died {deaths} times while holding it (max_recoveries "
-                    f"is {self.max_recoveries})",
-                )
-                failed = flow_failure(raw, q.dead[dead_id].reason)
-                if failed is not None:  # a workflow's member: its workflow fails now
-                    for wake in self._store_results_locked([failed]):
-                        wake()  # sets an event: takes no lock of this broker
+                self._dead_lost_locked(q, queue, raw, lost_reason(deaths, self.max_recoveries), now)
             elif deaths >= 2:
                 q.quarantine.append((priority, raw))
             else:
@@ -385,6 +375,19 @@ class MemoryBroker(Broker):
                 del q.deaths[min(q.deaths, key=q.deaths.__getitem__)]
         self._requeue_locked(back)
         return len(held)
+
+    def _dead_lost_locked(self, q: _Queue, queue: str, raw: bytes, reason: str, now: float) -> None:
+        """Dead-letter a message whose workers kept dying, and end what waits on it
+        (``dead_ends``): its records (its own, its workflow's) and its unique lock."""
+        dead_id = new_id()
+        q.dead[dead_id] = DeadLetter(id=dead_id, queue=queue, raw=raw, failed_at=now, reason=reason)
+        records, lock = dead_ends(raw, reason)
+        if lock is not None:
+            held = self._unique.get((queue, lock[0]))
+            if held is not None and held[0] == lock[1]:
+                del self._unique[(queue, lock[0])]
+        for wake in self._store_results_locked(records):
+            wake()  # sets an event: takes no lock of this broker
 
     @staticmethod
     def _let_one_out_locked(q: _Queue) -> bool:

@@ -199,6 +199,7 @@ class Worker:
             loops_take_turns=executor.greenlets,
             inline_limits=executor.watches_time_limits(),
         )
+        acker.ends = processor.ends_of
         consumer.reporter = Reporter(
             processor.tally,
             worker_id=self.worker_id,
