@@ -358,13 +358,14 @@ class MemoryBroker(Broker):
         """What one dead worker held: back to the queue, to quarantine or to the dead letters."""
         # across all its queues, unlike Redis (one queue per script)
         lone = sum(raw in self._queue(queue).probes for queue, raw, _ in held.values()) == 1
+        alone = len(held) == 1  # the only message its worker held: the only suspect
         back = []
         for queue, raw, priority in held.values():
             q = self._queue(queue)
             deaths = q.deaths[raw] = q.deaths.get(raw, 0) + 1
             probe = raw in q.probes
             q.probes.pop(raw, None)
-            if probe and lone and deaths > self.max_recoveries:
+            if (alone or (probe and lone)) and deaths > self.max_recoveries:
                 del q.deaths[raw]
                 self._dead_lost_locked(q, queue, raw, lost_reason(deaths, self.max_recoveries), now)
             elif deaths >= 2:

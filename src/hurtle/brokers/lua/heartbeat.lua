@@ -149,7 +149,7 @@ for _, worker in ipairs(dead) do
       digest = digest[1]
     end
     local deaths = tonumber(redis.call('ZINCRBY', KEYS[14], 1, digest))
-    if probe and probes == 1 and deaths > max_recoveries then
+    if (#held == 1 or (probe and probes == 1)) and deaths > max_recoveries then
       local id = 'recovered-' .. string.format('%d', redis.call('INCR', KEYS[20]))
       redis.call('ZADD', KEYS[17], now, id)
       redis.call('HSET', KEYS[18], id, item[2])

@@ -71,6 +71,7 @@ async def recover_held(
     msgs = await asyncio.gather(*(stored(stream, seq) for _, stream, _, _, seq in parsed))
     alive = [(p, m) for p, m in zip(parsed, msgs, strict=True) if m is not None]
     lone = sum(_level(p[2]) == names.QUARANTINE for p, _ in alive) == 1
+    alone = len(alive) == 1  # the only message its worker held: the only suspect
     publish: list[tuple[str, bytes, dict[str, str] | None]] = []
     dead: dict[str, list[tuple[bytes, str]]] = {}
     queues: list[str] = []
@@ -81,7 +82,7 @@ async def recover_held(
         deaths = int(headers.get(names.DEATHS, "0")) + delivered
         priority = headers.get(names.PRIORITY, level)
         raw = bytes(msg.data or b"")
-        if level == names.QUARANTINE and lone and deaths > max_recoveries:
+        if (alone or (level == names.QUARANTINE and lone)) and deaths > max_recoveries:
             dead.setdefault(queue, []).append((raw, lost_reason(deaths, max_recoveries)))
             continue
         target = names.QUARANTINE if deaths >= 2 else priority

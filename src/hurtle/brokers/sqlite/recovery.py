@@ -85,6 +85,7 @@ class _Recovery(_Connection):
             for row, digest in zip(rows, digests, strict=True)
         ]
         lone = sum(probe) == 1  # across all its queues, unlike Redis (one queue per script)
+        alone = len(rows) == 1  # the only message its worker held: the only suspect
         back: Rows = []
         for row, digest, is_probe in zip(rows, digests, probe, strict=True):
             queue, priority, _, body = row
@@ -93,7 +94,7 @@ class _Recovery(_Connection):
                 "ON CONFLICT (queue, digest) DO UPDATE SET n = n + 1 RETURNING n",
                 (queue, digest),
             ).fetchone()[0]
-            if is_probe and lone and deaths > self.max_recoveries:
+            if (alone or (is_probe and lone)) and deaths > self.max_recoveries:
                 conn.execute("DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest))
                 reason = lost_reason(deaths, self.max_recoveries)
                 conn.execute(
