@@ -168,6 +168,8 @@ class Tally:
     duplicates: int = 0
     max_duplicates: int = 0
     unexpected: list[str] = field(default_factory=list)
+    #: Handles still waiting at the trial's end (what waits on a dead letter must end).
+    pending: list[str] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -203,7 +205,12 @@ class Tally:
             with open(REPORT, "a") as f:
                 f.write(
                     json.dumps(
-                        {**asdict(self), "lost": len(self.lost), "unexpected": len(self.unexpected)}
+                        {
+                            **asdict(self),
+                            "lost": len(self.lost),
+                            "unexpected": len(self.unexpected),
+                            "pending": len(self.pending),
+                        }
                     )
                     + "\n"
                 )
@@ -213,7 +220,8 @@ class Tally:
             f"{self.broker}/{self.scenario}: {self.expected} expected, "
             f"{len(self.lost)} lost {self.lost[:10]}, {self.duplicates} duplicates "
             f"(at most {self.max_duplicates + 1} runs of one task), "
-            f"{len(self.unexpected)} unexpected {self.unexpected[:10]}"
+            f"{len(self.unexpected)} unexpected {self.unexpected[:10]}, "
+            f"{len(self.pending)} pending {self.pending[:10]}"
         )
 
 
