@@ -170,6 +170,10 @@ class Tally:
     unexpected: list[str] = field(default_factory=list)
     #: Handles still waiting at the trial's end (what waits on a dead letter must end).
     pending: list[str] = field(default_factory=list)
+    #: Innocent calls the broker took for killers: dead-lettered because their workers died
+    #: more than max_recoveries times while they held them, the last time with a killer that
+    #: had not been quarantined yet (they end, as ``WorkerLost``).
+    blamed: list[str] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -210,6 +214,7 @@ class Tally:
                             "lost": len(self.lost),
                             "unexpected": len(self.unexpected),
                             "pending": len(self.pending),
+                            "blamed": len(self.blamed),
                         }
                     )
                     + "\n"
@@ -221,7 +226,8 @@ class Tally:
             f"{len(self.lost)} lost {self.lost[:10]}, {self.duplicates} duplicates "
             f"(at most {self.max_duplicates + 1} runs of one task), "
             f"{len(self.unexpected)} unexpected {self.unexpected[:10]}, "
-            f"{len(self.pending)} pending {self.pending[:10]}"
+            f"{len(self.pending)} pending {self.pending[:10]}, "
+            f"{len(self.blamed)} innocents blamed {self.blamed[:10]}"
         )
 
 
