@@ -8,13 +8,15 @@ import signal
 import threading
 from collections.abc import Iterator, Sequence
 
+import msgspec
 import pytest
 
-from hurtle import Hurtle, Message
-from hurtle.brokers import Consumer, Delivery, FlowStep
+from hurtle import Hurtle, Message, TaskFailed, group
+from hurtle.brokers import Consumer, Delivery, FlowStep, Lock, StoredResult
 from hurtle.errors import EncodeError
 from hurtle.worker import worker as worker_module
 from hurtle.worker.acker import Acker
+from hurtle.worker.processor import Processor
 from hurtle.worker.worker import Worker
 
 POOLS = ["solo", "threads"]
@@ -192,10 +194,13 @@ class RefusingConsumer(Consumer):
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
         return self.inner.fetch(max_count, timeout)
 
-    def ack(self, deliveries: Sequence[Delivery]) -> None:
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
         for d in deliveries:
             self._check(d)
-        self.inner.ack(deliveries)
+        self.inner.ack(deliveries, results)
+
+    def release_unique(self, locks: Sequence[Lock]) -> None:
+        self.inner.release_unique(locks)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
         self._check(delivery)
@@ -295,6 +300,39 @@ def test_a_workflow_step_refused_for_one_delivery_does_not_block_the_others(
     assert acker.pending == 0 and acker.dropped == 1 and acker.settled == 3
     assert "refused to acknowledge a workflow step" in caplog.text
     assert stats(app) == (0, 1, 0)  # the refused one is still held: it runs again later
+
+
+def test_a_retry_the_broker_refuses_ends_its_record_its_workflow_and_its_lock(
+    app: Hurtle,
+) -> None:
+    """The retry becomes a dead letter in the acker: what waits on its message ends as on
+    every other road (the worker's ``ends``)."""
+
+    @app.task(name="keep", store_result=True, retries=1)
+    def keep() -> None: ...
+
+    @app.task(name="solo", unique_for=600, retries=1)
+    def solo() -> None: ...
+
+    @app.task(name="member", retries=1)
+    def member() -> None: ...
+
+    kept, locked, flow = keep.send(), solo.send(), group(member.s()).send().handles[0]
+    inner = app.broker.consumer(["default"], "w1")
+    held = inner.fetch(3, 1.0)
+    assert len(held) == 3
+    acker = Acker(RefusingConsumer(inner, {d.raw for d in held}))
+    acker.ends = Processor(app, acker).ends_of
+    for d in held:
+        m = Message.decode(d.raw)
+        acker.retry(d, msgspec.structs.replace(m, attempt=1, headers={**m.headers, "error": "E"}))
+    assert acker.flush()
+    assert stats(app) == (0, 0, 3)
+    for h in (kept, flow):
+        with pytest.raises(TaskFailed, match="refused to schedule the retry") as info:
+            h.result(timeout=5)
+        assert info.value.type == "DeadLetter" and h.state() == "dead"
+    assert solo.send().id != locked.id  # its lock ended with it: the call is enqueued again
 
 
 # -- a hard stop between a task and its bookkeeping ------------------------------------------

@@ -117,6 +117,51 @@ def message_id(raw: bytes) -> str:
         return ""
 
 
+class _Loose(msgspec.Struct, array_like=True, gc=False):
+    """A message's fields read without their checks (``salvage``)."""
+
+    id: str
+    task: str
+    queue: str
+    args: Any = ()
+    kwargs: Any = None
+    attempt: Any = 0
+    priority: Any = 0
+    eta: Any = 0
+    created: Any = 0
+    headers: Any = None
+    expires: Any = 0
+    unique: Any = ""
+    unique_until: Any = 0
+
+
+_loose_decoder = msgspec.msgpack.Decoder(_Loose)
+
+
+def salvage(raw: bytes) -> Message | None:
+    """What can still be read of bytes that ``Message.decode`` refuses — the id, task, queue,
+    headers and unique lock of a message with a bad field — as a ``Message`` (its other fields
+    at their defaults), or None when not even those can: what a dead letter of such bytes
+    still ends (its result record, its workflow, its lock)."""
+    try:
+        m = _loose_decoder.decode(raw)
+    except Exception:
+        return None
+    if not m.id:
+        return None
+    until = m.unique_until
+    if type(until) not in (int, float) or not 0 <= until <= _MAX_FLOAT:
+        until = 0
+    return Message(
+        id=m.id,
+        task=m.task,
+        queue=m.queue,
+        headers=m.headers if isinstance(m.headers, dict) else {},
+        unique=m.unique if isinstance(m.unique, str) else "",
+        unique_until=until,
+    )
+
+
 #: Decode without wrapping errors, for hot loops that fall back to ``Message.decode`` (and its
 #: clear ``DecodeError``) on any exception.
 decode_unchecked = _decoder.decode

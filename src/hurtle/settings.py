@@ -33,7 +33,8 @@ class Settings:
     #: to other workers.
     heartbeat_timeout: float = 20.0
     #: Deaths of its worker a message survives: a message whose worker died holding it more
-    #: often (a task that kills its process) becomes a dead letter.
+    #: often (a task that kills its process) becomes a dead letter at the first death past this
+    #: at which it was the only suspect (the one message its worker held, or let out alone).
     max_recoveries: int = 3
     #: Seconds between two heartbeats of a worker; ``0`` means a quarter of the timeout.
     heartbeat_interval: float = 0.0

@@ -40,14 +40,17 @@ def make(broker_url: str) -> Iterator[MakeBroker]:
     made: list[Broker] = []
     shared: list[Broker] = []
 
-    def factory(heartbeat_timeout: float = 20.0) -> Broker:
+    def factory(heartbeat_timeout: float = 20.0, max_recoveries: int = 3) -> Broker:
         if broker_url.startswith("memory"):
             if not shared:
                 shared.append(make_broker(broker_url, heartbeat_timeout=heartbeat_timeout))
                 made.append(shared[0])
             shared[0].heartbeat_timeout = heartbeat_timeout
+            shared[0].max_recoveries = max_recoveries
             return shared[0]
-        b = make_broker(broker_url, heartbeat_timeout=heartbeat_timeout)
+        b = make_broker(
+            broker_url, heartbeat_timeout=heartbeat_timeout, max_recoveries=max_recoveries
+        )
         made.append(b)
         return b
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import dead_roads
 import msgspec
 import pytest
+from dead_roads import QUEUE, ROADS, dead_app, message, on_road, send
 
 from hurtle.brokers import Broker, Consumer, Delivery, QueueStats, StoredResults
 from hurtle.errors import ConfigurationError
@@ -249,3 +251,30 @@ def test_publish_unique_needs_a_key(broker: Broker) -> None:
     with pytest.raises(ConfigurationError, match="unique"):
         broker.publish_unique([msg("q")], 60)
     assert broker.stats(["q"])["q"].ready == 0
+
+
+def test_every_road_to_a_dead_letter_ends_the_unique_lock_of_its_message(broker_url: str) -> None:
+    """Failed for good, rejected, unfit, expired, cancelled, of an unknown task, undecodable:
+    the lock ends with the dead letter, and the same call sent again is enqueued and runs."""
+    app = dead_app(broker_url, unique_for=600)
+    try:
+        until = time.time() + 600
+        roads = {
+            road: on_road(road, message(unique=f"k-{road}", unique_until=until)) for road in ROADS
+        }
+        send(app, roads, unique_for=600)
+        for road in roads:  # held, until the dead letter
+            assert app.broker.publish_unique([message(unique=f"k-{road}")], 600) == [roads[road].id]
+        dead_roads.drain(app)
+        assert app.broker.stats([QUEUE])[QUEUE].dead == len(ROADS)
+        again = {road: message(unique=f"k-{road}", args=(2,)) for road in ROADS}
+        holders = app.broker.publish_unique(list(again.values()), 600)
+        still = [
+            road for road, holder in zip(again, holders, strict=True) if holder != again[road].id
+        ]
+        assert not still, f"the lock outlived the dead letter of: {still}"
+        dead_roads.drain(app)  # the calls sent again run
+        stats = app.broker.stats([QUEUE])[QUEUE]
+        assert (stats.ready, stats.in_flight, stats.dead) == (0, 0, len(ROADS))
+    finally:
+        app.close()

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from dead_roads import QUEUE, ROADS, STATES, TYPES, dead_app, drain, message, on_road, send
 
 from helpers import stored_batch
 from hurtle import Handle, Hurtle, ResultTimeout, TaskFailed
@@ -405,5 +406,33 @@ def test_app_store_results_applies_to_every_task_and_result_ttl_to_its_records(
             w.stop()
             t.join(30)
         assert isinstance(h, Handle)
+    finally:
+        app.close()
+
+
+def test_every_road_to_a_dead_letter_ends_the_handle_of_a_task_that_keeps_results(
+    broker_url: str,
+) -> None:
+    """Failed for good, rejected, unfit, expired, cancelled, of an unknown task (the sender may
+    keep its results), undecodable: each handle raises ``TaskFailed`` at once, never pending."""
+    app = dead_app(broker_url, store_result=True)
+    try:
+        roads = {road: on_road(road, message()) for road in ROADS}
+        send(app, roads)
+        drain(app)
+        wrong: dict[str, str] = {}
+        for road, m in roads.items():
+            h = app.handle(m.id, app.tasks.get(m.task))
+            try:
+                h.result(timeout=10)
+            except TaskFailed as err:
+                if (err.type, h.state()) != (TYPES[road], STATES[road]):
+                    wrong[road] = f"{err.type} / {h.state()}"
+            except ResultTimeout:
+                wrong[road] = f"still {h.state()}"
+            else:
+                wrong[road] = "succeeded"
+        assert not wrong, wrong
+        assert app.broker.stats([QUEUE])[QUEUE].dead == len(ROADS)
     finally:
         app.close()

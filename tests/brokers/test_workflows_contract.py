@@ -12,9 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import pytest
+from dead_roads import QUEUE, ROADS, STATES, TYPES, dead_app, drain, message, on_road, send
+
+from hurtle import ResultTimeout, TaskFailed, chain, chord, group
 from hurtle.brokers import Broker, ChordStep, Consumer, Delivery, FlowStep, StoredResult
 from hurtle.ids import new_id
 from hurtle.message import Message
+from hurtle.workflows import FLOW, Flow, FlowHandle, Link
 
 MakeBroker = Callable[..., Broker]
 
@@ -165,7 +170,6 @@ def test_a_member_the_broker_dead_letters_itself_fails_its_workflow_at_once(
     """A member whose workers keep dying becomes a dead letter in recovery, not in a worker:
     the broker records its workflow's failure in the same step, naming it."""
     from hurtle.middleware.results import DEAD, decode
-    from hurtle.workflows import FLOW, Flow
 
     broker = make(heartbeat_timeout=0.2)
     flow_id = new_id()
@@ -185,3 +189,84 @@ def test_a_member_the_broker_dead_letters_itself_fails_its_workflow_at_once(
     record = decode(payload)
     assert (record.state, record.value) == (DEAD, ["tests.member", poison.id])
     assert "its worker died" in record.error_message
+
+
+# -- every road to a dead letter ends the workflow, with a real worker -------------------------
+
+
+def test_every_road_to_a_dead_letter_of_a_chord_member_ends_its_chord(broker_url: str) -> None:
+    """A chord per road, one member of which goes that road: each chord's handle raises
+    ``TaskFailed`` naming that member at once, and no callback runs."""
+    app = dead_app(broker_url)
+    try:
+        chords: dict[str, tuple[FlowHandle[int], Message]] = {}
+        roads: dict[str, Message] = {}
+        for road in ROADS:
+            cb = Link(task="dead.total", queue=QUEUE, id=new_id())
+            ok, member = (
+                message(headers={FLOW: Flow(id=cb.id, chord=cb.id, index=i, total=2, callback=cb)})
+                for i in range(2)
+            )
+            app.broker.publish([ok])
+            roads[road] = on_road(road, member)
+            chords[road] = (FlowHandle(cb.id, app, None, "dead.total"), roads[road])
+        send(app, roads)
+        drain(app)
+        wrong: dict[str, str] = {}
+        for road, (h, m) in chords.items():
+            try:
+                h.result(timeout=10)
+            except TaskFailed as err:
+                seen = (err.task, err.id, err.type, h.state())
+                if seen != (m.task, m.id, TYPES[road], STATES[road]):
+                    wrong[road] = repr(seen)
+            except ResultTimeout:
+                wrong[road] = f"still {h.state()}"
+            else:
+                wrong[road] = "its callback ran"
+        assert not wrong, wrong
+        stats = app.broker.stats([QUEUE])[QUEUE]
+        assert (stats.ready, stats.dead) == (0, len(ROADS))
+    finally:
+        app.close()
+
+
+def test_cancelled_and_expired_members_and_handles_end_their_workflows(broker_url: str) -> None:
+    """A cancelled group member, chord handle and chain handle; an expired group member and
+    chord member: every handle ends, with the state the member ended in."""
+    app = dead_app(broker_url)
+    ok, total = app.tasks["dead.ok"], app.tasks["dead.total"]
+    stale = app.task(name="dead.stale", expires=0.001)(lambda x: x)
+    try:
+        cancelled_member = group(ok.s(1), ok.s(2)).send()
+        cancelled_chord = chord([ok.s(1), ok.s(2)], total.s()).send()
+        cancelled_chain = chain(ok.s(1), ok.s(), ok.s()).send()
+        expired_member = group(ok.s(1), stale.s(2)).send()
+        expired_chord = chord([ok.s(1), stale.s(2)], total.s()).send()
+        app.cancel(cancelled_member.handles[1], cancelled_chord, cancelled_chain)
+        time.sleep(0.01)  # the stale members' expiry (1 ms after their send) passes
+        drain(app)
+        ends = {
+            "cancelled group member": (cancelled_member.handles[1], "Cancelled", "cancelled"),
+            "cancelled chord": (cancelled_chord, "Cancelled", "cancelled"),
+            "cancelled chain": (cancelled_chain, "Cancelled", "cancelled"),
+            "expired group member": (expired_member.handles[1], "Expired", "expired"),
+            "chord with an expired member": (expired_chord, "Expired", "expired"),
+        }
+        wrong: dict[str, str] = {}
+        for what, (h, kind, state) in ends.items():
+            try:
+                h.result(timeout=10)
+            except TaskFailed as err:
+                if (err.type, h.state()) != (kind, state):
+                    wrong[what] = f"{err.type} / {h.state()}"
+            except ResultTimeout:
+                wrong[what] = f"still {h.state()}"
+            else:
+                wrong[what] = "succeeded"
+        assert not wrong, wrong
+        assert cancelled_member.handles[0].result(timeout=10) == 1
+        with pytest.raises(TaskFailed, match=r"dead\.stale"):
+            expired_member.result(timeout=10)
+    finally:
+        app.close()

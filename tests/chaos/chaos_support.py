@@ -26,6 +26,7 @@ import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import psutil
 
@@ -67,7 +68,7 @@ TASKS = textwrap.dedent(
     import os
     import time
 
-    from hurtle import Hurtle
+    from hurtle import Hurtle, Reject
 
     app = Hurtle()  # HURTLE_BROKER_URL comes from the environment
     LOG = os.environ["RUNS_LOG"]
@@ -90,9 +91,59 @@ TASKS = textwrap.dedent(
     def poison(n):
         record(f"start {n}")
         os._exit(1)
+
+
+    # what ends with a dead letter (test_poison.py, test_chaos_dead_ends.py): each task, with
+    # how its call goes ("ok", "fail", "crash", "reject"), as the test side sends it
+    def go(n, how, seconds=0.0):
+        record(f"start {n}")
+        if seconds:
+            time.sleep(seconds)
+        if how == "fail":
+            raise ValueError(f"failed {n}")
+        if how == "reject":
+            raise Reject(f"rejected {n}")
+        if how == "crash":
+            os._exit(1)
+        record(f"done {n}")
+        return n
+
+
+    kept = app.task(name="chaos.kept", store_result=True, retries=0)(go)
+    once = app.task(name="chaos.once", unique_for=600, retries=0)(go)
+    stale = app.task(name="chaos.stale", store_result=True, retries=0, expires=0.001)(go)
+
+
+    @app.task(name="chaos.total", retries=0)
+    def total(xs):
+        return sum(xs)
     """
 )
 TASK_NAMES = ("chaos.work", "chaos.poison")
+#: The test side of the tasks above (``register``): options that act when a call is sent.
+DEAD_END_TASKS = {
+    "chaos.kept": {"store_result": True},
+    "chaos.once": {"unique_for": 600},
+    "chaos.stale": {"store_result": True, "expires": 0.001},
+    "chaos.total": {},
+}
+
+
+def register(project: Project) -> dict[str, Any]:
+    """The project's app's tasks of ``DEAD_END_TASKS``, to send (and wait on) from the test."""
+
+    def go(n: object, how: str, seconds: float = 0.0) -> object:
+        return n
+
+    def total(xs: list[int]) -> int:
+        return sum(xs)
+
+    app = project.app
+    return {
+        name: app.tasks.get(name)
+        or app.task(name=name, retries=0, **options)(total if name == "chaos.total" else go)
+        for name, options in DEAD_END_TASKS.items()
+    }
 
 
 def trial_rng(scenario: str, trial: int) -> random.Random:
@@ -117,6 +168,12 @@ class Tally:
     duplicates: int = 0
     max_duplicates: int = 0
     unexpected: list[str] = field(default_factory=list)
+    #: Handles still waiting at the trial's end (what waits on a dead letter must end).
+    pending: list[str] = field(default_factory=list)
+    #: Innocent calls the broker took for killers: dead-lettered because their workers died
+    #: more than max_recoveries times while they held them, the last time with a killer that
+    #: had not been quarantined yet (they end, as ``WorkerLost``).
+    blamed: list[str] = field(default_factory=list)
 
     @classmethod
     def of(
@@ -152,7 +209,13 @@ class Tally:
             with open(REPORT, "a") as f:
                 f.write(
                     json.dumps(
-                        {**asdict(self), "lost": len(self.lost), "unexpected": len(self.unexpected)}
+                        {
+                            **asdict(self),
+                            "lost": len(self.lost),
+                            "unexpected": len(self.unexpected),
+                            "pending": len(self.pending),
+                            "blamed": len(self.blamed),
+                        }
                     )
                     + "\n"
                 )
@@ -162,7 +225,9 @@ class Tally:
             f"{self.broker}/{self.scenario}: {self.expected} expected, "
             f"{len(self.lost)} lost {self.lost[:10]}, {self.duplicates} duplicates "
             f"(at most {self.max_duplicates + 1} runs of one task), "
-            f"{len(self.unexpected)} unexpected {self.unexpected[:10]}"
+            f"{len(self.unexpected)} unexpected {self.unexpected[:10]}, "
+            f"{len(self.pending)} pending {self.pending[:10]}, "
+            f"{len(self.blamed)} innocents blamed {self.blamed[:10]}"
         )
 
 

@@ -40,19 +40,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     rows: dict[tuple[str, str], list[int]] = {}
     for t in RESULTS:
-        row = rows.setdefault((t.broker, t.scenario), [0, 0, 0, 0, 0, 0])
+        row = rows.setdefault((t.broker, t.scenario), [0, 0, 0, 0, 0, 0, 0, 0])
         row[0] += 1
         row[1] += t.expected
         row[2] += len(t.lost)
         row[3] += t.duplicates
         row[4] = max(row[4], t.duplicates)
         row[5] = max(row[5], t.max_duplicates + 1)
+        row[6] += len(t.pending)
+        row[7] += len(t.blamed)
     tr = terminalreporter
     tr.section(f"chaos trials (HURTLE_CHAOS_TRIALS={TRIALS})")
     tr.write_line(
         "| broker | scenario | trials | tasks | lost | duplicates | "
-        "max duplicates in a trial | most runs of one task |"
+        "max duplicates in a trial | most runs of one task | pending | innocents blamed |"
     )
-    tr.write_line("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    tr.write_line("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (broker, scenario), row in sorted(rows.items()):
         tr.write_line(f"| {broker} | {scenario} | " + " | ".join(map(str, row)) + " |")

@@ -1,17 +1,17 @@
 """What the brokers share beyond their contract (``base``): the checks of arguments every store
 makes the same way (a queue name's is ``hurtle.names.check_queue_name``, also importable from
 here), the rate-limit arithmetic (GCRA) of the stores that do it in Python, lock keys, the log
-line of trimmed dead letters, and the failure record of a workflow whose member a store
-dead-letters itself."""
+line of trimmed dead letters, and what a message a store dead-letters itself ends
+(``dead_ends``)."""
 
 from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import ConfigurationError
-from ..message import Message, lock_of
+from ..message import Message, lock_of, salvage
 from ..names import check_queue_name as check_queue_name  # the one check, for every broker
 from .base import StoredResult
 
@@ -122,23 +122,48 @@ def lock_end(message: Message, now: float, unique_for: float) -> float:
     return now + unique_for
 
 
-#: Seconds the failure of a workflow a broker dead-lettered itself is kept (a day, as results).
-FLOW_FAILURE_TTL = 86400.0
+def lost_reason(deaths: int, max_recoveries: int) -> str:
+    """The reason of a message dead-lettered because its workers kept dying: the same words on
+    every broker (``lua/heartbeat.lua`` too)."""
+    return f"its worker died {deaths} times while holding it (max_recoveries is {max_recoveries})"
 
 
-def flow_failure(raw: bytes, reason: str) -> StoredResult | None:
-    """The ``dead`` record of the workflow whose member ``raw`` the broker dead-letters itself
-    (its workers kept dying), to store in the same step: its handle then raises at once. None
-    when ``raw`` is not a workflow's message."""
-    from ..workflows import FLOW, read_flow  # the workflows import the brokers
+#: Seconds the records of a message a broker dead-letters itself are kept (a day, as results).
+LOST_TTL = 86400.0
+#: ``TaskFailed.type`` of those records.
+WORKER_LOST = "WorkerLost"
 
-    try:
-        message = Message.decode(raw)
-        if not message.headers or FLOW not in message.headers:
-            return None
-        flow = read_flow(message)
-    except Exception:  # not a message, or not a workflow's: nothing to fail
-        return None
-    from ..worker.flows import dead_record
 
-    return dead_record(flow.id, message, None, reason, FLOW_FAILURE_TTL)
+class DeadEnds(NamedTuple):
+    """What ends with a message a broker dead-letters itself, in the same step of the store."""
+
+    #: Records to store: its own, and its workflow's when it is a member.
+    records: list[StoredResult]
+    #: Its unique lock, ``(key, message id, until)``: ended while it still holds that id.
+    lock: tuple[str, str, float] | None
+
+
+def dead_ends(raw: bytes, reason: str) -> DeadEnds:
+    """What the message in ``raw`` ends when the broker dead-letters it itself (its workers kept
+    dying), as a worker's dead letters do (``worker.ends``): a ``dead`` record (``WorkerLost``,
+    the reason as its message, naming the message) under its own id — the broker cannot tell
+    whether its task keeps results, so it writes one whatever the task, kept ``LOST_TTL`` — and
+    under its workflow's id when it is a member, so that whatever waits on it raises at once;
+    and its unique lock, so that the same call sent again runs."""
+    message = salvage(raw)
+    if message is None:  # not even an id: nothing waits on it
+        return DeadEnds([], None)
+    from ..worker.ends import member_record  # the worker's records; it imports the brokers
+    from ..workflows import FLOW, read_flow
+
+    record = member_record("dead", message, None, reason, WORKER_LOST)
+    records = [StoredResult(message.id, record, LOST_TTL)]
+    if message.headers and FLOW in message.headers:
+        try:
+            flow_id = read_flow(message).id
+        except Exception:  # a header that is no workflow's: nothing more to fail
+            flow_id = message.id
+        if flow_id != message.id:
+            records.append(StoredResult(flow_id, record, LOST_TTL))
+    lock = lock_of(message)
+    return DeadEnds(records, None if lock is None else (lock[0], message.id, lock[1]))

@@ -11,8 +11,9 @@ beat plus that timeout) is what recovery checks.
 
 Poison messages are handled as in the Redis broker (``lua/heartbeat.lua`` explains how): deaths
 are counted per message, a message recovered a second time waits in quarantine and is let out
-one at a time, and a message let out that way whose worker dies holding no other such message
-becomes a dead letter past ``max_recoveries`` deaths.
+one at a time, and a message whose worker dies holding it alone (or no other message let out
+that way) becomes a dead letter past ``max_recoveries`` deaths, ending what waits on it
+(``common.dead_ends``).
 
 Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads skip expired
 ones, and a write drops them all at most once a second. Watchers are called once the lock is
@@ -47,9 +48,10 @@ from .common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,
-    flow_failure,
+    dead_ends,
     gcra,
     lock_end,
+    lost_reason,
     unique_key_of,
 )
 from .memory_consumer import MemoryConsumer
@@ -348,27 +350,16 @@ class MemoryBroker(MemoryDeadLetters, _Ticks, Broker):
         """What one dead worker held: back to the queue, to quarantine or to the dead letters."""
         # across all its queues, unlike Redis (one queue per script)
         lone = sum(raw in self._queue(queue).probes for queue, raw, _ in held.values()) == 1
+        alone = len(held) == 1  # the only message its worker held: the only suspect
         back = []
         for queue, raw, priority in held.values():
             q = self._queue(queue)
             deaths = q.deaths[raw] = q.deaths.get(raw, 0) + 1
             probe = raw in q.probes
             q.probes.pop(raw, None)
-            if probe and lone and deaths > self.max_recoveries:
+            if (alone or (probe and lone)) and deaths > self.max_recoveries:
                 del q.deaths[raw]
-                dead = DeadLetter(
-                    id=new_id(),
-                    queue=queue,
-                    raw=raw,
-                    failed_at=now,
-                    reason=f"its worker died {deaths} times while holding it (max_recoveries "
-                    f"is {self.max_recoveries})",
-                )
-                self._add_dead_locked(q, dead)
-                failed = flow_failure(raw, dead.reason)
-                if failed is not None:  # a workflow's member: its workflow fails now
-                    for wake in self._store_results_locked([failed]):
-                        wake()  # sets an event: takes no lock of this broker
+                self._dead_lost_locked(q, queue, raw, lost_reason(deaths, self.max_recoveries), now)
             elif deaths >= 2:
                 q.quarantine.append((priority, raw))
             else:
@@ -377,6 +368,20 @@ class MemoryBroker(MemoryDeadLetters, _Ticks, Broker):
                 del q.deaths[min(q.deaths, key=q.deaths.__getitem__)]
         self._requeue_locked(back)
         return len(held)
+
+    def _dead_lost_locked(self, q: _Queue, queue: str, raw: bytes, reason: str, now: float) -> None:
+        """Dead-letter a message whose workers kept dying, and end what waits on it
+        (``dead_ends``): its records (its own, its workflow's) and its unique lock."""
+        self._add_dead_locked(
+            q, DeadLetter(id=new_id(), queue=queue, raw=raw, failed_at=now, reason=reason)
+        )
+        records, lock = dead_ends(raw, reason)
+        if lock is not None:
+            held = self._unique.get((queue, lock[0]))
+            if held is not None and held[0] == lock[1]:
+                del self._unique[(queue, lock[0])]
+        for wake in self._store_results_locked(records):
+            wake()  # sets an event: takes no lock of this broker
 
     @staticmethod
     def _let_one_out_locked(q: _Queue) -> bool:

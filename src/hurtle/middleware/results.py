@@ -12,11 +12,16 @@ What a record holds, encoded with msgspec msgpack (never pickle), and when it is
   is then retried or dead-lettered like any failure;
 * ``failed`` — an attempt failed and another is scheduled; the record holds the error's type
   name, message and traceback text. The next attempt's record replaces it;
-* ``dead`` — the message failed for good (no retries left, rejected, time limit, arguments that
-  do not fit): the same fields, so a waiter raises at once rather than at its timeout;
+* ``dead`` — the message became a dead letter: it failed for good (no retries left, rejected,
+  time limit, arguments that do not fit: the same fields), or did not run (undecodable, of a
+  task the worker does not know, its handling crashed, its workers kept dying: the reason as
+  the message), so a waiter raises at once rather than at its timeout;
 * ``expired`` / ``cancelled`` — the message was not run: its expiry time passed before it
-  started, or it was cancelled (``Hurtle.cancel``); the worker writes the record when it skips
-  the message, and a waiter raises ``TaskFailed`` at once.
+  started, or it was cancelled (``Hurtle.cancel``), and a waiter raises ``TaskFailed`` at once.
+
+The records of dead letters are written, whatever the road to them, where the worker decides
+that a message is dead (``worker.ends``, with its workflow's record and its unique lock), or by
+the broker when it dead-letters a message itself (``brokers.common.dead_ends``).
 
 Each record also says what ran and when, for task lookups (the dashboard's ``/api/tasks/{id}``):
 the task and queue, the attempt, the arguments when the message was at most ``ARGS_KEPT_UP_TO``
@@ -188,12 +193,19 @@ def encode_failure(
     return _encode(Record(state, None, fields[2], fields[3][:keep], fields[4][-keep:]))
 
 
+def dead_kind(state: str) -> str:
+    """``TaskFailed.type`` of a message that ended without an exception of its own:
+    ``Expired``, ``Cancelled``, else ``DeadLetter``."""
+    return "DeadLetter" if state == DEAD else state.capitalize()
+
+
 def encode_skipped(state: str, why: str, message: Message) -> bytes:
-    """The record of a message that was not run: ``expired`` or ``cancelled``."""
+    """The record of a message that ended without an exception of its own: not run
+    (``expired``, ``cancelled``), or ``dead`` (undecodable, of an unknown task, lost)."""
     return _encode(
         Record(
             state,
-            error_type=state.capitalize(),
+            error_type=dead_kind(state),
             error_message=why,
             task=message.task,
             queue=message.queue,
@@ -410,8 +422,9 @@ class Results(Middleware):
             return b""
 
     def after_outcome(self, job: Job, outcome: Outcome) -> None:
-        if outcome.kind in ("retry", "dead") and outcome.error is not None:
+        # a dead letter's record is written where the worker decides it (``worker.ends``),
+        # whatever the road to it
+        if outcome.kind == "retry" and outcome.error is not None:
             assert self.acker is not None, "worker_start was not called"
-            state = FAILED if outcome.kind == "retry" else DEAD
-            record = encode_failure(state, outcome.error, job, self.most)
+            record = encode_failure(FAILED, outcome.error, job, self.most)
             self.acker.store_result(job.message.id, record, job.task.result_ttl)

@@ -7,7 +7,10 @@ named in its ``unique`` field, with when it ends at the latest in ``unique_until
 message's outcome is settled — acknowledged or dead-lettered; a retry keeps it, since the
 message is still waiting — with the acker's next flush, in one broker call for the batch, or
 at that latest end, whichever comes first: a worker that dies holding the message cannot keep
-the lock for ever.
+the lock for ever. This middleware releases the locks of acknowledged calls; every road to a
+dead letter (failed for good, expired, cancelled, an unknown task, ...) releases its message's
+lock where the worker decides that it is dead (``worker.ends``), and a message the broker
+dead-letters itself (its workers kept dying) has its lock ended by the broker in that step.
 """
 
 from __future__ import annotations
@@ -17,17 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from ..brokers import UniqueLocks
 from ..message import lock_of
-from . import Calls, Middleware, Outcome
+from . import Calls, Middleware
 
 if TYPE_CHECKING:
     from ..task import Task
     from ..worker import Worker
     from ..worker.acker import Acker
-    from ..worker.jobs import Job
 
 
 class UniqueMiddleware(Middleware):
-    """Releases the unique locks of settled messages."""
+    """Releases the unique locks of acknowledged messages."""
 
     def __init__(self) -> None:
         self._acker: Acker | None = None
@@ -63,14 +65,6 @@ class UniqueMiddleware(Middleware):
             if i not in failed and (lock := lock_of(m)) is not None
         ]
         self._acker.release_uniques(locks)
-
-    def after_outcome(self, job: Job, outcome: Outcome) -> None:
-        # acknowledgements come through ``after_calls``
-        if outcome.kind != "dead" or self._acker is None:
-            return
-        lock = lock_of(job.message)
-        if lock is not None:
-            self._acker.release_unique(job.delivery.queue, lock[0], job.message.id, lock[1])
 
 
 _UNIQUE = attrgetter("unique")

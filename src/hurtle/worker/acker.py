@@ -48,7 +48,7 @@ from ..brokers import (
     UniqueLocks,
 )
 from ..message import Message
-from .refusals import Op, ack_flows_one_by_one, ack_one_by_one, refused, unreachable
+from .refusals import Ends, Op, ack_flows_one_by_one, ack_one_by_one, refused, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +101,9 @@ class Acker:
         self.failures = 0
         #: Outcomes given up on (refused by the broker, or unsettled when ``stop`` gave up).
         self.dropped = 0
+        #: What ends with a retry the broker refuses, which becomes a dead letter (set by the
+        #: worker: ``Processor.ends_of``).
+        self.ends: Ends | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -409,7 +412,7 @@ class Acker:
 
     def _refused(self, op: Op, err: Exception) -> bool:
         """Handle an outcome the broker refused; True when it is off the acker's hands."""
-        verdict = refused(self.consumer, op, err)
+        verdict = refused(self.consumer, op, err, self.ends)
         self.settled += verdict.settled
         self.dropped += verdict.dropped
         if verdict.later is not None:

@@ -1,16 +1,17 @@
 """Workflows, worker side: what a chain link or chord member sets off when it ends.
 
 The processor sends a message carrying ``headers["flow"]`` (``hurtle.workflows.Flow``) down its
-job path, whatever its task, and asks this module three things:
+job path, whatever its task, and asks this module two things:
 
 * ``prepare`` before the call: a chord's callback gets its chord's results, read once in one
   broker call (``Broker.chord_results``), as its first argument;
 * ``step`` once the call returned: the ``FlowStep`` to hand the acker instead of a plain
   acknowledgement — the records to store (the workflow's result), the next link's message, the
   chord member's count and the callback to publish if it completes the chord — which the broker
-  applies in one atomic step with the acknowledgement (``Consumer.ack_flow``);
-* ``failure`` when the message failed for good: the ``dead`` record to store under the
-  workflow's id, naming the member, so that its handle raises at once.
+  applies in one atomic step with the acknowledgement (``Consumer.ack_flow``).
+
+What a member that becomes a dead letter ends (its workflow's record, naming it) is decided
+with every other dead letter's ends, in ``ends``.
 
 Messages without the header never come here.
 """
@@ -21,11 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .._text import safe_str, trace
 from ..brokers import ChordStep, FlowStep, StoredResult
 from ..errors import ResultError
 from ..message import Message, encode_many
-from ..middleware.results import DEAD, Record, decode, encode_value
+from ..middleware.results import decode, encode_value
 from ..workflows import FLOW, Flow, read_flow
 
 if TYPE_CHECKING:
@@ -109,34 +109,3 @@ def step(job: Job, result: Any, app: Hurtle) -> FlowStep:
 def prepare_header(job: Job) -> Flow:
     flow = job.flow = read_flow(job.message)
     return flow
-
-
-def failure(job: Job, error: BaseException | None, reason: str) -> StoredResult | None:
-    """The ``dead`` record of the workflow a job that failed for good belongs to, naming it."""
-    try:
-        flow = job.flow if job.flow is not None else read_flow(job.message)
-    except Exception:  # a header that is no workflow's: nothing to fail
-        return None
-    return dead_record(flow.id, job.message, error, reason, job.task.result_ttl)
-
-
-def dead_record(
-    flow_id: str, message: Message, error: BaseException | None, reason: str, ttl: float
-) -> StoredResult:
-    if error is not None:
-        kind, text, tb = type(error).__name__, safe_str(error), trace(error)
-    else:
-        kind, text, tb = "DeadLetter", reason, ""
-    record = Record(
-        DEAD, value=[message.task, message.id], error_type=kind, error_message=text, traceback=tb
-    )
-    return StoredResult(flow_id, _encode(record), ttl)
-
-
-def unknown_failure(message: Message, reason: str, app: Hurtle) -> StoredResult | None:
-    """The ``dead`` record of the workflow of a message whose task this worker does not know."""
-    try:
-        flow = read_flow(message)
-    except Exception:
-        return None
-    return dead_record(flow.id, message, None, reason, app.settings.result_ttl)

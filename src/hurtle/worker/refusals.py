@@ -5,7 +5,9 @@ error for that one delivery, ...) must not block the others. A refusal that is n
 ``BrokerError`` is final at once; a ``BrokerError`` that is not about reaching the broker is given
 ``REFUSALS`` tries (the server may be briefly read-only or full). Then:
 
-* a retry that cannot be scheduled goes to the dead letters instead, with the reason;
+* a retry that cannot be scheduled goes to the dead letters instead, with the reason, after
+  what ends with it (``Ends``: its result record, its workflow's, its unique lock; the acker's
+  ``ends``, which the worker sets) is stored and released;
 * a dead letter that cannot be stored, an acknowledgement or a hand-back that is refused, is
   logged as an ERROR and dropped from the acker: the delivery stays held by this worker and goes
   back to its queue when the session closes, so its task runs again (never lost, at worst run
@@ -19,13 +21,17 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, TypeVar
 
-from ..brokers import Consumer, Delivery, FlowStep, StoredResult
+from ..brokers import Consumer, Delivery, FlowStep, Lock, StoredResult
 from ..errors import BrokerError
 from ..message import Message
 
 log = logging.getLogger("hurtle.worker.acker")  # what operators see is the acker's doing
 
 T = TypeVar("T")
+
+#: What ends with a message that becomes a dead letter, given its delivery, the message and the
+#: reason: ``(records to store first, unique lock to release)`` (``ends.ending``).
+Ends = Callable[[Delivery, Message, str], tuple[list[StoredResult], Lock | None]]
 
 #: Tries of an outcome that the reachable broker refuses before it is given up on.
 REFUSALS = 3
@@ -88,8 +94,9 @@ class Verdict(NamedTuple):
     later: Op | None = None
 
 
-def refused(consumer: Consumer, op: Op, err: Exception) -> Verdict:
-    """Decide what becomes of ``op``, which the broker refused with ``err``."""
+def refused(consumer: Consumer, op: Op, err: Exception, ends: Ends | None = None) -> Verdict:
+    """Decide what becomes of ``op``, which the broker refused with ``err``; a retry that
+    becomes a dead letter ends what ``ends`` says first."""
     op.refusals += 1
     if isinstance(err, BrokerError) and op.refusals < REFUSALS:
         log.warning(
@@ -114,6 +121,8 @@ def refused(consumer: Consumer, op: Op, err: Exception) -> Verdict:
             err,
         )
         dead = Op("dead", [delivery], reason)
+        if ends is not None:
+            _end(consumer, ends(delivery, op.arg, reason))
         try:
             dead.apply(consumer)
         except Exception as dead_err:
@@ -136,6 +145,23 @@ def refused(consumer: Consumer, op: Op, err: Exception) -> Verdict:
         err,
     )
     return Verdict(True, dropped=len(op.deliveries))
+
+
+def _end(consumer: Consumer, end: tuple[list[StoredResult], Lock | None]) -> None:
+    """Store the records and release the lock that end with a dead letter, each at once (a
+    rare road); one the broker refuses is logged, and the dead letter is recorded anyway."""
+    records, lock = end
+    try:
+        if records:
+            consumer.ack((), records)
+        if lock is not None:
+            consumer.release_unique([lock])
+    except Exception as err:
+        log.error(
+            "could not store the records or release the lock of a dead letter (%s); the dead "
+            "letter is kept all the same",
+            err,
+        )
 
 
 def one_by_one(

@@ -15,8 +15,8 @@ A delivery of a non-inline task goes through three steps, which executors may dr
   and the stale failure replace it.
 
 A failed call is the built-in ``Retries`` middleware's decision (``_failed``): another attempt,
-or a dead letter; a workflow member that fails for good fails its workflow first
-(``_flow_failed``). Kept apart from the inline loop (``processor``) and the batch path
+or a dead letter, which ends its result record, its workflow and its unique lock first
+(``NotRun._bury``, ``ends``). Kept apart from the inline loop (``processor``) and the batch path
 (``batch``); the methods read the state of the ``Processor`` they are mixed into."""
 
 from __future__ import annotations
@@ -66,7 +66,25 @@ class JobSteps:
         def pipeline(self, name: str) -> Pipeline | None: ...
         def _unknown(self, delivery: Delivery, message: Message) -> None: ...
         def _undecodable(self, delivery: Delivery, err: Exception) -> None: ...
-        def _crashed(self, delivery: Delivery, err: BaseException) -> None: ...
+        def _crashed(
+            self,
+            delivery: Delivery,
+            err: BaseException,
+            job: Job | None = None,
+            ended: bool = False,
+        ) -> None: ...
+        def _bury(
+            self,
+            delivery: Delivery,
+            message: Message | None,
+            reason: str,
+            *,
+            state: str = ...,
+            why: str = "",
+            error: BaseException | None = None,
+            job: Job | None = None,
+            late: list[tuple[Delivery, str]] | None = None,
+        ) -> None: ...
         def _too_late(
             self,
             delivery: Delivery,
@@ -268,15 +286,12 @@ class JobSteps:
         except Exception as inner:  # formatting or deciding failed: still an outcome
             job.outcome = Outcome("dead", error=inner, reason="crashed")
             self._after_outcome(job)
-            self._flow_failed(job, inner, "crashed")
-            self._crashed(job.delivery, inner)
+            self._crashed(job.delivery, inner, job)
             return
         self.call_log.failed(job, outcome, ran)
         # the hooks run before the hand-off: what they give the acker goes out no later
         job.outcome = outcome
         self._after_outcome(job)
-        if outcome.kind == "dead":
-            self._flow_failed(job, outcome.error, outcome.reason)
         try:
             if outcome.kind == "retry":
                 assert outcome.message is not None
@@ -284,22 +299,9 @@ class JobSteps:
                 self.acker.retry(job.delivery, outcome.message)
             else:
                 self.tally.add(job.delivery.queue, job.task.name, DEAD_LETTERED)
-                self.acker.dead_letter(job.delivery, outcome.reason)
+                self._bury(job.delivery, job.message, outcome.reason, error=outcome.error, job=job)
         except Exception as inner:  # recording failed: still an outcome
-            self._crashed(job.delivery, inner)
-
-    def _flow_failed(self, job: Job, error: BaseException | None, reason: str) -> None:
-        """A workflow member failed for good: its workflow fails now (recorded before the
-        dead letter is handed to the acker, so it goes out no later)."""
-        if job.flow is None and not flows.is_flow(job.message):
-            return
-        try:
-            record = flows.failure(job, error, reason)
-        except Exception as err:  # never in the way of the dead letter itself
-            log.error("could not record the failure of workflow member %s: %s", job.message.id, err)
-            return
-        if record is not None:
-            self.acker.store_result(record.id, record.payload, record.ttl)
+            self._crashed(job.delivery, inner, job, ended=outcome.kind == "dead")
 
 
 async def _within_limit(job: Job) -> Any:

@@ -1,6 +1,8 @@
 """The messages a processor does not run: undecodable, of an unknown task, expired or cancelled
-before they started, or that crashed the worker's own handling. Each is counted, dead-lettered
-with its reason and, for a task that keeps results or a workflow member, given its record.
+before they started, or that crashed the worker's own handling. Each is counted and
+dead-lettered with its reason; ``_bury`` — the one place every dead letter of the processor goes
+through, run or not — first hands the acker what ends with it (``ends.ending``: its result
+record, its workflow's, its unique lock).
 """
 
 from __future__ import annotations
@@ -10,17 +12,18 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe, trace
-from ..brokers import Delivery
+from ..brokers import Delivery, Lock, StoredResult
 from ..brokers.reports import UNDECODABLE, Tally
 from ..errors import DecodeError
-from ..message import Message
-from ..middleware.results import CANCELLED, EXPIRED, encode_skipped
-from . import flows
+from ..message import Message, salvage
+from ..middleware.results import CANCELLED, DEAD, EXPIRED
+from .ends import ending
 
 if TYPE_CHECKING:
     from ..app import Hurtle
     from ..task import Task
     from .acker import Acker
+    from .jobs import Job
 
 # Counter indexes of a ``Tally`` (``brokers/reports.py``).
 PROCESSED, FAILED, RETRIED, DEAD_LETTERED = range(4)
@@ -38,13 +41,65 @@ class NotRun:
         tally: Tally
         tasks: dict[str, Task[Any, Any]]
 
+    def _bury(
+        self,
+        delivery: Delivery,
+        message: Message | None,
+        reason: str,
+        *,
+        state: str = DEAD,
+        why: str = "",
+        error: BaseException | None = None,
+        job: Job | None = None,
+        late: list[tuple[Delivery, str]] | None = None,
+    ) -> None:
+        """Dead-letter ``delivery`` with ``reason``, after handing the acker what ends with it
+        (``ends.ending`` of ``message``, or of what ``salvage`` reads of bytes that did not
+        decode): records first, so that none lands after the dead letter. ``late`` gathers the
+        dead letter for one call at the batch's end (else it is handed over now)."""
+        if message is None:
+            message = salvage(delivery.raw)
+        if message is not None:
+            try:
+                records, lock = ending(
+                    self.app,
+                    delivery.queue,
+                    message,
+                    why or reason,
+                    state=state,
+                    error=error,
+                    job=job,
+                )
+            except Exception as err:  # never in the way of the dead letter itself
+                log.error("could not record the end of message %s: %s", message.id, describe(err))
+            else:
+                for r in records:
+                    self.acker.store_result(r.id, r.payload, r.ttl)
+                if lock is not None:
+                    self.acker.release_unique(*lock)
+        if late is not None:
+            late.append((delivery, reason))
+        else:
+            self.acker.dead_letter(delivery, reason)
+
+    def ends_of(
+        self, delivery: Delivery, message: Message, reason: str
+    ) -> tuple[list[StoredResult], Lock | None]:
+        """What ends with ``message`` when it becomes a dead letter for ``reason`` outside the
+        processor (a retry the broker refused to schedule: ``Acker.ends``)."""
+        return ending(self.app, delivery.queue, message, reason)
+
     def crashed(self, delivery: Delivery, err: BaseException) -> None:
         """Dead-letter a delivery whose handling failed unexpectedly (the last resort)."""
         self.failed += 1
         self._count_lost(delivery, FAILED)
         self._crashed(delivery, err)
 
-    def _crashed(self, delivery: Delivery, err: BaseException) -> None:
+    def _crashed(
+        self, delivery: Delivery, err: BaseException, job: Job | None = None, ended: bool = False
+    ) -> None:
+        """``crashed`` without the failure count; ``ended`` when what ends with the message was
+        handed over already (only the dead letter is left to record)."""
         reason = (
             f"the worker could not handle this message ({describe(err)}); it is kept here "
             f"instead of being retried, since it would fail the same way:\n{trace(err)}"
@@ -55,7 +110,16 @@ class NotRun:
             describe(err),
         )
         self._count_lost(delivery, DEAD_LETTERED)
-        self.acker.dead_letter(delivery, reason)
+        if ended:
+            self.acker.dead_letter(delivery, reason)
+            return
+        message = job.message if job is not None else None
+        if message is None:
+            try:
+                message = _decode(delivery.raw)
+            except Exception:
+                message = None
+        self._bury(delivery, message, reason, error=err, job=job)
 
     def _undecodable(self, delivery: Delivery, err: Exception) -> None:
         self.failed += 1
@@ -63,14 +127,14 @@ class NotRun:
             self.tally.add(delivery.queue, UNDECODABLE, kind)
         text = str(err) if isinstance(err, DecodeError) else describe(err)
         log.error("dead-lettering an undecodable message from %r: %s", delivery.queue, text)
-        self.acker.dead_letter(delivery, f"undecodable message: {text}")
+        self._bury(delivery, None, f"undecodable message: {text}", error=err)
 
     def _too_late(
         self, delivery: Delivery, message: Message, late: list[tuple[Delivery, str]] | None = None
     ) -> None:
         """A message whose expiry time passed before it started: not run; a dead letter with
         the reason ``expired`` (added to ``late``, which the batch hands to the acker at its end,
-        else handed over now) and, when its task keeps results, an ``expired`` record."""
+        else handed over now), and ``expired`` records (its own, its workflow's)."""
         self.processed += 1
         self.tally.add(delivery.queue, message.task, PROCESSED)
         self.tally.add(delivery.queue, message.task, DEAD_LETTERED)
@@ -80,40 +144,41 @@ class NotRun:
             message.id,
             time.time() - message.expires,
         )
-        task = self.tasks.get(message.task)
-        if task is not None and task.store_result:
-            self.acker.store_result(
-                message.id,
-                encode_skipped(EXPIRED, "not started before its expiry time", message),
-                task.result_ttl,
-            )
+        batch: list[tuple[Delivery, str]] = [] if late is None else late
+        self._bury(
+            delivery,
+            message,
+            EXPIRED,
+            state=EXPIRED,
+            why="not started before its expiry time",
+            late=batch,
+        )
         if late is None:
-            self.acker.dead_letter_many([(delivery, EXPIRED)])
-        else:
-            late.append((delivery, EXPIRED))
+            self.acker.dead_letter_many(batch)
 
     def cancelled(self, deliveries: list[Delivery]) -> None:
         """Record cancelled deliveries without running them: dead letters ``cancelled`` (one
-        broker call for all) and, for tasks that keep results, ``cancelled`` records."""
+        broker call for all), and ``cancelled`` records (their own, their workflows')."""
+        late: list[tuple[Delivery, str]] = []
         for delivery in deliveries:
             self.processed += 1
             try:
-                message = _decode(delivery.raw)
+                message: Message | None = _decode(delivery.raw)
             except Exception:  # its id was read, the rest is not a message: counted as such
-                name = UNDECODABLE
-            else:
-                name = message.task
-                task = self.tasks.get(name)
-                if task is not None and task.store_result:
-                    self.acker.store_result(
-                        message.id,
-                        encode_skipped(CANCELLED, "cancelled before it started", message),
-                        task.result_ttl,
-                    )
+                message = None
+            name = UNDECODABLE if message is None else message.task
             self.tally.add(delivery.queue, name, PROCESSED)
             self.tally.add(delivery.queue, name, DEAD_LETTERED)
+            self._bury(
+                delivery,
+                message,
+                CANCELLED,
+                state=CANCELLED,
+                why="cancelled before it started",
+                late=late,
+            )
         log.info("%d cancelled messages not run", len(deliveries))
-        self.acker.dead_letter_many([(d, CANCELLED) for d in deliveries])
+        self.acker.dead_letter_many(late)
 
     def _unknown(self, delivery: Delivery, message: Message) -> None:
         self.failed += 1
@@ -124,9 +189,7 @@ class NotRun:
             "name; deploy the code that defines it, then retry the dead letter"
         )
         log.error("dead-lettering message %s: %s", message.id, reason)
-        if flows.is_flow(message) and (record := flows.unknown_failure(message, reason, self.app)):
-            self.acker.store_result(record.id, record.payload, record.ttl)
-        self.acker.dead_letter(delivery, reason)
+        self._bury(delivery, message, reason)
 
     def _count_lost(self, delivery: Delivery, kind: int) -> None:
         """Count an outcome of a delivery whose task is not at hand (a rare, slow path)."""

@@ -220,6 +220,7 @@ class Worker:
         self.call_log = processor.call_log = CallLog(
             processor.tally, every_call=self.log_tasks, interval=self.log_interval
         )
+        acker.ends = processor.ends_of
         consumer.reporter = Reporter(
             processor.tally,
             worker_id=self.worker_id,

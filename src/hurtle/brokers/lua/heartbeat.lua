@@ -14,13 +14,15 @@
   the front of its ready list, like before. One that was recovered before goes to quarantine
   instead, out of the batches of innocent messages it came back with again and again; this script
   lets quarantined messages out one at a time (a "probe", at the front of its ready list; the next
-  one once the previous probe was fetched). A probe that comes back from a dead worker that held
-  no other probe was the likely killer: past max_recoveries deaths it becomes a dead letter
-  ("its worker died N times while holding it"), else it goes back to quarantine. Innocents of a
-  recovered batch only ever wait in quarantine; they are never dead-lettered by this script, with
-  one exception: a script sees one queue, so a worker reading several queues that dies holding a
-  probe of each (the killer and an innocent let out at the same moment) counts a death for both.
-  The deaths zset keeps at most MAX_DEATHS entries (those with the fewest deaths go first).
+  one once the previous probe was fetched). A message that comes back from a dead worker that
+  held nothing else, or a probe that comes back from one that held no other probe, was the likely
+  killer: past max_recoveries deaths it becomes a dead letter ("its worker died N times while
+  holding it"), else it goes (back) to quarantine. Innocents of a recovered batch only ever wait
+  in quarantine; they are never dead-lettered by this script, with one exception: a script sees
+  one queue, so a worker reading several queues that dies holding one message (or probe) of each
+  (the killer and an innocent) counts a death for both. The deaths zset keeps at most MAX_DEATHS
+  entries (those with the fewest deaths go first). A message dead-lettered here ends what waits
+  on it (end_lost): its records, its workflow's, its unique lock.
 
   Input:
     KEYS[1..10]  ready lists, priority 0..9
@@ -39,23 +41,24 @@
                  batch id. Those names are only known here (the dead are found in KEYS[11]),
                  so they are derived from this declared key: a suffix after the hash tag
                  keeps the slot, and a cluster routes the script by its declared keys.
+    KEYS[22]     unique hash (lock -> message id '@' when it ends)
 
     ARGV[1]      worker id to mark alive ('' = only recover)
     ARGV[2]      that worker's heartbeat timeout in seconds (its deadline is now + this)
     ARGV[3]      max_recoveries: deaths a probe may survive
     ARGV[4]      result key prefix (keys.RESULT_KEY_PREFIX), ARGV[5] the ttl in ms, ARGV[6] the
-                 results channel and ARGV[7] keys.RESULT_BUCKET_CUT: a workflow member
-                 dead-lettered here fails its workflow (a ``dead`` record under the workflow's
-                 id, naming the member). ARGV[4] = '' (a Redis Cluster, where the record's key
-                 has another slot than this queue's): the records are returned instead, for
-                 the caller to store
+                 results channel and ARGV[7] keys.RESULT_BUCKET_CUT: a message dead-lettered
+                 here gets a ``dead`` record under its id and, a workflow member, under its
+                 workflow's. ARGV[4] = '' (a Redis Cluster, where a record's key has another
+                 slot than this queue's): the records are returned instead, for the caller to
+                 store
     ARGV[8]      the index of dead letters by message id, '' on a Redis Cluster (_lib.lua)
     ARGV[9]      the queue's name
 
   Output:
     { how many deliveries went back to the ready lists, to quarantine or to the dead letters,
-      how many messages wait in quarantine, then per failed workflow (ARGV[4] = '' only) its
-      id and its record, and last { index changes (ARGV[8] = '' only)... } }
+      how many messages wait in quarantine, then per record (ARGV[4] = '' only) its id and
+      its bytes, and last { index changes (ARGV[8] = '' only)... } }
 ]]
 -- @include _lib
 
@@ -69,31 +72,19 @@ if ARGV[1] ~= '' then
   redis.call('ZADD', KEYS[11], now + tonumber(ARGV[2]), ARGV[1])
 end
 local max_recoveries = tonumber(ARGV[3])
-local failed = {}  -- flow id, record, ...: the workflows to fail, when the caller stores them
+local failed = {}  -- id, record, ...: the records the caller stores (a cluster)
 local changes = {}  -- of the dead-letter index, when the caller makes them
 
--- A dead-lettered workflow member (headers["flow"], see hurtle/workflows.py) fails its workflow:
--- a Record (middleware/results.py) {state, value = {task, id}, error type, message, traceback}.
-local function fail_workflow(payload, reason)
-  if not ARGV[4] then
-    return
-  end
-  local ok, m = pcall(cmsgpack.unpack, payload)
-  if not ok or type(m) ~= 'table' or type(m[10]) ~= 'table' then
-    return
-  end
-  local flow = m[10]['flow']
-  if type(flow) ~= 'table' or type(flow[1]) ~= 'string' then
-    return
-  end
-  local record = cmsgpack.pack({ 'dead', { m[2], m[1] }, 'WorkerLost', reason, '' })
+-- A record (middleware/results.py's Record: {state, value = {task, id}, error type, message,
+-- traceback}) stored as redis/results.py stores a result: a field of its bucket's hash, after
+-- its expiry; or, on a cluster (ARGV[4] = ''), handed back for the caller to store.
+local function store(id, record)
   if ARGV[4] == '' then  -- another slot: the caller stores it
-    failed[#failed + 1] = flow[1]
+    failed[#failed + 1] = id
     failed[#failed + 1] = record
     return
   end
-  -- stored as redis/results.py stores a result: a field of its bucket's hash, after its expiry
-  local id, ttl = flow[1], tonumber(ARGV[5])
+  local ttl = tonumber(ARGV[5])
   local key = ARGV[4] .. string.sub(id, 1, math.max(#id - tonumber(ARGV[7]), 0)) .. '}'
   local t = redis.call('TIME')
   local stamp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + ttl
@@ -102,6 +93,42 @@ local function fail_workflow(payload, reason)
     redis.call('PEXPIRE', key, ttl)
   end
   redis.call('PUBLISH', ARGV[6], id)
+end
+
+-- What ends with a message dead-lettered here, as brokers/common.py's dead_ends says: a 'dead'
+-- record naming it under its own id (whatever its task: the broker cannot tell which keep
+-- results) and under its workflow's (headers["flow"], see hurtle/workflows.py) when it is a
+-- member; and its unique lock (its field 12, or headers["unique"] from older senders), ended
+-- while it still holds this message's id.
+local function end_lost(payload, reason)
+  local ok, m = pcall(cmsgpack.unpack, payload)
+  if not ok or type(m) ~= 'table' or type(m[1]) ~= 'string' or m[1] == '' then
+    return
+  end
+  local id = m[1]
+  local headers = m[10]
+  if type(headers) ~= 'table' then
+    headers = {}
+  end
+  if ARGV[4] then
+    local task = type(m[2]) == 'string' and m[2] or ''
+    local record = cmsgpack.pack({ 'dead', { task, id }, 'WorkerLost', reason, '' })
+    store(id, record)
+    local flow = headers['flow']
+    if type(flow) == 'table' and type(flow[1]) == 'string' and flow[1] ~= id then
+      store(flow[1], record)
+    end
+  end
+  local lock = m[12]
+  if type(lock) ~= 'string' or lock == '' then
+    lock = headers['unique']
+  end
+  if type(lock) == 'string' and lock ~= '' then
+    local holder = redis.call('HGET', KEYS[22], lock)
+    if holder and string.sub(holder, 1, #id + 1) == id .. '@' then
+      redis.call('HDEL', KEYS[22], lock)
+    end
+  end
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[11], '-inf', '(' .. string.format('%.6f', now))
 local moved = 0
@@ -125,7 +152,7 @@ for _, worker in ipairs(dead) do
       digest = digest[1]
     end
     local deaths = tonumber(redis.call('ZINCRBY', KEYS[14], 1, digest))
-    if probe and probes == 1 and deaths > max_recoveries then
+    if (#held == 1 or (probe and probes == 1)) and deaths > max_recoveries then
       local id = 'recovered-' .. string.format('%d', redis.call('INCR', KEYS[20]))
       redis.call('ZADD', KEYS[17], now, id)
       redis.call('HSET', KEYS[18], id, item[2])
@@ -133,7 +160,7 @@ for _, worker in ipairs(dead) do
         .. ' times while holding it (max_recoveries is ' .. ARGV[3] .. ')'
       redis.call('HSET', KEYS[19], id, reason)
       index_dead(ARGV[8], changes, dead_message_id(item[2]), ARGV[9], id)
-      fail_workflow(item[2], reason)
+      end_lost(item[2], reason)
       redis.call('ZREM', KEYS[14], digest)
     elseif deaths >= 2 then
       redis.call('RPUSH', KEYS[13], string.format('%d', item[1]) .. item[2])

@@ -41,12 +41,12 @@ from ...errors import ConfigurationError
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, Consumer, DeadLetter, QueueStats, StoredResult
+from ..base import Broker, Consumer, DeadLetter, Lock, QueueStats, StoredResult
 from ..common import (
     check_cancel_ttl,
     check_dead_letter_limits,
     check_queue_name,
-    flow_failure,
+    dead_ends,
     gcra,
     lock_end,
     log_trimmed,
@@ -307,21 +307,38 @@ class NatsBroker(Broker):
 
         return NatsConsumer(self, tuple(queues), worker_id or f"nats-{new_id()}")
 
-    async def write_dead(
-        self, queue: str, items: list[tuple[bytes, str]], fail_flows: bool = False
-    ) -> None:
-        """Store dead letters; with ``fail_flows`` (the broker dead-letters them itself, no
-        worker did), record the failure of the workflows they belong to, first."""
-        if fail_flows:
-            failed = [f for raw, reason in items if (f := flow_failure(raw, reason)) is not None]
-            if failed:
-                await results.put(self.store, failed)
+    async def write_dead(self, queue: str, items: list[tuple[bytes, str]]) -> None:
+        """Store dead letters (a worker's: what waits on them was ended by the worker)."""
         expired, dropped = await self.dead.write(queue, items)
         log_trimmed(self, queue, expired, dropped)
 
     async def write_lost(self, queue: str, items: list[tuple[bytes, str]]) -> None:
-        """Dead letters of messages whose workers kept dying: their workflows fail too."""
-        await self.write_dead(queue, items, fail_flows=True)
+        """Dead letters of messages whose workers kept dying, which the broker dead-letters
+        itself: what waits on them ends first (``dead_ends``: their records, their workflows',
+        their unique locks)."""
+        records: list[StoredResult] = []
+        locks: list[Lock] = []
+        for raw, reason in items:
+            found, lock = dead_ends(raw, reason)
+            records += found
+            if lock is not None:
+                locks.append((queue, *lock))
+        if records:
+            await results.put(self.store, records)
+        if locks:
+            await self.release_locks(locks)
+        await self.write_dead(queue, items)
+
+    async def release_locks(self, locks: Sequence[Lock]) -> None:
+        """End the unique locks ``(queue, key, message id, until)`` still held for that id."""
+        for queue, key, message_id, _ in locks:
+
+            def change(old: Any, message_id: str = message_id) -> tuple[Any, None]:
+                if old is not None and old[0] == message_id:
+                    return None, None
+                return old, None
+
+            await self.store.cas(f"u.{names.token(queue)}.{names.token(key)}", change)
 
     def recover(self) -> int:
         return run(recover_dead_workers(self.store, self.max_recoveries, self.write_lost))

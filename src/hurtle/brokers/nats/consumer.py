@@ -29,6 +29,7 @@ from nats.js.errors import BadRequestError, KeyWrongLastSequenceError
 
 from ...message import Message, check_messages
 from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
+from ..common import lost_reason
 from ..reports import encode_report
 from . import control, flows, names
 from .loop import run
@@ -157,19 +158,11 @@ class NatsConsumer(Consumer):
                     headers = msg.headers
                     deaths = headers.get(names.DEATHS) if headers else None
                     _, _, delivered, _ = names.parse_reply(reply)
-                    if delivered > 1 and int(deaths or 0) + delivered - 1 > limit:
+                    died = int(deaths or 0) + delivered - 1
+                    if delivered > 1 and died > limit:
                         # JetStream redelivered it past max_recoveries (its AckWait lapsed
                         # each time): the workers holding it died before naming it
-                        dead.append(
-                            (
-                                queue,
-                                reply,
-                                msg.data,
-                                f"delivered {delivered} times "
-                                f"without an acknowledgement: its workers died holding it "
-                                f"(max_recoveries is {limit})",
-                            )
-                        )
+                        dead.append((queue, reply, msg.data, lost_reason(died, limit)))
                         continue
                     with self._lock:
                         self._held[reply] = _Held(queue, level, deaths, msg.data)
@@ -343,17 +336,7 @@ class NatsConsumer(Consumer):
         run(release())
 
     def release_unique(self, locks: Sequence[Lock]) -> None:
-        async def release() -> None:
-            for queue, key, message_id, _ in locks:
-
-                def change(old: Any, message_id: str = message_id) -> tuple[Any, None]:
-                    if old is not None and old[0] == message_id:
-                        return None, None
-                    return old, None
-
-                await self.store.cas(f"u.{names.token(queue)}.{names.token(key)}", change)
-
-        run(release())
+        run(self.broker.release_locks(locks))
 
     # -- liveness --------------------------------------------------------------------------
 

@@ -9,9 +9,10 @@ republishes the bytes with one more death in ``Hurtle-Deaths`` and terminates th
 a late acknowledgement from the dead worker then settles nothing.
 
 Poison messages are handled as on the other brokers: a message recovered a second time goes to
-the quarantine subject, whose consumer lets one out at a time (``MaxAckPending`` 1); one let out
-that way whose worker dies holding no other such message becomes a dead letter past
-``max_recoveries`` deaths. JetStream's own redeliveries (``AckWait``, the backstop for a worker
+the quarantine subject, whose consumer lets one out at a time (``MaxAckPending`` 1); one whose
+worker dies holding it alone, or holding no other message let out that way, becomes a dead
+letter past ``max_recoveries`` deaths (``write_dead``: the broker's ``write_lost``, which ends
+what waits on it). JetStream's own redeliveries (``AckWait``, the backstop for a worker
 that died before its record named what it took) count as deaths too.
 """
 
@@ -24,6 +25,7 @@ from typing import Any
 
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 
+from ..common import lost_reason
 from . import names
 from .store import WORKERS_BUCKET, Store
 
@@ -69,6 +71,7 @@ async def recover_held(
     msgs = await asyncio.gather(*(stored(stream, seq) for _, stream, _, _, seq in parsed))
     alive = [(p, m) for p, m in zip(parsed, msgs, strict=True) if m is not None]
     lone = sum(_level(p[2]) == names.QUARANTINE for p, _ in alive) == 1
+    alone = len(alive) == 1  # the only message its worker held: the only suspect
     publish: list[tuple[str, bytes, dict[str, str] | None]] = []
     dead: dict[str, list[tuple[bytes, str]]] = {}
     queues: list[str] = []
@@ -79,14 +82,8 @@ async def recover_held(
         deaths = int(headers.get(names.DEATHS, "0")) + delivered
         priority = headers.get(names.PRIORITY, level)
         raw = bytes(msg.data or b"")
-        if level == names.QUARANTINE and lone and deaths > max_recoveries:
-            dead.setdefault(queue, []).append(
-                (
-                    raw,
-                    f"its worker died {deaths} times while holding it (max_recoveries is "
-                    f"{max_recoveries})",
-                )
-            )
+        if (alone or (level == names.QUARANTINE and lone)) and deaths > max_recoveries:
+            dead.setdefault(queue, []).append((raw, lost_reason(deaths, max_recoveries)))
             continue
         target = names.QUARANTINE if deaths >= 2 else priority
         out = {

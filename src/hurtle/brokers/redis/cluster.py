@@ -38,9 +38,10 @@ What makes that possible, and what differs from one server:
 * Workflows: a step's keys span slots (the worker's queue, the next link's, the chord's), so
   ``ack_flow`` is a few per-slot round trips per batch instead of one atomic script per step:
   a worker that dies in the middle runs the step again, so a next link or a chord's callback
-  may be published twice, never lost (``lua/chord_count.lua``). A workflow member
-  dead-lettered by recovery has its workflow's record stored by the heartbeat's caller, after
-  the script (``heartbeat.lua`` hands it back).
+  may be published twice, never lost (``lua/chord_count.lua``). A message dead-lettered by
+  recovery has its records (its own, its workflow's) stored by the heartbeat's caller, after
+  the script (``heartbeat.lua`` hands them back); its unique lock, of its queue's slot, ends in
+  the script.
 * Databases: a cluster has only database 0.
 """
 
@@ -63,7 +64,7 @@ import redis
 from ...errors import BrokerError, ConfigurationError
 from ...message import MAX_PRIORITY, Message, check_messages
 from ..base import ChordStep, FlowStep
-from ..common import FLOW_FAILURE_TTL
+from ..common import LOST_TTL
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULT_BUCKET_CUT, RESULTS_CHANNEL, chord_key
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
 from .consumer import MAX_BLOCK, RedisConsumer, _Target
@@ -268,8 +269,8 @@ class RedisClusterBroker(RedisBroker):
 
     _consumer_class = RedisClusterConsumer
     _sharded = True
-    # a workflow record's key has its own slot: heartbeat.lua hands the records back
-    _heartbeat_flow_args = ("", int(FLOW_FAILURE_TTL * 1000), RESULTS_CHANNEL, RESULT_BUCKET_CUT)
+    # a record's key has its own slot: heartbeat.lua hands the records back
+    _heartbeat_flow_args = ("", int(LOST_TTL * 1000), RESULTS_CHANNEL, RESULT_BUCKET_CUT)
 
     def _connect(self, url: str, options: dict[str, Any]) -> None:
         parts = urlsplit(url)

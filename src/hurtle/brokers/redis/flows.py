@@ -20,7 +20,7 @@ import redis
 
 from ...message import MAX_PRIORITY, Message, check_messages
 from ..base import FlowStep
-from ..common import FLOW_FAILURE_TTL
+from ..common import LOST_TTL
 from ..keys import (
     BATCH_BITS,
     BATCH_MASK,
@@ -33,10 +33,11 @@ from ..keys import (
 )
 from .scripts import _publish_keys
 
-#: The extra ``heartbeat.lua`` arguments with which a member it dead-letters fails its workflow.
+#: The extra ``heartbeat.lua`` arguments with which a message it dead-letters gets its records
+#: (its own, its workflow's).
 HEARTBEAT_FLOW_ARGS = (
     RESULT_KEY_PREFIX,
-    int(FLOW_FAILURE_TTL * 1000),
+    int(LOST_TTL * 1000),
     RESULTS_CHANNEL,
     RESULT_BUCKET_CUT,
 )

@@ -25,8 +25,8 @@ class _Workers(_ScriptRunner):
     _sharded: bool
     _dead_index: str
     _index_dead: Callable[[Sequence[Any], str], None]
-    #: ``heartbeat.lua``'s workflow arguments; on a cluster the result prefix is ``''``: the
-    #: script hands the records of failed workflows back, stored by ``_fail_flows``
+    #: ``heartbeat.lua``'s record arguments; on a cluster the result prefix is ``''``: the
+    #: script hands the records of what it dead-lettered back, stored by ``_fail_flows``
     _heartbeat_flow_args: tuple[Any, ...] = HEARTBEAT_FLOW_ARGS
 
     def workers(self) -> list[WorkerReport]:
@@ -98,6 +98,7 @@ class _Workers(_ScriptRunner):
                 k.dead_reason,
                 k.seq,
                 k.inflight_prefix,
+                k.unique,
             )
             commands.append(self._call(self._scripts.heartbeat, keys, args))
         doing = "recording a heartbeat and recovering"
@@ -109,10 +110,10 @@ class _Workers(_ScriptRunner):
         return sum(r[0] for r in results), any(r[1] for r in results)
 
     def _fail_flows(self, failed: list[Any]) -> None:
-        """Store and announce the records (flow id, record, ...) of the workflows whose members
-        a heartbeat dead-lettered: on a cluster, where the script cannot (another slot). The
-        members are dead letters already, so a failure here (``BrokerError``) leaves their
-        workflows without a record: a window a cluster has and one server has not."""
+        """Store and announce the records (id, record, ...) of the messages a heartbeat
+        dead-lettered, and of their workflows: on a cluster, where the script cannot (another
+        slot). The messages are dead letters already, so a failure here (``BrokerError``) leaves
+        their handles without a record: a window a cluster has and one server has not."""
         from .results import _results_commands  # here: results.py imports scripts only
 
         ttl = self._heartbeat_flow_args[1] / 1000

@@ -59,10 +59,12 @@ deletes it once, like a plain insert-then-delete loop:
   message recovered for the first time goes back to the queue; one recovered again waits in
   ``quarantine``, away from the innocent messages it keeps coming back with, and recovery lets
   those out one at a time (a *probe*, recorded in ``probes`` until it is settled or recovered;
-  the next once the previous was fetched). A probe whose dead worker held no other probe (in any
-  queue) was the likely killer: past ``max_recoveries`` deaths it becomes a dead letter ("its
-  worker died N times while holding it"), else it goes back to quarantine. Quarantined messages
-  count as ready in ``stats``.
+  the next once the previous was fetched). A message whose dead worker held nothing else, or a
+  probe whose dead worker held no other probe (in any queue), was the likely killer: past
+  ``max_recoveries`` deaths it becomes a dead letter ("its worker died N times while holding
+  it"), with its records and unique lock ended in the same transaction
+  (``common.dead_ends``), else it goes (back) to quarantine. Quarantined messages count as ready
+  in ``stats``.
 
 Priorities are 0..9 (the task API checks them); a raw ``Message`` outside that range is stored
 at the nearest end.

@@ -1,5 +1,7 @@
 """Recovery: what silent workers held goes back, and messages whose workers keep dying are
-quarantined, let out one at a time, and dead-lettered past ``max_recoveries``."""
+quarantined, let out one at a time, and dead-lettered past ``max_recoveries`` once their worker
+died holding them alone (or no other message let out that way), with what waits on them ended
+in the same transaction (``common.dead_ends``: their records, their unique locks)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import json
 import logging
 import sqlite3
 
-from ..common import flow_failure
+from ..common import dead_ends, lost_reason
 from .connection import _Connection
 from .schema import (
     _IDS,
@@ -81,7 +83,8 @@ class _Recovery(_Connection):
 
     def _sort_out(self, conn: sqlite3.Connection, rows: Rows, now: float) -> Rows:
         """Count a death for each row one dead worker held; quarantine those that died before
-        and dead-letter a lone probe past ``max_recoveries``. Returns the rows to re-queue."""
+        and dead-letter, past ``max_recoveries``, the only suspect: the one row it held, or its
+        one probe. Returns the rows to re-queue."""
         digests = [hashlib.sha1(body).hexdigest() for _, _, _, body in rows]
         probe = [
             conn.execute(
@@ -91,6 +94,7 @@ class _Recovery(_Connection):
             for row, digest in zip(rows, digests, strict=True)
         ]
         lone = sum(probe) == 1  # across all its queues, unlike Redis (one queue per script)
+        alone = len(rows) == 1  # the only message its worker held: the only suspect
         back: Rows = []
         for row, digest, is_probe in zip(rows, digests, probe, strict=True):
             queue, priority, _, body = row
@@ -99,16 +103,18 @@ class _Recovery(_Connection):
                 "ON CONFLICT (queue, digest) DO UPDATE SET n = n + 1 RETURNING n",
                 (queue, digest),
             ).fetchone()[0]
-            if is_probe and lone and deaths > self.max_recoveries:
+            if (alone or (is_probe and lone)) and deaths > self.max_recoveries:
                 conn.execute("DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest))
-                reason = (
-                    f"its worker died {deaths} times while holding it (max_recoveries is "
-                    f"{self.max_recoveries})"
-                )
+                reason = lost_reason(deaths, self.max_recoveries)
                 conn.execute(_INSERT_DEAD, _dead_row(queue, reason, body, now))
-                failed = flow_failure(body, reason)
-                if failed is not None:  # a workflow's member: its workflow fails now
-                    conn.execute(_PUT_RESULT, (failed.id, now + failed.ttl, failed.payload))
+                records, lock = dead_ends(body, reason)
+                for r in records:  # what waits on it ends in the same transaction
+                    conn.execute(_PUT_RESULT, (r.id, now + r.ttl, r.payload))
+                if lock is not None:
+                    conn.execute(
+                        "DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?",
+                        (queue, lock[0], lock[1]),
+                    )
             elif deaths >= 2:
                 conn.execute(
                     "INSERT INTO quarantine (queue, priority, body) VALUES (?, ?, ?)",
