@@ -42,6 +42,7 @@ from .enqueue import BadRequest, Enqueuer, decode_json
 from .login import Login, set_csrf_cookie
 from .names import FORGET_AFTER, IdleQueues, fold_counts
 from .openapi import OPENAPI
+from .reads import READ_TIMEOUT, Reads
 from .security import Access, Guard, clean_token, from_environment
 
 #: Most dead letters one page of the API returns.
@@ -60,6 +61,7 @@ def create_app(
     body_budget: int | None = None,
     allow_unknown_tasks: bool = False,
     forget_after: float = FORGET_AFTER,
+    read_timeout: float = READ_TIMEOUT,
 ) -> Any:
     """The dashboard for ``target`` (an app, or a broker), as an ASGI app to serve or mount.
 
@@ -72,9 +74,14 @@ def create_app(
     tasks, with arguments that fit it, unless ``allow_unknown_tasks`` lets through names the
     dashboard has not the code of (``enqueue.py``). Queues empty and unused for
     ``forget_after`` seconds (an hour; 0: never) are forgotten, and task names the app does not
-    register are counted as ``(other)`` (``names.py``).
+    register are counted as ``(other)`` (``names.py``). A read of the broker that takes more
+    than ``read_timeout`` seconds (5) answers 503 rather than hang (``reads.py``).
     """
-    problem = seconds_problem(forget_after, "forget_after", "a number of seconds (0: never)")
+    problem = seconds_problem(
+        forget_after, "forget_after", "a number of seconds (0: never)"
+    ) or seconds_problem(read_timeout, "read_timeout")
+    if problem is None and not read_timeout > 0:
+        problem = f"read_timeout must be a number of seconds above 0, got {read_timeout!r}"
     if problem is not None:
         raise ConfigurationError(f"create_app: {problem}")
     env_token, env_trust = from_environment()
@@ -85,7 +92,7 @@ def create_app(
         declared = target.queues()
     else:
         broker, declared = target, []
-    dash = _Dashboard(broker, declared, access, sample_every, batch_window)
+    dash = _Dashboard(broker, declared, access, sample_every, batch_window, read_timeout)
     dash.app = target if isinstance(target, Hurtle) else None
     dash.enqueuer = Enqueuer(
         dash.app.tasks if dash.app is not None else None, bool(allow_unknown_tasks)
@@ -240,8 +247,10 @@ class _Dashboard:
         access: Access,
         sample_every: float,
         batch_window: float,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.broker = broker
+        self.reads = Reads(read_timeout)
         self.declared = declared
         self.access = access
         self.sample_every = sample_every
@@ -256,7 +265,12 @@ class _Dashboard:
         self.app: Hurtle | None = None
 
     async def _run(self, fn: Any, *args: Any) -> Any:
+        """A write to the broker, on a thread (unbounded: see ``reads.py``)."""
         return await anyio.to_thread.run_sync(fn, *args)
+
+    async def _read(self, fn: Any, *args: Any) -> Any:
+        """A read of the broker: 503 if it takes more than ``read_timeout`` seconds."""
+        return await self.reads.run(fn, *args)
 
     # -- pages ------------------------------------------------------------------------------
 
@@ -281,18 +295,18 @@ class _Dashboard:
 
     async def overview(self, request: Request) -> Response:
         return _json(
-            await self._run(queries.overview, self.broker, self.rates, self.declared, self.idle)
+            await self._read(queries.overview, self.broker, self.rates, self.declared, self.idle)
         )
 
     async def throughput(self, request: Request) -> Response:
-        await self._run(self.rates.sample)
+        await self._read(self.rates.sample)
         return _json({"every": self.sample_every, "points": list(self.rates.history)})
 
     async def stream(self, request: Request) -> Response:
         async def events() -> AsyncIterator[bytes]:
             yield b"retry: 2000\n\n"
             while True:
-                point, _ = await self._run(self.rates.sample)
+                point, _ = await self._read(self.rates.sample)
                 yield f"event: throughput\ndata: {json.dumps(point)}\n\n".encode()
                 if await request.is_disconnected():
                     return
@@ -305,11 +319,11 @@ class _Dashboard:
         )
 
     async def queues(self, request: Request) -> Response:
-        stats = await self._run(queries.queue_stats, self.broker, self.declared, self.idle)
+        stats = await self._read(queries.queue_stats, self.broker, self.declared, self.idle)
         return _json(queries.queue_rows(stats))
 
     async def tasks(self, request: Request) -> Response:
-        totals = await self._run(self.broker.totals)
+        totals = await self._read(self.broker.totals)
         return _json(queries.count_rows(fold_counts(totals, self.known)))
 
     async def task(self, request: Request) -> Response:
@@ -321,20 +335,20 @@ class _Dashboard:
             if self.app is not None
             else None
         )
-        row = await self._run(queries.task_lookup, self.broker, message_id, keeps)
+        row = await self._read(queries.task_lookup, self.broker, message_id, keeps)
         return _json(row)
 
     async def schedules(self, request: Request) -> Response:
         if self.app is None:
             return _json({"time": time.time(), "known": False, "schedules": []})
-        rows = await self._run(queries.schedule_rows, self.app)
+        rows = await self._read(queries.schedule_rows, self.app)
         return _json({"time": time.time(), "known": True, "schedules": rows})
 
     async def delayed(self, request: Request) -> Response:
-        return _json(await self._run(queries.delayed_rows, self.broker, self.declared))
+        return _json(await self._read(queries.delayed_rows, self.broker, self.declared))
 
     async def workers(self, request: Request) -> Response:
-        _, reports = await self._run(self.rates.sample)
+        _, reports = await self._read(self.rates.sample)
         return _json([queries.worker_row(r) for r in reports])
 
     async def dead_letters(self, request: Request) -> Response:
@@ -348,7 +362,7 @@ class _Dashboard:
             return _error(400, "limit and offset must be whole numbers")
         if not 0 < limit <= MAX_PAGE or offset < 0:
             return _error(400, f"limit must be 1 to {MAX_PAGE} and offset >= 0")
-        dead = await self._run(self.broker.dead_letters, queue, limit, offset)
+        dead = await self._read(self.broker.dead_letters, queue, limit, offset)
         return _json([queries.dead_letter_row(d) for d in dead])
 
     # -- changing ---------------------------------------------------------------------------
@@ -434,5 +448,5 @@ class _Dashboard:
             from .metrics import registry
 
             self._registry = registry(self.broker, self.declared, self.known, self.idle)
-        body, content_type = await self._run(render, self._registry)
+        body, content_type = await self._read(render, self._registry)
         return Response(body, media_type=content_type)
