@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import signal
 import subprocess
 import threading
 import time
@@ -181,6 +182,52 @@ def test_consumption_goes_on_when_a_master_is_killed_and_its_replica_promoted(
         project.app.close()
     done = collections.Counter(project.lines("done"))
     assert set(done) == {str(i) for i in range(total)}  # nothing published was lost
+
+
+def test_a_publish_its_replica_never_got_is_lost_in_a_failover_and_wait_replicas_says_so(
+    make_redis_cluster: type[RedisClusterServer],
+) -> None:
+    # The window that ?wait_replicas closes, held open: the queue's replica is stopped and cut
+    # off from its master, a publish is acknowledged by the master alone, the master dies and
+    # the replica (resumed) is promoted without it. A publish with WAIT in the same window
+    # raises instead of returning.
+    cluster = make_redis_cluster()
+    queue = "default"
+    master = cluster.master_of(queue_keys(queue).wake)
+    replica = int(cluster.replication(master)["slave0"].split("port=")[1].split(",")[0])
+    plain = make_broker(cluster.url)
+    waiting = make_broker(cluster.url + "?wait_replicas=1&wait_timeout=0.2")
+    try:
+        waiting.publish_raw(queue, [b"replicated"])
+        cluster.procs[replica].send_signal(signal.SIGSTOP)
+        try:
+            subprocess.run(
+                cluster.cli("-p", str(master), "client", "kill", "type", "replica"),
+                check=True,
+                capture_output=True,
+                timeout=10,
+            )
+            plain.publish_raw(queue, [b"acknowledged by the master alone"])  # returns
+            with pytest.raises(BrokerError, match="only 0 of the 1 replicas"):
+                waiting.publish_raw(queue, [b"waited"])
+            cluster.kill(master)
+        finally:
+            cluster.procs[replica].send_signal(signal.SIGCONT)
+        cluster.wait_ok(60)
+        assert cluster.master_of(queue_keys(queue).wake) == replica
+        promoted = make_broker(cluster.url)
+        try:
+            consumer = promoted.consumer([queue])
+            got = [d.raw for d in consumer.fetch(10, 1)]
+            consumer.close()
+        finally:
+            promoted.close()
+    finally:
+        plain.close()
+        waiting.close()
+    # the publish that returned without WAIT is gone; the one with WAIT raised (it had been
+    # stored on the master, and went with it)
+    assert got == [b"replicated"]
 
 
 def test_result_waiters_hear_announcements_after_the_channels_master_fails_over(
