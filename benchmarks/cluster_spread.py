@@ -7,11 +7,11 @@ what each server spent on it, per task.
 Starts its own servers on free ports of 127.0.0.1 (no persistence): one ``redis-server``, and a
 Redis Cluster of three masters (``--replicas`` replicas each) made by ``redis-cli --cluster
 create``; picks three queue names whose slots fall on the three masters (``CLUSTER KEYSLOT``,
-``CLUSTER SLOTS``). For each scenario and each of the two, it starts three solo workers, one
-per queue, with the queues paused; once they wait, idle, it publishes N tasks with
-``send_many`` in batches of ``--batch``, in turn to the three queues, from this process; then
-resumes the queues and waits until the workers have emptied them. Around each phase it reads
-every server's ``INFO cpu`` (``used_cpu_sys`` + ``used_cpu_user``, less the server's idle
+``CLUSTER SLOTS``). For each scenario and each of the two, it starts ``--workers`` solo workers
+per queue (one by default), with the queues paused; once they wait, idle, it publishes N tasks
+with ``send_many`` in batches of ``--batch``, in turn to the three queues, from this process;
+then resumes the queues and waits until the workers have emptied them. Around each phase it
+reads every server's ``INFO cpu`` (``used_cpu_sys`` + ``used_cpu_user``, less the server's idle
 rate, measured first, times the phase's length) and ``INFO commandstats``, and prints them per
 task. The workers' CPU comes from ``/proc/PID/task/*/schedstat`` (Linux), the publisher's from
 ``process_time``.
@@ -38,12 +38,9 @@ the machine at hand: a network changes what each round trip costs, not how many 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import importlib.util
-import itertools
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -51,25 +48,17 @@ import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from cluster_keys import GLOBAL_KEYS, Seen, print_monitored
+
 import redis
 from hurtle import Hurtle
 from hurtle.bench.harness.servers import RedisClusterServer, RedisServer
-from hurtle.brokers.keys import (
-    DEAD_INDEX,
-    QUEUES,
-    RESULT_KEY_PREFIX,
-    RESULTS_CHANNEL,
-    TOTALS,
-    WORKER_DEADLINES,
-    WORKER_REPORT,
-    queue_keys,
-)
-from hurtle.brokers.redis import _get_scripts
+from hurtle.brokers.keys import queue_keys
 
 TASKS = textwrap.dedent(
     """
@@ -99,17 +88,10 @@ TASKS = textwrap.dedent(
     """
 )
 SCENARIOS = ("bare", "results", "unique", "dead")
-#: Keys outside any queue, by what they hold.
-GLOBAL_KEYS = {
-    QUEUES: "known queues",
-    WORKER_DEADLINES: "worker deadlines",
-    TOTALS: "totals",
-    DEAD_INDEX: "dead-letter index",
-    RESULTS_CHANNEL: "results channel",
-}
-SCRIPTS = {s.sha: s.name for s in _get_scripts().all()}
 #: The client name of this script's own connections (pause, resume, stats, workers).
 CONTROL = "cluster-spread-control"
+#: Seconds between two looks at whether the workers have emptied the queues.
+POLL = 0.05
 #: Seconds to wait for a server, a cluster or a worker.
 DEADLINE = 600.0
 
@@ -226,8 +208,10 @@ def load_tasks(workdir: Path, url: str) -> ModuleType:
     return module
 
 
-def start_workers(workdir: Path, url: str, queues: list[str]) -> list[subprocess.Popen[bytes]]:
-    """A solo worker per queue, its output in ``workers.log``."""
+def start_workers(
+    workdir: Path, url: str, queues: list[str], each: int
+) -> list[subprocess.Popen[bytes]]:
+    """``each`` solo workers per queue, their output in ``workers.log``."""
     env = {**os.environ, "HURTLE_BROKER_URL": url, "PYTHONPATH": str(workdir)}
     with (workdir / "workers.log").open("ab") as out:
         return [
@@ -242,6 +226,7 @@ def start_workers(workdir: Path, url: str, queues: list[str]) -> list[subprocess
                 stderr=subprocess.STDOUT,
             )
             for q in queues
+            for _ in range(each)
         ]
 
 
@@ -270,6 +255,8 @@ class Run:
     consume: dict[int, Spent]
     publisher_cpu: float
     worker_cpu: list[float]
+    #: wall-clock seconds of each phase (the consume phase's to within ``POLL``)
+    walls: tuple[float, float]
     #: (port, address) of this script's own connections
     controls: set[tuple[int, str]]
 
@@ -286,16 +273,16 @@ def run(scenario: str, url: str, nodes: list[Node], queues: list[str], n: int, a
     control = Hurtle(url + ("&" if "?" in url else "?") + f"client_name={CONTROL}")
     for q in queues:
         control.pause(q)
-    workers = start_workers(args.workdir, url, queues)
+    workers = start_workers(args.workdir, url, queues, args.workers)
     try:
         wait_for(lambda: len(control.broker.workers()) == len(workers), "the workers to start")
         time.sleep(1.0)  # into their idle wait
         r0 = {nd.port: Spent.reading(nd) for nd in nodes}
-        cpu0 = time.process_time()
+        cpu0, t0 = time.process_time(), time.monotonic()
         for sent in range(0, n, args.batch):
             calls = [(i,) for i in range(sent, min(sent + args.batch, n))]
             bound[(sent // args.batch) % len(bound)].send_many(calls)
-        publisher_cpu = time.process_time() - cpu0
+        publisher_cpu, t1 = time.process_time() - cpu0, time.monotonic()
         r1 = {nd.port: Spent.reading(nd) for nd in nodes}
         w1 = [cpu_seconds(w.pid) for w in workers]
         for q in queues:
@@ -305,7 +292,8 @@ def run(scenario: str, url: str, nodes: list[Node], queues: list[str], n: int, a
             left = control.broker.stats(queues).values()
             return not any(s.ready or s.in_flight or s.delayed for s in left)
 
-        wait_for(drained, "the workers to empty the queues")
+        wait_for(drained, "the workers to empty the queues", POLL)
+        t2 = time.monotonic()
         r2 = {nd.port: Spent.reading(nd) for nd in nodes}
         w2 = [cpu_seconds(w.pid) for w in workers]
         controls = {
@@ -327,60 +315,9 @@ def run(scenario: str, url: str, nodes: list[Node], queues: list[str], n: int, a
         {p: r2[p].minus(r1[p], idle[p]) for p in r0},
         publisher_cpu,
         [b - a for a, b in zip(w1, w2, strict=True)],
+        (t1 - t0, t2 - t1),
         controls,
     )
-
-
-def key_label(key: str | None, queues: list[str]) -> str:
-    """What kind of key ``key`` is: a queue's, a results bucket, one of the global keys."""
-    if key is None:
-        return "no key: connections, cluster map"
-    if key.startswith("hurtle:{"):
-        tag = key[8 : key.find("}")]
-        return "the queue's keys" if tag in queues else f"{{{tag}}}"
-    if key.startswith(RESULT_KEY_PREFIX):
-        return "results buckets"
-    if key.startswith(WORKER_REPORT):
-        return "worker reports"
-    return GLOBAL_KEYS.get(key, key)
-
-
-@dataclass
-class Seen:
-    """What ``MONITOR`` showed on one master: per (key kind, command or script), the calls
-    clients sent; per key kind, the calls scripts made; per connection, what it sent."""
-
-    sent: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter)
-    inside: collections.Counter[str] = field(default_factory=collections.Counter)
-    by_conn: dict[str, collections.Counter[tuple[str, str]]] = field(default_factory=dict)
-
-    def add(self, line: bytes, queues: list[str], skip: set[str]) -> None:
-        """Count one line of ``MONITOR``, unless a connection in ``skip`` sent it."""
-        source = _SOURCE.search(line)
-        tokens = [t.group(1).decode("latin-1") for t in itertools.islice(_TOKEN.finditer(line), 4)]
-        if source is None or not tokens or source.group(1).decode() in skip:
-            return
-        cmd = tokens[0].lower()
-        if cmd in ("monitor", "info", "cluster", "client", "flushall", "command", "hello", "ping"):
-            key = None
-        elif cmd in ("evalsha", "eval"):
-            key = tokens[3] if len(tokens) > 3 and tokens[2] != "0" else None
-            cmd = SCRIPTS[tokens[1]] + ".lua" if tokens[1] in SCRIPTS else cmd
-        else:
-            key = tokens[1] if len(tokens) > 1 else None
-        label = key_label(key, queues)
-        if source.group(1) == b"lua":
-            self.inside[label] += 1
-            return
-        if key is None:
-            cmd = "(all)"
-        self.sent[label, cmd] += 1
-        conn = source.group(1).decode()
-        self.by_conn.setdefault(conn, collections.Counter())[label, cmd] += 1
-
-
-_TOKEN = re.compile(rb'"((?:[^"\\]|\\.)*)"')
-_SOURCE = re.compile(rb"\[\d+ ([^\]]+)\]")
 
 
 def monitored(scenario: str, servers: Servers, queues: list[str], args: Any) -> dict[int, Seen]:
@@ -443,47 +380,12 @@ def print_spent(n: int, single: Node, servers: Servers, one: Run, many: Run) -> 
     )
     print()
     for label, r in (("one Redis", one), ("cluster", many)):
-        workers = ", ".join(_us(c, n // 3) for c in r.worker_cpu)
+        workers = ", ".join(_us(c, n // len(r.worker_cpu)) for c in r.worker_cpu)
         print(
             f"- {label}: publisher {_us(r.publisher_cpu, n)} CPU µs/task; workers "
-            f"{workers} CPU µs per task of their queue"
+            f"{workers} CPU µs per task they ran (if shared evenly); wall clock: published "
+            f"{n / r.walls[0]:,.0f}/s, consumed {n / r.walls[1]:,.0f}/s"
         )
-
-
-def print_monitored(m: int, servers: Servers, seen: dict[int, Seen], many: Run, batch: int) -> None:
-    """Calls per publish batch (``batch`` tasks), by key kind and command, on each master;
-    for plain commands, what one call took in the timed run (every call of that command on
-    that master, inside scripts too)."""
-    masters = servers.masters
-    print(
-        f"\nCommands sent to each master by key, per {batch:,} tasks (one publish batch): "
-        f"MONITOR, {m:,} tasks; (µs per call of that command on that master)\n"
-    )
-    print("| keys | command | " + " | ".join(nd.label for nd in masters) + " |")
-    print("| --- | --- |" + " ---: |" * len(masters))
-
-    def cell(nd: Node, calls: int, cmd: str) -> str:
-        if not calls:
-            return ""
-        spent = (many.publish[nd.port] + many.consume[nd.port]).commands.get(cmd)
-        each = f" ({spent[1] / spent[0]:.1f})" if spent else ""
-        return f"{calls * batch / m:.1f}{each}"
-
-    for label, cmd in sorted({k for nd in masters for k in seen[nd.port].sent}):
-        cells = [cell(nd, seen[nd.port].sent[label, cmd], cmd) for nd in masters]
-        print(f"| {label} | {cmd} | " + " | ".join(cells) + " |")
-    for label in sorted({k for nd in masters for k in seen[nd.port].inside}):
-        if label != "the queue's keys" and not label.startswith("no key"):
-            cells = [cell(nd, seen[nd.port].inside[label], "") for nd in masters]
-            print(f"| {label} | (by scripts) | " + " | ".join(cells) + " |")
-    cells = []
-    for nd in masters:
-        conns = seen[nd.port].by_conn
-        total = sum(sum(c.values()) for c in conns.values()) or 1
-        busiest = max(conns.values(), key=lambda c: sum(c.values()), default=collections.Counter())
-        what = ", ".join(f"{cmd}" for (_, cmd), _ in busiest.most_common(2))
-        cells.append(f"{len(conns)}; busiest {sum(busiest.values()) / total:.0%} ({what})")
-    print("| connections | sent by | " + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -492,6 +394,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000, help="tasks per send_many")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated")
     parser.add_argument("--replicas", type=int, default=0, help="replicas per master")
+    parser.add_argument("--workers", type=int, default=1, help="solo workers per queue")
     parser.add_argument(
         "--monitor-tasks", type=int, default=9000, help="tasks of the MONITOR pass (0: none)"
     )
@@ -502,6 +405,7 @@ def main() -> None:
         or args.tasks < 3
         or args.batch < 1
         or args.replicas < 0
+        or args.workers < 1
         or args.monitor_tasks < 0
     ):
         parser.error(f"scenarios are {', '.join(SCENARIOS)}; -n >= 3, --batch >= 1")
@@ -530,8 +434,8 @@ def report(servers: Servers, args: Any) -> None:
     single_url = f"redis://127.0.0.1:{single.port}/0"
     cluster_url = servers.cluster_url
     print(
-        f"# {n:,} tasks per scenario, send_many batches of {args.batch:,}, three solo workers "
-        f"(one per queue); three masters, {args.replicas} replicas each"
+        f"# {n:,} tasks per scenario, send_many batches of {args.batch:,}, {args.workers} solo "
+        f"worker(s) per queue; three masters, {args.replicas} replica(s) each"
     )
     version = single.client.info("server")["redis_version"]
     print(f"\nRedis {version}, Python {sys.version.split()[0]}, {os.cpu_count()} cores\n")
@@ -553,7 +457,7 @@ def report(servers: Servers, args: Any) -> None:
         print_spent(n, single, servers, one, many)
         if args.monitor_tasks:
             seen = monitored(scenario, servers, queues, args)
-            print_monitored(args.monitor_tasks, servers, seen, many, args.batch)
+            print_monitored(args.monitor_tasks, servers.masters, seen, many, args.batch)
 
 
 if __name__ == "__main__":
