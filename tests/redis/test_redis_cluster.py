@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import signal
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ from hurtle.brokers import StoredResult, make_broker
 from hurtle.brokers.keys import RESULTS_CHANNEL, queue_keys
 from hurtle.brokers.redis import RedisClusterConsumer
 from hurtle.errors import BrokerError, ConfigurationError
+from hurtle.message import message_id
 from test_cli import TASKS
 
 pytest.importorskip("redis")
@@ -110,6 +112,47 @@ def test_a_consumer_of_queues_on_several_masters_waits_on_each_while_idle_only(
         broker.close()
 
 
+def _getkeys_calls(cluster: RedisClusterServer) -> int:
+    """``COMMAND GETKEYS`` calls so far, on every node (``INFO commandstats``)."""
+    total = 0
+    for port in cluster.procs:
+        out = subprocess.run(
+            cluster.cli("-p", str(port), "info", "commandstats"),
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        for line in out.splitlines():
+            if line.startswith("cmdstat_command|getkeys:"):
+                total += int(line.split("calls=")[1].split(",")[0])
+    return total
+
+
+def test_scripts_in_a_pipeline_go_to_the_master_of_their_keys_and_nowhere_else(
+    make_redis_cluster: type[RedisClusterServer], tmp_path: Path
+) -> None:
+    # A script's keys are in its arguments: asking a node which keys they are (COMMAND
+    # GETKEYS, with the whole batch of messages) would send every batch to that node too.
+    cluster = make_redis_cluster()
+    queues = _queues_on_every_master(cluster)
+    project = Project(tmp_path, TASKS, ("tasks.add",), cluster.url)
+    try:
+        add = project.app.tasks["tasks.add"]
+        add.options(queue=queues[0]).send_many([(1, 2)])  # connected: the client's map learnt
+        before = _getkeys_calls(cluster)
+        for q in queues:
+            add.options(queue=q).send_many([(i, i) for i in range(100)])
+        consumer = project.app.broker.consumer(queues)
+        taken = consumer.fetch(1000, 1)
+        consumer.ack(taken, [StoredResult(message_id(taken[0].raw), b"1", 60.0)])
+        consumer.close()
+        assert taken
+        assert _getkeys_calls(cluster) == before
+    finally:
+        project.app.close()
+
+
 def test_a_cluster_url_with_a_database_is_refused(redis_cluster: RedisClusterServer) -> None:
     with pytest.raises(ConfigurationError, match="only database 0"):
         make_broker(redis_cluster.url + "/3")
@@ -181,6 +224,53 @@ def test_consumption_goes_on_when_a_master_is_killed_and_its_replica_promoted(
         project.app.close()
     done = collections.Counter(project.lines("done"))
     assert set(done) == {str(i) for i in range(total)}  # nothing published was lost
+
+
+def test_a_publish_its_replica_never_got_is_lost_in_a_failover_and_wait_replicas_says_so(
+    make_redis_cluster: type[RedisClusterServer],
+) -> None:
+    # The window that ?wait_replicas closes, held open: the queue's replica is stopped and cut
+    # off from its master, a publish is acknowledged by the master alone, the master dies and
+    # the replica (resumed) is promoted without it. A publish with WAIT in the same window
+    # raises instead of returning.
+    cluster = make_redis_cluster()
+    queue = "default"
+    master = cluster.master_of(queue_keys(queue).wake)
+    replica = int(cluster.replication(master)["slave0"].split("port=")[1].split(",")[0])
+    plain = make_broker(cluster.url)
+    waiting = make_broker(cluster.url + "?wait_replicas=1&wait_timeout=0.2")
+    try:
+        with make_broker(cluster.url + "?wait_replicas=1&wait_timeout=30") as patient:
+            patient.publish_raw(queue, [b"replicated"])  # on the replica, however loaded
+        cluster.procs[replica].send_signal(signal.SIGSTOP)
+        try:
+            subprocess.run(
+                cluster.cli("-p", str(master), "client", "kill", "type", "replica"),
+                check=True,
+                capture_output=True,
+                timeout=10,
+            )
+            plain.publish_raw(queue, [b"acknowledged by the master alone"])  # returns
+            with pytest.raises(BrokerError, match="only 0 of the 1 replicas"):
+                waiting.publish_raw(queue, [b"waited"])
+            cluster.kill(master)
+        finally:
+            cluster.procs[replica].send_signal(signal.SIGCONT)
+        cluster.wait_ok(60)
+        assert cluster.master_of(queue_keys(queue).wake) == replica
+        promoted = make_broker(cluster.url)
+        try:
+            consumer = promoted.consumer([queue])
+            got = [d.raw for d in consumer.fetch(10, 1)]
+            consumer.close()
+        finally:
+            promoted.close()
+    finally:
+        plain.close()
+        waiting.close()
+    # the publish that returned without WAIT is gone; the one with WAIT raised (it had been
+    # stored on the master, and went with it)
+    assert got == [b"replicated"]
 
 
 def test_result_waiters_hear_announcements_after_the_channels_master_fails_over(

@@ -1,6 +1,6 @@
-"""The servers a benchmark runs against: a throwaway ``redis-server`` or ``nats-server`` (free
-port, temp dir, no persistence), the one-or-given Redis of a run, and emptying a store between
-rows."""
+"""The servers a benchmark runs against: a throwaway ``redis-server``, Redis Cluster or
+``nats-server`` (free ports, temp dirs, no persistence), the one-or-given Redis of a run, and
+emptying a store between rows."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -24,17 +25,30 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_cluster_port() -> int:
+    """A free port whose Redis Cluster bus port (+10000) is free too."""
+    for _ in range(1000):
+        port = free_port()
+        with socket.socket() as s, contextlib.suppress(OSError):
+            if port <= 55535:
+                s.bind(("127.0.0.1", port + 10000))
+                return port
+    raise ConfigurationError("no free port pair (port, port + 10000) for a Redis Cluster node")
+
+
 class RedisServer:
     """Starts ``redis-server`` on 127.0.0.1 with no RDB and no AOF; ``stop()`` removes it all."""
 
-    def __init__(self, binary: str = "redis-server") -> None:
+    def __init__(
+        self, binary: str = "redis-server", *, port: int = 0, extra: Sequence[str] = ()
+    ) -> None:
         path = shutil.which(binary)
         if path is None:
             raise ConfigurationError(
                 f"{binary} is not on PATH: install Redis (apt-get install redis-server) "
                 "or pass --redis-url"
             )
-        self.port = free_port()
+        self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="hurtle-bench-redis-"))
         self.proc = subprocess.Popen(
             [
@@ -55,6 +69,7 @@ class RedisServer:
                 "no",
                 "--loglevel",
                 "warning",
+                *extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -70,6 +85,67 @@ class RedisServer:
     def stop(self) -> None:
         stop(self.proc)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisClusterServer:
+    """A Redis Cluster of ``masters`` masters with ``replicas`` replicas each, every node a
+    ``RedisServer`` with ``cluster-enabled``, joined by ``redis-cli --cluster create``; ``url``
+    names its first node, ``masters`` and ``replicas`` list their ports."""
+
+    def __init__(self, masters: int = 3, replicas: int = 0) -> None:
+        if shutil.which("redis-cli") is None:
+            raise ConfigurationError("redis-cli is not on PATH: install Redis (redis-tools)")
+        self.nodes: list[RedisServer] = []
+        cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        try:
+            for _ in range(masters * (1 + replicas)):
+                self.nodes.append(RedisServer(port=free_cluster_port(), extra=cluster))
+            ports = [str(n.port) for n in self.nodes]
+            subprocess.run(
+                [
+                    *("redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports)),
+                    *("--cluster-replicas", str(replicas), "--cluster-yes"),
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            deadline = time.monotonic() + 60
+            while not all(_cluster_node_ok(n.port) for n in self.nodes):
+                if time.monotonic() > deadline:
+                    raise ConfigurationError("the Redis Cluster did not become ok within 60 s")
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
+        self.url = f"redis+cluster://127.0.0.1:{self.nodes[0].port}"
+        roles = {n.port: _role(n.port) for n in self.nodes}
+        self.masters = sorted(p for p, r in roles.items() if r == "master")
+        self.replicas = sorted(p for p, r in roles.items() if r != "master")
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def _role(port: int) -> str:
+    import redis
+
+    return str(redis.Redis(port=port, decode_responses=True).info("replication")["role"])
+
+
+def _cluster_node_ok(port: int) -> bool:
+    """Whether the node at ``port`` sees every slot served, and (a replica) is in sync."""
+    import redis
+
+    client = redis.Redis(port=port, decode_responses=True)
+    info, replication = client.cluster("info"), client.info("replication")
+    client.close()
+    return bool(
+        info.get("cluster_state") == "ok"
+        and int(info["cluster_slots_ok"]) == 16384
+        and (replication["role"] == "master" or replication.get("master_link_status") == "up")
+    )
 
 
 class NatsServer:

@@ -12,7 +12,10 @@ What makes that possible, and what differs from one server:
   by a suffix after the hash tag (``lua/_lib.lua``), which keeps the slot. Worker-wide keys
   (reports, deadlines, counters, the set of queues, results, limits) are written by plain
   commands or by scripts of their own slot, never from a queue's script. A pipeline goes out as
-  one batch per master (redis-py's cluster pipeline), not as one round trip.
+  one batch per master (redis-py's cluster pipeline), not as one round trip; a script in it
+  goes by the slot of its first key, as a script sent alone does (redis-py 7 and later would
+  otherwise ask a node for its keys with ``COMMAND GETKEYS``, sending every batch of messages
+  to that node as well: ``_ScriptsByKey``).
 * Waiting for messages. One ``BLPOP`` cannot wait on the wake lists of several queues (several
   slots). A consumer keeps one connection per queue, to the master serving that queue, sends a
   ``BLPOP`` on each, and waits on their sockets together (``select``): the first token that
@@ -90,7 +93,10 @@ class _Cluster(RedisCluster):
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         parent: Any = super()
-        return _Pipeline(parent.pipeline(transaction, shard_hint))
+        pipe = parent.pipeline(transaction, shard_hint)
+        if _SCRIPTS_BY_KEY is not None and hasattr(pipe, "_policy_resolver"):
+            pipe._policy_resolver = _SCRIPTS_BY_KEY
+        return _Pipeline(pipe)
 
     def get_node_from_key(self, key: Any, replica: bool = False) -> Any:
         parent: Any = super()
@@ -98,6 +104,33 @@ class _Cluster(RedisCluster):
             return parent.get_node_from_key(key, replica)
         except RedisClusterException as err:
             raise _unreachable(err) from err
+
+
+def _scripts_by_key() -> Any:
+    """redis-py's own routing policies, with ``EVAL`` and ``EVALSHA`` routed by their keys
+    (``numkeys`` and the keys after it), as its cluster client does for a command sent alone.
+    Without this, its cluster pipeline (redis-py 7 and later) finds a script's keys with a
+    ``COMMAND GETKEYS`` round trip to one node, carrying the script's every argument. ``None``
+    with a redis-py without routing policies: its pipeline routes scripts by their keys."""
+    try:
+        from redis._parsers.commands import CommandPolicies, RequestPolicy, ResponsePolicy
+        from redis.commands.policies import StaticPolicyResolver
+    except ImportError:
+        return None
+    keyed = CommandPolicies(
+        request_policy=RequestPolicy.DEFAULT_KEYED, response_policy=ResponsePolicy.DEFAULT_KEYED
+    )
+
+    class _ScriptsByKey(StaticPolicyResolver):
+        def resolve(self, command_name: str) -> Any:
+            if command_name in ("evalsha", "eval"):
+                return keyed
+            return super().resolve(command_name)
+
+    return _ScriptsByKey()
+
+
+_SCRIPTS_BY_KEY = _scripts_by_key()
 
 
 class _Pipeline:
