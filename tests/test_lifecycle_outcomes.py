@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 import pytest
@@ -14,6 +14,7 @@ import pytest
 from hurtle import Hurtle, Message, TaskFailed, group
 from hurtle.brokers import Consumer, Delivery, FlowStep, Lock, StoredResult
 from hurtle.errors import EncodeError
+from hurtle.message import lock_of
 from hurtle.worker import worker as worker_module
 from hurtle.worker.acker import Acker
 from hurtle.worker.processor import Processor
@@ -396,3 +397,52 @@ def test_the_acker_retries_an_unreachable_broker_but_not_a_refusal() -> None:
     assert unreachable(wrapped(redis.TimeoutError("Timeout reading from socket")))
     assert unreachable(wrapped(redis.BusyLoadingError("Redis is loading the dataset")))
     assert not unreachable(wrapped(redis.ResponseError("ERR Error running script")))
+
+
+class LockWatchingConsumer(RefusingConsumer):
+    """A real memory consumer that, as each dead letter is written, asks whether the call's
+    unique lock still holds: by sending the same call again, as a user would."""
+
+    def __init__(self, inner: Consumer, send_again: Callable[[], str]) -> None:
+        super().__init__(inner, set())
+        self.send_again = send_again
+        self.lock_free_at_dead_letter: list[bool] = []
+        self.first_id = ""
+
+    def _look(self) -> None:
+        self.lock_free_at_dead_letter.append(self.send_again() != self.first_id)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self._look()
+        self.inner.dead_letter(delivery, reason)
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        self._look()
+        self.inner.dead_letter_many(items)
+
+
+@pytest.mark.parametrize("one_by_one", [True, False])
+def test_a_dead_letters_unique_lock_has_ended_when_the_dead_letter_is_written(
+    app: Hurtle, one_by_one: bool
+) -> None:
+    # no one may see a dead letter whose call, sent again, still finds the old lock
+    @app.task(name="once", unique_for=60, retries=0)
+    def once(x: int) -> None: ...
+
+    first = once.send(1)
+    inner = app.broker.consumer(["default"], "w-locks")
+    watching = LockWatchingConsumer(inner, lambda: once.send(1).id)
+    watching.first_id = first.id
+    [delivery] = inner.fetch(10, 1.0)
+    acker = Acker(watching)
+    message = Message.decode(delivery.raw)
+    lock = lock_of(message)
+    assert lock is not None
+    acker.end_unique("default", lock[0], message.id, lock[1])
+    if one_by_one:
+        acker.dead_letter(delivery, "failed for good")
+    else:
+        acker.dead_letter_many([(delivery, "expired")])
+    assert acker.flush()
+    assert watching.lock_free_at_dead_letter == [True]
+    assert len(app.broker.dead_letters("default")) == 1

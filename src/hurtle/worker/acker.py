@@ -87,6 +87,9 @@ class Acker:
         self._defers: deque[tuple[Delivery, float]] = deque()
         self._slots: deque[tuple[str, int]] = deque()
         self._uniques: deque[Lock] = deque()
+        # the locks of messages about to become dead letters: ended before any dead letter of
+        # the flush, so that no one sees a dead letter whose lock still holds
+        self._ending: deque[Lock] = deque()
         # and a batch's locks in columns (``UniqueLocks``), as ``after_calls`` makes them
         self._lock_batches: deque[UniqueLocks] = deque()
         #: dead letters recorded together, one broker call per flush: (delivery, reason)
@@ -206,6 +209,11 @@ class Acker:
         if locks:
             self._lock_batches.append(locks)
 
+    def end_unique(self, queue: str, key: str, message_id: str, until: float) -> None:
+        """End the unique lock of a message about to become a dead letter, in the next flush,
+        before that flush writes any dead letter."""
+        self._ending.append((queue, key, message_id, until))
+
     def release_uniques(self, locks: list[Lock]) -> None:
         """``release_unique`` for a batch of (queue, lock, message id, until)."""
         self._uniques.extend(locks)
@@ -228,6 +236,7 @@ class Acker:
                 + len(self._defers)
                 + len(self._slots)
                 + len(self._uniques)
+                + len(self._ending)
                 + len(self._lock_batches)  # (batches: locks the acker still has to give back)
                 + len(self._dead)
             )
@@ -274,6 +283,18 @@ class Acker:
                         len(records),
                         err,
                     )
+        if self._ending and error is None:
+            ending = _take(self._ending)
+            try:
+                self.consumer.release_unique(ending)
+            except Exception as err:
+                if unreachable(err):  # no dead letter before its lock ends: both wait
+                    error = err
+                    kept, ops = kept + ops, []
+                    self._ending.extendleft(reversed(ending))
+                else:
+                    self.dropped += len(ending)
+                    log.error("the broker refused to end %d unique locks (%s)", len(ending), err)
         for i, op in enumerate(ops):
             try:
                 op.apply(self.consumer)
@@ -352,6 +373,7 @@ class Acker:
             and not self._defers
             and not self._flows
             and not self._dead
+            and not self._ending
         )
 
     def _flush_flows(self) -> int:
@@ -382,7 +404,21 @@ class Acker:
         closes; slots and locks end by themselves with the worker's deadline or
         ``unique_for``)."""
         settled = 0
+        if self._dead:  # records handed over since this flush began go before the dead letters
+            with self._lock:
+                records, self._records = self._records, []
+            if records:
+                try:
+                    self.consumer.ack((), records)
+                except Exception as err:
+                    if unreachable(err):  # no dead letter before its record: both wait
+                        with self._lock:
+                            self._records[:0] = records
+                        log.warning("could not store %d records, will retry: %s", len(records), err)
+                        return settled
+                    log.error("the broker refused to store %d results (%s)", len(records), err)
         calls = (
+            (self._ending, self.consumer.release_unique, "unique locks of dead letters ended"),
             (self._dead, self.consumer.dead_letter_many, "dead letters"),
             (self._defers, self.consumer.defer_many, "deferrals"),
             (self._slots, self.consumer.release_slots, "concurrency slots given back"),

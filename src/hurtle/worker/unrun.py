@@ -76,7 +76,7 @@ class NotRun:
                 for r in records:
                     self.acker.store_result(r.id, r.payload, r.ttl)
                 if lock is not None:
-                    self.acker.release_unique(*lock)
+                    self.acker.end_unique(*lock)
         if late is not None:
             late.append((delivery, reason))
         else:
