@@ -280,6 +280,36 @@ class Keyring:
         return run
 
 
+def readable_call(
+    task: str, args: Sequence[Any], kwargs: dict[str, Any], keyring: Keyring | None
+) -> tuple[list[Any], dict[str, Any]]:
+    """A call's arguments as shown to people (the dashboard, ``hurtle dead``): opened with
+    ``keyring`` when they are sealed and it can, else the sealed value as its text
+    (``sealed (key 3f2a9c01)``)."""
+    if len(args) == 1 and not kwargs and is_sealed(args[0]):
+        if keyring is not None:
+            try:
+                opened, keywords = keyring.open_call(task, args[0])
+                return list(opened), dict(keywords)
+            except (SealError, msgspec.DecodeError, msgspec.ValidationError):
+                pass
+        return [shown(args[0])], {}
+    return list(args), dict(kwargs)
+
+
+def readable_value(task: str, value: Any, keyring: Keyring | None) -> Any:
+    """A result as shown to people: opened with ``keyring`` when it is sealed and it can,
+    else its text (``sealed (key 3f2a9c01)``)."""
+    if not is_sealed(value):
+        return value
+    if keyring is not None:
+        try:
+            return keyring.open_value(task, value)
+        except (SealError, msgspec.DecodeError):
+            pass
+    return shown(value)
+
+
 def keyring_of(keys: Sequence[bytes]) -> Keyring | None:
     """The keyring of ``keys``, or None when there are none."""
     return Keyring(keys) if keys else None
@@ -313,6 +343,8 @@ __all__ = [
     "new_key",
     "open_message",
     "parse_key",
+    "readable_call",
+    "readable_value",
     "sealed_by",
     "shown",
 ]
