@@ -64,6 +64,8 @@ from ..brokers.reports import Tally, Timings
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Middleware, overrides
 from ..middleware.retries import Retries
+from ..sealing import SEALED
+from ..workflows import FLOW
 from .acker import Acker
 from .batch import _NO_SKIP, BatchPath, _fail_overran
 from .jobs import BatchState, Job, Limit, Pipeline, late_limit, off_path, take_all
@@ -294,8 +296,14 @@ class Processor(BatchPath, JobSteps, NotRun):
                 try:
                     message = decode(delivery.raw)
                     task = called.get(message.task)
-                    if task is not None and message.headers and off_path(task, message.headers):
-                        task = None  # a workflow's, or sealed for a task that is not: ``run``
+                    # ``off_path`` written out: a workflow's, or sealed for a task that is not,
+                    # takes ``run`` (read only for messages with headers)
+                    if (
+                        task is not None
+                        and (headers := message.headers)
+                        and (FLOW in headers or (SEALED in headers and not task.encrypt))
+                    ):
+                        task = None
                 except Exception:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
