@@ -73,8 +73,9 @@ class Settings:
     store_results: bool = False
     #: Seconds a result is kept (default one day), for tasks that do not say otherwise.
     result_ttl: float = DEFAULT_RESULT_TTL
-    #: Keys (32 bytes each, or their URL-safe base64 text) that seal the arguments and results
-    #: of encrypted tasks: the first seals, any opens (``hurtle.sealing``). Never shown.
+    #: Keys (32 bytes each, or their URL-safe base64 text; comma-separated in the variable) that
+    #: seal the arguments and results of encrypted tasks: the first seals, any opens
+    #: (``hurtle.sealing``). Never shown.
     encryption_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
     #: Seal the arguments and results of every task (a task's own ``encrypt`` wins); needs
     #: ``encryption_keys``.
