@@ -329,6 +329,24 @@ def keyring_of(keys: Sequence[bytes]) -> Keyring | None:
     return Keyring(keys) if keys else None
 
 
+def keyring_for(task: str, encrypt: object, keyring: Keyring | None) -> Keyring | None:
+    """What seals task ``task``'s calls: its app's ``keyring`` if ``encrypt``, else None;
+    ``ConfigurationError`` when ``encrypt`` is not a bool, or True for an app without keys."""
+    if not isinstance(encrypt, bool):
+        raise ConfigurationError(
+            f"task {task!r}: encrypt must be True or False, got {encrypt!r:.60}"
+        )
+    if not encrypt:
+        return None
+    if keyring is None:
+        raise ConfigurationError(
+            f"task {task!r}: encrypt=True needs the app's encryption_keys; make the app with "
+            "Hurtle(encryption_keys=[key]) or set HURTLE_ENCRYPTION_KEYS (a key: "
+            "hurtle.new_key())"
+        )
+    return keyring
+
+
 def no_keys(what: str) -> SealError:
     """The error of ``what`` (sealed) met by an app without ``encryption_keys``."""
     return SealError(

@@ -43,7 +43,7 @@ from .options import (
     checked,
     exception_classes,
 )
-from .sealing import Keyring
+from .sealing import keyring_for
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -107,17 +107,7 @@ class Task(Generic[P, R]):
                 raise ConfigurationError(f"task {name!r}: time_limit must be > 0 (or None)")
         if expires is not None:
             check_seconds(name, expires, "expires")
-        if not isinstance(encrypt, bool):
-            raise ConfigurationError(
-                f"task {name!r}: encrypt must be True or False, got {encrypt!r:.60}"
-            )
-        keyring: Keyring | None = app.keyring if encrypt else None
-        if encrypt and keyring is None:
-            raise ConfigurationError(
-                f"task {name!r}: encrypt=True needs the app's encryption_keys; make the app "
-                "with Hurtle(encryption_keys=[key]) or set HURTLE_ENCRYPTION_KEYS (a key: "
-                "hurtle.new_key())"
-            )
+        keyring = keyring_for(name, encrypt, app.keyring)
         retry_for = None if retry_on is None else exception_classes(name, "retry_on", retry_on)
         self.app = app
         self.fn = fn
@@ -152,7 +142,7 @@ class Task(Generic[P, R]):
         )
         #: Whether this task's arguments and results are sealed (``hurtle.sealing``), and the
         #: app's keyring that seals them (None when they are not).
-        self.encrypt = encrypt
+        self.encrypt = keyring is not None
         self.keyring = keyring
         if keyring is not None:
             limits.keyed = keyring.digest
