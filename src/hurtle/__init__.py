@@ -23,12 +23,14 @@ from .errors import (
     Reject,
     ResultTimeout,
     Retry,
+    SealError,
     TaskFailed,
     TimeLimitExceeded,
     UnknownTaskError,
 )
 from .handles import Handle
 from .message import Message
+from .sealing import new_key
 from .settings import Settings
 from .task import Args, Task
 from .workflows import FlowHandle, GroupHandle, Signature, chain, chord, group
@@ -54,6 +56,7 @@ __all__ = [
     "Reject",
     "ResultTimeout",
     "Retry",
+    "SealError",
     "Settings",
     "Signature",
     "Task",
@@ -64,4 +67,5 @@ __all__ = [
     "chain",
     "chord",
     "group",
+    "new_key",
 ]

@@ -26,6 +26,7 @@ from .middleware import Middleware, overrides
 from .middleware.retries import Retries
 from .names import check_task_name
 from .options import CelerySendOptions, CeleryTaskOptions, TaskChoices, celery_task
+from .sealing import Keyring, keyring_of
 from .settings import Settings, load_settings
 from .task import Task, send_by_name
 
@@ -71,6 +72,9 @@ class Hurtle:
         if isinstance(broker, str):
             settings["broker_url"] = broker
         self.settings: Settings = load_settings(settings)
+        #: What seals and opens the arguments and results of encrypted tasks
+        #: (``encryption_keys``), or None without keys.
+        self.keyring: Keyring | None = keyring_of(self.settings.encryption_keys)
         self._broker: Broker | None = broker if isinstance(broker, Broker) else None
         self._broker_lock = threading.Lock()
         self.tasks: dict[str, Task[Any, Any]] = {}
@@ -212,6 +216,7 @@ class Hurtle:
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
+        encrypt: bool | None = None,
         **celery: Unpack[CeleryTaskOptions],
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
@@ -236,6 +241,7 @@ class Hurtle:
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
+        encrypt: bool | None = None,
         **celery: Any,
     ) -> Any:
         """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
@@ -249,6 +255,10 @@ class Hurtle:
 
         ``expires=`` seconds: a message not started that long after its send is not run; it
         becomes a dead letter with the reason ``expired`` (its handle's state: ``expired``).
+
+        ``encrypt=True`` seals the task's arguments where they are sent and its results before
+        they are stored (AES-GCM with the app's ``encryption_keys``; default: the app's
+        ``encrypt`` setting); see ``hurtle.sealing``.
 
         ``retry_on=(ConnectionError, ...)``: only these exceptions are retried; any other one
         makes the message a dead letter at once. Celery's ``max_retries``, ``autoretry_for``,
@@ -290,6 +300,7 @@ class Hurtle:
                 unique_for=unique_for,
                 unique_key=unique_key,
                 expires=expires,
+                encrypt=self.settings.encrypt if encrypt is None else encrypt,
             )
             self.tasks[task_name] = t
             self._middleware_changed()  # built-ins may depend on task options

@@ -29,6 +29,12 @@ class DecodeError(HurtleError):
     """Bytes taken from a broker are not a hurtle message."""
 
 
+class SealError(HurtleError):
+    """Sealed arguments or a sealed result cannot be opened (a key this app does not have, or
+    bytes tampered with), or a task that seals its arguments got them unsealed. A message whose
+    arguments cannot be opened becomes a dead letter with this error's text as its reason."""
+
+
 class UnknownTaskError(HurtleError):
     """A message names a task that this app does not register."""
 

@@ -10,7 +10,8 @@ States (``hurtle.middleware.results`` writes the records):
 
 * ``pending`` — no record yet: the message waits in its queue or is being run;
 * ``running`` — reserved: never reported (see ``hurtle.middleware.results`` for why);
-* ``succeeded`` — the task returned; ``result()`` returns the value;
+* ``succeeded`` — the task returned; ``result()`` returns the value (opened, for an encrypted
+  task: ``SealError`` if this app has not the key that sealed it);
 * ``failed`` — an attempt failed and another is scheduled; ``result()`` keeps waiting;
 * ``dead`` — failed for good (dead-lettered); ``result()`` raises ``TaskFailed`` at once;
 * ``expired`` — not started before its expiry time (``expires=``), so never run;
@@ -59,6 +60,7 @@ from .middleware.results import (
     Record,
     decode,
 )
+from .sealing import is_sealed, no_keys
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -296,10 +298,22 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
 
     def _unwrap(self, record: Record) -> R:
         if record.state == SUCCEEDED:
-            value: R = record.value
-            return value
+            return self._value(record)
         name = self._name() or "?"
         raise TaskFailed(self.id, name, record.error_type, record.error_message, record.traceback)
+
+    def _value(self, record: Record) -> R:
+        """The value of a ``succeeded`` record, opened if its task sealed it (``SealError``
+        when this app has not the key that sealed it)."""
+        value = record.value
+        if is_sealed(value):
+            keyring = self.app.keyring
+            task = record.task or self._name()
+            if keyring is None:
+                raise no_keys(f"result of task {task}[{self.id}]")
+            value = keyring.open_value(task, value)
+        result: R = value
+        return result
 
     def _timeout(self, timeout: float) -> ResultTimeout:
         try:
@@ -325,8 +339,7 @@ class FlowHandle(Handle[R]):
 
     def _unwrap(self, record: Record) -> R:
         if record.state == SUCCEEDED:
-            value: R = record.value
-            return value
+            return self._value(record)
         member, member_id = self.name, self.id
         if isinstance(record.value, list) and len(record.value) == 2:
             member, member_id = str(record.value[0]), str(record.value[1])

@@ -45,6 +45,7 @@ class Limits:
     __slots__ = (
         "concurrency",
         "concurrency_key",
+        "keyed",
         "name",
         "rate",
         "rate_key",
@@ -94,6 +95,9 @@ class Limits:
             )
         self.unique_for = None if unique_for is None else float(unique_for)
         self.unique_key = _key_function(name, "unique_key", unique_key, "unique_for", unique_for)
+        #: A keyed hash for the default unique lock of a task whose arguments are sealed
+        #: (``Keyring.digest``), set by the task: its locks then tell nothing of them.
+        self.keyed: Callable[[bytes], str] | None = None
 
     def rate_key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The broker key of this call's rate limit."""
@@ -112,6 +116,8 @@ class Limits:
         if self.unique_key is not None:
             return f"{self.name}:{self.unique_key(*args, **kwargs)}"
         data = _encode((args, sorted(kwargs.items()) if kwargs else ()))
+        if self.keyed is not None:
+            return f"{self.name}:{self.keyed(data)}"
         # short arguments are their own key; longer ones are hashed (128 bits)
         text = data.hex() if len(data) <= 16 else hashlib.blake2b(data, digest_size=16).hexdigest()
         return f"{self.name}:{text}"

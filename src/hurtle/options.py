@@ -232,6 +232,7 @@ TASK_OPTIONS = [
     "unique_for",
     "unique_key",
     "expires",
+    "encrypt",
 ]
 #: Celery's task options that hurtle does not take, and what to write instead.
 TASK_INSTEAD = {

@@ -25,7 +25,6 @@ from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-import msgspec
 from cronsim import CronSim, CronSimError
 
 from .errors import ConfigurationError, EncodeError
@@ -123,20 +122,12 @@ class Schedule:
 
     def message(self, tick: float) -> Message:
         """The message of ``tick``: the task's call, with the schedule and tick in its headers
-        (and, for a ``unique_for`` task, its lock, as ``Task.send`` names it)."""
-        message = self.task.message(
+        (and, for a ``unique_for`` task, its lock, as ``Task.send`` names it; sealed arguments
+        for an encrypted task: ``Task.message``)."""
+        return self.task.message(
             self.args,
             dict(self.kwargs),
             SendOptions(headers={SCHEDULE_HEADER: self.name, TICK_HEADER: tick}),
-        )
-        unique_for = self.unique_for
-        if unique_for is None:
-            return message
-        assert self.task.limits is not None
-        return msgspec.structs.replace(
-            message,
-            unique=self.task.limits.unique_key_of(message.args, message.kwargs),
-            unique_until=message.created + unique_for,
         )
 
 

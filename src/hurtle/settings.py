@@ -4,6 +4,9 @@ Precedence: keyword arguments given to ``Hurtle(...)`` win over the environment,
 the defaults below. Every value is checked when it is loaded (``BOUNDS``): a numeric setting must
 be a finite number within its bounds, so ``HURTLE_HEARTBEAT_TIMEOUT=nan`` fails at once with a
 ``ConfigurationError`` naming the variable, not later inside a worker.
+
+``encryption_keys`` are secrets: given as bytes or base64 text (``HURTLE_ENCRYPTION_KEYS``,
+comma-separated), kept as bytes, never shown (not in ``repr``, not in an error message).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 from .errors import ConfigurationError
 from .names import QUEUE_NAME_RULE, queue_name_problem
+from .sealing import parse_key
 
 DEFAULT_BROKER_URL = "sqlite:///hurtle.db"
 DEFAULT_DEAD_LETTER_MAX = 10_000
@@ -69,6 +73,13 @@ class Settings:
     store_results: bool = False
     #: Seconds a result is kept (default one day), for tasks that do not say otherwise.
     result_ttl: float = DEFAULT_RESULT_TTL
+    #: Keys (32 bytes each, or their URL-safe base64 text; comma-separated in the variable) that
+    #: seal the arguments and results of encrypted tasks: the first seals, any opens
+    #: (``hurtle.sealing``). Never shown.
+    encryption_keys: tuple[bytes, ...] = dataclasses.field(default=(), repr=False)
+    #: Seal the arguments and results of every task (a task's own ``encrypt`` wins); needs
+    #: ``encryption_keys``.
+    encrypt: bool = False
 
     @property
     def effective_heartbeat_interval(self) -> float:
@@ -96,7 +107,13 @@ BOUNDS: dict[str, tuple[float, bool]] = {
 }
 
 
+#: Settings whose values are never shown.
+SECRET = frozenset({"encryption_keys"})
+
+
 def _convert(name: str, kind: Any, raw: str) -> Any:
+    if name == "encryption_keys":
+        return tuple(part.strip() for part in raw.split(",") if part.strip())
     try:
         if kind in (int, "int"):
             return int(raw)
@@ -108,6 +125,21 @@ def _convert(name: str, kind: Any, raw: str) -> Any:
         what = "a whole number" if kind in (int, "int") else "a number"
         raise ConfigurationError(f"HURTLE_{name.upper()}={raw!r}: {name} must be {what}") from None
     return raw
+
+
+def _keys(value: Any, source: str) -> tuple[bytes, ...]:
+    """The keys of ``encryption_keys`` as bytes, checked (errors name the key's place, never
+    its value)."""
+    if isinstance(value, str | bytes | bytearray) or not isinstance(value, list | tuple):
+        raise ConfigurationError(
+            f"{source}: encryption_keys must be a list of keys (the first seals, any opens), "
+            f"got {type(value).__name__}"
+        )
+    if not value:
+        raise ConfigurationError(f"{source}: encryption_keys is empty: give at least one key")
+    return tuple(
+        parse_key(k, f"{source}: key {i + 1} of encryption_keys") for i, k in enumerate(value)
+    )
 
 
 def _problem(name: str, kind: Any, value: Any) -> str | None:
@@ -149,16 +181,27 @@ def load_settings(
         raw = env.get(f"HURTLE_{name.upper()}")
         if raw is not None and raw != "":
             values[name] = _convert(name, field.type, raw)
-            sources[name] = f"HURTLE_{name.upper()}={raw!r}"
+            sources[name] = (
+                f"HURTLE_{name.upper()}" if name in SECRET else f"HURTLE_{name.upper()}={raw!r}"
+            )
     for name, value in (overrides or {}).items():
         if name not in fields:
             known = ", ".join(sorted(fields))
             raise ConfigurationError(f"unknown setting {name!r}; known settings are: {known}")
         if value is not None:
             values[name] = value
-            sources[name] = f"{name}={value!r}"
+            sources[name] = f"{name}=..." if name in SECRET else f"{name}={value!r}"
     for name, value in values.items():
+        if name in SECRET:
+            values[name] = _keys(value, sources[name])
+            continue
         problem = _problem(name, fields[name].type, value)
         if problem is not None:
             raise ConfigurationError(f"{sources[name]}: {name} {problem}")
+    if values.get("encrypt") and not values.get("encryption_keys"):
+        raise ConfigurationError(
+            f"{sources['encrypt']}: sealing every task needs encryption_keys; give them "
+            "(HURTLE_ENCRYPTION_KEYS, or Hurtle(encryption_keys=[...])), e.g. from "
+            "hurtle.new_key()"
+        )
     return Settings(**values)

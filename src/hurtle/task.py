@@ -26,8 +26,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, Unpack
 
-import msgspec
-
 from .arity import arity_of
 from .errors import ArgumentError, ConfigurationError, Retry
 from .handles import Handle
@@ -45,6 +43,7 @@ from .options import (
     checked,
     exception_classes,
 )
+from .sealing import keyring_for
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -88,6 +87,7 @@ class Task(Generic[P, R]):
         unique_for: float | None = None,
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
+        encrypt: bool = False,
     ) -> None:
         check_task_name(name)
         queue = checked(name, check_queue_name, queue)
@@ -107,6 +107,7 @@ class Task(Generic[P, R]):
                 raise ConfigurationError(f"task {name!r}: time_limit must be > 0 (or None)")
         if expires is not None:
             check_seconds(name, expires, "expires")
+        keyring = keyring_for(name, encrypt, app.keyring)
         retry_for = None if retry_on is None else exception_classes(name, "retry_on", retry_on)
         self.app = app
         self.fn = fn
@@ -139,6 +140,16 @@ class Task(Generic[P, R]):
         self.limits: Limits | None = (
             limits if limits.rate or limits.concurrency or limits.unique_for else None
         )
+        #: Whether this task's arguments and results are sealed (``hurtle.sealing``), and the
+        #: app's keyring that seals them (None when they are not).
+        self.encrypt = keyring is not None
+        self.keyring = keyring
+        if keyring is not None:
+            limits.keyed = keyring.digest
+        #: What the worker calls with a message's arguments: the function itself, or for an
+        #: encrypted task what opens them first. Decided here, once: the worker's loops call
+        #: it with no branch of their own.
+        self.run: Callable[..., Any] = fn if keyring is None else keyring.opening(name, fn)
         self.arity = arity_of(fn)
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
@@ -153,7 +164,8 @@ class Task(Generic[P, R]):
     def message(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], options: SendOptions | None = None
     ) -> Message:
-        """The message one call would send, without sending it.
+        """The message one call would send, without sending it: with its unique lock if the
+        task has ``unique_for``, its arguments sealed if the task is encrypted.
 
         Raises ``ArgumentError`` when the arguments do not fit the function's signature.
         """
@@ -162,7 +174,13 @@ class Task(Generic[P, R]):
             self._unfit(args, kwargs)
         now = time.time()
         queue, priority, eta, headers, expires = self._resolve(options, now)
-        return Message(
+        limits = self.limits
+        unique, until = "", 0.0
+        if limits is not None and limits.unique_for is not None:
+            # the lock is named from the arguments before they are sealed, and ends at the
+            # latest unique_for after the call was made
+            unique, until = limits.unique_key_of(args, kwargs), now + limits.unique_for
+        message = Message(
             id=new_id(),
             task=self.name,
             queue=queue,
@@ -173,7 +191,10 @@ class Task(Generic[P, R]):
             created=now,
             headers=headers,
             expires=expires,
+            unique=unique,
+            unique_until=until,
         )
+        return message if self.keyring is None else self.keyring.seal_message(message)
 
     def unfit(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
         """Why a call with these arguments cannot bind to the function, or None if it can (or
@@ -363,6 +384,8 @@ def send_by_name(
     message = Message(
         new_id(), name, queue, call, keywords, 0, priority, eta, now, headers, expires
     )
+    if app.settings.encrypt and app.keyring is not None:  # the app's default for its tasks
+        message = app.keyring.seal_message(message)
     return Handle(app._publish([message]), app)
 
 
@@ -442,6 +465,8 @@ def _send_many(
                 )
             )
     app = task.app
+    if messages and task.keyring is not None:  # sealed once the locks are named from them
+        messages = CheckedBatch(map(task.keyring.seal_message, messages))
     if messages:
         hooks = app._publish_hooks
         published: list[Message] = messages
@@ -461,17 +486,12 @@ def _send_many(
 def _publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
     """Publish calls of a ``unique_for`` task, each naming its lock in ``Message.unique``
     and when the lock ends at the latest in ``Message.unique_until`` (its ``created`` plus
-    ``unique_for``), through the app's ``before_publish`` hooks; returns per published call the
-    id of the message that holds its lock (its own when enqueued)."""
+    ``unique_for``: ``Task.message`` names them), through the app's ``before_publish`` hooks;
+    returns per published call the id of the message that holds its lock (its own when
+    enqueued)."""
     limits = task.limits
     assert limits is not None and limits.unique_for is not None
-    key_of = limits.unique_key_of
-    unique_for = float(limits.unique_for)
-    replace = msgspec.structs.replace
-    locked: list[Message] = CheckedBatch(
-        replace(m, unique=key_of(m.args, m.kwargs), unique_until=m.created + unique_for)
-        for m in messages
-    )
+    locked: list[Message] = CheckedBatch(messages)
     hooks = task.app._publish_hooks
     if hooks:
         locked = list(locked)  # hooks may change it: checked again

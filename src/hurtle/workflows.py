@@ -55,6 +55,7 @@ from .handles import FlowHandle, GroupHandle, Handle
 from .ids import new_id
 from .message import Message
 from .options import CelerySendOptions, call_args, celery_send, same_options
+from .sealing import SEALED, Keyring, no_keys
 from .task import BoundTask, Task
 
 if TYPE_CHECKING:
@@ -83,8 +84,16 @@ class Link(msgspec.Struct, array_like=True, frozen=True, gc=False):
     #: no longer started; 0: never expires.
     expires: float = 0.0
 
-    def message(self, first: tuple[Any, ...], flow: Flow) -> Message:
-        """The message of this link, ``first`` put before its own arguments."""
+    def message(
+        self, first: tuple[Any, ...], flow: Flow, keyring: Keyring | None = None
+    ) -> Message:
+        """The message of this link, ``first`` put before its own arguments. A link whose
+        arguments are sealed (its task is encrypted) opens them with ``keyring`` to put
+        ``first`` before them, and seals them again; ``seal`` seals those of any link."""
+        if first and self.headers and SEALED in self.headers:
+            if keyring is None:
+                raise no_keys(f"arguments of task {self.task}")
+            return keyring.prepend(self.message((), flow), first)
         now = time.time()
         eta = self.eta or (now + self.delay if self.delay else 0.0)
         return Message(
@@ -237,12 +246,16 @@ class Signature(Generic[R]):
         self._check(extra)
         queue, priority, _, headers, expires = task._resolve(self.opts, 0.0)  # relative expiry
         opts = self.opts
+        args, kwargs = self.args, self.kwargs
+        if task.keyring is not None:  # sealed as it travels in a header, until it is sent
+            args, kwargs = (task.keyring.seal_call(task.name, args, kwargs),), {}
+            headers = {**headers, SEALED: task.keyring.id}
         return Link(
             task=task.name,
             queue=queue,
             id=new_id(),
-            args=self.args,
-            kwargs=self.kwargs,
+            args=args,
+            kwargs=kwargs,
             priority=priority,
             delay=0.0 if opts is None or opts.delay is None else float(opts.delay),
             eta=0.0 if opts is None or opts.eta is None else float(opts.eta),
@@ -457,7 +470,7 @@ class chord:
         cb = callback._link(1)
         total = len(members)
         if not total:  # nothing to wait for: the callback runs at once, with no results
-            _publish(app, [cb.message(([],), Flow(id=cb.id, store=ttl))])
+            _publish(app, [cb.message(([],), Flow(id=cb.id, store=ttl), app.keyring)])
             return FlowHandle(cb.id, app, None, callback.task.name)
         messages = [
             s._link(0).message(

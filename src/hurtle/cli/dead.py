@@ -23,6 +23,7 @@ from typing import Any
 from ..brokers import Broker, DeadLetter
 from ..errors import ConfigurationError, DecodeError
 from ..message import Message
+from ..sealing import Keyring, readable_call
 from ._app import announce, load_app, open_broker
 from ._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm
 
@@ -88,8 +89,11 @@ def _named(
     return found, [i for i in dict.fromkeys(ids) if i not in matched]
 
 
-def _row(d: DeadLetter) -> dict[str, object]:
+def _row(d: DeadLetter, keyring: Keyring | None) -> dict[str, object]:
+    """A dead letter's fields; sealed arguments opened with ``keyring`` if it can (the app's
+    keys), else shown as ``sealed (key ...)``."""
     m = d.message()
+    args, kwargs = readable_call(m.task, m.args, m.kwargs, keyring) if m else (None, None)
     return {
         "id": d.id,
         "queue": d.queue,
@@ -97,8 +101,8 @@ def _row(d: DeadLetter) -> dict[str, object]:
         "failed_at": d.failed_at,
         "message_id": m.id if m else None,
         "task": m.task if m else None,
-        "args": list(m.args) if m else None,
-        "kwargs": dict(m.kwargs) if m else None,
+        "args": args,
+        "kwargs": kwargs,
         "attempt": m.attempt + 1 if m else None,  # 1 is the first, as in every reason text
         "raw": None if m else d.raw.hex(),
     }
@@ -137,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     announce(broker)
     queues = [args.queue] if args.queue else sorted(set(app.queues()) | set(broker.queues()))
     if args.action == "show":
-        return _show(broker, queues, args.ids, args.json)
+        return _show(broker, queues, args.ids, args.json, app.keyring)
     chosen: list[DeadLetter] = []
     missing: list[str] = []
     if args.ids:
@@ -152,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
                 total = broker.stats([queue])[queue].dead
                 if total > len(page):
                     more[queue] = total - len(page)
-        rows = [_row(d) for d in chosen]
+        rows = [_row(d, app.keyring) for d in chosen]
         if args.json:
             print(json.dumps(rows, indent=2, default=repr))
         else:
@@ -214,7 +218,13 @@ def _purge_confirmed(
     return confirm(action, details, yes=args.yes)
 
 
-def _show(broker: Broker, queues: Sequence[str], ids: Sequence[str], as_json: bool) -> int:
+def _show(
+    broker: Broker,
+    queues: Sequence[str],
+    ids: Sequence[str],
+    as_json: bool,
+    keyring: Keyring | None,
+) -> int:
     """Everything each named dead letter holds; a message id is found through the index."""
     letters: dict[str, DeadLetter] = {}
     rest: list[str] = []
@@ -228,7 +238,7 @@ def _show(broker: Broker, queues: Sequence[str], ids: Sequence[str], as_json: bo
     for d in scanned:
         letters.setdefault(d.id, d)
     _report_missing(queues, missing)
-    details = [_detail(d) for d in letters.values()]
+    details = [_detail(d, keyring) for d in letters.values()]
     if as_json:
         print(json.dumps(details, indent=2, default=repr))
     else:
@@ -239,10 +249,10 @@ def _show(broker: Broker, queues: Sequence[str], ids: Sequence[str], as_json: bo
     return EXIT_NOT_FOUND if missing else 0
 
 
-def _detail(d: DeadLetter) -> dict[str, Any]:
+def _detail(d: DeadLetter, keyring: Keyring | None) -> dict[str, Any]:
     """``_row`` and the rest: the message's priority, times and headers, or why its bytes
     are no message."""
-    row = _row(d)
+    row = _row(d, keyring)
     try:
         m = Message.decode(d.raw)
     except DecodeError as err:

@@ -28,6 +28,7 @@ from ..brokers.reports import KINDS, RUNTIME_BUCKETS, TaskCounts, WorkerReport, 
 from ..errors import DecodeError
 from ..message import Message
 from ..names import queue_name_problem
+from ..sealing import Keyring, readable_call, readable_value
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -114,7 +115,7 @@ def sum_counts(counts: Iterable[TaskCounts]) -> dict[str, int]:
     return {kind: sum(getattr(c, kind) for c in rows) for kind in KINDS}
 
 
-def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
+def dead_letter_row(dead: DeadLetter, keyring: Keyring | None = None) -> dict[str, Any]:
     """A dead letter for people: its reason's first line, the rest (a traceback) apart, and
     what the message was, if its bytes are one. ``arguments`` is the call's arguments as JSON
     text (``[args]``, then ``{kwargs}`` if any), for the page to show as text; bytes that are
@@ -141,8 +142,9 @@ def dead_letter_row(dead: DeadLetter) -> dict[str, Any]:
     except DecodeError as err:
         row["undecodable"] = str(err)
         return row
-    args, kwargs = _json_safe(list(message.args)), _json_safe(message.kwargs)
-    text = _json_text(args) + (f" {_json_text(kwargs)}" if message.kwargs else "")
+    shown, keywords = readable_call(message.task, message.args, message.kwargs, keyring)
+    args, kwargs = _json_safe(shown), _json_safe(keywords)
+    text = _json_text(args) + (f" {_json_text(kwargs)}" if keywords else "")
     row.update(
         message_id=message.id,
         task=message.task,
@@ -266,7 +268,12 @@ def tasks(broker: Broker) -> list[dict[str, Any]]:
     return count_rows(merge(broker.totals()))
 
 
-def task_lookup(broker: Broker, message_id: str, keeps_results: Any = None) -> dict[str, Any]:
+def task_lookup(
+    broker: Broker,
+    message_id: str,
+    keeps_results: Any = None,
+    keyring: Keyring | None = None,
+) -> dict[str, Any]:
     """What is known of the message ``message_id``: its stored record (tasks that keep results,
     ``hurtle.middleware.results``), else its dead letter, else nothing — then ``state`` is
     ``unknown`` and ``note`` says why that may be.
@@ -307,9 +314,10 @@ def task_lookup(broker: Broker, message_id: str, keeps_results: Any = None) -> d
             if record.task:
                 row.update(task=record.task, queue=record.queue, attempt=record.attempt + 1)
             if record.args_kept:
-                row.update(args=_json_safe(list(record.args)), kwargs=_json_safe(record.kwargs))
+                args, kwargs = readable_call(record.task, record.args, record.kwargs, keyring)
+                row.update(args=_json_safe(args), kwargs=_json_safe(kwargs))
             if record.state == "succeeded":
-                row["result"] = _json_safe(record.value)
+                row["result"] = _json_safe(readable_value(record.task, record.value, keyring))
             else:
                 row["error"] = {
                     "type": record.error_type,
@@ -339,11 +347,12 @@ def task_lookup(broker: Broker, message_id: str, keeps_results: Any = None) -> d
             row.update(state=state, source="dead_letter", error=error, finished_at=dead.failed_at)
         row["queue"] = dead.queue
         if message is not None:
+            args, kwargs = readable_call(message.task, message.args, message.kwargs, keyring)
             row.update(
                 task=message.task,
                 attempt=message.attempt + 1,
-                args=_json_safe(list(message.args)),
-                kwargs=_json_safe(message.kwargs),
+                args=_json_safe(args),
+                kwargs=_json_safe(kwargs),
                 enqueued_at=message.created or None,
             )
         row["dead_letter_id"] = dead.id

@@ -35,6 +35,7 @@ from ..brokers import Broker
 from ..errors import BrokerError, ConfigurationError, EncodeError
 from ..message import seconds_problem
 from ..names import QUEUE_NAME_RULE, queue_name_problem
+from ..sealing import Keyring
 from . import queries
 from .batcher import Batcher
 from .bodies import IDS_BODY, LOGIN_BODY, BodyBudget, BodyLimit
@@ -264,6 +265,12 @@ class _Dashboard:
         #: The app, when the dashboard was made from one: its schedules, which tasks keep results.
         self.app: Hurtle | None = None
 
+    @property
+    def keyring(self) -> Keyring | None:
+        """What opens sealed arguments and results to show them: the app's keys, if it has
+        some; else they are shown sealed (``sealed (key 3f2a9c01)``)."""
+        return self.app.keyring if self.app is not None else None
+
     async def _run(self, fn: Any, *args: Any) -> Any:
         """A write to the broker, on a thread (unbounded: see ``reads.py``)."""
         return await anyio.to_thread.run_sync(fn, *args)
@@ -335,7 +342,7 @@ class _Dashboard:
             if self.app is not None
             else None
         )
-        row = await self._read(queries.task_lookup, self.broker, message_id, keeps)
+        row = await self._read(queries.task_lookup, self.broker, message_id, keeps, self.keyring)
         return _json(row)
 
     async def schedules(self, request: Request) -> Response:
@@ -363,7 +370,7 @@ class _Dashboard:
         if not 0 < limit <= MAX_PAGE or offset < 0:
             return _error(400, f"limit must be 1 to {MAX_PAGE} and offset >= 0")
         dead = await self._read(self.broker.dead_letters, queue, limit, offset)
-        return _json([queries.dead_letter_row(d) for d in dead])
+        return _json([queries.dead_letter_row(d, self.keyring) for d in dead])
 
     # -- changing ---------------------------------------------------------------------------
 

@@ -173,9 +173,8 @@ class RateLimitMiddleware(Middleware):
     def _key(self, job: Job, make: Any, fn: Any) -> str | None:
         if fn is None:  # no key function: one key for the task
             return job.task.name
-        m = job.message
         try:
-            return str(make(m.args, m.kwargs))
+            return str(make(*job.arguments()))
         except Exception as err:
             self._bad[id(job.delivery)] = (
                 f"its limit key could not be made from its arguments "

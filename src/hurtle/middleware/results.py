@@ -57,6 +57,7 @@ from . import Calls, Middleware, Outcome
 if TYPE_CHECKING:
     from ..app import Hurtle
     from ..brokers import Delivery
+    from ..sealing import Keyring
     from ..task import Task
     from ..worker.acker import Acker
     from ..worker.jobs import Job
@@ -134,11 +135,14 @@ def _about(job: Job) -> tuple[Any, ...]:
 
 
 def encode_value(value: Any, job: Job, most: int = MAX_SIZE) -> bytes:
-    """The ``succeeded`` record of ``value``; ``ResultError`` when msgpack cannot encode it, or
-    when the record is over ``most`` bytes (``Broker.max_result_size``)."""
+    """The ``succeeded`` record of ``value`` (sealed if its task is encrypted); ``ResultError``
+    when msgpack cannot encode it, or when the record is over ``most`` bytes
+    (``Broker.max_result_size``)."""
+    keyring = job.task.keyring
     try:
+        stored = value if keyring is None else keyring.seal_value(job.task.name, value)
         # the bytes of Record(SUCCEEDED, value, ...), made faster
-        record = _encode((SUCCEEDED, value, "", "", "", *_about(job)))
+        record = _encode((SUCCEEDED, stored, "", "", "", *_about(job)))
     except UNENCODABLE as err:
         raise unstorable(value, job.task.name, job.message.id, err) from err
     if len(record) > most:
@@ -321,6 +325,28 @@ def _succeeded(
     ]
 
 
+def _sealed(calls: Calls, keyring: Keyring) -> list[Any] | None:
+    """The calls' return values sealed, or None when one cannot be encoded."""
+    seal, task = keyring.seal_value, calls.task.name
+    try:
+        return [seal(task, value) for value in calls.results]
+    except UNENCODABLE:
+        return None
+
+
+def _seal_or_fail(calls: Calls, i: int, keyring: Keyring | None) -> Any:
+    """Call ``i``'s value sealed, or None after failing the call (it cannot be encoded)."""
+    assert keyring is not None
+    value = calls.results[i]
+    try:
+        return keyring.seal_value(calls.task.name, value)
+    except UNENCODABLE as err:
+        failure = unstorable(value, calls.task.name, calls.messages[i].id, err)
+        failure.__cause__ = err
+        calls.fail(i, failure)
+        return None
+
+
 class Results(Middleware):
     """Stores the outcomes of the tasks that keep results (``store_result``); one per worker."""
 
@@ -349,10 +375,14 @@ class Results(Middleware):
         task = calls.task.name
         now = time.time()
         ids = [m.id for m in calls.messages]
-        if self.whole and len(ids) >= BATCHED_FROM:
+        values: list[Any] | None = calls.results
+        keyring = calls.task.keyring
+        if keyring is not None:  # an encrypted task's: stored sealed, one seal per call
+            values = _sealed(calls, keyring)
+        if self.whole and len(ids) >= BATCHED_FROM and values is not None:
             raws = [d.raw for d in calls.deliveries]
             if max(map(len, raws)) <= ARGS_KEPT_UP_TO:
-                values, runtimes, most = calls.results, calls.runtimes, BATCH_MOST
+                runtimes, most = calls.runtimes, BATCH_MOST
                 bodies: list[bytes] = []
                 # a value msgpack cannot encode: found and failed one by one below
                 with contextlib.suppress(*UNENCODABLE):
@@ -381,12 +411,14 @@ class Results(Middleware):
                     ]
                     calls.stored = StoredResults(ids, None, ttl, batches)
                     return
+        if values is None:  # a value that could not be sealed: its call failed
+            values = [_seal_or_fail(calls, i, keyring) for i in range(len(calls))]
         try:
             payloads = _succeeded(
-                task, now, calls.results, calls.messages, calls.deliveries, calls.runtimes
+                task, now, values, calls.messages, calls.deliveries, calls.runtimes
             )
         except UNENCODABLE:
-            payloads = [self._payload(calls, i, now) for i in range(len(calls))]
+            payloads = [self._payload(calls, i, now, values) for i in range(len(calls))]
         if payloads and max(map(len, payloads)) > self.most:  # one pass in C per part
             self._too_large(calls, payloads)
         calls.stored = StoredResults(ids, payloads, ttl)
@@ -403,9 +435,11 @@ class Results(Middleware):
                 payloads[i] = b""
 
     @staticmethod
-    def _payload(calls: Calls, i: int, now: float) -> bytes:
+    def _payload(calls: Calls, i: int, now: float, values: list[Any]) -> bytes:
         """Call ``i``'s record, or ``b""`` after failing it (a value msgpack cannot encode)."""
-        value, m = calls.results[i], calls.messages[i]
+        if i in calls.failures:
+            return b""
+        value, m = values[i], calls.messages[i]
         kept = len(calls.deliveries[i].raw) <= ARGS_KEPT_UP_TO
         about = (calls.task.name, m.queue, m.attempt, kept)
         when = (m.created, now - calls.runtimes[i], now)
@@ -416,7 +450,7 @@ class Results(Middleware):
             except UNENCODABLE:  # the arguments, perhaps
                 return _encode((SUCCEEDED, value, "", "", "", *about[:3], False, (), {}, *when))
         except UNENCODABLE as err:
-            failure = unstorable(value, calls.task.name, m.id, err)
+            failure = unstorable(calls.results[i], calls.task.name, m.id, err)
             failure.__cause__ = err
             calls.fail(i, failure)
             return b""

@@ -5,6 +5,8 @@ budget stays on the processor's inline path until it fails. It decides, in this 
 
 * a ``TypeError`` because the message's arguments do not fit the task's signature: dead letter
   at once (no attempt could succeed);
+* a ``SealError``: sealed arguments that cannot be opened (a key this worker does not have,
+  bytes tampered with), or an encrypted task's arguments unsealed: dead letter at once;
 * ``Reject``: dead letter with the task's reason;
 * an exception the task's ``retry_on`` (Celery's ``autoretry_for``) does not list, when it lists
   some: dead letter at once (``Retry`` is always retried);
@@ -27,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .._text import describe, safe_str, signature, trace
-from ..errors import Reject, Retry
+from ..errors import Reject, Retry, SealError
 from ..message import Message
 from . import Middleware, Outcome
 
@@ -51,6 +53,15 @@ def next_attempt(message: Message, delay: float, error: str) -> Message:
     )
 
 
+def _unfit(job: Job) -> str | None:
+    """Why the job's arguments (opened, if sealed) do not fit its task, or None."""
+    try:
+        args, kwargs = job.arguments()
+    except SealError:  # not here: the error speaks for itself
+        return None
+    return job.task.unfit(args, kwargs)
+
+
 class Retries(Middleware):
     """The retry policy (always registered by the app): decides the outcome of a failed call."""
 
@@ -63,7 +74,9 @@ class Retries(Middleware):
     def decide(self, job: Job, err: Exception) -> Outcome:
         """The outcome of ``job``'s failed call (the processor logs and records it)."""
         message, task = job.message, job.task
-        if isinstance(err, TypeError) and (unfit := task.unfit(message.args, message.kwargs)):
+        if isinstance(err, SealError):  # no attempt could open them either
+            return Outcome("dead", error=err, reason=f"{err}; not run")
+        if isinstance(err, TypeError) and (unfit := _unfit(job)):
             reason = (
                 f"task {task.name} cannot be called with the arguments of this message "
                 f"({unfit}); retrying cannot help: send it with arguments that match "

@@ -20,8 +20,7 @@ from ..brokers import Delivery, StoredResult
 from ..errors import HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Middleware, Outcome, overrides
-from ..workflows import FLOW
-from .jobs import BatchState, Job, Pipeline, take_all
+from .jobs import BatchState, Job, Pipeline, off_path, take_all
 
 if TYPE_CHECKING:
     from ..brokers.reports import Tally, Timings
@@ -105,7 +104,7 @@ class BatchPath:
                 plain = pipeline.inline or not (pipeline.grouped or pipeline.per_call)
             if where is not None:
                 where.append(len(items))
-            if plain and not (message.headers and FLOW in message.headers):
+            if plain and not (message.headers and off_path(pipeline.task, message.headers)):
                 items.append(message)
             else:
                 job = Job(delivery, message, pipeline.task, pipeline, batch=pipeline.batched)
@@ -229,7 +228,9 @@ class BatchPath:
                     job = item
                     message, pipeline = job.message, job.pipeline
                     assert pipeline is not None
-                    if pipeline.per_call or (message.headers and FLOW in message.headers):
+                    if pipeline.per_call or (
+                        message.headers and off_path(pipeline.task, message.headers)
+                    ):
                         key = (delivery.queue, pipeline.task.name)
                         counts[key] = counts.get(key, 0) + 1
                         state.time_limit = None
@@ -258,7 +259,7 @@ class BatchPath:
                 task = pipeline.task
                 state.time_limit = task.time_limit
                 try:
-                    result = task.fn(*message.args, **message.kwargs)
+                    result = task.run(*message.args, **message.kwargs)
                 except Exception as err:
                     ran = clock() - last
                     run_times.append(ran)

@@ -4,7 +4,8 @@ The processor sends a message carrying ``headers["flow"]`` (``hurtle.workflows.F
 job path, whatever its task, and asks this module two things:
 
 * ``prepare`` before the call: a chord's callback gets its chord's results, read once in one
-  broker call (``Broker.chord_results``), as its first argument;
+  broker call (``Broker.chord_results``) and opened where they are sealed, as its first
+  argument (sealed again with the callback's own arguments if any of them, or those, were);
 * ``step`` once the call returned: the ``FlowStep`` to hand the acker instead of a plain
   acknowledgement — the records to store (the workflow's result), the next link's message, the
   chord member's count and the callback to publish if it completes the chord — which the broker
@@ -12,6 +13,10 @@ job path, whatever its task, and asks this module two things:
 
 What a member that becomes a dead letter ends (its workflow's record, naming it) is decided
 with every other dead letter's ends, in ``ends``.
+
+A chain passes a result on sealed when the task that returned it is encrypted, or the next
+link's is (its arguments travel sealed in the header): the next message's arguments are then
+sealed, whatever the next task (``Job.call`` opens them for a task that does not seal its own).
 
 Messages without the header never come here.
 """
@@ -25,7 +30,8 @@ import msgspec
 from ..brokers import ChordStep, FlowStep, StoredResult
 from ..errors import ResultError
 from ..message import Message, encode_many
-from ..middleware.results import decode, encode_value
+from ..middleware.results import Record, decode, encode_value
+from ..sealing import SEALED, is_sealed, is_sealed_message, no_keys
 from ..workflows import FLOW, Flow, read_flow
 
 if TYPE_CHECKING:
@@ -57,12 +63,24 @@ def prepare(job: Job, app: Hurtle) -> Flow:
                 f"the results of chord {flow.gather} are gone (expired, or the broker lost "
                 f"them): its callback {job.task.name}[{job.message.id}] cannot run"
             )
-        values = [decode(p).value for p in payloads]
+        records = [decode(p) for p in payloads]
+        sealed = any(is_sealed(r.value) for r in records)
+        values = [_opened(r, app) for r in records] if sealed else [r.value for r in records]
         m = job.message
         # the gathered results travel with the message from now on (a retry keeps them); the
         # chord's record is dropped once the callback is done with it
         flow = _replace(flow, gather="", forget=flow.gather)
-        job.message = _replace(m, args=(values, *m.args), headers={**m.headers, FLOW: flow})
+        headed = _replace(m, headers={**m.headers, FLOW: flow})
+        if is_sealed_message(m) or sealed:  # they travel sealed too
+            keyring = app.keyring
+            if keyring is None:
+                raise no_keys(f"results of chord {flow.forget}")
+            if is_sealed_message(m):
+                job.message = keyring.prepend(headed, (values,))
+            else:
+                job.message = keyring.seal_message(_replace(headed, args=(values, *m.args)))
+        else:
+            job.message = _replace(headed, args=(values, *m.args))
     job.flow = flow
     return flow
 
@@ -84,7 +102,12 @@ def step(job: Job, result: Any, app: Hurtle) -> FlowStep:
     if flow.next:
         link, rest = flow.next[0], flow.next[1:]
         store = 0.0 if rest else _ttl(app, link.task)
-        publish = (link.message((result,), Flow(id=flow.id, store=store, next=rest)),)
+        following = Flow(id=flow.id, store=store, next=rest)
+        if job.task.keyring is not None and not (link.headers and SEALED in link.headers):
+            # an encrypted task's result goes on sealed, whatever the next task
+            publish = (job.task.keyring.seal_message(link.message((result,), following)),)
+        else:
+            publish = (link.message((result,), following, app.keyring),)
         # the result is the next link's argument: an EncodeError now fails this call
         encode_many(list(publish), app.broker.max_message_size)
     chord = None
@@ -104,6 +127,16 @@ def step(job: Job, result: Any, app: Hurtle) -> FlowStep:
             ),
         )
     return FlowStep(job.delivery, tuple(results), publish, chord, flow.forget)
+
+
+def _opened(record: Record, app: Hurtle) -> Any:
+    """The value of a chord member's record, opened if it is sealed."""
+    value = record.value
+    if not is_sealed(value):
+        return value
+    if app.keyring is None:
+        raise no_keys(f"result of task {record.task}")
+    return app.keyring.open_value(record.task, value)
 
 
 def prepare_header(job: Job) -> Flow:

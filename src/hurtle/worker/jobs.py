@@ -16,6 +16,8 @@ from ..brokers import Delivery, StoredResult
 from ..errors import TimeLimitExceeded
 from ..message import Message
 from ..middleware import JOB_HOOKS, Middleware, Outcome, overrides
+from ..sealing import SEALED, open_message
+from ..workflows import FLOW
 
 if TYPE_CHECKING:
     from ..task import Task
@@ -153,9 +155,23 @@ class Job(msgspec.Struct, eq=False):
         Job.deferrals += 1
 
     def call(self) -> Any:
-        """Call the task function (a coroutine function returns its coroutine)."""
+        """Call the task function (a coroutine function returns its coroutine). Sealed
+        arguments are opened by an encrypted task's ``run``; those of a task that does not seal
+        its own (a workflow's sealed result passed on, a sender that seals what this worker's
+        task does not) here."""
         m = self.message
-        return self.task.fn(*m.args, **m.kwargs)
+        if m.headers and SEALED in m.headers and not self.task.encrypt:
+            args, kwargs = open_message(self.task.app.keyring, m)
+            return self.task.fn(*args, **kwargs)
+        return self.task.run(*m.args, **m.kwargs)
+
+    def arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's arguments, opened if they are sealed (``SealError`` if they cannot be):
+        for what reads them besides the call (limit keys, the check of a failed call)."""
+        m = self.message
+        if m.headers and SEALED in m.headers:
+            return open_message(self.task.app.keyring, m)
+        return m.args, m.kwargs
 
     def time_limit_error(self) -> TimeLimitExceeded:
         limit = self.task.time_limit
@@ -180,6 +196,13 @@ def late_limit(job: Job, call: Callable[[], Any]) -> Any:
     if job.overran():
         raise job.time_limit_error()
     return result
+
+
+def off_path(task: Task[Any, Any], headers: dict[str, Any]) -> bool:
+    """True when a message of ``task`` with these (non-empty) headers takes the job path even
+    if its task is called inline: a workflow's, or one whose arguments are sealed when its
+    task's own are not (``Job.call`` opens them). Read only for messages that have headers."""
+    return FLOW in headers or (SEALED in headers and not task.encrypt)
 
 
 def take_all(pending: deque[Delivery]) -> Iterator[Delivery]:

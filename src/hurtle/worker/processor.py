@@ -64,10 +64,11 @@ from ..brokers.reports import Tally, Timings
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Middleware, overrides
 from ..middleware.retries import Retries
+from ..sealing import SEALED
 from ..workflows import FLOW
 from .acker import Acker
 from .batch import _NO_SKIP, BatchPath, _fail_overran
-from .jobs import BatchState, Job, Limit, Pipeline, late_limit, take_all
+from .jobs import BatchState, Job, Limit, Pipeline, late_limit, off_path, take_all
 from .log import CallLog
 from .loops import Loops
 from .steps import JobSteps
@@ -206,7 +207,7 @@ class Processor(BatchPath, JobSteps, NotRun):
             return
         task = self._inline.get(message.task)
         # a call logged one by one takes the job path, whose ``finish`` logs it
-        if task is None or self.log_calls or (message.headers and FLOW in message.headers):
+        if task is None or self.log_calls or (message.headers and off_path(task, message.headers)):
             job = self._job(delivery, message)
             if job is not None:
                 self.run(job)
@@ -214,7 +215,7 @@ class Processor(BatchPath, JobSteps, NotRun):
         self.tally.add(delivery.queue, task.name, PROCESSED)
         begin = _clock()
         try:
-            task.fn(*message.args, **message.kwargs)
+            task.run(*message.args, **message.kwargs)
         except Exception as err:
             ran = _clock() - begin
             self.timings.add(delivery.queue, task.name, ran)
@@ -295,8 +296,14 @@ class Processor(BatchPath, JobSteps, NotRun):
                 try:
                     message = decode(delivery.raw)
                     task = called.get(message.task)
-                    if task is not None and message.headers and FLOW in message.headers:
-                        task = None  # a workflow's: its outcome sets off the next step
+                    # ``off_path`` written out: a workflow's, or sealed for a task that is not,
+                    # takes ``run`` (read only for messages with headers)
+                    if (
+                        task is not None
+                        and (headers := message.headers)
+                        and (FLOW in headers or (SEALED in headers and not task.encrypt))
+                    ):
+                        task = None
                 except Exception:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
@@ -334,7 +341,7 @@ class Processor(BatchPath, JobSteps, NotRun):
                     continue
                 state.time_limit = task.time_limit
                 try:
-                    result = task.fn(*message.args, **message.kwargs)
+                    result = task.run(*message.args, **message.kwargs)
                 except Exception as err:
                     state.current = None
                     ran = clock() - last

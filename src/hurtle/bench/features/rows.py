@@ -4,16 +4,21 @@ other row is compared with. A row whose option this hurtle does not have is skip
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
+import os
 from typing import Any
 
 from ...app import Hurtle
+from ...errors import ConfigurationError
 from ..harness.scenario import Scenario, hurtle_worker, publisher
 
 #: A rate that never binds at bench speed, and a uniqueness window longer than any run.
 _RATE = "10000000/s"
 _UNIQUE = 3600
+#: The key of the ``encrypt`` row, new for each run.
+_KEY = base64.urlsafe_b64encode(os.urandom(32)).decode("ascii")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,18 +28,24 @@ class Feature:
     options: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: ``hurtle worker`` options; the solo pool when empty.
     worker: tuple[str, ...] = ()
+    #: App settings the publisher and the worker get (as ``HURTLE_*`` variables).
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def unavailable(self) -> str | None:
         """Why a task cannot be registered with these options here, or None if it can."""
         try:
-            Hurtle("memory://").task(name="probe", **self.options)(lambda x, y: x + y)
-        except TypeError as err:
+            app = Hurtle("memory://", **self.settings)
+            app.task(name="probe", **self.options)(lambda x, y: x + y)
+        except (TypeError, ConfigurationError) as err:
             return f"option not available ({err})"
         return None
 
     def scenario(self) -> Scenario:
         """The publish-then-consume row the harness runs, on ``peers.features_app``."""
         env = {"HURTLE_BENCH_OPTIONS": json.dumps(self.options)}
+        for name, value in self.settings.items():
+            text = ",".join(value) if isinstance(value, list | tuple) else str(value)
+            env[f"HURTLE_{name.upper()}"] = text
         if "--pool" in self.worker:
             env["HURTLE_BENCH_PROBE_LOCK"] = "1"  # tasks count from several threads
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "no option"
@@ -58,6 +69,8 @@ ROWS = [
     Feature("rate_limit", {"rate_limit": _RATE}),
     Feature("unique_for", {"unique_for": _UNIQUE}),
     Feature("time_limit", {"time_limit": 10}),
+    # arguments opened in the worker, one AES-GCM per message
+    Feature("encrypt", {"encrypt": True}, settings={"encryption_keys": [_KEY]}),
     Feature(
         "all",
         {"store_result": True, "rate_limit": _RATE, "unique_for": _UNIQUE, "time_limit": 10},
