@@ -43,11 +43,6 @@ def project(request: pytest.FixtureRequest, tmp_path: Path) -> Project:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a broker stores a batch's results whether or not its worker still holds the "
-    "messages (Consumer.ack writes them apart from the acknowledgement's check)",
-)
 def test_the_late_outcome_of_a_worker_taken_for_dead_does_not_replace_the_redelivered_one(
     project: Project,
 ) -> None:
