@@ -245,6 +245,16 @@ def test_scripts_forgotten_by_the_server_are_loaded_again(
     assert (broker.get_result("r1"), broker.get_result("r2")) == (b"a", b"b")
     hashes = client.keys(RESULT_KEY_PREFIX + "*")
     assert hashes and all(0 < client.pttl(name) <= 60_000 for name in hashes)
+    # and a batch of records kept whole, its acknowledgement's script packed by the worker
+    messages = [Message(id=new_id(), task="tests.add", queue="q", args=(i, 6)) for i in range(40)]
+    broker.publish(messages)
+    got = consumer.fetch(40, 1.0)
+    stored = stored_batch(got, list(range(40)))
+    assert stored.batches is not None
+    client.script_flush()
+    consumer.ack(got, stored)
+    assert broker.stats(["q"])["q"].in_flight == 0
+    assert [broker.get_result(m.id) for m in messages] == stored.batches[0].payloads()
     consumer.close()
 
 
