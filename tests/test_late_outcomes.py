@@ -1,7 +1,8 @@
 """A worker taken for dead while it lives (paused with SIGSTOP past its heartbeat timeout, as a
 host cut off from the broker looks): its task runs again on another worker, and when it comes
 back, its late outcome is ignored (docs/brokers.md, "Delivery semantics"): the stored result is
-the redelivered copy's."""
+the redelivered copy's. On every broker that serves several processes; the conformance suite
+(``tests/brokers/test_late_contract.py``) covers the memory broker too, through the broker API."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers import Project
+from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 TASKS = """
 import os
@@ -36,18 +38,24 @@ def work(seconds):
 ENV = {"HURTLE_HEARTBEAT_TIMEOUT": "1"}
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+#: The fixture of each broker's URL (SQLite: the project's own file). The memory broker lives in
+#: one process: ``tests/brokers/test_late_contract.py`` covers it through the broker API.
+URLS = {
+    "sqlite": None,
+    "redis": "redis_url",
+    "redis-cluster": "redis_cluster_url",
+    "nats": "nats_url",
+}
+
+
+@pytest.fixture(params=list(URLS))
 def project(request: pytest.FixtureRequest, tmp_path: Path) -> Project:
-    url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    fixture = URLS[request.param]
+    url = None if fixture is None else str(request.getfixturevalue(fixture))
     return Project(tmp_path, TASKS, ["late.work"], url=url)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason="a broker stores a batch's results whether or not its worker still holds the "
-    "messages (Consumer.ack writes them apart from the acknowledgement's check)",
-)
 def test_the_late_outcome_of_a_worker_taken_for_dead_does_not_replace_the_redelivered_one(
     project: Project,
 ) -> None:

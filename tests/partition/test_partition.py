@@ -216,11 +216,9 @@ def tally(
     assert not trial.ticks_lost, f"ticks lost: {trial.ticks_lost}"
     missing = sorted((n for n in sent if results[sent[n]] is None), key=int)
     assert not missing, f"no result stored for {missing}"
-    if replaced:
-        pytest.xfail(
-            f"the cut worker's late outcomes replaced the redelivered copies' results of "
-            f"{replaced}: a result is written whether or not its worker still holds the message"
-        )
+    assert not replaced, (
+        f"the cut worker's late outcomes replaced the redelivered copies' results of {replaced}"
+    )
 
 
 @pytest.mark.parametrize("trial", range(TRIALS))

@@ -37,6 +37,21 @@ Results: ``Consumer.ack(deliveries, results)`` stores task results (``StoredResu
 opaque bytes, a ttl) in the same step as the acknowledgements; ``Broker.get_result`` reads one;
 ``Broker.watch_results`` wakes waiters where the store can notify (``tests/brokers/
 test_results_contract.py``).
+
+Late outcomes: a consumer whose deadline passed while it lived (paused, or cut off from the
+store) comes back to find that what it held went to other workers. Whatever it settles then is
+ignored — the copy delivered again is the one that counts — and that covers what rides with the
+settlement, not only the acknowledgement itself: a record that rides with a delivery
+(``results[i]`` with ``deliveries[i]``) and a workflow step's effects (``ack_flow``) take
+effect only for deliveries this consumer still holds, decided in the same atomic step of the
+store as the acknowledgement's own check (one transaction, one script, one section under a
+lock). Where the
+store cannot do both in one step (a Redis Cluster, whose result keys live in other slots than
+the queue's; NATS, whose records are in KV buckets), the check comes first, in its own step,
+and only then are the records of the deliveries still held written, before the
+acknowledgement: a record is never missing for a message that counts as done, and what remains
+is the window between the check and the write (``docs/brokers.md``, "Delivery semantics").
+A new broker follows the same rule (``tests/brokers/test_late_contract.py``).
 Workflows: ``Consumer.ack_flow`` acknowledges a chain link or chord member together with what
 it sets off (the next link's message; the chord's counter, and its callback when the counter
 completes) in one atomic step; ``Broker.chord_results`` reads a chord's member results once, for
@@ -239,9 +254,14 @@ class Consumer(abc.ABC):
     def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
         """Record these deliveries as done: they leave the broker for good.
 
-        ``results`` (records of these or other messages) are stored in the same step, before
-        the acknowledgements take effect, each for its ``ttl``: a message never counts as done
-        while its record is missing. Waiters of ``Broker.watch_results`` are woken.
+        ``results`` are stored in the same step, before the acknowledgements take effect, each
+        for its ``ttl``: a message never counts as done while its record is missing. Waiters of
+        ``Broker.watch_results`` are woken. ``results[i]`` rides with ``deliveries[i]`` (the
+        record of its message): it is stored only if that delivery is still held by this
+        consumer (see "Late outcomes" above), so that the late outcome of a consumer taken for
+        dead never replaces the record of the copy delivered again. Results past
+        ``len(deliveries)`` ride with none (records of attempts settled otherwise: a failed
+        attempt's, a dead letter's) and are stored as they are.
         """
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:

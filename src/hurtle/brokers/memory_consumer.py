@@ -82,9 +82,15 @@ class MemoryConsumer(Consumer):
     def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
         wakes: list[Callable[[], None]] = []
         with self.broker._lock:
-            if results:
-                wakes = self.broker._store_results_locked(results)
             held = self._held()
+            if results:
+                n = min(len(results), len(deliveries))
+                if any(d.receipt not in held for d in deliveries[:n]):
+                    # taken for dead meanwhile: the copies delivered again keep their records
+                    results = [
+                        r for i, r in enumerate(results) if i >= n or deliveries[i].receipt in held
+                    ]
+                wakes = self.broker._store_results_locked(results)
             for d in deliveries:
                 held.pop(d.receipt, None)
         for wake in wakes:

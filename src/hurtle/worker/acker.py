@@ -17,7 +17,9 @@ be closed, once this worker's heartbeat lapses), so their tasks run again.
 
 Results ride with acknowledgements: ``ack_with_result`` queues a delivery together with its
 record (``StoredResult``), and the flush hands both to one ``Consumer.ack`` call, so a batch of
-results costs the round trip the acknowledgements pay anyway. Records without a delivery to
+results costs the round trip the acknowledgements pay anyway; the broker stores a record only
+while its delivery is still held (``Consumer.ack``: a worker taken for dead meanwhile leaves the
+record to the copy delivered again). Records without a delivery to
 acknowledge (``store_result``: a failed attempt, a dead letter) are written first in the flush,
 before the retries and dead letters gathered with them: a record never lands after the outcome
 of the attempt that follows it. A batch's records come in columns (``StoredResults``, from
@@ -317,12 +319,15 @@ class Acker:
             locks = UniqueLocks.join(lock_parts) if lock_parts else ()
             try:
                 if with_results or batches:
-                    delivered = acks + [d for d, _ in with_results]
+                    # record i rides with delivery i (stored only while it is held); the
+                    # plain acknowledgements come after those that carry a record
+                    delivered = [d for d, _ in with_results]
                     parts: list[Sequence[StoredResult]] = [r for _, r in batches]
                     if with_results:
                         parts.insert(0, [r for _, r in with_results])
                     for batch, _ in batches:
                         delivered += batch
+                    delivered += acks
                     stored: Sequence[StoredResult] = StoredResults.join(parts)
                 else:
                     delivered, stored = acks, ()

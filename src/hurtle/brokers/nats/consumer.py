@@ -9,7 +9,11 @@ went back, so it forgets it (settling it later does nothing) and starts a fresh 
 what it took since.
 
 Acknowledgements are pipelined per batch (``Store.settle``); workflow steps are settled by
-``flows.py``. A beat stores the worker's report,
+``flows.py``. An acknowledgement that carries records first writes the worker's record (one
+compare-and-set a batch, as ``flows.py`` does): the records of deliveries a recoverer took are
+not stored, so a worker taken for dead does not replace those of the copies delivered again.
+The window left is between that write and the records' puts: a worker paused or cut off exactly
+there, past its heartbeat timeout, stores its records late. A beat stores the worker's report,
 pushes its deadline, tells JetStream the held messages are in progress (``+WPI``, which restarts
 their ``AckWait``: a slow task on a live worker is never redelivered) and recovers dead workers.
 A blocked fetch waits on the queues' wake subjects, and asks again at least once a second.
@@ -192,7 +196,15 @@ class NatsConsumer(Consumer):
         return out
 
     def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        riding = min(len(results), len(deliveries))
+        if riding:  # a recoverer took the record: what it held is forgotten, records too
+            run(self._write_record([]))
         taken = self._take_held(deliveries)
+        if riding and len(taken) < len(deliveries):
+            held = {receipt for receipt, _ in taken}
+            results = [
+                r for i, r in enumerate(results) if i >= riding or deliveries[i].receipt in held
+            ]
         if taken or results:
             try:
                 run(self._ack([r for r, _ in taken], results))

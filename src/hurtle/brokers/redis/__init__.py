@@ -17,10 +17,12 @@ How it works, in short:
   carries a token, kept until its reply is read: a fetch sent again after a lost reply first
   hands back what the lost one took, so nothing stays held by a worker that never saw it.
 * ack: one ``HDEL`` of the receipts per queue. Receipts are integers ``seq * 10 + priority``.
-* results: ``Consumer.ack(deliveries, results)`` sends, per bucket's hash, ``results_expire.lua``
-  (the hash's expiry, set before any record is in it) and one ``HSET`` (each record a field,
-  after its expiry), then one ``PUBLISH`` of the
-  batch's ids on ``hurtle:results``, before the ack scripts, in the same pipeline.
+* results: ``Consumer.ack(deliveries, results)`` writes the records that ride with the
+  deliveries in the acknowledgement's script (``ack_results.lua``: each record a field of its
+  bucket's hash, after its expiry, and only for the batches the worker still holds), which then
+  announces the batch's ids on ``hurtle:results``; records that ride with no delivery are sent,
+  per bucket's hash, as ``results_expire.lua`` (the hash's expiry, set before any record is in
+  it) and one ``HSET``, then one ``PUBLISH``, in the same pipeline.
   Waiters do not poll: one listener thread per broker object, on one connection, subscribes to
   that channel and wakes the waiters of the ids it hears; reads of records go through a small
   pool of their own (``RESULT_CONNECTIONS``), so a thousand waiters use a handful of connections.

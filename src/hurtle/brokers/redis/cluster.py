@@ -26,9 +26,15 @@ What makes that possible, and what differs from one server:
   and a reconnection per queue each time a consumer of several queues wakes from idle (none
   while messages keep coming: it only waits when nothing is ready).
 * Results. A record's key has a slot of its own (its reader knows only the id), so a batch of
-  records is one ``SET`` each in the ack's pipeline rather than one script, announced on a
-  sharded channel (``SPUBLISH``/``SSUBSCRIBE``): the announcement goes to the one shard that
-  serves ``hurtle:results``, not to every node as a plain ``PUBLISH`` would.
+  records is written by plain commands in the ack's pipeline rather than in the ack's script,
+  announced on a sharded channel (``SPUBLISH``/``SSUBSCRIBE``): the announcement goes to the
+  one shard that serves ``hurtle:results``, not to every node as a plain ``PUBLISH`` would.
+  Which of the worker's fetched batches are still held is read first (one ``HMGET`` per queue,
+  a round trip more per batch of records), and only the records those batches delivered are
+  written, before the acknowledgements: a worker taken for dead does not replace the records of
+  the copies delivered again. What remains is the window between that read and the writes: a
+  worker paused or cut off exactly there, past its heartbeat timeout, writes its records late
+  (over those of the copies delivered again, if these were stored meanwhile).
 * Failover. When a master dies, its replica takes over once the cluster declares it failed
   (``cluster-node-timeout``). Until then commands to its slots fail: the client retries a few
   times with backoff, then ``BrokerError`` is raised (a worker's fetch loop backs off and tries
@@ -66,13 +72,15 @@ import redis
 
 from ...errors import BrokerError, ConfigurationError
 from ...message import MAX_PRIORITY, Message, check_messages
-from ..base import ChordStep, FlowStep
+from ..base import ChordStep, Delivery, FlowStep, StoredResult
+from ..columns import StoredResults
 from ..common import LOST_TTL
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULT_BUCKET_CUT, RESULTS_CHANNEL, chord_key
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
 from .consumer import MAX_BLOCK, RedisConsumer, _Target
 from .results import _ResultListener, _results_commands
 from .scripts import _Command, _publish_keys
+from .settling import _part, _segments
 
 SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 #: Retries of a command that failed on a connection, a timeout or a cluster in failover.
@@ -224,6 +232,50 @@ class RedisClusterConsumer(RedisConsumer):
             if isinstance(err, OSError):
                 err = redis.ConnectionError(str(err))
             raise err from None
+
+    def _ack_commands(
+        self, deliveries: Sequence[Delivery], results: Sequence[StoredResult]
+    ) -> list[_Command]:
+        """The records of the batches still held (read first: ``_held_only``), then the
+        acknowledgements; a record's key is of another slot than the queue's, so no one script
+        does both."""
+        riding: Sequence[StoredResult]
+        loose: list[StoredResult]
+        if len(results) > len(deliveries):  # records past the deliveries ride with none
+            every = list(results)
+            riding, loose = every[: len(deliveries)], every[len(deliveries) :]
+        else:
+            riding, loose = results, []
+        if riding:
+            riding = self._held_only(deliveries[: len(riding)], riding)
+        stored: Sequence[StoredResult] = [*riding, *loose] if loose and riding else loose or riding
+        commands = _results_commands(self.broker, stored) if stored else []
+        return commands + super()._ack_commands(deliveries, ())
+
+    def _held_only(
+        self, deliveries: Sequence[Delivery], results: Sequence[StoredResult]
+    ) -> Sequence[StoredResult]:
+        """The records of ``results`` whose deliveries came in batches still held: one
+        ``HMGET`` of the in-flight index per queue, in one pipeline."""
+        segments = _segments(deliveries)
+        batches: dict[str, list[int]] = {}
+        for queue, batch, _, _ in segments:
+            batches.setdefault(queue, []).append(batch)
+        queues = list(batches)
+        replies = self.broker._pipeline(
+            [(("HMGET", self._target(q).inflight, *batches[q]), None) for q in queues],
+            f"checking which of {len(deliveries)} deliveries are still held",
+        )
+        held = {
+            (q, batch)
+            for q, counts in zip(queues, replies, strict=True)
+            for batch, count in zip(batches[q], counts, strict=True)
+            if count is not None
+        }
+        kept = [(start, end) for q, batch, start, end in segments if (q, batch) in held]
+        if len(kept) == len(segments):
+            return results
+        return StoredResults.join([_part(results, start, end) for start, end in kept] or [[]])
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         """Workflow steps in a few per-slot round trips for the whole batch, since one step's

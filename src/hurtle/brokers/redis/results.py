@@ -10,13 +10,17 @@ the broker rebuilds the call's record from the batch (``middleware.results.recor
 the bytes a record stored on its own would have. Any other record (a failed attempt's, a dead
 letter's, a small batch's) is a field of the bucket's hash of records, one per id.
 
-Either way a batch is, per hash it touches (most batches touch one), one
-``results_expire.lua`` call, which gives the hash its expiry before anything is in it, and one
-plain ``HSET``; then one announcement of the ids, sent with the batch's acknowledgements in
-one pipeline. Plain commands, not a script that splits packed strings: Redis stores a record
-for about 0.35 µs of its time that way, against 1.1 µs in Lua (measured with ``INFO
-commandstats``, 1,000 records of 150 bytes a batch), and the worker's share of a record stored
-on its own, one argument list per hash packed here, stays a few hundred nanoseconds. Each
+A worker's records ride with its acknowledgements: on one server they are written by the
+acknowledgement's script (``ack_results.lua``), only for the batches the worker still holds, so
+that a worker taken for dead does not replace the records of the copies delivered again; the
+worker packs the script's arguments as it would a plain ``HSET`` (``_pairs``). A script pays
+for its arguments: Redis stores a record one by one for about 1.3 µs of its time that way,
+against 0.17 µs for a plain ``HSET`` (``INFO commandstats``, 1,000 records of 150 bytes a
+batch); a batch stored whole is one field for 64 records, whatever the form. Records that ride
+with no delivery (a failed attempt's, a dead letter's), and on a cluster those whose batches
+were found held just before (``cluster.py``), are written by plain commands: per hash they
+touch, one ``results_expire.lua`` call, which gives the hash its expiry before anything is in
+it, and one ``HSET``; then one announcement of the ids, in the acknowledgements' pipeline. Each
 value starts with its own expiry, 13 digits of milliseconds on the server's clock, which
 ``result_get.lua`` checks (a hash lives as long as its longest-lived value); the worker
 reckons it from its own clock corrected by the server's (``RedisBroker._server_ms``, read
@@ -34,7 +38,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, groupby, repeat
 from operator import itemgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..base import StoredResult
 from ..columns import ResultBatch, StoredResults
@@ -45,7 +49,7 @@ from ..keys import (
     RESULTS_CHANNEL,
     result_key,
 )
-from .scripts import RAW, _Command
+from .scripts import RAW, _Command, _pack
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -59,27 +63,55 @@ _FIRST = itemgetter(0)
 CLOCK_CHECK_EVERY = 60.0
 
 
+class _Write(NamedTuple):
+    """The records of one batch bound for one hash: ``size`` fields, as the arguments of an
+    ``HSET`` after its key (``body``: the RESP bulk strings, packed here, or the arguments),
+    the longest time to live among them in ms."""
+
+    name: str | bytes
+    ttl_ms: int
+    size: int
+    body: bytes | list[Any]
+
+
 def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> list[_Command]:
     """Per hash of results touched (most batches touch one): one ``results_expire.lua`` call,
     which gives the hash its expiry (making it first if need be), then one ``HSET`` of its
-    records (batches stored whole: ``_batch_commands``); then one ``PUBLISH`` (``SPUBLISH``
+    records (batches stored whole: ``_batch_writes``); then one ``PUBLISH`` (``SPUBLISH``
     on a cluster) of the batch's ids. Each command names one key, so on a cluster each goes to
     its slot. Records in columns (``StoredResults``, what a worker's batch makes) are read as
-    they are."""
+    they are. These records are written whatever holds their messages: records that ride
+    with no delivery, or whose deliveries were found held just before (``cluster.py``); on
+    one server a worker's records ride in its acknowledgement's script (``ack_results.lua``).
+    """
     if not results:
         return []
-    now_ms = broker._server_ms()
+    writes, announced = _writes(broker, results, broker._server_ms())
     announce = "SPUBLISH" if broker._sharded else "PUBLISH"
+    expire = broker._scripts.results_expire
+    commands: list[_Command] = []
+    for w in writes:
+        commands.append(broker._call_whole(expire, (w.name,), (w.ttl_ms,)))
+        if isinstance(w.body, bytes):
+            commands.append(((RAW, _head(("HSET", w.name), 2 * w.size) + w.body), None))
+        else:
+            commands.append((("HSET", w.name, *w.body), None))
+    commands.append(((announce, RESULTS_CHANNEL, announced), None))
+    return commands
+
+
+def _writes(
+    broker: RedisBroker, results: Sequence[StoredResult], now_ms: int
+) -> tuple[list[_Write], str]:
+    """The records as writes, one per hash touched (two for a bucket that gets batches stored
+    whole and records one by one), and the ids to announce, space-separated."""
     if isinstance(results, StoredResults):
         ids, ttls = results.ids, [results.ttl]
         announced = " ".join(ids)
         runs = _runs(ids, announced, RESULT_BUCKET_CUT)
         batches = results.batches
         if batches is not None and runs is not None and broker._raw_ok:
-            return [
-                *_batch_commands(broker, ids, runs, batches, results.ttl, now_ms),
-                ((announce, RESULTS_CHANNEL, announced), None),
-            ]
+            return _batch_writes(ids, runs, batches, results.ttl, now_ms), announced
         payloads = results.payloads
     else:
         ids = [r.id for r in results]
@@ -118,18 +150,18 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
             group[1].extend([row[2] for row in rows])
             group[2].extend([row[3] for row in rows])
     stamps: dict[float, bytes] = {}  # ttl -> the 13-digit expiry that leads each value
-    commands: list[_Command] = []
-    expire = broker._scripts.results_expire
-    # ids of one length, ASCII, no spaces: the HSET can be packed here (``_hset``)
+    writes: list[_Write] = []
+    # ids of one length, ASCII, no spaces: the HSET can be packed here (``_pairs``)
     pack_here = runs is not None and broker._raw_ok
     for name, (group_ids, group_payloads, group_ttls) in groups.items():
         ttl = group_ttls[0]
+        n = len(group_ids)
         if group_ttls.count(ttl) == len(group_ttls):
             stamp = stamps.get(ttl) or stamps.setdefault(ttl, _stamp(now_ms, ttl))
             if pack_here:
-                assert isinstance(name, str)
-                commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
-                commands.append(((RAW, _hset(name, group_ids, group_payloads, stamp)), None))
+                writes.append(
+                    _Write(name, _ttl_ms(ttl), n, _pairs(group_ids, group_payloads, stamp))
+                )
                 continue
             values = [stamp + p for p in group_payloads]
         else:
@@ -138,30 +170,28 @@ def _results_commands(broker: RedisBroker, results: Sequence[StoredResult]) -> l
                 (stamps.get(t) or stamps.setdefault(t, _stamp(now_ms, t))) + p
                 for t, p in zip(group_ttls, group_payloads, strict=True)
             ]
-        fields: list[Any] = [None] * (2 * len(group_ids))
+        fields: list[Any] = [None] * (2 * n)
         fields[0::2] = group_ids
         fields[1::2] = values
-        commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
-        commands.append((("HSET", name, *fields), None))
-    commands.append(((announce, RESULTS_CHANNEL, announced), None))
-    return commands
+        writes.append(_Write(name, _ttl_ms(ttl), n, fields))
+    return writes, announced
 
 
-def _batch_commands(
-    broker: RedisBroker,
+def _batch_writes(
     ids: list[str],
     runs: list[tuple[str, int, int]],
     batches: list[ResultBatch],
     ttl: float,
     now_ms: int,
-) -> list[_Command]:
-    """Batches of records stored whole: per bucket they have ids in, one
-    ``results_expire.lua`` call on the bucket's hash of batches, then one ``HSET`` there of
-    each batch under the first and last of its ids in the bucket. The value: the expiry, the
-    length of the batch's ids, its ids (space-separated), its body (``result_get.lua`` reads
-    it). A batch whose ids span two buckets is stored in both. A batch with no body (too
-    small to be kept whole) is stored one record per field, as ``_results_commands`` does."""
+) -> list[_Write]:
+    """Batches of records stored whole: per bucket they have ids in, one write to the
+    bucket's hash of batches of each batch under the first and last of its ids in the bucket.
+    The value: the expiry, the length of the batch's ids, its ids (space-separated), its body
+    (``result_get.lua`` reads it). A batch whose ids span two buckets is stored in both. A
+    batch with no body (too small to be kept whole) is stored one record per field, as
+    ``_writes`` does."""
     stamp = _stamp(now_ms, ttl)
+    ttl_ms = _ttl_ms(ttl)
     starts = list(accumulate((b.size for b in batches), initial=0))
     heads: list[bytes] = []  # per batch: the value up to its body
     loose: list[list[bytes]] = []  # per batch: its records, when it has no body
@@ -173,11 +203,10 @@ def _batch_commands(
         else:
             heads.append(b"")
             loose.append(b.payloads())
-    expire = broker._scripts.results_expire
-    commands: list[_Command] = []
+    writes: list[_Write] = []
     for bucket, start, end in runs:
         name = f"{RESULT_KEY_PREFIX}{bucket}}}"
-        parts = [b""]
+        parts: list[bytes] = []
         fields = 0
         one_ids: list[str] = []  # records one by one, in the bucket's hash of records
         one_payloads: list[bytes] = []
@@ -201,17 +230,27 @@ def _batch_commands(
             fields += 1
         if fields:
             whole = f"{name}{RESULT_BATCHES_SUFFIX}".encode()
-            parts[0] = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n" % (2 * fields + 2, len(whole), whole)
-            commands.append(broker._call_whole(expire, (whole,), (_ttl_ms(ttl),)))
-            commands.append(((RAW, b"".join(parts)), None))
+            writes.append(_Write(whole, ttl_ms, fields, b"".join(parts)))
         if one_ids:
-            commands.append(broker._call_whole(expire, (name,), (_ttl_ms(ttl),)))
-            commands.append(((RAW, _hset(name, one_ids, one_payloads, stamp)), None))
-    return commands
+            writes.append(_Write(name, ttl_ms, len(one_ids), _pairs(one_ids, one_payloads, stamp)))
+    return writes
+
+
+def _head(args: Sequence[Any], more: int) -> bytes:
+    """The RESP of a command's first arguments, ``args``, announcing ``more`` bulk strings
+    after them (packed here: ``_pairs``)."""
+    assert _pack is not None
+    packed = _pack(tuple(args))
+    return b"*%d\r\n%s" % (len(args) + more, packed[packed.index(b"\r\n") + 2 :])
 
 
 def _hset(key: str, ids: list[str], payloads: list[bytes], stamp: bytes) -> bytes:
-    """The RESP bytes of ``HSET key id stamp+payload ...``, for ASCII ids of one length without
+    """The RESP bytes of ``HSET key id stamp+payload ...`` (``_pairs``)."""
+    return _head(("HSET", key), 2 * len(ids)) + _pairs(ids, payloads, stamp)
+
+
+def _pairs(ids: list[str], payloads: list[bytes], stamp: bytes) -> bytes:
+    """The RESP bulk strings ``id stamp+payload ...``, for ASCII ids of one length without
     spaces: made with a few slices and one join, no Python step per record. About 1,500 CPU
     instructions a record (callgrind, 1,000 records of 70 bytes), where hiredis, after a
     concatenation per value for the stamp, takes 3,900."""
@@ -221,14 +260,13 @@ def _hset(key: str, ids: list[str], payloads: list[bytes], stamp: bytes) -> byte
     lengths = list(map(len, payloads))
     # payload length -> the value's header, then the stamp (a batch's records have few lengths)
     heads = {k: b"\r\n$%d\r\n%s" % (k + len(stamp), stamp) for k in set(lengths)}
-    name = key.encode()
-    # the command's head, then per record: the id's header, the id, the value's header, the
-    # payload (each header starts by ending the line before it); then the last line end
-    parts = [id_head] * (4 * n + 2)
-    parts[0] = b"*%d\r\n$4\r\nHSET\r\n$%d\r\n%s" % (2 * n + 2, len(name), name)
-    parts[2::4] = raw_ids
-    parts[3::4] = map(heads.__getitem__, lengths)
-    parts[4::4] = payloads
+    # per record: the id's header, the id, the value's header, the payload (each header but
+    # the first starts by ending the line before it); then the last line end
+    parts = [id_head] * (4 * n + 1)
+    parts[0] = id_head[2:]
+    parts[1::4] = raw_ids
+    parts[2::4] = map(heads.__getitem__, lengths)
+    parts[3::4] = payloads
     parts[-1] = b"\r\n"
     return b"".join(parts)
 

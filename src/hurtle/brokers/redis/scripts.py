@@ -58,6 +58,7 @@ class _Scripts:
         self.publish = _Script("publish")
         self.fetch = _Script("fetch")
         self.ack = _Script("ack")
+        self.ack_results = _Script("ack_results")
         self.ack_flow = _Script("ack_flow")
         self.retry = _Script("retry")
         self.dead_letter = _Script("dead_letter")
@@ -189,13 +190,32 @@ class _ScriptRunner:
         each command through ``_pipeline``."""
         if not self._raw_ok:
             return self._pipeline(commands, doing)
-        pool = self._client.connection_pool
         try:
             pack = _pack
             assert pack is not None
             packed = [cmd[1] if cmd[0] is RAW else pack(cmd) for cmd, _ in commands]
         except TypeError as err:  # an argument hiredis cannot send: what redis-py says of it
             raise BrokerError(f"{doing}: {err}") from err
+        results = self._send_packed(packed, doing)
+        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+        if missing:  # the server restarted or SCRIPT FLUSH: those commands did not run
+            try:
+                for script in {id(s): s for _, s in commands if s is not None}.values():
+                    self._client.script_load(script.source)
+            except redis.RedisError as err:
+                self._fail(err, doing)
+            again = self._send_packed([packed[i] for i in missing], doing)
+            for i, r in zip(missing, again, strict=True):
+                results[i] = r
+        for r in results:
+            if isinstance(r, redis.RedisError):
+                self._fail(r, doing)
+        return results
+
+    def _send_packed(self, packed: list[bytes], doing: str) -> list[Any]:
+        """Send commands packed already, in one send, and read their replies raw (a command's
+        error is its reply)."""
+        pool = self._client.connection_pool
         try:
             conn = pool.get_connection()
         except redis.RedisError as err:
@@ -215,14 +235,6 @@ class _ScriptRunner:
                 self._fail(err, doing)
             raise
         pool.release(conn)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing:  # the server restarted or SCRIPT FLUSH: those commands did not run
-            again = self._pipeline([commands[i] for i in missing], doing)
-            for i, r in zip(missing, again, strict=True):
-                results[i] = r
-        for r in results:
-            if isinstance(r, redis.RedisError):
-                self._fail(r, doing)
         return results
 
     def _call(self, script: _Script, keys: Sequence[str | bytes], args: Sequence[Any]) -> _Command:

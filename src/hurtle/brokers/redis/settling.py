@@ -8,7 +8,7 @@ import math
 import struct
 import time
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
@@ -17,11 +17,12 @@ from ...errors import EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, message_id
 from ..base import Delivery, FlowStep, StoredResult
+from ..columns import ResultBatch, StoredResults
 from ..common import log_trimmed
-from ..keys import BATCH_BITS, BATCH_MASK, QUEUES
+from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULTS_CHANNEL
 from . import flows
-from .results import _results_commands
-from .scripts import _PRIORITY_ARG, _Command, _publish_keys
+from .results import _head, _results_commands, _Write, _writes
+from .scripts import _PRIORITY_ARG, RAW, _Command, _publish_keys
 
 if TYPE_CHECKING:
     from .broker import RedisBroker
@@ -73,6 +74,92 @@ def _ack_args(receipts: list[int]) -> list[Any]:
     return args
 
 
+def _segments(deliveries: Sequence[Delivery]) -> list[tuple[str, int, int, int]]:
+    """``deliveries`` cut in runs delivered by one batch of one queue: (queue, batch id, start,
+    end). The usual flush, one queue and one batch, is found without a look at each delivery."""
+    receipts = list(map(_RECEIPT_OF, deliveries))
+    queues = set(map(_QUEUE_OF, deliveries))
+    n = len(receipts)
+    if len(queues) == 1:
+        queue = queues.pop()
+        low, high = min(receipts) >> BATCH_BITS, max(receipts) >> BATCH_BITS
+        if low == high:
+            return [(queue, low, 0, n)]
+        if receipts == sorted(receipts):  # batches in the order they were fetched
+            out = []
+            start = 0
+            while start < n:
+                batch = receipts[start] >> BATCH_BITS
+                end = bisect_left(receipts, (batch + 1) << BATCH_BITS, start)
+                out.append((queue, batch, start, end))
+                start = end
+            return out
+    out = []
+    start = 0
+    for i in range(1, n + 1):
+        if (
+            i == n
+            or deliveries[i].queue != deliveries[start].queue
+            or receipts[i] >> BATCH_BITS != receipts[start] >> BATCH_BITS
+        ):
+            out.append((deliveries[start].queue, receipts[start] >> BATCH_BITS, start, i))
+            start = i
+    return out
+
+
+def _part(results: Sequence[StoredResult], start: int, end: int) -> Sequence[StoredResult]:
+    """Records ``start`` to ``end`` of ``results``; a worker's batches stored whole stay so
+    where they lie within, and one cut by the bounds is stored one record at a time."""
+    if not isinstance(results, StoredResults) or results.batches is None:
+        return results[start:end]
+    kept: list[ResultBatch] = []
+    at = 0
+    for b in results.batches:
+        low, high = max(start, at), min(end, at + b.size)
+        if low < high:
+            if high - low == b.size:
+                kept.append(b)
+            else:
+                kept.append(ResultBatch(high - low, b"", _cut(b, low - at, high - at)))
+        at += b.size
+    return StoredResults(results.ids[start:end], None, results.ttl, kept)
+
+
+def _cut(batch: ResultBatch, low: int, high: int) -> Callable[[], list[bytes]]:
+    return lambda: batch.payloads()[low:high]
+
+
+def _ack_results_call(
+    broker: RedisBroker,
+    inflight: str,
+    receipts: list[int],
+    writes: list[tuple[int, _Write]],
+    announced: str,
+) -> _Command:
+    """``ack_results.lua`` for one queue: its acknowledgements and the records riding with
+    them, packed here (``_head``) when the records are."""
+    acks = _ack_args(receipts)
+    script = broker._scripts.ack_results
+    keys = [inflight, *(w.name for _, w in writes)]
+    args: list[Any] = [len(acks) // 3, *acks, RESULTS_CHANNEL, announced, len(writes)]
+    for batch, w in writes:
+        args += (batch, w.ttl_ms, w.size)
+    if not any(isinstance(w.body, bytes) for _, w in writes):
+        for _, w in writes:
+            args += w.body
+        return broker._call(script, keys, args)
+    head = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    bodies = [w.body if isinstance(w.body, bytes) else _pairs_of(w.body) for _, w in writes]
+    more = sum(2 * w.size for _, w in writes)
+    return (RAW, _head(head, more) + b"".join(bodies)), script
+
+
+def _pairs_of(fields: list[Any]) -> bytes:
+    """``fields`` as the RESP bulk strings ``_head`` announces."""
+    packed = _head(fields, 0)
+    return packed[packed.index(b"\r\n") + 2 :]
+
+
 class _Settling:
     """``RedisConsumer``'s acknowledgements, retries, dead letters, deferrals and hand-backs."""
 
@@ -100,13 +187,39 @@ class _Settling:
             for d in deliveries:
                 groups.setdefault(d.queue, []).append(d.receipt)
         script = self.broker._scripts.ack
-        # the records first: a message never counts as done while one is missing
-        commands: list[_Command] = _results_commands(self.broker, results) if results else []
-        commands += [
-            self.broker._call(script, (self._target(q).inflight,), _ack_args(receipts))
-            for q, receipts in groups.items()
-        ]
+        riding: Sequence[StoredResult] = results
+        commands: list[_Command] = []
+        if len(results) > len(deliveries):  # records past the deliveries ride with none
+            loose = list(results)
+            riding, loose = loose[: len(deliveries)], loose[len(deliveries) :]
+            commands += _results_commands(self.broker, loose)
+        writes = self._riding_writes(deliveries, riding) if riding else {}
+        for q, receipts in groups.items():
+            inflight = self._target(q).inflight
+            if q in writes:
+                commands.append(_ack_results_call(self.broker, inflight, receipts, *writes[q]))
+            else:
+                commands.append(self.broker._call(script, (inflight,), _ack_args(receipts)))
         return commands
+
+    def _riding_writes(
+        self, deliveries: Sequence[Delivery], results: Sequence[StoredResult]
+    ) -> dict[str, tuple[list[tuple[int, _Write]], str]]:
+        """Per queue, the writes of the records that ride with its deliveries, each with the
+        id of the batch that delivered its messages (``ack_results.lua`` writes it only while
+        that batch is held), and the ids to announce."""
+        now_ms = self.broker._server_ms()
+        out: dict[str, tuple[list[tuple[int, _Write]], str]] = {}
+        for queue, batch, start, end in _segments(deliveries[: len(results)]):
+            part = results if end - start == len(results) else _part(results, start, end)
+            writes, announced = _writes(self.broker, part, now_ms)
+            had = out.get(queue)
+            if had is None:
+                out[queue] = ([(batch, w) for w in writes], announced)
+            else:
+                had[0].extend((batch, w) for w in writes)
+                out[queue] = (had[0], f"{had[1]} {announced}")
+        return out
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         flows.ack_flow(self, steps)

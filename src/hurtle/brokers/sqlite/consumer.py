@@ -31,6 +31,7 @@ from .schema import (
     _PUT_RESULT,
     _SETTLE,
     _SETTLE_MANY,
+    _SETTLE_MANY_HELD,
     _TAKE,
     _TAKE_BACK,
     _TAKE_BACK_RANGE,
@@ -207,6 +208,26 @@ class _SQLiteConsumer(Consumer):
             conn.execute(_SETTLE_MANY, (queue, priority, json.dumps(ids)))
             conn.execute(_DROP_REACHED, (self.worker_id, queue, priority, max(ids)))
 
+    def _ack_held(
+        self, conn: sqlite3.Connection, groups: dict[tuple[str, int], list[int]]
+    ) -> set[tuple[str, int]] | None:
+        """``_ack_in``, telling which deliveries were still held: None when all of them were,
+        else the ``(queue, receipt)`` of those that were."""
+        held: list[tuple[str, int, list[tuple[int]]]] = []
+        missing = False
+        for (queue, priority), ids in groups.items():
+            rows = conn.execute(_SETTLE_MANY_HELD, (queue, priority, json.dumps(ids))).fetchall()
+            conn.execute(_DROP_REACHED, (self.worker_id, queue, priority, max(ids)))
+            missing = missing or len(rows) < len(set(ids))
+            held.append((queue, priority, rows))
+        if not missing:
+            return None
+        return {
+            (queue, id_ << _PRIORITY_BITS | priority)
+            for queue, priority, rows in held
+            for (id_,) in rows
+        }
+
     def _settle_one(self, conn: sqlite3.Connection, delivery: Delivery) -> bool:
         """Delete one held row; False when it is not held any more."""
         receipt = delivery.receipt
@@ -221,11 +242,23 @@ class _SQLiteConsumer(Consumer):
             return
         groups = _group(deliveries)
         with self.broker._write() as conn:
-            if results:
-                now = time.time()
-                conn.execute(_EXPIRE_RESULTS, (now,))
-                conn.executemany(_PUT_RESULT, [(r.id, now + r.ttl, r.payload) for r in results])
-            self._ack_in(conn, groups)
+            if not results:
+                self._ack_in(conn, groups)
+                return
+            # one transaction: the acknowledgements say which deliveries were still held, and
+            # only their records are stored (a worker taken for dead meanwhile leaves the
+            # record to the copy delivered again)
+            held = self._ack_held(conn, groups)
+            if held is not None:
+                n = len(deliveries)
+                results = [
+                    r
+                    for i, r in enumerate(results)
+                    if i >= n or (deliveries[i].queue, deliveries[i].receipt) in held
+                ]
+            now = time.time()
+            conn.execute(_EXPIRE_RESULTS, (now,))
+            conn.executemany(_PUT_RESULT, [(r.id, now + r.ttl, r.payload) for r in results])
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         flows.ack_flow(self, steps)

@@ -167,6 +167,7 @@ _MOVE_CURSOR = "UPDATE cursors SET last = ? WHERE queue = ? AND priority = ?"
 _ADD_CLAIM = "INSERT INTO claims (worker, queue, priority, lo, hi) VALUES (?, ?, ?, ?, ?)"
 _SETTLE = "DELETE FROM messages WHERE queue = ? AND priority = ? AND id = ?"
 _SETTLE_MANY = f"DELETE FROM messages WHERE queue = ? AND priority = ? AND id IN ({_IDS})"
+_SETTLE_MANY_HELD = f"{_SETTLE_MANY} RETURNING id"
 _TAKE_BACK = (
     f"DELETE FROM messages WHERE queue = ? AND priority = ? AND id IN ({_IDS}) "
     "RETURNING queue, priority, id, body"
