@@ -16,8 +16,9 @@ from typing import Any, Concatenate, Literal, NamedTuple, NoReturn, ParamSpec, T
 import msgspec
 
 from .errors import ConfigurationError
-from .message import priority_problem, seconds_problem
+from .message import priority_problem
 from .names import QUEUE_NAME_RULE, queue_name_problem
+from .seconds import seconds_problem
 
 T = TypeVar("T")
 S = TypeVar("S")

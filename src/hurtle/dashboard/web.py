@@ -33,8 +33,8 @@ from starlette.staticfiles import StaticFiles
 from ..app import Hurtle
 from ..brokers import Broker
 from ..errors import BrokerError, ConfigurationError, EncodeError
-from ..message import seconds_problem
 from ..names import QUEUE_NAME_RULE, queue_name_problem
+from ..seconds import seconds_problem
 from . import queries
 from .batcher import Batcher
 from .bodies import IDS_BODY, LOGIN_BODY, BodyBudget, BodyLimit
