@@ -16,7 +16,7 @@ import pytest
 from hurtle.brokers import Broker
 from hurtle.ids import new_id
 from hurtle.message import Message, message_id
-from hurtle.middleware.results import DEAD, decode
+from hurtle.records import DEAD, decode
 from hurtle.workflows import FLOW, Flow
 
 MakeBroker = Callable[..., Broker]

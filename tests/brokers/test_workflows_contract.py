@@ -169,7 +169,7 @@ def test_a_member_the_broker_dead_letters_itself_fails_its_workflow_at_once(
 ) -> None:
     """A member whose workers keep dying becomes a dead letter in recovery, not in a worker:
     the broker records its workflow's failure in the same step, naming it."""
-    from hurtle.middleware.results import DEAD, decode
+    from hurtle.records import DEAD, decode
 
     broker = make(heartbeat_timeout=0.2)
     flow_id = new_id()

@@ -84,7 +84,7 @@ def run_cancel(args: argparse.Namespace) -> int:
 def _settled(app: Any, ids: list[str]) -> dict[str, str]:
     """The final states of the ids whose results say they are settled (tasks that keep
     results): those have nothing left to cancel."""
-    from ..middleware.results import FINAL, decode
+    from ..records import FINAL, decode
 
     settled: dict[str, str] = {}
     for i in ids:

@@ -25,7 +25,8 @@ import msgspec
 from ..brokers import ChordStep, FlowStep, StoredResult
 from ..errors import ResultError
 from ..message import Message, encode_many
-from ..middleware.results import decode, encode_value
+from ..middleware.results import encode_value
+from ..records import decode
 from ..workflows import FLOW, Flow, read_flow
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from ..brokers import Delivery, Lock, StoredResult
 from ..brokers.reports import UNDECODABLE, Tally
 from ..errors import DecodeError
 from ..message import Message, salvage
-from ..middleware.results import CANCELLED, DEAD, EXPIRED
+from ..records import CANCELLED, DEAD, EXPIRED
 from .ends import ending
 
 if TYPE_CHECKING:
