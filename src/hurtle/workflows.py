@@ -11,9 +11,9 @@
 
 What makes them hold (``hurtle.worker.flows`` is the worker side):
 
-* Each message carries what it sets off in ``headers["flow"]`` (a ``Flow``, encoded with
-  msgspec like the rest of the message; never pickle): a chain link the links still to run, a
-  chord member its chord's id, index, size and callback.
+* Each message carries what it sets off in ``headers["flow"]`` (a ``Flow``: ``hurtle.flow``,
+  encoded with msgspec like the rest of the message; never pickle): a chain link the links
+  still to run, a chord member its chord's id, index, size and callback.
 * A link's or member's acknowledgement and what it sets off are one atomic step of the broker
   (``Consumer.ack_flow``): the next link is published, or the chord's counter (kept in the
   broker, one entry per member index) counts the member and the member that completes it
@@ -44,13 +44,11 @@ with ``unique_for`` (a link published by a worker takes no unique lock).
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Never, TypeVar, Unpack
 
-import msgspec
-
 from .errors import ConfigurationError
+from .flow import FLOW, Flow, Link, read_flow
 from .handles import FlowHandle, GroupHandle, Handle
 from .ids import new_id
 from .message import Message
@@ -62,73 +60,6 @@ if TYPE_CHECKING:
     from .options import SendOptions
 
 R = TypeVar("R")
-
-#: The header that marks a workflow message.
-FLOW = "flow"
-
-
-class Link(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """A signature as it travels in a header: everything to build its message later."""
-
-    task: str
-    queue: str
-    id: str
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = {}
-    priority: int = 0
-    delay: float = 0.0
-    eta: float = 0.0
-    headers: dict[str, Any] = {}
-    #: Seconds from the moment this link is sent (its previous step settled) after which it is
-    #: no longer started; 0: never expires.
-    expires: float = 0.0
-
-    def message(self, first: tuple[Any, ...], flow: Flow) -> Message:
-        """The message of this link, ``first`` put before its own arguments."""
-        now = time.time()
-        eta = self.eta or (now + self.delay if self.delay else 0.0)
-        return Message(
-            id=self.id,
-            task=self.task,
-            queue=self.queue,
-            args=(*first, *self.args),
-            kwargs=self.kwargs,
-            priority=self.priority,
-            eta=eta,
-            created=now,
-            headers={**self.headers, FLOW: flow},
-            expires=now + self.expires if self.expires else 0,
-        )
-
-
-class Flow(msgspec.Struct, array_like=True, frozen=True, gc=False, omit_defaults=True):
-    """``headers["flow"]`` of a workflow message.
-
-    ``id``: where the workflow's failure is recorded (its handle's id). ``store``: seconds to
-    keep this message's own result under its id (0: none; the last link, a group member, a
-    callback). ``next``: a chain's links still to run. ``chord``/``index``/``total``/
-    ``callback``: a chord member's place. ``gather``: on a callback, the chord whose results
-    come first (``total`` of them); ``forget``: the chord record to drop once it is done.
-    """
-
-    id: str
-    store: float = 0.0
-    next: tuple[Link, ...] = ()
-    chord: str = ""
-    index: int = 0
-    total: int = 0
-    callback: Link | None = None
-    gather: str = ""
-    forget: str = ""
-
-
-def read_flow(message: Message) -> Flow:
-    """The workflow header of ``message`` (``DecodeError``-like ``msgspec.ValidationError`` when
-    it is not one)."""
-    value = message.headers[FLOW]
-    if isinstance(value, Flow):
-        return value
-    return msgspec.convert(value, Flow)
 
 
 class Signature(Generic[R]):

@@ -17,9 +17,10 @@ from dead_roads import QUEUE, ROADS, STATES, TYPES, dead_app, drain, message, on
 
 from hurtle import ResultTimeout, TaskFailed, chain, chord, group
 from hurtle.brokers import Broker, ChordStep, Consumer, Delivery, FlowStep, StoredResult
+from hurtle.flow import FLOW, Flow, Link
 from hurtle.ids import new_id
 from hurtle.message import Message
-from hurtle.workflows import FLOW, Flow, FlowHandle, Link
+from hurtle.workflows import FlowHandle
 
 MakeBroker = Callable[..., Broker]
 

@@ -11,6 +11,7 @@ import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import ConfigurationError
+from ..flow import FLOW, read_flow
 from ..message import Message, lock_of, salvage
 from ..names import check_queue_name as check_queue_name  # the one check, for every broker
 from ..records import member_record
@@ -154,8 +155,6 @@ def dead_ends(raw: bytes, reason: str) -> DeadEnds:
     message = salvage(raw)
     if message is None:  # not even an id: nothing waits on it
         return DeadEnds([], None)
-    from ..workflows import FLOW, read_flow
-
     record = member_record("dead", message, None, reason, WORKER_LOST)
     records = [StoredResult(message.id, record, LOST_TTL)]
     if message.headers and FLOW in message.headers:

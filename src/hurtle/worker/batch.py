@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 from .._text import describe, safe_repr
 from ..brokers import Delivery, StoredResult
 from ..errors import HurtleError, TimeLimitExceeded
+from ..flow import FLOW
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Middleware, Outcome, overrides
-from ..workflows import FLOW
 from .jobs import BatchState, Job, Pipeline, take_all
 
 if TYPE_CHECKING:

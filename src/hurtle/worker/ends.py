@@ -27,10 +27,10 @@ import contextlib
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..brokers import Lock, StoredResult
+from ..flow import FLOW, read_flow
 from ..message import Message, lock_of
 from ..middleware.results import encode_failure
 from ..records import DEAD, encode_skipped, member_record
-from ..workflows import FLOW, read_flow
 
 if TYPE_CHECKING:
     from ..app import Hurtle

@@ -24,10 +24,10 @@ import msgspec
 
 from ..brokers import ChordStep, FlowStep, StoredResult
 from ..errors import ResultError
+from ..flow import FLOW, Flow, read_flow
 from ..message import Message, encode_many
 from ..middleware.results import encode_value
 from ..records import decode
-from ..workflows import FLOW, Flow, read_flow
 
 if TYPE_CHECKING:
     from ..app import Hurtle

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from .._text import describe, safe_repr
 from ..brokers import Delivery
 from ..errors import HurtleError
+from ..flow import FLOW
 from ..message import Message
 from ..middleware import Calls, Middleware, Outcome
-from ..workflows import FLOW
 from . import flows
 from .jobs import BatchState, Job, Limit, Pipeline
 from .loops import Loops
