@@ -52,12 +52,11 @@ from .flow import FLOW, Flow, Link, read_flow
 from .handles import FlowHandle, GroupHandle, Handle
 from .ids import new_id
 from .message import Message
-from .options import CelerySendOptions, call_args, celery_send, same_options
-from .task import BoundTask, Task
+from .options import CelerySendOptions, SendOptions, call_args, celery_send, same_options
 
 if TYPE_CHECKING:
     from .app import Hurtle
-    from .options import SendOptions
+    from .task import Task
 
 R = TypeVar("R")
 
@@ -83,7 +82,7 @@ class Signature(Generic[R]):
     def __repr__(self) -> str:
         return f"<Signature {self.task.name}{self.args!r}>"
 
-    @same_options(Task.options)
+    @same_options(SendOptions.__init__)
     def options(self, **options: Any) -> Signature[R]:
         """A copy with these options (``Task.options`` takes the same ones); an option given
         again replaces the one given before, the others stay."""
@@ -101,7 +100,7 @@ class Signature(Generic[R]):
         """Send this call on its own (no workflow): ``add.s(1, 2).send()``."""
         if self.opts is None:
             return self.task.send(*self.args, **self.kwargs)
-        return BoundTask(self.task, self.opts).send(*self.args, **self.kwargs)
+        return self.task._bound(self.opts).send(*self.args, **self.kwargs)
 
     # -- Celery's spellings ----------------------------------------------------------------
 
