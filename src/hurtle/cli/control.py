@@ -20,7 +20,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..app import CANCEL_TTL
+from ..cancels import CANCEL_TTL
 from ..ids import check_message_ids
 from ..names import check_queue_name
 from ._app import announce, load_app, open_broker
