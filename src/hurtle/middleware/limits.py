@@ -38,14 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import Reject
 from ..limits import Limits
-from . import Middleware, Outcome
+from . import Job, Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..brokers import Broker
     from ..task import Task
     from ..worker import Worker
     from ..worker.acker import Acker
-    from ..worker.jobs import Job
 
 log = logging.getLogger(__name__)
 

@@ -55,14 +55,13 @@ from ..brokers.base import MAX_SIZE
 from ..errors import ResultError
 from ..message import Message
 from ..records import FAILED, SUCCEEDED, Record, records_in_batch
-from . import Calls, Middleware, Outcome
+from . import Calls, Job, Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..app import Hurtle
     from ..brokers import Delivery
     from ..task import Task
     from ..worker.acker import Acker
-    from ..worker.jobs import Job
     from ..worker.worker import Worker
 
 #: Messages up to this many bytes have their arguments copied into their records.

@@ -20,8 +20,8 @@ from ..brokers import Delivery, StoredResult
 from ..errors import HurtleError, TimeLimitExceeded
 from ..flow import FLOW
 from ..message import Message, decode_unchecked
-from ..middleware import Calls, Middleware, Outcome, overrides
-from .jobs import BatchState, Job, Pipeline, take_all
+from ..middleware import Calls, Job, Middleware, Outcome, Pipeline, overrides
+from .jobs import BatchState, take_all
 
 if TYPE_CHECKING:
     from ..brokers.reports import Tally, Timings

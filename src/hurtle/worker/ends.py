@@ -34,7 +34,7 @@ from ..records import DEAD, encode_skipped, member_record
 
 if TYPE_CHECKING:
     from ..app import Hurtle
-    from .jobs import Job
+    from ..middleware import Job
 
 
 class Ending(NamedTuple):

@@ -31,7 +31,7 @@ from ..records import decode
 
 if TYPE_CHECKING:
     from ..app import Hurtle
-    from .jobs import Job
+    from ..middleware import Job
 
 _encode = msgspec.msgpack.Encoder().encode
 _replace = msgspec.structs.replace

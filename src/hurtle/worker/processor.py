@@ -63,11 +63,11 @@ from ..brokers import Delivery
 from ..brokers.reports import Tally, Timings
 from ..flow import FLOW
 from ..message import Message, decode_unchecked
-from ..middleware import Calls, Middleware, overrides
+from ..middleware import Calls, Job, Middleware, Pipeline, overrides
 from ..middleware.retries import Retries
 from .acker import Acker
 from .batch import _NO_SKIP, BatchPath, _fail_overran
-from .jobs import BatchState, Job, Limit, Pipeline, late_limit, take_all
+from .jobs import BatchState, Limit, late_limit, take_all
 from .log import CallLog
 from .loops import Loops
 from .steps import JobSteps

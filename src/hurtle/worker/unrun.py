@@ -21,9 +21,9 @@ from .ends import ending
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from ..middleware import Job
     from ..task import Task
     from .acker import Acker
-    from .jobs import Job
 
 # Counter indexes of a ``Tally`` (``brokers/reports.py``).
 PROCESSED, FAILED, RETRIED, DEAD_LETTERED = range(4)
