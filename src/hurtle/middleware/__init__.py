@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import msgspec
 
@@ -35,8 +35,50 @@ from ..errors import TimeLimitExceeded
 from ..message import Message
 
 if TYPE_CHECKING:
+    from ..app import Hurtle
+    from ..brokers import Consumer, Lock, UniqueLocks
     from ..task import Task
-    from ..worker.worker import Worker
+
+
+class Outbox(Protocol):
+    """What a middleware may hand the worker's acker: writes that go out with its next flush,
+    in the broker call that carries the acknowledgements."""
+
+    def store_result(self, message_id: str, payload: bytes, ttl: float) -> None: ...
+
+    def release_slots(self, key: str, count: int) -> None: ...
+
+    def release_unique_batch(self, locks: UniqueLocks) -> None: ...
+
+    def release_uniques(self, locks: list[Lock]) -> None: ...
+
+
+class Pool(Protocol):
+    """What a middleware may read of the worker's executor."""
+
+    @property
+    def concurrency(self) -> int: ...
+
+    #: True when a batch's calls run one after another in the thread that submits them (solo).
+    @property
+    def runs_in_submit(self) -> bool: ...
+
+
+class WorkerParts(Protocol):
+    """What ``worker_start`` and ``worker_stop`` show a middleware of its worker (a
+    ``hurtle.worker.Worker``): its app, its session with the broker, its acker and executor."""
+
+    @property
+    def app(self) -> Hurtle: ...
+
+    @property
+    def consumer(self) -> Consumer | None: ...
+
+    @property
+    def acker(self) -> Outbox | None: ...
+
+    @property
+    def executor(self) -> Pool: ...
 
 
 class Outcome(msgspec.Struct):
@@ -112,11 +154,11 @@ class Middleware:
         return messages
 
     # -- worker side --------------------------------------------------------------------------
-    def worker_start(self, worker: Worker) -> None:
+    def worker_start(self, worker: WorkerParts) -> None:
         """The worker's parts exist (worker.app, worker.consumer, worker.acker) and nothing
         has been fetched yet."""
 
-    def worker_stop(self, worker: Worker) -> None:
+    def worker_stop(self, worker: WorkerParts) -> None:
         """The worker stopped fetching and its outcomes are flushed, or about to be."""
 
     def before_batch(self, jobs: list[Job]) -> None:
@@ -312,4 +354,15 @@ class Job(msgspec.Struct, eq=False):
         return limit is not None and time.monotonic() - self.started > limit
 
 
-__all__ = ["JOB_HOOKS", "Calls", "Job", "Middleware", "Outcome", "Pipeline", "overrides"]
+__all__ = [
+    "JOB_HOOKS",
+    "Calls",
+    "Job",
+    "Middleware",
+    "Outbox",
+    "Outcome",
+    "Pipeline",
+    "Pool",
+    "WorkerParts",
+    "overrides",
+]

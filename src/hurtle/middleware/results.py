@@ -55,14 +55,12 @@ from ..brokers.base import MAX_SIZE
 from ..errors import ResultError
 from ..message import Message
 from ..records import FAILED, SUCCEEDED, Record, records_in_batch
-from . import Calls, Job, Middleware, Outcome
+from . import Calls, Job, Middleware, Outbox, Outcome, WorkerParts
 
 if TYPE_CHECKING:
     from ..app import Hurtle
     from ..brokers import Delivery
     from ..task import Task
-    from ..worker.acker import Acker
-    from ..worker.worker import Worker
 
 #: Messages up to this many bytes have their arguments copied into their records.
 ARGS_KEPT_UP_TO = 4096
@@ -217,7 +215,7 @@ class Results(Middleware):
 
     def __init__(self, app: Hurtle) -> None:
         self.app = app
-        self.acker: Acker | None = None
+        self.acker: Outbox | None = None
         #: Whether the broker keeps a batch's records whole (``Broker.result_batches``).
         self.whole = False
         #: The most bytes of a record (``Broker.max_result_size``): a larger one fails its call.
@@ -226,7 +224,7 @@ class Results(Middleware):
     def applies_to(self, task: Task[Any, Any]) -> bool:
         return task.store_result
 
-    def worker_start(self, worker: Worker) -> None:
+    def worker_start(self, worker: WorkerParts) -> None:
         self.acker = worker.acker
         self.whole = self.app.broker.result_batches
         self.most = self.app.broker.max_result_size
