@@ -21,7 +21,7 @@ from hurtle import ConfigurationError, Hurtle, SealError, TaskFailed, chain, cho
 from hurtle.brokers.memory import MemoryBroker
 from hurtle.ids import new_id
 from hurtle.message import Message
-from hurtle.middleware.results import decode
+from hurtle.records import decode
 from hurtle.sealing import EXT, SEALED, is_sealed, key_id, sealed_by
 from hurtle.testing import drain
 from hurtle.worker.acker import Acker

@@ -282,7 +282,8 @@ def test_stored_results_read_as_a_sequence_of_records_and_join_by_ttl() -> None:
 
 
 def test_a_batch_kept_whole_gives_the_bytes_of_its_records_made_one_by_one() -> None:
-    from hurtle.middleware.results import _batch_decoder, _succeeded, decode, record_in_batch
+    from hurtle.middleware.results import _succeeded
+    from hurtle.records import _batch_decoder, decode, record_in_batch
 
     messages = [
         Message(id=f"m{i:03d}", task="tests.add", queue="q", args=(i, "é"), kwargs={"k": i})

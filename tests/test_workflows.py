@@ -18,7 +18,7 @@ import pytest
 
 from helpers import Project
 from hurtle import ConfigurationError, Hurtle, TaskFailed, chain, chord, group
-from hurtle.workflows import FLOW
+from hurtle.flow import FLOW
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
 
 from .brokers import Broker, make_broker
+from .cancels import CANCEL_MARGIN, CANCEL_TTL, WINDOW
 from .errors import ConfigurationError
 from .handles import Handle
 from .ids import check_message_ids
@@ -34,9 +35,6 @@ if TYPE_CHECKING:
     from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
     from .periodic import Schedule
     from .worker import Worker
-
-#: Seconds a cancellation is kept by default (``Hurtle.cancel``): a week.
-CANCEL_TTL = 7 * 86400.0
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -405,15 +403,13 @@ class Hurtle:
 
         The promise holds from when this returns: a message whose task had not started by
         then never runs. A worker checks a delivery against the cancellations when it fetches
-        it and again before its task starts if more than ``hurtle.worker.screen.WINDOW``
+        it and again before its task starts if more than ``hurtle.cancels.WINDOW``
         (0.1 s) passed since, so this call waits that long after recording the cancellation:
         a task that starts later was checked after it. (One that started within that wait was
         not cancelled in time; its handle says how it ended.)"""
         wanted = [i.id if isinstance(i, Handle) else i for i in ids]
         check_message_ids(wanted)
         if wanted:
-            from .worker.screen import CANCEL_MARGIN, WINDOW
-
             self.broker.cancel(wanted, ttl)
             time.sleep(WINDOW + CANCEL_MARGIN)
 

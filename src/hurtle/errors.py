@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from .seconds import seconds_problem
+
 
 class HurtleError(Exception):
     """Base class of every error raised by hurtle."""
@@ -79,8 +81,6 @@ class Retry(Exception):
         if delay is not None and (
             type(delay) not in (int, float) or not 0 <= delay <= sys.float_info.max
         ):
-            from .message import seconds_problem  # only now: message imports this module
-
             problem = seconds_problem(delay, "Retry(delay=...)")
             if problem is not None:
                 raise ConfigurationError(

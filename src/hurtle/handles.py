@@ -6,7 +6,7 @@ raises ``TaskFailed`` once the message failed for good; ``await h.aresult(timeou
 without blocking the event loop; ``h.state()`` reads the state now. ``Hurtle.handle(id)`` rebuilds
 a handle from an id kept elsewhere.
 
-States (``hurtle.middleware.results`` writes the records):
+States (``hurtle.middleware.results`` writes the records; ``hurtle.records`` is their format):
 
 * ``pending`` — no record yet: the message waits in its queue or is being run;
 * ``running`` — reserved: never reported (see ``hurtle.middleware.results`` for why);
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 import msgspec
 
 from .errors import ConfigurationError, ResultError, ResultTimeout, TaskFailed
-from .middleware.results import (
+from .records import (
     CANCELLED,
     DEAD,
     EXPIRED,

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 import msgspec
 
 from .errors import DecodeError, EncodeError
+from .seconds import seconds_problem
 
 #: Priorities run from 0 (the default, lowest) to 9 (highest).
 MIN_PRIORITY = 0
@@ -182,23 +183,6 @@ def priority_problem(value: object) -> str | None:
             f"priority {value!r} is out of range: use an int from {MIN_PRIORITY} (the default) "
             f"to {MAX_PRIORITY} (first)"
         )
-    return None
-
-
-def seconds_problem(value: object, what: str, unit: str = "a number of seconds") -> str | None:
-    """What is wrong with ``value`` as ``what`` (a delay, an eta...), or None: a finite int or
-    float (not a bool) >= 0."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return f"{what} must be {unit}, got {value!r} ({type(value).__name__})"
-    try:
-        finite = math.isfinite(value) and float(value) <= _MAX_FLOAT
-    except OverflowError:  # an int beyond any float, such as 10**400
-        finite = False
-    if not finite:
-        shown = repr(value) if len(repr(value)) <= 40 else f"{str(value)[:20]}... (an int)"
-        return f"{what} must be a finite number, got {shown}"
-    if value < 0:
-        return f"{what} must be >= 0, got {value!r}"
     return None
 
 

@@ -1,8 +1,9 @@
 """Per-call options of a send (``SendOptions``: queue, delay, eta, priority, headers, expires)
 and the checks of a task's options: each checked once, when given, never per message.
 
-``Task.options`` lists the per-call options; ``same_options`` gives another ``options`` method
-(a signature's) the same parameters for type checkers, so the list is written once.
+``Task.options`` takes the per-call options, the fields of ``SendOptions``; ``same_options``
+gives another ``options`` method (a signature's) those fields as parameters for type checkers,
+so that it need not list them again.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any, Concatenate, Literal, NamedTuple, NoReturn, ParamSpec, T
 import msgspec
 
 from .errors import ConfigurationError
-from .message import priority_problem, seconds_problem
+from .message import priority_problem
 from .names import QUEUE_NAME_RULE, queue_name_problem
+from .seconds import seconds_problem
 
 T = TypeVar("T")
 S = TypeVar("S")
@@ -82,8 +84,8 @@ class SendOptions:
 def same_options(
     source: Callable[Concatenate[Any, OP], object],
 ) -> Callable[[Callable[Concatenate[S, ...], T]], Callable[Concatenate[S, OP], T]]:
-    """Give a method the keyword parameters of ``source`` (``Task.options``) for type checkers,
-    so that every ``options`` method takes the same options, listed once."""
+    """Give a method the keyword parameters of ``source`` (``SendOptions.__init__``) for type
+    checkers, so that every ``options`` method takes the same options, listed once."""
 
     def same(method: Callable[Concatenate[S, ...], T]) -> Callable[Concatenate[S, OP], T]:
         return method

@@ -44,10 +44,10 @@ from .options import (
     exception_classes,
 )
 from .sealing import keyring_for
+from .workflows import Signature
 
 if TYPE_CHECKING:
     from .app import Hurtle
-    from .workflows import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -278,8 +278,6 @@ class Task(Generic[P, R]):
         Not typed against the function: in a chain or chord, the result of the step before is
         put before these arguments when the call is made.
         """
-        from .workflows import Signature
-
         return Signature(self, args, kwargs)
 
     def signature(
@@ -290,8 +288,6 @@ class Task(Generic[P, R]):
     ) -> Signature[R]:
         """Celery's long form of ``s``: ``add.signature((1, 2), countdown=10)`` is
         ``add.s(1, 2).options(delay=10)``; it takes ``apply_async``'s options."""
-        from .workflows import Signature
-
         what = f"task {self.name!r}: signature"
         call, keywords = call_args(what, args, kwargs)
         given = celery_send(what, options)
@@ -327,6 +323,10 @@ class Task(Generic[P, R]):
             raise ConfigurationError(f"task {self.name!r}: {err}") from None
         return BoundTask(self, opts)
 
+    def _bound(self, opts: SendOptions) -> BoundTask[P, R]:
+        """This task with per-call options already checked (a signature's)."""
+        return BoundTask(self, opts)
+
 
 class BoundTask(Generic[P, R]):
     """A task together with per-call options, as returned by ``Task.options``."""
@@ -358,8 +358,6 @@ class BoundTask(Generic[P, R]):
 
     def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
         """A signature of this call with these options, for workflows (``Task.s``)."""
-        from .workflows import Signature
-
         return Signature(self.task, args, kwargs, self.opts)
 
 

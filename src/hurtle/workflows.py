@@ -11,9 +11,9 @@
 
 What makes them hold (``hurtle.worker.flows`` is the worker side):
 
-* Each message carries what it sets off in ``headers["flow"]`` (a ``Flow``, encoded with
-  msgspec like the rest of the message; never pickle): a chain link the links still to run, a
-  chord member its chord's id, index, size and callback.
+* Each message carries what it sets off in ``headers["flow"]`` (a ``Flow``: ``hurtle.flow``,
+  encoded with msgspec like the rest of the message; never pickle): a chain link the links
+  still to run, a chord member its chord's id, index, size and callback.
 * A link's or member's acknowledgement and what it sets off are one atomic step of the broker
   (``Consumer.ack_flow``): the next link is published, or the chord's counter (kept in the
   broker, one entry per member index) counts the member and the member that completes it
@@ -44,100 +44,22 @@ with ``unique_for`` (a link published by a worker takes no unique lock).
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Never, TypeVar, Unpack
 
-import msgspec
-
 from .errors import ConfigurationError
+from .flow import FLOW, Flow, Link, read_flow
 from .handles import FlowHandle, GroupHandle, Handle
 from .ids import new_id
 from .message import Message
-from .options import CelerySendOptions, call_args, celery_send, same_options
-from .sealing import SEALED, Keyring, no_keys
-from .task import BoundTask, Task
+from .options import CelerySendOptions, SendOptions, call_args, celery_send, same_options
+from .sealing import SEALED
 
 if TYPE_CHECKING:
     from .app import Hurtle
-    from .options import SendOptions
+    from .task import Task
 
 R = TypeVar("R")
-
-#: The header that marks a workflow message.
-FLOW = "flow"
-
-
-class Link(msgspec.Struct, array_like=True, frozen=True, gc=False):
-    """A signature as it travels in a header: everything to build its message later."""
-
-    task: str
-    queue: str
-    id: str
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = {}
-    priority: int = 0
-    delay: float = 0.0
-    eta: float = 0.0
-    headers: dict[str, Any] = {}
-    #: Seconds from the moment this link is sent (its previous step settled) after which it is
-    #: no longer started; 0: never expires.
-    expires: float = 0.0
-
-    def message(
-        self, first: tuple[Any, ...], flow: Flow, keyring: Keyring | None = None
-    ) -> Message:
-        """The message of this link, ``first`` put before its own arguments. A link whose
-        arguments are sealed (its task is encrypted) opens them with ``keyring`` to put
-        ``first`` before them, and seals them again; ``seal`` seals those of any link."""
-        if first and self.headers and SEALED in self.headers:
-            if keyring is None:
-                raise no_keys(f"arguments of task {self.task}")
-            return keyring.prepend(self.message((), flow), first)
-        now = time.time()
-        eta = self.eta or (now + self.delay if self.delay else 0.0)
-        return Message(
-            id=self.id,
-            task=self.task,
-            queue=self.queue,
-            args=(*first, *self.args),
-            kwargs=self.kwargs,
-            priority=self.priority,
-            eta=eta,
-            created=now,
-            headers={**self.headers, FLOW: flow},
-            expires=now + self.expires if self.expires else 0,
-        )
-
-
-class Flow(msgspec.Struct, array_like=True, frozen=True, gc=False, omit_defaults=True):
-    """``headers["flow"]`` of a workflow message.
-
-    ``id``: where the workflow's failure is recorded (its handle's id). ``store``: seconds to
-    keep this message's own result under its id (0: none; the last link, a group member, a
-    callback). ``next``: a chain's links still to run. ``chord``/``index``/``total``/
-    ``callback``: a chord member's place. ``gather``: on a callback, the chord whose results
-    come first (``total`` of them); ``forget``: the chord record to drop once it is done.
-    """
-
-    id: str
-    store: float = 0.0
-    next: tuple[Link, ...] = ()
-    chord: str = ""
-    index: int = 0
-    total: int = 0
-    callback: Link | None = None
-    gather: str = ""
-    forget: str = ""
-
-
-def read_flow(message: Message) -> Flow:
-    """The workflow header of ``message`` (``DecodeError``-like ``msgspec.ValidationError`` when
-    it is not one)."""
-    value = message.headers[FLOW]
-    if isinstance(value, Flow):
-        return value
-    return msgspec.convert(value, Flow)
 
 
 class Signature(Generic[R]):
@@ -161,7 +83,7 @@ class Signature(Generic[R]):
     def __repr__(self) -> str:
         return f"<Signature {self.task.name}{self.args!r}>"
 
-    @same_options(Task.options)
+    @same_options(SendOptions.__init__)
     def options(self, **options: Any) -> Signature[R]:
         """A copy with these options (``Task.options`` takes the same ones); an option given
         again replaces the one given before, the others stay."""
@@ -179,7 +101,7 @@ class Signature(Generic[R]):
         """Send this call on its own (no workflow): ``add.s(1, 2).send()``."""
         if self.opts is None:
             return self.task.send(*self.args, **self.kwargs)
-        return BoundTask(self.task, self.opts).send(*self.args, **self.kwargs)
+        return self.task._bound(self.opts).send(*self.args, **self.kwargs)
 
     # -- Celery's spellings ----------------------------------------------------------------
 

@@ -17,7 +17,8 @@ from helpers import stored_batch
 from hurtle.brokers import Broker, Consumer, Delivery, FlowStep, StoredResult
 from hurtle.ids import new_id
 from hurtle.message import Message, message_id
-from hurtle.middleware.results import BATCHED_FROM, decode
+from hurtle.middleware.results import BATCHED_FROM
+from hurtle.records import decode
 
 MakeBroker = Callable[..., Broker]
 

@@ -14,10 +14,10 @@ from collections.abc import Callable
 import pytest
 
 from hurtle.brokers import Broker
+from hurtle.flow import FLOW, Flow
 from hurtle.ids import new_id
 from hurtle.message import Message, message_id
-from hurtle.middleware.results import DEAD, decode
-from hurtle.workflows import FLOW, Flow
+from hurtle.records import DEAD, decode
 
 MakeBroker = Callable[..., Broker]
 

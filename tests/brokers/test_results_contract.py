@@ -21,7 +21,8 @@ from hurtle.brokers import Broker, Consumer, Delivery, StoredResult, StoredResul
 from hurtle.errors import ResultError
 from hurtle.ids import new_id
 from hurtle.message import Message, message_id
-from hurtle.middleware.results import BATCH_MOST, BATCHED_FROM, decode
+from hurtle.middleware.results import BATCH_MOST, BATCHED_FROM
+from hurtle.records import decode
 
 MakeBroker = Callable[..., Broker]
 

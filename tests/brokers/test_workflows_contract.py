@@ -17,9 +17,10 @@ from dead_roads import QUEUE, ROADS, STATES, TYPES, dead_app, drain, message, on
 
 from hurtle import ResultTimeout, TaskFailed, chain, chord, group
 from hurtle.brokers import Broker, ChordStep, Consumer, Delivery, FlowStep, StoredResult
+from hurtle.flow import FLOW, Flow, Link
 from hurtle.ids import new_id
 from hurtle.message import Message
-from hurtle.workflows import FLOW, Flow, FlowHandle, Link
+from hurtle.workflows import FlowHandle
 
 MakeBroker = Callable[..., Broker]
 
@@ -169,7 +170,7 @@ def test_a_member_the_broker_dead_letters_itself_fails_its_workflow_at_once(
 ) -> None:
     """A member whose workers keep dying becomes a dead letter in recovery, not in a worker:
     the broker records its workflow's failure in the same step, naming it."""
-    from hurtle.middleware.results import DEAD, decode
+    from hurtle.records import DEAD, decode
 
     broker = make(heartbeat_timeout=0.2)
     flow_id = new_id()

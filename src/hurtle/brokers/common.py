@@ -11,8 +11,10 @@ import math
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import ConfigurationError
+from ..flow import FLOW, read_flow
 from ..message import Message, lock_of, salvage
 from ..names import check_queue_name as check_queue_name  # the one check, for every broker
+from ..records import member_record
 from .base import StoredResult
 
 if TYPE_CHECKING:
@@ -146,16 +148,13 @@ class DeadEnds(NamedTuple):
 def dead_ends(raw: bytes, reason: str) -> DeadEnds:
     """What the message in ``raw`` ends when the broker dead-letters it itself (its workers kept
     dying), as a worker's dead letters do (``worker.ends``): a ``dead`` record (``WorkerLost``,
-    the reason as its message, naming the message) under its own id — the broker cannot tell
-    whether its task keeps results, so it writes one whatever the task, kept ``LOST_TTL`` — and
-    under its workflow's id when it is a member, so that whatever waits on it raises at once;
-    and its unique lock, so that the same call sent again runs."""
+    the reason as its message, naming the message: ``records.member_record``) under its own id
+    — the broker cannot tell whether its task keeps results, so it writes one whatever the
+    task, kept ``LOST_TTL`` — and under its workflow's id when it is a member, so that whatever
+    waits on it raises at once; and its unique lock, so that the same call sent again runs."""
     message = salvage(raw)
     if message is None:  # not even an id: nothing waits on it
         return DeadEnds([], None)
-    from ..worker.ends import member_record  # the worker's records; it imports the brokers
-    from ..workflows import FLOW, read_flow
-
     record = member_record("dead", message, None, reason, WORKER_LOST)
     records = [StoredResult(message.id, record, LOST_TTL)]
     if message.headers and FLOW in message.headers:

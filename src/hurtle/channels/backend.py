@@ -1,4 +1,4 @@
-"""What a channel backend does, and the one function that picks a backend for a broker URL.
+"""What a channel backend does (``channel.make_backend`` picks one for a broker URL).
 
 A backend moves frames and numbers them: ``publish`` sends frames in as few round trips as the
 store allows, and numbers each channel's messages as it does (the channel's count, see
@@ -17,11 +17,8 @@ import fnmatch
 import re
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
-from urllib.parse import urlsplit
 
-from ..errors import ConfigurationError
-
-__all__ = ["Backend", "Feed", "OutFrame", "is_pattern", "make_backend", "matcher"]
+__all__ = ["Backend", "Feed", "OutFrame", "is_pattern", "matcher"]
 
 
 class OutFrame(NamedTuple):
@@ -85,36 +82,3 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def make_backend(url: str) -> Backend:
-    """The channel backend for a broker URL: ``memory://``, ``sqlite:///path``, ``redis://``."""
-    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
-    if scheme == "memory":
-        from .memory import MemoryBackend
-
-        return MemoryBackend(url)
-    if scheme == "sqlite":
-        from .sqlite import SQLiteBackend
-
-        return SQLiteBackend(url)
-    if scheme in ("redis", "rediss"):
-        try:
-            from .redis import RedisBackend
-        except ImportError as err:
-            raise ConfigurationError(
-                f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
-            ) from err
-        return RedisBackend(url)
-    if scheme in ("redis+cluster", "rediss+cluster"):
-        try:
-            from .redis import RedisClusterBackend
-        except ImportError as err:
-            raise ConfigurationError(
-                f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
-            ) from err
-        return RedisClusterBackend(url)
-    raise ConfigurationError(
-        f"channels are not available for the broker URL {url!r}: use memory://, "
-        "sqlite:///path/to/file.db, redis://host:port/db or redis+cluster://host:port"
-    )

@@ -11,7 +11,8 @@ thread. ``flush()`` sends what is buffered now; so do ``app.close()`` and the in
 The hub owns one background thread per app, started on the first buffered message: it sleeps
 until the earliest channel deadline and then sends every due channel's frame in one call to the
 backend (one pipeline on Redis, one transaction on SQLite). Frames are taken and sent under one
-lock, so a channel's frames leave in sequence order whichever thread sends them.
+lock, so a channel's frames leave in sequence order whichever thread sends them. The hub opens
+its backend on first use: ``make_backend`` picks the one for the broker URL's scheme.
 
 Numbers. The backend numbers every channel's messages as it sends them (``frame``: the
 channel's count), and subscribers count the gaps in those numbers. A publisher adds its own:
@@ -37,10 +38,11 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from . import frame
-from .backend import Backend, OutFrame, is_pattern, make_backend
+from .backend import Backend, OutFrame, is_pattern
 
 if TYPE_CHECKING:
     from .subscription import AsyncSubscription, LossCallback, Subscription
@@ -395,3 +397,36 @@ class ChannelHub:
         if backend is not None:
             backend.close()
         self._reset_threads()
+
+
+def make_backend(url: str) -> Backend:
+    """The channel backend for a broker URL: ``memory://``, ``sqlite:///path``, ``redis://``."""
+    scheme = urlsplit(url).scheme.lower() if "://" in url else ""
+    if scheme == "memory":
+        from .memory import MemoryBackend
+
+        return MemoryBackend(url)
+    if scheme == "sqlite":
+        from .sqlite import SQLiteBackend
+
+        return SQLiteBackend(url)
+    if scheme in ("redis", "rediss"):
+        try:
+            from .redis import RedisBackend
+        except ImportError as err:
+            raise ConfigurationError(
+                f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
+            ) from err
+        return RedisBackend(url)
+    if scheme in ("redis+cluster", "rediss+cluster"):
+        try:
+            from .redis import RedisClusterBackend
+        except ImportError as err:
+            raise ConfigurationError(
+                f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
+            ) from err
+        return RedisClusterBackend(url)
+    raise ConfigurationError(
+        f"channels are not available for the broker URL {url!r}: use memory://, "
+        "sqlite:///path/to/file.db, redis://host:port/db or redis+cluster://host:port"
+    )

@@ -20,7 +20,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..app import CANCEL_TTL
+from ..cancels import CANCEL_TTL
 from ..ids import check_message_ids
 from ..names import check_queue_name
 from ._app import announce, load_app, open_broker
@@ -84,7 +84,7 @@ def run_cancel(args: argparse.Namespace) -> int:
 def _settled(app: Any, ids: list[str]) -> dict[str, str]:
     """The final states of the ids whose results say they are settled (tasks that keep
     results): those have nothing left to cancel."""
-    from ..middleware.results import FINAL, decode
+    from ..records import FINAL, decode
 
     settled: dict[str, str] = {}
     for i in ids:

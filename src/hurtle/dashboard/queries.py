@@ -282,7 +282,7 @@ def task_lookup(
     broker's index (``Broker.find_dead``). ``keeps_results`` maps task names to whether they
     keep results (the app's tasks), to say so.
     """
-    from ..middleware.results import decode as decode_record
+    from ..records import decode as decode_record
 
     known = dict(keeps_results or {})
     row: dict[str, Any] = {

@@ -33,9 +33,9 @@ from starlette.staticfiles import StaticFiles
 from ..app import Hurtle
 from ..brokers import Broker
 from ..errors import BrokerError, ConfigurationError, EncodeError
-from ..message import seconds_problem
 from ..names import QUEUE_NAME_RULE, queue_name_problem
 from ..sealing import Keyring
+from ..seconds import seconds_problem
 from . import queries
 from .batcher import Batcher
 from .bodies import IDS_BODY, LOGIN_BODY, BodyBudget, BodyLimit

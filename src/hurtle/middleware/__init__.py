@@ -6,7 +6,8 @@ and the features switched on by task options) are middleware too, registered by 
 (``Hurtle._builtin_middleware``), before the user's.
 
 Features cost per batch, not per task: the worker composes, once per task (when it first sees
-it), the list of middleware whose ``applies_to`` says yes *and* that override a worker-side hook.
+it), the list of middleware whose ``applies_to`` says yes *and* that override a worker-side hook
+(``Pipeline``).
 A task with an empty list, no time limit and no ``async def`` runs on the processor's inline path,
 whatever other tasks use. Hooks a middleware does not override are never called, and a publish
 calls ``before_publish`` only on middleware that override it.
@@ -16,22 +17,69 @@ A failing call's outcome (retry with backoff, or dead letter) is decided by the 
 
 The other built-ins are switched on by task options: stored results (``results.py``), rate and
 concurrency limits (``limits.py``) and unique tasks (``unique.py``).
+
+What the hooks are handed is declared here, below the worker that makes it: the ``Job`` a
+delivery travels in, the ``Outcome`` it ends with, and the ``Calls`` of a task that returned.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import msgspec
 
+from ..brokers import Delivery, StoredResult
+from ..errors import TimeLimitExceeded
 from ..message import Message
+from ..sealing import SEALED, open_message
 
 if TYPE_CHECKING:
-    from ..brokers import Delivery, StoredResult
+    from ..app import Hurtle
+    from ..brokers import Consumer, Lock, UniqueLocks
     from ..task import Task
-    from ..worker.jobs import Job
-    from ..worker.worker import Worker
+
+
+class Outbox(Protocol):
+    """What a middleware may hand the worker's acker: writes that go out with its next flush,
+    in the broker call that carries the acknowledgements."""
+
+    def store_result(self, message_id: str, payload: bytes, ttl: float) -> None: ...
+
+    def release_slots(self, key: str, count: int) -> None: ...
+
+    def release_unique_batch(self, locks: UniqueLocks) -> None: ...
+
+    def release_uniques(self, locks: list[Lock]) -> None: ...
+
+
+class Pool(Protocol):
+    """What a middleware may read of the worker's executor."""
+
+    @property
+    def concurrency(self) -> int: ...
+
+    #: True when a batch's calls run one after another in the thread that submits them (solo).
+    @property
+    def runs_in_submit(self) -> bool: ...
+
+
+class WorkerParts(Protocol):
+    """What ``worker_start`` and ``worker_stop`` show a middleware of its worker (a
+    ``hurtle.worker.Worker``): its app, its session with the broker, its acker and executor."""
+
+    @property
+    def app(self) -> Hurtle: ...
+
+    @property
+    def consumer(self) -> Consumer | None: ...
+
+    @property
+    def acker(self) -> Outbox | None: ...
+
+    @property
+    def executor(self) -> Pool: ...
 
 
 class Outcome(msgspec.Struct):
@@ -107,11 +155,11 @@ class Middleware:
         return messages
 
     # -- worker side --------------------------------------------------------------------------
-    def worker_start(self, worker: Worker) -> None:
+    def worker_start(self, worker: WorkerParts) -> None:
         """The worker's parts exist (worker.app, worker.consumer, worker.acker) and nothing
         has been fetched yet."""
 
-    def worker_stop(self, worker: Worker) -> None:
+    def worker_stop(self, worker: WorkerParts) -> None:
         """The worker stopped fetching and its outcomes are flushed, or about to be."""
 
     def before_batch(self, jobs: list[Job]) -> None:
@@ -181,4 +229,155 @@ def overrides(middleware: Middleware, hook: str) -> bool:
     return getattr(type(middleware), hook) is not getattr(Middleware, hook)
 
 
-__all__ = ["JOB_HOOKS", "Calls", "Middleware", "Outcome", "overrides"]
+class Pipeline:
+    """The middleware hooks one task runs through, composed once per task.
+
+    Each hook field holds the bound hooks of the middleware that apply to the task and override
+    that hook, in registration order. ``per_call`` is True when a call needs more than a plain
+    call (per-call hooks, ``async def``, a time limit the executor does not enforce inline);
+    ``inline`` when, besides, no middleware applies at all.
+    """
+
+    __slots__ = (
+        "ack_outcome",
+        "admits",
+        "after_batch",
+        "after_calls",
+        "after_outcome",
+        "after_process",
+        "batched",
+        "before_batch",
+        "before_process",
+        "grouped",
+        "inline",
+        "middleware",
+        "per_call",
+        "task",
+    )
+
+    def __init__(
+        self, task: Task[Any, Any], middleware: Sequence[Middleware], inline_limits: bool = False
+    ) -> None:
+        used = [
+            m for m in middleware if any(overrides(m, h) for h in JOB_HOOKS) and m.applies_to(task)
+        ]
+        self.task = task
+        self.middleware = used
+        self.before_batch = [m for m in used if overrides(m, "before_batch")]
+        self.after_batch = [m for m in used if overrides(m, "after_batch")]
+        self.before_process = [m.before_process for m in used if overrides(m, "before_process")]
+        self.after_process = [
+            m.after_process for m in reversed(used) if overrides(m, "after_process")
+        ]
+        self.after_outcome = [m.after_outcome for m in used if overrides(m, "after_outcome")]
+        #: Middleware with ``after_calls``: they see acknowledgements there, batch-wide.
+        self.after_calls = [m for m in used if overrides(m, "after_calls")]
+        #: The ``after_outcome`` hooks that see acknowledgements one by one.
+        self.ack_outcome = [
+            m.after_outcome
+            for m in used
+            if overrides(m, "after_outcome") and not overrides(m, "after_calls")
+        ]
+        self.batched = bool(self.before_batch or self.after_batch)
+        #: The ``before_batch`` middleware that decide from counts (``admit``): in a batch they
+        #: need no ``Job`` per message.
+        self.admits = [m for m in self.before_batch if overrides(m, "admit")]
+        #: The middleware a batch shows its jobs of this task to (``before/after_batch``).
+        self.grouped = [
+            m
+            for m in used
+            if (m in self.before_batch and m not in self.admits) or m in self.after_batch
+        ]
+        #: False when only batch hooks (and ``after_calls``, and ``after_outcome`` beside it)
+        #: apply: the batch path then calls the task inline too.
+        self.per_call = bool(
+            self.before_process
+            or self.after_process
+            or self.ack_outcome
+            or task.is_async
+            or (task.time_limit is not None and not inline_limits)
+        )
+        self.inline = not used and not self.per_call
+
+
+class Job(msgspec.Struct, eq=False):
+    """One decoded delivery and the task it names, on its way through the processor.
+
+    A struct, not a plain class: made per message of a task that has a pipeline, it is built
+    about twice as fast; ``eq=False`` keeps identity equality and hashing.
+    """
+
+    delivery: Delivery
+    message: Message
+    task: Task[Any, Any]
+    pipeline: Pipeline | None = None
+    #: ``time.monotonic()`` when the call started and when it ended (0 until then).
+    started: float = 0.0
+    finished: float = 0.0
+    deferred: bool = False
+    defer_delay: float = 0.0
+    defer_reason: str = ""
+    #: True while the job is part of a batch whose batch hooks the batch path runs.
+    batch: bool = False
+    #: True for a job whose batch hooks run around it alone (met outside a batch).
+    alone: bool = False
+    #: Set once the outcome is handed to the acker.
+    outcome: Outcome | None = None
+    #: The result to store with the acknowledgement (set by the results middleware).
+    stored: StoredResult | None = None
+    #: The workflow header (``hurtle.flow.Flow``) of a chain link or chord member.
+    flow: Any = None
+    #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
+    deferrals: ClassVar[int] = 0
+
+    def defer(self, delay: float, reason: str = "") -> None:
+        """Put the message back in its queue, due in ``delay`` seconds, without running it and
+        without spending an attempt (from ``before_batch``)."""
+        self.deferred = True
+        self.defer_delay = max(float(delay), 0.0)
+        self.defer_reason = reason
+        Job.deferrals += 1
+
+    def call(self) -> Any:
+        """Call the task function (a coroutine function returns its coroutine). Sealed
+        arguments are opened by an encrypted task's ``run``; those of a task that does not seal
+        its own (a workflow's sealed result passed on, a sender that seals what this worker's
+        task does not) here."""
+        m = self.message
+        if m.headers and SEALED in m.headers and not self.task.encrypt:
+            args, kwargs = open_message(self.task.app.keyring, m)
+            return self.task.fn(*args, **kwargs)
+        return self.task.run(*m.args, **m.kwargs)
+
+    def arguments(self) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        """The call's arguments, opened if they are sealed (``SealError`` if they cannot be):
+        for what reads them besides the call (limit keys, the check of a failed call)."""
+        m = self.message
+        if m.headers and SEALED in m.headers:
+            return open_message(self.task.app.keyring, m)
+        return m.args, m.kwargs
+
+    def time_limit_error(self) -> TimeLimitExceeded:
+        limit = self.task.time_limit
+        return TimeLimitExceeded(
+            f"task {self.task.name}[{self.message.id}] ran longer than its time limit of "
+            f"{limit:g}s and was stopped"
+        )
+
+    def overran(self) -> bool:
+        limit = self.task.time_limit
+        return limit is not None and time.monotonic() - self.started > limit
+
+
+__all__ = [
+    "JOB_HOOKS",
+    "Calls",
+    "Job",
+    "Middleware",
+    "Outbox",
+    "Outcome",
+    "Pipeline",
+    "Pool",
+    "WorkerParts",
+    "overrides",
+]

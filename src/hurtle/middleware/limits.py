@@ -38,14 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import Reject
 from ..limits import Limits
-from . import Middleware, Outcome
+from . import Job, Middleware, Outbox, Outcome, WorkerParts
 
 if TYPE_CHECKING:
     from ..brokers import Broker
     from ..task import Task
-    from ..worker import Worker
-    from ..worker.acker import Acker
-    from ..worker.jobs import Job
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +88,7 @@ class RateLimitMiddleware(Middleware):
 
     def __init__(self) -> None:
         self._broker: Broker | None = None
-        self._acker: Acker | None = None
+        self._acker: Outbox | None = None
         self._consumer: Any = None
         self._shared = False  # the jobs of a batch run one after another (solo)
         self._lock = threading.Lock()
@@ -111,7 +108,7 @@ class RateLimitMiddleware(Middleware):
             and limits.rate_key is None
         )
 
-    def worker_start(self, worker: Worker) -> None:
+    def worker_start(self, worker: WorkerParts) -> None:
         self._broker = worker.app.broker
         self._acker = worker.acker
         self._consumer = worker.consumer
@@ -264,7 +261,7 @@ class LimitsMiddleware(RateLimitMiddleware):
 
     admit = Middleware.admit  # keys and slots need each job: ``before_batch`` sees them all
 
-    def worker_stop(self, worker: Worker) -> None:
+    def worker_stop(self, worker: WorkerParts) -> None:
         with self._lock:
             held, self._held = self._held, {}
         self._give_back({id(slot): slot for _, slot in held.values()}.values())

@@ -34,7 +34,9 @@ decode with them empty.
 record: writing one for every message on fetch would double the result writes of each batch,
 for a state that a waiter cannot act on; a message being run reads as ``pending``.
 
-The handle side (``hurtle.handles``) decodes what this module encodes. Records are kept
+The record's format — its states, ``Record``, ``Batch`` — is ``hurtle.records``, below the
+brokers; this module decides what goes in a record and when it is written, and the handle side
+(``hurtle.handles``) decodes it. Records are kept
 ``result_ttl`` seconds (the task's, else the app's setting).
 """
 
@@ -52,28 +54,15 @@ from ..brokers import ResultBatch, StoredResults
 from ..brokers.base import MAX_SIZE
 from ..errors import ResultError
 from ..message import Message
-from . import Calls, Middleware, Outcome
+from ..records import FAILED, SUCCEEDED, Record, records_in_batch
+from . import Calls, Job, Middleware, Outbox, Outcome, WorkerParts
 
 if TYPE_CHECKING:
     from ..app import Hurtle
     from ..brokers import Delivery
     from ..sealing import Keyring
     from ..task import Task
-    from ..worker.acker import Acker
-    from ..worker.jobs import Job
-    from ..worker.worker import Worker
 
-PENDING = "pending"
-RUNNING = "running"
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-DEAD = "dead"
-EXPIRED = "expired"
-CANCELLED = "cancelled"
-#: Every state ``Handle.state`` may return.
-STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD, EXPIRED, CANCELLED)
-#: The states after which nothing more happens to a message.
-FINAL = frozenset((SUCCEEDED, DEAD, EXPIRED, CANCELLED))
 #: Messages up to this many bytes have their arguments copied into their records.
 ARGS_KEPT_UP_TO = 4096
 #: A batch of at least this many returned calls is stored as one value (``Batch``) where the
@@ -84,32 +73,10 @@ BATCHED_FROM = 32
 #: make more of them for a reader to look through (Redis: 64 read fastest, 32 and 128 slower).
 BATCH_MOST = 64
 
-
-class Record(msgspec.Struct, array_like=True, omit_defaults=True):
-    """One stored outcome; ``value`` on success, the error's fields otherwise; then what ran
-    and when (0 and empty when unknown: records of older versions)."""
-
-    state: str
-    value: Any = None
-    error_type: str = ""
-    error_message: str = ""
-    traceback: str = ""
-    task: str = ""
-    queue: str = ""
-    attempt: int = 0
-    args_kept: bool = False
-    args: tuple[Any, ...] = ()
-    kwargs: dict[str, Any] = {}
-    enqueued: float = 0.0
-    started: float = 0.0
-    finished: float = 0.0
-
-
 _encode = msgspec.msgpack.Encoder().encode
 #: What msgspec raises on a value it cannot encode (a type it does not know, an int too big,
 #: lists or dicts nested too deeply).
 UNENCODABLE = (TypeError, ValueError, OverflowError, RecursionError)
-_decoder = msgspec.msgpack.Decoder(Record)
 
 
 def _about(job: Job) -> tuple[Any, ...]:
@@ -197,84 +164,6 @@ def encode_failure(
     return _encode(Record(state, None, fields[2], fields[3][:keep], fields[4][-keep:]))
 
 
-def dead_kind(state: str) -> str:
-    """``TaskFailed.type`` of a message that ended without an exception of its own:
-    ``Expired``, ``Cancelled``, else ``DeadLetter``."""
-    return "DeadLetter" if state == DEAD else state.capitalize()
-
-
-def encode_skipped(state: str, why: str, message: Message) -> bytes:
-    """The record of a message that ended without an exception of its own: not run
-    (``expired``, ``cancelled``), or ``dead`` (undecodable, of an unknown task, lost)."""
-    return _encode(
-        Record(
-            state,
-            error_type=dead_kind(state),
-            error_message=why,
-            task=message.task,
-            queue=message.queue,
-            attempt=message.attempt,
-            enqueued=message.created,
-            finished=time.time(),
-        )
-    )
-
-
-def decode(payload: bytes) -> Record:
-    return _decoder.decode(payload)
-
-
-class Batch(msgspec.Struct, array_like=True):
-    """The succeeded records of one batch of calls of one task, as one value: what a broker
-    that keeps batches whole (``Broker.result_batches``) stores. Per call its value, run time
-    and message (the bytes it was delivered as), from which ``record_in_batch`` makes the
-    call's ``Record``; ``finished`` is when the batch's records were made."""
-
-    task: str
-    finished: float
-    values: list[msgspec.Raw]
-    runtimes: list[float]
-    messages: list[bytes]
-
-
-_batch_decoder = msgspec.msgpack.Decoder(Batch)
-
-
-def record_in_batch(body: bytes | memoryview, k: int) -> bytes:
-    """The ``succeeded`` record of call ``k`` of the ``Batch`` in ``body``: the same bytes as
-    the record stored on its own would be."""
-    return _record(_batch_decoder.decode(body), k)
-
-
-def records_in_batch(body: bytes) -> list[bytes]:
-    """The records of every call of the ``Batch`` in ``body``, one by one."""
-    batch = _batch_decoder.decode(body)
-    return [_record(batch, k) for k in range(len(batch.values))]
-
-
-def _record(batch: Batch, k: int) -> bytes:
-    m = Message.decode(batch.messages[k])
-    finished = batch.finished
-    return _encode(
-        (
-            SUCCEEDED,
-            batch.values[k],
-            "",
-            "",
-            "",
-            batch.task,
-            m.queue,
-            m.attempt,
-            True,
-            m.args,
-            m.kwargs,
-            m.created,
-            finished - batch.runtimes[k],
-            finished,
-        )
-    )
-
-
 def _succeeded(
     task: str,
     now: float,
@@ -352,7 +241,7 @@ class Results(Middleware):
 
     def __init__(self, app: Hurtle) -> None:
         self.app = app
-        self.acker: Acker | None = None
+        self.acker: Outbox | None = None
         #: Whether the broker keeps a batch's records whole (``Broker.result_batches``).
         self.whole = False
         #: The most bytes of a record (``Broker.max_result_size``): a larger one fails its call.
@@ -361,7 +250,7 @@ class Results(Middleware):
     def applies_to(self, task: Task[Any, Any]) -> bool:
         return task.store_result
 
-    def worker_start(self, worker: Worker) -> None:
+    def worker_start(self, worker: WorkerParts) -> None:
         self.acker = worker.acker
         self.whole = self.app.broker.result_batches
         self.most = self.app.broker.max_result_size

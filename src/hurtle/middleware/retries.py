@@ -31,11 +31,10 @@ import msgspec
 from .._text import describe, safe_str, signature, trace
 from ..errors import Reject, Retry, SealError
 from ..message import Message
-from . import Middleware, Outcome
+from . import Job, Middleware, Outcome
 
 if TYPE_CHECKING:
     from ..task import Task
-    from ..worker.jobs import Job
 
 
 def backoff(attempt: int, base: float, cap: float) -> float:

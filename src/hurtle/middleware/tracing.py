@@ -20,7 +20,7 @@ per-call hook). Spans go where the tracer provider sends them (the global one un
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
@@ -36,10 +36,7 @@ except ImportError as err:  # pragma: no cover - depends on the environment
 
 from .._text import safe_str
 from ..message import Message
-from . import Middleware
-
-if TYPE_CHECKING:
-    from ..worker.jobs import Job
+from . import Job, Middleware
 
 __all__ = ["Tracing"]
 

@@ -20,24 +20,22 @@ from typing import TYPE_CHECKING, Any
 
 from ..brokers import UniqueLocks
 from ..message import lock_of
-from . import Calls, Middleware
+from . import Calls, Middleware, Outbox, WorkerParts
 
 if TYPE_CHECKING:
     from ..task import Task
-    from ..worker import Worker
-    from ..worker.acker import Acker
 
 
 class UniqueMiddleware(Middleware):
     """Releases the unique locks of acknowledged messages."""
 
     def __init__(self) -> None:
-        self._acker: Acker | None = None
+        self._acker: Outbox | None = None
 
     def applies_to(self, task: Task[Any, Any]) -> bool:
         return task.limits is not None and task.limits.unique_for is not None
 
-    def worker_start(self, worker: Worker) -> None:
+    def worker_start(self, worker: WorkerParts) -> None:
         self._acker = worker.acker
 
     def after_calls(self, calls: Calls) -> None:

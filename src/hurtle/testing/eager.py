@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from ..app import Hurtle
     from ..brokers import Consumer, Delivery
     from ..message import Message
-    from ..worker.jobs import Job
+    from ..middleware import Job
 
 
 class EagerConsumer(MemoryConsumer):

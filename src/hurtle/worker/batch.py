@@ -19,8 +19,8 @@ from .._text import describe, safe_repr
 from ..brokers import Delivery, StoredResult
 from ..errors import HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
-from ..middleware import Calls, Middleware, Outcome, overrides
-from .jobs import BatchState, Job, Pipeline, off_path, take_all
+from ..middleware import Calls, Job, Middleware, Outcome, Pipeline, overrides
+from .jobs import BatchState, off_path, take_all
 
 if TYPE_CHECKING:
     from ..brokers.reports import Tally, Timings

@@ -26,19 +26,15 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, NamedTuple
 
-import msgspec
-
-from .._text import safe_str, trace
 from ..brokers import Lock, StoredResult
+from ..flow import FLOW, read_flow
 from ..message import Message, lock_of
-from ..middleware.results import DEAD, Record, dead_kind, encode_failure, encode_skipped
-from ..workflows import FLOW, read_flow
+from ..middleware.results import encode_failure
+from ..records import DEAD, encode_skipped, member_record
 
 if TYPE_CHECKING:
     from ..app import Hurtle
-    from .jobs import Job
-
-_encode = msgspec.msgpack.Encoder().encode
+    from ..middleware import Job
 
 
 class Ending(NamedTuple):
@@ -78,19 +74,3 @@ def ending(
         records.append(StoredResult(message.id, payload, ttl))
     lock = lock_of(message)
     return Ending(records, None if lock is None else (queue, lock[0], message.id, lock[1]))
-
-
-def member_record(
-    state: str, message: Message, error: BaseException | None, why: str, kind: str = ""
-) -> bytes:
-    """The record of a workflow one of whose messages became a dead letter: ``state`` (``dead``,
-    ``expired``, ``cancelled``), naming the member (``[task, id]``) and why (``error``, else
-    ``why`` with the type ``kind``, by default the state's: ``dead_kind``)."""
-    if error is not None:
-        kind, text, tb = type(error).__name__, safe_str(error), trace(error)
-    else:
-        kind, text, tb = kind or dead_kind(state), why, ""
-    record = Record(
-        state, value=[message.task, message.id], error_type=kind, error_message=text, traceback=tb
-    )
-    return _encode(record)

@@ -29,14 +29,15 @@ import msgspec
 
 from ..brokers import ChordStep, FlowStep, StoredResult
 from ..errors import ResultError
+from ..flow import FLOW, Flow, read_flow
 from ..message import Message, encode_many
-from ..middleware.results import Record, decode, encode_value
+from ..middleware.results import encode_value
+from ..records import Record, decode
 from ..sealing import SEALED, is_sealed, is_sealed_message, no_keys
-from ..workflows import FLOW, Flow, read_flow
 
 if TYPE_CHECKING:
     from ..app import Hurtle
-    from .jobs import Job
+    from ..middleware import Job
 
 _encode = msgspec.msgpack.Encoder().encode
 _replace = msgspec.structs.replace

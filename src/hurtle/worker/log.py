@@ -38,8 +38,7 @@ from ..errors import Reject
 if TYPE_CHECKING:
     from ..brokers.reports import Tally
     from ..message import Message
-    from ..middleware import Calls, Outcome
-    from .jobs import Job
+    from ..middleware import Calls, Job, Outcome
 
 log = logging.getLogger(__name__)
 

@@ -61,14 +61,14 @@ from typing import TYPE_CHECKING, Any
 from .._text import describe, safe_repr, safe_str
 from ..brokers import Delivery
 from ..brokers.reports import Tally, Timings
+from ..flow import FLOW
 from ..message import Message, decode_unchecked
-from ..middleware import Calls, Middleware, overrides
+from ..middleware import Calls, Job, Middleware, Pipeline, overrides
 from ..middleware.retries import Retries
 from ..sealing import SEALED
-from ..workflows import FLOW
 from .acker import Acker
 from .batch import _NO_SKIP, BatchPath, _fail_overran
-from .jobs import BatchState, Job, Limit, Pipeline, late_limit, off_path, take_all
+from .jobs import BatchState, Limit, late_limit, off_path, take_all
 from .log import CallLog
 from .loops import Loops
 from .steps import JobSteps

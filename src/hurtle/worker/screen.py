@@ -12,9 +12,9 @@ fetch said; the cancelled ones are recorded as such (``Processor.cancelled``) an
 their turn comes. Starting tasks check one float per task (the loops read the clock anyway);
 a batch that starts all its tasks within ``WINDOW`` of its fetch makes no call at all.
 
-``Hurtle.cancel`` returns ``WINDOW`` (and a margin) after the cancellation is recorded: any task
-that starts after that was checked against a state read after the cancellation, so a message
-not started when ``cancel`` returned never runs.
+``Hurtle.cancel`` returns ``WINDOW`` (and a margin: ``hurtle.cancels``) after the cancellation
+is recorded: any task that starts after that was checked against a state read after the
+cancellation, so a message not started when ``cancel`` returned never runs.
 
 Reads of the bound and the skip set from task loops take no lock: a float and a set read under
 the GIL. ``fetched`` and ``ensure`` take ``lock``; a fetch noted while a re-screen waits on the
@@ -31,17 +31,11 @@ from collections.abc import Callable
 from time import perf_counter
 
 from ..brokers import Broker, Delivery
+from ..cancels import WINDOW
 from ..errors import BrokerError
 from ..message import message_id
 
 log = logging.getLogger(__name__)
-
-#: Seconds a delivery may wait unstarted after the broker state it was checked against was
-#: read; ``Hurtle.cancel`` waits this long (plus ``CANCEL_MARGIN``) before it returns.
-WINDOW = 0.1
-#: What ``Hurtle.cancel`` waits beyond ``WINDOW``: the time between a loop's clock read and the
-#: start of the task it checked.
-CANCEL_MARGIN = 0.05
 
 
 class Screen:

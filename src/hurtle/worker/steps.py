@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any
 from .._text import describe, safe_repr
 from ..brokers import Delivery
 from ..errors import HurtleError
+from ..flow import FLOW
 from ..message import Message
-from ..middleware import Calls, Middleware, Outcome
-from ..workflows import FLOW
+from ..middleware import Calls, Job, Middleware, Outcome, Pipeline
 from . import flows
-from .jobs import BatchState, Job, Limit, Pipeline
+from .jobs import BatchState, Limit
 from .loops import Loops
 from .unrun import DEAD_LETTERED, FAILED, PROCESSED, RETRIED
 

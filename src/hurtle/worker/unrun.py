@@ -16,14 +16,14 @@ from ..brokers import Delivery, Lock, StoredResult
 from ..brokers.reports import UNDECODABLE, Tally
 from ..errors import DecodeError
 from ..message import Message, salvage
-from ..middleware.results import CANCELLED, DEAD, EXPIRED
+from ..records import CANCELLED, DEAD, EXPIRED
 from .ends import ending
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from ..middleware import Job
     from ..task import Task
     from .acker import Acker
-    from .jobs import Job
 
 # Counter indexes of a ``Tally`` (``brokers/reports.py``).
 PROCESSED, FAILED, RETRIED, DEAD_LETTERED = range(4)

@@ -35,7 +35,7 @@ from ..brokers import Consumer, Delivery
 from ..brokers.reports import Reporter
 from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..message import Message, message_id
-from ..middleware import Middleware, overrides
+from ..middleware import Middleware, WorkerParts, overrides
 from ..names import check_queue_name
 from ..scheduler import Scheduler
 from .acker import Acker
@@ -418,10 +418,11 @@ class Worker:
 
     def _hook(self, name: str) -> None:
         """Call ``worker_start`` or ``worker_stop`` on the middleware that define it."""
+        parts: WorkerParts = self  # what the hooks may use of this worker, checked by mypy
         for m in self.middleware:
             if overrides(m, name):
                 try:
-                    getattr(m, name)(self)
+                    getattr(m, name)(parts)
                 except Exception as err:
                     log.error("middleware %r failed in %s: %s", m, name, err)
 

@@ -20,6 +20,7 @@ import redis
 from ...errors import BrokerError, ConfigurationError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, check_messages, encode_many
+from ...records import record_in_batch
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from ..base import Broker, QueueStats
 from ..common import (
@@ -401,8 +402,6 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
         except redis.RedisError as err:
             self._fail(err, f"reading the result of {id}")
         if isinstance(payload, list):  # (a batch stored whole, the record's place in it)
-            from ...middleware.results import record_in_batch
-
             return record_in_batch(memoryview(payload[0])[int(payload[2]) - 1 :], int(payload[1]))
         return None if payload is None else bytes(payload)
 

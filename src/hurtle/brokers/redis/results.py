@@ -2,12 +2,12 @@
 
 Records are kept per bucket: a run of ids that differ only in their last ``RESULT_BUCKET_CUT``
 bytes (``keys.result_key``). A worker's batch of 32 or more calls that returned comes as one
-value (``ResultBatch``: ``middleware.results.Batch``), stored whole as one field of the
-bucket's hash of batches (``keys.result_batches_key``), named by the batch's first and last id
-in the bucket and holding its ids: the worker neither makes nor sends a record per call, and
-Redis keeps one field per batch. ``result_get.lua`` finds an id in a batch's list of ids and
-the broker rebuilds the call's record from the batch (``middleware.results.record_in_batch``),
-the bytes a record stored on its own would have. Any other record (a failed attempt's, a dead
+value (``ResultBatch``: ``records.Batch``), stored whole as one field of the bucket's hash of
+batches (``keys.result_batches_key``), named by the batch's first and last id in the bucket and
+holding its ids: the worker neither makes nor sends a record per call, and Redis keeps one
+field per batch. ``result_get.lua`` finds an id in a batch's list of ids and the broker rebuilds
+the call's record from the batch (``records.record_in_batch``), the bytes a record stored on
+its own would have. Any other record (a failed attempt's, a dead
 letter's, a small batch's) is a field of the bucket's hash of records, one per id.
 
 A worker's records ride with its acknowledgements: on one server they are written by the

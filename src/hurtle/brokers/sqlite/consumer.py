@@ -409,9 +409,7 @@ class _SQLiteConsumer(Consumer):
         conn.executemany(_ADD_TOTALS, _total_rows(report))
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
-        from .broker import SQLiteBroker  # here: broker.py imports this module
-
-        own = SQLiteBroker(
+        own = type(self.broker)(  # its own connection, to the same file
             self.broker.url,
             heartbeat_timeout=self.heartbeat_timeout,
             max_recoveries=self.broker.max_recoveries,
