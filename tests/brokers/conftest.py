@@ -9,8 +9,14 @@ import pytest
 
 from hurtle.brokers import Broker, make_broker
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
+from postgres_server import (  # noqa: F401 - fixtures
+    postgres_database,
+    postgres_private,
+    postgres_server_url,
+    postgres_url,
+)
 
-BROKER_KINDS = ["memory", "sqlite", "redis", "redis-cluster", "nats"]
+BROKER_KINDS = ["memory", "sqlite", "redis", "redis-cluster", "nats", "postgres"]
 
 MakeBroker = Callable[..., Broker]
 
@@ -28,6 +34,8 @@ def broker_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return str(request.getfixturevalue("redis_cluster_url"))
     if kind == "nats":
         return str(request.getfixturevalue("nats_url"))
+    if kind == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
     raise AssertionError(kind)
 
 

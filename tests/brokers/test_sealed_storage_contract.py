@@ -107,6 +107,8 @@ def raw_bytes(app: Hurtle, url: str) -> Iterator[bytes]:
         yield from _redis(url)
     elif scheme == "nats":
         yield from asyncio.run(_nats(url))
+    elif scheme in ("postgresql", "postgres"):
+        yield from _postgres(url)
     else:
         raise AssertionError(f"no raw reader for {url}")
 
@@ -153,6 +155,33 @@ def _sqlite(path: Path) -> Iterator[bytes]:
                         yield str(value).encode()
     for file in path.parent.glob(path.name + "*"):  # the file, its WAL and shared memory
         yield file.read_bytes()
+
+
+def _postgres(url: str) -> Iterator[bytes]:
+    """Every value of every row of every table in the broker's schema."""
+    import psycopg
+
+    query = dict(p.split("=", 1) for p in urlparse(url).query.split("&") if "=" in p)
+    schema = query.get("schema", "hurtle")
+    with psycopg.connect(url.split("?", 1)[0]) as db:
+        tables = [
+            r[0]
+            for r in db.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (schema,),
+            )
+        ]
+        assert tables
+        for table in tables:
+            for row in db.execute(f'SELECT * FROM "{schema}"."{table}"'):
+                for value in row:
+                    if isinstance(value, bytes | memoryview):
+                        yield bytes(value)
+                    elif isinstance(value, list):
+                        yield repr(value).encode()
+                        yield from (bytes(v) for v in value if isinstance(v, bytes | memoryview))
+                    elif value is not None:
+                        yield str(value).encode()
 
 
 def _redis(url: str) -> Iterator[bytes]:

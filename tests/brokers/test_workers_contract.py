@@ -126,6 +126,10 @@ def _stored_reports(broker: Broker) -> list[str]:
             return [r[0] for r in conn.execute("SELECT worker_id FROM worker_reports")]
     if url.startswith("nats"):
         return broker._stored_reports()  # type: ignore[attr-defined, no-any-return]
+    if url.startswith("postgres"):
+        with broker._cursor("test") as cur:  # type: ignore[attr-defined]
+            sql = broker._sql.format("SELECT worker_id FROM {s}.worker_reports ORDER BY 1")  # type: ignore[attr-defined]
+            return [r[0] for r in cur.execute(sql)]
     client = broker._client  # type: ignore[attr-defined]
     keys = sorted(k.decode() for k in client.keys("hurtle:workers:report:*"))
     members = sorted(m.decode() for m in client.zrange("hurtle:workers:deadlines", 0, -1))

@@ -1,5 +1,5 @@
 """An app per broker for the channel conformance suite: memory, sqlite (a temp file), redis,
-a Redis Cluster."""
+a Redis Cluster, PostgreSQL (a schema of the test's own)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,13 @@ from pathlib import Path
 import pytest
 
 from hurtle import Hurtle
+from postgres_server import (  # noqa: F401 - fixtures
+    postgres_database,
+    postgres_server_url,
+    postgres_url,
+)
 
-BROKERS = ["memory", "sqlite", "redis", "redis-cluster"]
+BROKERS = ["memory", "sqlite", "redis", "redis-cluster", "postgres"]
 
 
 @pytest.fixture(params=BROKERS)
@@ -19,6 +24,8 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         return "memory://"
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'channels.db'}"
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
     if request.param == "redis-cluster":
         return str(request.getfixturevalue("redis_cluster_url"))
     return str(request.getfixturevalue("redis_url"))

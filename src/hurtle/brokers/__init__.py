@@ -37,7 +37,17 @@ __all__ = [
     "make_broker",
 ]
 
-SCHEMES = ("sqlite", "memory", "redis", "rediss", "redis+cluster", "rediss+cluster", "nats")
+SCHEMES = (
+    "sqlite",
+    "memory",
+    "redis",
+    "rediss",
+    "redis+cluster",
+    "rediss+cluster",
+    "nats",
+    "postgresql",
+    "postgres",
+)
 
 
 def make_broker(
@@ -50,10 +60,10 @@ def make_broker(
     create: bool = True,
 ) -> Broker:
     """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``,
-    ``redis+cluster://host:port``, ``nats://host:4222``.
+    ``redis+cluster://host:port``, ``nats://host:4222``, ``postgresql://user@host/database``.
 
-    ``create=False``: a SQLite file must exist already (the broker never makes one then);
-    the other brokers have no file to make and ignore it."""
+    ``create=False``: a SQLite file must exist already (the broker never makes one then), and
+    so must a PostgreSQL schema; the other brokers have nothing to make and ignore it."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme == "memory":
         from .memory import MemoryBroker
@@ -105,7 +115,24 @@ def make_broker(
             dead_letter_ttl=dead_letter_ttl,
             max_recoveries=max_recoveries,
         )
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from .postgres import PostgresBroker
+        except ImportError as err:
+            raise ConfigurationError(
+                f"the PostgreSQL broker needs the psycopg and psycopg_pool packages ({err}): "
+                "pip install 'hurtle[postgres]'"
+            ) from err
+        return PostgresBroker(
+            url,
+            heartbeat_timeout=heartbeat_timeout,
+            dead_letter_max=dead_letter_max,
+            dead_letter_ttl=dead_letter_ttl,
+            max_recoveries=max_recoveries,
+            create=create,
+        )
     raise ConfigurationError(
         f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory://, "
-        "redis://host:port/db, redis+cluster://host:port or nats://host:4222"
+        "redis://host:port/db, redis+cluster://host:port, nats://host:4222 or "
+        "postgresql://user@host/database"
     )

@@ -640,6 +640,18 @@ def _nothing() -> None:
     return None
 
 
+def beat_through(own: Broker, consumer: Consumer) -> tuple[Callable[[], bool], Callable[[], None]]:
+    """``consumer.heartbeat_session()`` through ``own``, a broker object of its own on the same
+    store: a consumer of the same id and reporter beats there; ending it closes ``own``."""
+    try:
+        beater = own.consumer(consumer.queues, consumer.worker_id)
+        beater.reporter = consumer.reporter
+    except BaseException:
+        own.close()
+        raise
+    return beater.heartbeat, own.close
+
+
 def now() -> float:
     """Wall-clock time as brokers store it (Unix seconds)."""
     return time.time()

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from ..errors import ConfigurationError
 from ..flow import FLOW, read_flow
-from ..message import Message, lock_of, salvage
+from ..message import Message, check_messages, lock_of, salvage
 from ..names import check_queue_name as check_queue_name  # the one check, for every broker
 from ..records import member_record
-from .base import StoredResult
+from .base import FlowStep, StoredResult
 
 if TYPE_CHECKING:
     from .base import Broker
@@ -166,3 +167,48 @@ def dead_ends(raw: bytes, reason: str) -> DeadEnds:
             records.append(StoredResult(flow_id, record, LOST_TTL))
     lock = lock_of(message)
     return DeadEnds(records, None if lock is None else (lock[0], message.id, lock[1]))
+
+
+#: What recovery does with a message its worker died holding (``fate``).
+BACK, QUARANTINE, DEAD = "back", "quarantine", "dead"
+
+
+def suspects(probes: list[bool]) -> list[bool]:
+    """Which of the messages one dead worker held may have killed it, given which of them were
+    let out of quarantine one at a time (probes): the only message it held, or its only probe."""
+    if len(probes) == 1:
+        return [True]
+    lone = sum(probes) == 1
+    return [probe and lone for probe in probes]
+
+
+def fate(deaths: int, suspect: bool, max_recoveries: int) -> str:
+    """What recovery does with a message whose worker died holding it, ``deaths`` times now:
+    a suspect past ``max_recoveries`` becomes a dead letter (``DEAD``); one that died before
+    waits in quarantine to be let out alone (``QUARANTINE``); a first death goes back
+    (``BACK``)."""
+    if suspect and deaths > max_recoveries:
+        return DEAD
+    return QUARANTINE if deaths >= 2 else BACK
+
+
+Item = TypeVar("Item")
+
+
+def flow_items(
+    steps: Sequence[FlowStep], item: Callable[[Message], Item]
+) -> list[tuple[list[Item], Item | None]]:
+    """Per workflow step, its messages to publish and its chord's callback, checked and made
+    into a store's items (``item``) before anything is settled: a message that cannot be
+    encoded settles nothing."""
+    for step in steps:
+        check_messages(step.publish)
+        if step.chord is not None:
+            check_messages([step.chord.callback])
+    return [
+        (
+            [item(m) for m in step.publish],
+            None if step.chord is None else item(step.chord.callback),
+        )
+        for step in steps
+    ]

@@ -400,7 +400,8 @@ class ChannelHub:
 
 
 def make_backend(url: str) -> Backend:
-    """The channel backend for a broker URL: ``memory://``, ``sqlite:///path``, ``redis://``."""
+    """The channel backend for a broker URL: ``memory://``, ``sqlite:///path``, ``redis://``,
+    ``redis+cluster://``, ``postgresql://``."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
     if scheme == "memory":
         from .memory import MemoryBackend
@@ -426,7 +427,17 @@ def make_backend(url: str) -> Backend:
                 f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
             ) from err
         return RedisClusterBackend(url)
+    if scheme in ("postgresql", "postgres"):
+        try:
+            from .postgres import PostgresBackend
+        except ImportError as err:
+            raise ConfigurationError(
+                f"PostgreSQL channels need the psycopg package ({err}): "
+                "pip install 'hurtle[postgres]'"
+            ) from err
+        return PostgresBackend(url)
     raise ConfigurationError(
         f"channels are not available for the broker URL {url!r}: use memory://, "
-        "sqlite:///path/to/file.db, redis://host:port/db or redis+cluster://host:port"
+        "sqlite:///path/to/file.db, redis://host:port/db, redis+cluster://host:port or "
+        "postgresql://user@host/database"
     )

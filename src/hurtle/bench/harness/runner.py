@@ -51,6 +51,7 @@ class Runner:
         timeout: float = 900.0,
         nats_url: str | None = None,
         cluster_url: str | None = None,
+        postgres_url: str | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.root = root
@@ -58,6 +59,8 @@ class Runner:
         #: ``redis+cluster://…``: where the ``cluster`` rows run (skipped without it)
         self.cluster_url = cluster_url
         self.nats_url = nats_url
+        #: ``postgresql://…``: where the ``postgres`` rows run, in schemas of their own
+        self.postgres_url = postgres_url
 
     def flush(self, scenario: Scenario) -> None:
         """Empty the Redis (and the cluster, when there is one) and, for a NATS row, NATS."""
@@ -66,6 +69,8 @@ class Runner:
             servers.flush_cluster(self.cluster_url)
         if scenario.store == "nats" and self.nats_url:
             servers.flush_nats(self.nats_url)
+        if scenario.store == "postgres" and self.postgres_url:
+            servers.flush_postgres(self.postgres_url)
 
     def broker_url(self, scenario: Scenario, workdir: Path) -> str:
         """The URL the row's publisher and worker get as ``HURTLE_BROKER_URL``."""
@@ -75,12 +80,16 @@ class Runner:
             return f"{self.redis_url}{scenario.url_query}"
         if scenario.store == "nats" and self.nats_url:
             return self.nats_url
+        if scenario.store == "postgres" and self.postgres_url:
+            return servers.postgres_bench_url(self.postgres_url)
         return f"sqlite:///{workdir / 'bench.db'}"
 
     def missing(self, scenario: Scenario) -> str | None:
         """Why the row cannot run here (a module, a program, a broker), or ``None``."""
         if scenario.store == "nats" and not self.nats_url:
             return "needs a NATS server: --broker-url nats://host:port"
+        if scenario.store == "postgres" and not self.postgres_url:
+            return "needs a PostgreSQL database: --broker-url postgresql://user@host/database"
         if scenario.store == "cluster" and not self.cluster_url:
             return f"needs {scenario.install}"
         return scenario.missing()

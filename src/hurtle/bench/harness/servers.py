@@ -213,3 +213,24 @@ def flush_nats(url: str) -> None:
         await nc.close()
 
     asyncio.run(clear())
+
+
+#: The schema the hurtle rows on PostgreSQL use (the raw loop uses ``bench_raw``).
+POSTGRES_SCHEMA = "bench"
+
+
+def postgres_bench_url(url: str) -> str:
+    """``url`` with the hurtle rows' schema (``?schema=bench``)."""
+    return f"{url}{'&' if '?' in url else '?'}schema={POSTGRES_SCHEMA}"
+
+
+def flush_postgres(url: str) -> None:
+    """Drop the benchmark's schemas (hurtle's ``bench``, the raw loop's ``bench_raw``) from the
+    database of ``url``: each row starts on new tables."""
+    import psycopg
+
+    from ...brokers.postgres.connection import parse_url
+
+    with psycopg.connect(parse_url(url)[0], autocommit=True) as conn:
+        for schema in (POSTGRES_SCHEMA, "bench_raw"):
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

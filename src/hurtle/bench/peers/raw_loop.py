@@ -31,6 +31,15 @@ def message() -> bytes:
     return _encode({"id": os.urandom(8).hex(), "task": "add", "args": [5, 6]})
 
 
+def consumer_main(argv: list[str], consume: Callable[[int], int]) -> NoReturn:
+    """``python -m <raw loop> consume COUNT``: consume, then stay up (``stay_up``)."""
+    command, count = argv[0], int(argv[1])
+    if command != "consume":
+        raise SystemExit(f"unknown command {command!r}: use consume")
+    consume(count)
+    stay_up()
+
+
 def stay_up() -> NoReturn:
     """Stay up, like a worker, until the driver stops this process (and reads its RSS)."""
     while True:

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from .raw_loop import BATCH, FUNCTIONS, message, stay_up
+from .raw_loop import BATCH, FUNCTIONS, consumer_main, message
 
 STREAM = "BENCHRAW"
 SUBJECT = "benchraw"
@@ -102,13 +102,5 @@ def leftover(url: str) -> int | None:
     return asyncio.run(main())
 
 
-def main(argv: list[str]) -> int:
-    command, count = argv[0], int(argv[1])
-    if command == "consume":
-        consume(count)
-        stay_up()
-    raise SystemExit(f"unknown command {command!r}: use consume")
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    consumer_main(sys.argv[1:], consume)

@@ -38,7 +38,9 @@ def add_parser(kinds: Any) -> None:
         help="a broker for the rows that need one, skipped without it (may be given twice): a "
         "NATS server (nats://host:port) for raw-nats and hurtle-nats-solo, whose streams are "
         "DELETED before every NATS row; a Redis Cluster (redis+cluster://host:port, any node) "
-        "for the hurtle-cluster-* rows, FLUSHED before every row",
+        "for the hurtle-cluster-* rows, FLUSHED before every row; a PostgreSQL database "
+        "(postgresql://user@host/database) for raw-postgres and hurtle-postgres-solo, whose "
+        "schemas bench_raw and bench are DROPPED before every PostgreSQL row",
     )
     tasks.add_argument("--only", default="", help="comma-separated rows to run (default: all)")
     options.add_outputs(tasks)
@@ -59,17 +61,21 @@ def add_parser(kinds: Any) -> None:
 
 
 def _brokers(urls: list[str] | None) -> dict[str, str]:
-    """``--broker-url``s by kind: ``nats`` and ``cluster``."""
+    """``--broker-url``s by kind: ``nats``, ``cluster`` and ``postgres``."""
     brokers: dict[str, str] = {}
     for broker_url in urls or ():
         if broker_url.startswith("nats://"):
             brokers["nats"] = broker_url
         elif "+cluster://" in broker_url:
             brokers["cluster"] = broker_url
+        elif broker_url.startswith(("postgresql://", "postgres://")):
+            brokers["postgres"] = broker_url
         else:
             raise ConfigurationError(
-                f"--broker-url takes a NATS server (nats://host:port) or a Redis Cluster "
-                f"(redis+cluster://host:port), got {broker_url!r}; a single Redis is --redis-url"
+                f"--broker-url takes a NATS server (nats://host:port), a Redis Cluster "
+                f"(redis+cluster://host:port) or a PostgreSQL database "
+                f"(postgresql://user@host/database), got {broker_url!r}; a single Redis is "
+                "--redis-url"
             )
     return brokers
 
@@ -101,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             nats_url=brokers.get("nats"),
             cluster_url=brokers.get("cluster"),
+            postgres_url=brokers.get("postgres"),
         )
         try:
             for scenario in chosen:

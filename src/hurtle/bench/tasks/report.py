@@ -89,8 +89,26 @@ ON_NATS = (
 )
 
 
+#: hurtle on PostgreSQL against the raw psycopg SKIP LOCKED loop of the same run.
+ON_POSTGRES = (
+    (
+        "consume: hurtle on PostgreSQL solo / raw psycopg SKIP LOCKED loop",
+        ("hurtle-postgres-solo", C),
+        ("raw-postgres", C),
+        0.5,
+    ),
+    (
+        "publish: hurtle on PostgreSQL send_many / raw psycopg COPY",
+        ("hurtle-postgres-solo", P),
+        ("raw-postgres", P),
+        0.8,
+    ),
+)
+
+
 def ratios(rows: list[Row]) -> list[Ratio]:
-    """The ratios of ``ON_REDIS`` and ``ON_NATS`` whose two rows both ran every task."""
+    """The ratios of ``ON_REDIS``, ``ON_NATS`` and ``ON_POSTGRES`` whose two rows both ran
+    every task."""
     done = {r.name: r for r in reversed(rows) if not r.skipped and r.consumed == r.count}
     funboost = [done[n] for n in ("funboost-redis", "funboost-ack") if n in done]
     fastest = max(funboost, key=lambda r: r.consume_rate or 0.0, default=None)
@@ -104,7 +122,7 @@ def ratios(rows: list[Row]) -> list[Ratio]:
         return row.consume_rate if side[1] == C else row.publish_rate
 
     name = fastest.name if fastest else "-"
-    every = (*ON_REDIS, *ON_NATS) if HURTLE in done else ON_NATS
+    every = (*ON_REDIS, *ON_NATS, *ON_POSTGRES) if HURTLE in done else (*ON_NATS, *ON_POSTGRES)
     found = [Ratio(text.format(fastest=name), over(rate(a), rate(b)), t) for text, a, b, t in every]
     return [ratio for ratio in found if ratio.value is not None]
 

@@ -49,6 +49,7 @@ from ..keys import (
     RESULTS_CHANNEL,
     result_key,
 )
+from ..waiters import Waiters
 from .scripts import RAW, _Command, _pack
 
 if TYPE_CHECKING:
@@ -330,7 +331,7 @@ class _ResultListener:
         #: its map of slots: the node may have failed over).
         self._on_error = on_error
         self._lock = threading.Lock()
-        self._watchers: dict[str, list[Callable[[], None]]] = {}
+        self._waiters = Waiters()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._pid = os.getpid()
@@ -339,36 +340,19 @@ class _ResultListener:
         if self._pid != os.getpid():  # forked: the thread and any lock holder stayed behind
             self._pid = os.getpid()
             self._lock = threading.Lock()
-            self._watchers = {}
             self._thread = None
+        stop = self._waiters.add(ids, wake)
         with self._lock:
-            for id_ in ids:
-                self._watchers.setdefault(id_, []).append(wake)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(
                     target=self._run, name="hurtle-results", daemon=True
                 )
                 self._thread.start()
 
-        def stop() -> None:
-            with self._lock:
-                for id_ in ids:
-                    watchers = self._watchers.get(id_)
-                    if watchers is not None:
-                        watchers.remove(wake)
-                        if not watchers:
-                            del self._watchers[id_]
-
         return stop
 
     def _wake(self, ids: Iterable[str] | None) -> None:
-        with self._lock:
-            if ids is None:
-                wakes = [w for ws in self._watchers.values() for w in ws]
-            else:
-                wakes = [w for id_ in ids for w in self._watchers.get(id_, ())]
-        for wake in wakes:
-            wake()
+        self._waiters.wake(ids)
 
     def _run(self) -> None:
         backoff = 0.1

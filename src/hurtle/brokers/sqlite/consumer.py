@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
 from ...message import Message
-from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
+from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult, beat_through
 from ..common import log_trimmed
 from ..reports import WorkerReport, encode_report
 from . import flows
@@ -414,13 +414,7 @@ class _SQLiteConsumer(Consumer):
             heartbeat_timeout=self.heartbeat_timeout,
             max_recoveries=self.broker.max_recoveries,
         )
-        try:
-            beater = _SQLiteConsumer(own, self.queues, self.worker_id)
-            beater.reporter = self.reporter
-        except BaseException:
-            own.close()
-            raise
-        return beater.heartbeat, own.close
+        return beat_through(own, self)
 
     def close(self) -> None:
         b = self.broker

@@ -16,8 +16,9 @@ import sqlite3
 import time
 from typing import TYPE_CHECKING, Any
 
-from ...message import Message, check_messages
+from ...message import Message
 from ..base import FlowStep
+from ..common import flow_items
 from .schema import _PUT_RESULT, _clamp
 
 if TYPE_CHECKING:
@@ -62,18 +63,7 @@ def _forget(conn: sqlite3.Connection, ids: Sequence[str]) -> None:
 
 def ack_flow(consumer: Any, steps: Sequence[FlowStep]) -> None:
     """``Consumer.ack_flow`` for ``SQLiteConsumer``: every step in one write transaction."""
-    for step in steps:
-        check_messages(step.publish)
-        if step.chord is not None:
-            check_messages([step.chord.callback])
-    # encoded first: a message that cannot be encoded settles nothing
-    encoded = [
-        (
-            [_item(m) for m in step.publish],
-            None if step.chord is None else _item(step.chord.callback),
-        )
-        for step in steps
-    ]
+    encoded = flow_items(steps, _item)
     b = consumer.broker
     new: set[tuple[str, int]] = set()
     with b._write() as conn:

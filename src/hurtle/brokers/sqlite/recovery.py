@@ -10,7 +10,7 @@ import json
 import logging
 import sqlite3
 
-from ..common import dead_ends, lost_reason
+from ..common import DEAD, QUARANTINE, dead_ends, fate, lost_reason, suspects
 from .connection import _Connection
 from .schema import (
     _IDS,
@@ -93,17 +93,17 @@ class _Recovery(_Connection):
             is not None
             for row, digest in zip(rows, digests, strict=True)
         ]
-        lone = sum(probe) == 1  # across all its queues, unlike Redis (one queue per script)
-        alone = len(rows) == 1  # the only message its worker held: the only suspect
+        # a lone probe across all its queues, unlike Redis (one queue per script)
         back: Rows = []
-        for row, digest, is_probe in zip(rows, digests, probe, strict=True):
+        for row, digest, suspect in zip(rows, digests, suspects(probe), strict=True):
             queue, priority, _, body = row
             deaths: int = conn.execute(
                 "INSERT INTO deaths (queue, digest, n) VALUES (?, ?, 1) "
                 "ON CONFLICT (queue, digest) DO UPDATE SET n = n + 1 RETURNING n",
                 (queue, digest),
             ).fetchone()[0]
-            if (alone or (is_probe and lone)) and deaths > self.max_recoveries:
+            what = fate(deaths, suspect, self.max_recoveries)
+            if what == DEAD:
                 conn.execute("DELETE FROM deaths WHERE queue = ? AND digest = ?", (queue, digest))
                 reason = lost_reason(deaths, self.max_recoveries)
                 conn.execute(_INSERT_DEAD, _dead_row(queue, reason, body, now))
@@ -115,7 +115,7 @@ class _Recovery(_Connection):
                         "DELETE FROM uniques WHERE queue = ? AND key = ? AND id = ?",
                         (queue, lock[0], lock[1]),
                     )
-            elif deaths >= 2:
+            elif what == QUARANTINE:
                 conn.execute(
                     "INSERT INTO quarantine (queue, priority, body) VALUES (?, ?, ?)",
                     (queue, priority, body),

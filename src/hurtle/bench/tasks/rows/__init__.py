@@ -13,6 +13,8 @@ ORDER = (
     "hurtle_cluster",
     "raw_nats",
     "hurtle_nats",
+    "raw_postgres",
+    "hurtle_postgres",
     "hurtle_sqlite",
     "celery",
     "rq",

@@ -1,0 +1,380 @@
+"""``PostgresConsumer``: one worker's session — claims with ``SKIP LOCKED``, waits woken by
+``NOTIFY``, settling, concurrency slots, heartbeats and reports."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from ...message import Message
+from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult, beat_through
+from ..reports import WorkerReport, encode_report
+from . import flows
+from .listener import POLL_INTERVAL
+from .publishing import store
+
+if TYPE_CHECKING:
+    from .broker import PostgresBroker
+
+
+def _receipts(deliveries: Sequence[Delivery]) -> list[int]:
+    return [d.receipt for d in deliveries]
+
+
+def _nothing(cur: psycopg.Cursor[Any]) -> None:
+    return None
+
+
+def _all(cur: psycopg.Cursor[Any]) -> list[Any]:
+    return cur.fetchall()
+
+
+class PostgresConsumer(Consumer):
+    combines_ack_and_fetch = True
+
+    def __init__(self, broker: PostgresBroker, queues: tuple[str, ...], worker_id: str) -> None:
+        self.broker = broker
+        self.queues = queues
+        self.worker_id = worker_id
+        #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
+        self.heartbeat_timeout = broker.heartbeat_timeout
+        self._queue_list = list(queues)
+        sql = broker._sql
+        if len(queues) == 1:
+            self._claim_sql = sql.CLAIM_ONE
+        else:
+            self._claim_sql = sql.CLAIM_MANY
+        broker._run(
+            "registering a worker",
+            lambda cur: cur.execute(sql.UPSERT_WORKER, (worker_id, self.heartbeat_timeout)),
+            transaction=False,
+        )
+
+    # -- fetching --------------------------------------------------------------------------
+
+    def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
+        return self._fetch((), max_count, timeout)
+
+    def ack_and_fetch(
+        self, deliveries: Sequence[Delivery], max_count: int, timeout: float
+    ) -> list[Delivery]:
+        """One round trip deletes the acknowledged rows and claims the next batch."""
+        return self._fetch(_receipts(deliveries), max_count, timeout)
+
+    def _fetch(self, settle: Sequence[int], max_count: int, timeout: float) -> list[Delivery]:
+        if not self.queues or max_count <= 0:
+            if settle:
+                self._settle(settle)
+            if timeout > 0:
+                time.sleep(timeout)
+            return []
+        listener = self.broker._listener
+        deadline = time.monotonic() + timeout
+        while True:
+            ticket = listener.ticket(self.queues) if timeout > 0 else 0
+            out, next_eta = self._claim(max_count, settle)
+            settle = ()
+            if out:
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return out
+            wait = min(left, POLL_INTERVAL)
+            if next_eta is not None:
+                wait = min(wait, max(next_eta - time.time(), 0.0))
+            if wait > 0:
+                listener.wait(self.queues, ticket, wait)
+
+    def _claim(
+        self, max_count: int, settle: Sequence[int] = ()
+    ) -> tuple[list[Delivery], float | None]:
+        """Settle ``settle``, promote due delayed rows and claim up to ``max_count``, in one
+        transaction sent in one round trip (one commit for the batch). Returns the deliveries
+        and, when there were none, the nearest eta of a delayed message of the consumer's
+        queues."""
+        sql = self.broker._sql
+        worker_id = self.worker_id
+        queues = self._queue_list
+        if len(queues) == 1:
+            params: tuple[Any, ...] = (queues[0], queues[0], max_count, worker_id, worker_id)
+        else:
+            params = (queues, max_count, max_count, worker_id, worker_id)
+
+        def send(cur: psycopg.Cursor[Any]) -> None:
+            if settle:
+                cur.execute(sql.SETTLE, (list(settle), worker_id))
+            # known again if declared dead meanwhile: what it takes stays recoverable
+            cur.execute(sql.ADD_WORKER, (worker_id, self.heartbeat_timeout))
+            cur.execute(sql.PROMOTE, (queues,))
+            cur.execute(self._claim_sql, params)
+
+        b = self.broker
+        rows = b._send(f"fetching from {', '.join(self.queues)}", send, _all)
+        if not rows:
+            with b._cursor("reading the next delayed message") as cur:
+                row = cur.execute(sql.NEXT_ETA, (queues,)).fetchone()
+            return [], None if row is None or row[0] is None else float(row[0])
+        self.cancellations = bool(rows[0][3])
+        return [Delivery(queue, body, id_) for queue, id_, body, _ in rows], None
+
+    # -- settling --------------------------------------------------------------------------
+    # A delivery no longer held (its worker was declared dead and it went back to its queue)
+    # is left to whoever holds it now: it went back under a new id, so settling the old
+    # receipt finds no row and does nothing.
+
+    def _settle(self, receipts: Sequence[int]) -> None:
+        sql = self.broker._sql
+        self.broker._run(
+            "acknowledging",
+            lambda cur: cur.execute(sql.SETTLE, (list(receipts), self.worker_id)),
+            transaction=False,
+        )
+
+    def _settled(self, cur: psycopg.Cursor[Any], deliveries: Sequence[Delivery]) -> dict[int, int]:
+        """Delete these held rows; returns the receipts of those that were still held, with
+        the priority each was stored under."""
+        rows = cur.execute(
+            self.broker._sql.SETTLE_RETURNING, (_receipts(deliveries), self.worker_id)
+        ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        if not deliveries and not results:
+            return
+        if not results:
+            self._settle(_receipts(deliveries))
+            return
+        b = self.broker
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            # one transaction: the acknowledgements say which deliveries were still held, and
+            # only their records are stored (a worker taken for dead meanwhile leaves the
+            # record to the copy delivered again); records past the deliveries have none
+            records = results
+            if deliveries:
+                held = self._settled(cur, deliveries)
+                if len(held) < len(deliveries):
+                    n = len(deliveries)
+                    records = [
+                        r for i, r in enumerate(results) if i >= n or deliveries[i].receipt in held
+                    ]
+            if records:
+                b._put_results(cur, records)
+
+        b._run(f"acknowledging {len(deliveries)} messages with results", run)
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        flows.ack_flow(self, steps)
+
+    def retry(self, delivery: Delivery, message: Message) -> None:
+        raw = message.encode()
+        b = self.broker
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            if self._settled(cur, [delivery]):
+                store(
+                    cur, b._sql, [(message.queue, message.priority, message.eta, raw)], time.time()
+                )
+
+        b._run("scheduling a retry", run)
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.dead_letter_many([(delivery, reason)])
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """Every dead letter in one transaction."""
+        if not items:
+            return
+        b = self.broker
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            held = self._settled(cur, [d for d, _ in items])
+            b._insert_dead(
+                cur, [(d.queue, reason, d.raw) for d, reason in items if d.receipt in held]
+            )
+
+        b._run(f"dead-lettering {len(items)} messages", run)
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        if not items:
+            return
+        b = self.broker
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            held = self._settled(cur, [d for d, _ in items])
+            kept = [(d.queue, held[d.receipt], eta, d.raw) for d, eta in items if d.receipt in held]
+            store(cur, b._sql, kept, time.time())
+
+        b._run(f"deferring {len(items)} messages", run)
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        b = self.broker
+        sql = b._sql
+
+        def run(cur: psycopg.Cursor[Any]) -> list[int]:
+            cur.execute(sql.ADD_WORKER, (self.worker_id, self.heartbeat_timeout))
+            for key in sorted({r[0] for r in requests}):  # one order: no deadlock
+                cur.execute(sql.LOCK_KEY, (f"{b.schema}\nslots\n{key}",))
+            out = []
+            for key, limit, wanted in requests:
+                cur.execute(
+                    sql.format(
+                        "DELETE FROM {s}.slots WHERE key = %s AND worker NOT IN "
+                        "(SELECT worker_id FROM {s}.workers WHERE deadline >= {now})"
+                    ),
+                    (key,),
+                )
+                row = cur.execute(
+                    sql.format("SELECT coalesce(sum(n), 0) FROM {s}.slots WHERE key = %s"), (key,)
+                ).fetchone()
+                granted = max(0, min(wanted, limit - int(row[0] if row else 0)))
+                if granted:
+                    cur.execute(
+                        sql.format(
+                            "INSERT INTO {s}.slots AS t (key, worker, n) VALUES (%s, %s, %s) "
+                            "ON CONFLICT (key, worker) DO UPDATE SET n = t.n + excluded.n"
+                        ),
+                        (key, self.worker_id, granted),
+                    )
+                out.append(granted)
+            return out
+
+        return b._run("taking concurrency slots", run)
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        b = self.broker
+        sql = b._sql
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            cur.execute(
+                sql.format(
+                    "UPDATE {s}.slots s SET n = s.n - r.n FROM unnest(%b::text[], %b::int4[]) "
+                    "AS r(key, n) WHERE s.key = r.key AND s.worker = %s"
+                ),
+                ([k for k, _ in releases], [n for _, n in releases], self.worker_id),
+            )
+            cur.execute(
+                sql.format("DELETE FROM {s}.slots WHERE worker = %s AND n <= 0"), (self.worker_id,)
+            )
+
+        b._run("giving back concurrency slots", run)
+
+    def release_unique(self, locks: Sequence[Lock]) -> None:
+        if not locks:
+            return
+        sql = self.broker._sql
+        columns = (
+            [lock[0] for lock in locks],
+            [lock[1] for lock in locks],
+            [lock[2] for lock in locks],
+        )
+        self.broker._run(
+            "releasing unique locks",
+            lambda cur: cur.execute(sql.RELEASE_UNIQUE, columns),
+            transaction=False,
+        )
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        """Give them back, under new ids: at the back of their priority."""
+        if not deliveries:
+            return
+        b = self.broker
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            rows = cur.execute(b._sql.REQUEUE, (_receipts(deliveries), self.worker_id)).fetchall()
+            b._notify_ready(cur, (r[0] for r in rows))
+
+        b._run(f"releasing {len(deliveries)} messages", run)
+
+    # -- heartbeats and reports ------------------------------------------------------------
+
+    def heartbeat(self) -> bool:
+        b = self.broker
+        report = self.reporter.report() if self.reporter is not None else None
+
+        def run(cur: psycopg.Cursor[Any]) -> bool:
+            cur.execute(b._sql.UPSERT_WORKER, (self.worker_id, self.heartbeat_timeout))
+            cur.execute(b._sql.DROP_SETTLED_CLAIMS, (self.worker_id,))
+            if report is not None:
+                self._store_report(cur, report)
+            _, _, pending = b._recover_in(cur)
+            return pending
+
+        pending = b._run("beating", run)
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)
+        return pending
+
+    def send_report(self) -> None:
+        reporter = self.reporter
+        if reporter is None:
+            return
+        report = reporter.report()
+        self.broker._run("sending a report", lambda cur: self._store_report(cur, report))
+        reporter.confirm(report)
+
+    def _store_report(self, cur: psycopg.Cursor[Any], report: WorkerReport) -> None:
+        sql = self.broker._sql
+        cur.execute(sql.FORGET_REPORTS)
+        cur.execute(
+            sql.UPSERT_REPORT, (self.worker_id, self.heartbeat_timeout, encode_report(report))
+        )
+        self._add_totals(cur, report)
+
+    def _add_totals(self, cur: psycopg.Cursor[Any], report: WorkerReport) -> None:
+        delta = report.delta
+        if delta:
+            cur.execute(
+                self.broker._sql.ADD_TOTALS,
+                (
+                    [c.queue for c in delta],
+                    [c.task for c in delta],
+                    [c.processed for c in delta],
+                    [c.failed for c in delta],
+                    [c.retried for c in delta],
+                    [c.dead_lettered for c in delta],
+                ),
+            )
+
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
+        b = self.broker
+        own = type(b)(  # a broker of its own: its own connections, to the same database
+            b._given_url,
+            heartbeat_timeout=self.heartbeat_timeout,
+            dead_letter_max=b.dead_letter_max,
+            dead_letter_ttl=b.dead_letter_ttl,
+            max_recoveries=b.max_recoveries,
+        )
+        return beat_through(own, self)
+
+    def close(self) -> None:
+        b = self.broker
+        if b._closed:
+            return
+        report = self.reporter.report() if self.reporter is not None else None
+        sql = b._sql
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            if report is not None:  # leaves with its last counts in the totals
+                cur.execute(
+                    sql.format("DELETE FROM {s}.worker_reports WHERE worker_id = %s"),
+                    (self.worker_id,),
+                )
+                self._add_totals(cur, report)
+            rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id, self.worker_id)).fetchall()
+            b._notify_ready(cur, (r[0] for r in rows))
+            cur.execute(sql.FORGET_CLAIMS, (self.worker_id,))
+            cur.execute(
+                sql.format("DELETE FROM {s}.workers WHERE worker_id = %s"), (self.worker_id,)
+            )
+            cur.execute(sql.format("DELETE FROM {s}.slots WHERE worker = %s"), (self.worker_id,))
+
+        b._run("closing a worker's session", run)
+        if report is not None and self.reporter is not None:
+            self.reporter.confirm(report)
