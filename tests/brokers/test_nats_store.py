@@ -68,7 +68,10 @@ def test_a_bucket_with_more_keys_than_one_reply_holds_is_listed_whole(store: Sto
         written = [f"k{i:06d}" for i in range(count)]
         for start in range(0, count, 2_000):  # what ``KeyValue.put`` sends, pipelined
             await asyncio.gather(
-                *(store.js.publish(f"$KV.{bucket}.{k}", b"\x90") for k in written[start:][:2_000])
+                *(
+                    store.js.publish(f"$KV.{bucket}.{k}", b"\x90", timeout=60)
+                    for k in written[start:][:2_000]
+                )
             )
         listed = await store.keys(bucket)
         assert len(listed) == count

@@ -230,14 +230,15 @@ class Store:
         server pages past its own limit), not with ``KeyValue.keys()``: its watcher can end the
         replay before it counted the messages it already received, and then reports no keys,
         or some of them, while more exist (nats.py issue 842), which made a worker list come
-        back empty now and then."""
+        back empty now and then. A page of 100,000 subjects can take the server seconds on a
+        busy machine, hence the long wait per page."""
         await self.kv(bucket)  # made if need be
         prefix = f"$KV.{bucket}."
         keys: list[str] = []
         while True:
             asked = {"subjects_filter": f"{prefix}>", "offset": len(keys)}
             reply = await self.nc.request(
-                f"$JS.API.STREAM.INFO.KV_{bucket}", json.dumps(asked).encode(), timeout=5.0
+                f"$JS.API.STREAM.INFO.KV_{bucket}", json.dumps(asked).encode(), timeout=30.0
             )
             info = json.loads(reply.data)
             if "error" in info:
