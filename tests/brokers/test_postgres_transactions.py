@@ -266,6 +266,22 @@ def test_another_broker_refuses_a_connection_naming_the_outbox() -> None:
     assert app.broker.stats(["default"])["default"].ready == 0
 
 
+def test_eager_mode_runs_a_send_with_a_connection_at_the_send() -> None:
+    from hurtle.testing import eager
+
+    app = Hurtle("memory://")
+    ran: list[int] = []
+
+    @app.task
+    def note(x: int) -> None:
+        ran.append(x)
+
+    with eager(app):
+        note.options(connection=object()).send(1)
+        note.options(connection=object()).send_many([(2,), (3,)])
+    assert ran == [1, 2, 3]
+
+
 def test_what_is_not_a_connection_is_refused_saying_what_is_taken(shop: Shop) -> None:
     with pytest.raises(ConfigurationError, match=r"takes a psycopg connection, a SQLAlchemy"):
         shop.add.options(connection="postgresql://localhost/shop").send(1, 2)

@@ -52,8 +52,8 @@ def driver_connection(connection: object) -> Any:
     if isinstance(connection, psycopg.AsyncConnection) or "Async" in kind.__name__:
         raise ConfigurationError(
             f"connection= got an asynchronous connection ({kind.__name__}): sends are "
-            "synchronous; give the synchronous connection (psycopg.Connection, a SQLAlchemy "
-            "Session), or from async code the AsyncSession's sync_session"
+            "synchronous; give a synchronous one (psycopg.Connection, a SQLAlchemy Session "
+            "or Connection on a synchronous engine)"
         )
     if module.startswith("sqlalchemy."):
         return _sqlalchemy(connection)
