@@ -290,15 +290,18 @@ class chain:
         self,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
+        *,
+        connection: object = None,
         **options: Never,
     ) -> FlowHandle[Any]:
-        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step."""
+        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step; with
+        ``connection``, as ``send`` does."""
         _no_options("a chain", options)
         call, keywords = call_args("chain: apply_async", args, kwargs)
         if not call and not keywords:
-            return self.send()
+            return self.send(connection=connection)
         first, *rest = self.signatures
-        return chain(first.merged(call, keywords), *rest).send()
+        return chain(first.merged(call, keywords), *rest).send(connection=connection)
 
     def __or__(self, other: Signature[Any] | chain) -> chain:
         """``chain(...) | mul.s(3)``, ``chain(...) | chain(...)``: a longer chain (Celery's)."""
@@ -350,14 +353,18 @@ class group:
         self,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
+        *,
+        connection: object = None,
         **options: Never,
     ) -> GroupHandle:
-        """Send the group (Celery's), ``args`` and ``kwargs`` given to each member."""
+        """Send the group (Celery's), ``args`` and ``kwargs`` given to each member; with
+        ``connection``, as ``send`` does."""
         _no_options("a group", options)
         call, keywords = call_args("group: apply_async", args, kwargs)
         if not call and not keywords:
-            return self.send()
-        return group(s.merged(call, keywords) for s in self.signatures).send()
+            return self.send(connection=connection)
+        merged = group(s.merged(call, keywords) for s in self.signatures)
+        return merged.send(connection=connection)
 
     def __or__(self, other: Signature[Any]) -> chord:
         """``group(...) | total.s()``: the chord of the two (Celery's)."""
@@ -397,10 +404,10 @@ class chord:
         """Send the chord (Celery's)."""
         return self.send()
 
-    def apply_async(self, **options: Never) -> FlowHandle[Any]:
-        """Send the chord (Celery's)."""
+    def apply_async(self, *, connection: object = None, **options: Never) -> FlowHandle[Any]:
+        """Send the chord (Celery's); with ``connection``, as ``send`` does."""
         _no_options("a chord", options)
-        return self.send()
+        return self.send(connection=connection)
 
     def send(self, *, connection: object = None) -> FlowHandle[Any]:
         """Send the chord; with ``connection``, its members are written in that connection's

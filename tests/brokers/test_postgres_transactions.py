@@ -23,7 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from hurtle import Hurtle, chain, group
+from hurtle import Hurtle, chain, chord, group
 from hurtle.brokers.postgres import PostgresBroker
 from hurtle.errors import BrokerError, ConfigurationError
 
@@ -50,8 +50,13 @@ class Shop:
         def once(key: str) -> None:
             self.ran.append(("once", key))
 
+        @self.app.task(name="shop.total")
+        def total(results: list[int]) -> None:
+            self.ran.append(("total", sum(results)))
+
         self.add = add
         self.once = once
+        self.total = total
         with psycopg.connect(self.database, autocommit=True) as conn:
             conn.execute(f'CREATE TABLE IF NOT EXISTS "{self.schema}_orders" (id int PRIMARY KEY)')  # type: ignore[arg-type]
         self.orders = f'"{self.schema}_orders"'
@@ -141,7 +146,7 @@ def test_a_send_in_an_autocommit_connection_outside_a_transaction_commits_at_onc
 
 def test_every_way_of_sending_takes_the_connection(shop: Shop) -> None:
     def send_all(conn: psycopg.Connection[Any], base: int) -> None:
-        add = shop.add
+        add, total = shop.add, shop.total
         add.apply_async((base, 1), connection=conn)
         add.s(base, 2).send(connection=conn)
         add.s(base, 3).apply_async(connection=conn)
@@ -149,6 +154,9 @@ def test_every_way_of_sending_takes_the_connection(shop: Shop) -> None:
         shop.app.send_task("shop.elsewhere", args=(base, 5), connection=conn, queue="other")
         chain(add.s(base, 6), add.s(0)).send(connection=conn)
         group(add.s(base, 7), add.s(base, 8)).send(connection=conn)
+        chain(add.s(base, 9), add.s(1)).apply_async(connection=conn)
+        group(add.s(base, 10)).apply_async(connection=conn)
+        chord([add.s(base, 11), add.s(base, 12)], total.s()).apply_async(connection=conn)
         shop.once.options(connection=conn).send(f"k{base}")
 
     with psycopg.connect(shop.database) as conn:
@@ -158,7 +166,7 @@ def test_every_way_of_sending_takes_the_connection(shop: Shop) -> None:
         send_all(conn, 200)
         conn.commit()
     ran = shop.run_all()
-    assert sorted(r for r in ran if r[0] != "once") == [
+    expected = [
         (200, 1),
         (200, 2),
         (200, 3),
@@ -166,8 +174,15 @@ def test_every_way_of_sending_takes_the_connection(shop: Shop) -> None:
         (200, 6),
         (200, 7),
         (200, 8),
+        (200, 9),
+        (200, 10),
+        (200, 11),
+        (200, 12),
         (206, 0),
+        (209, 1),
+        ("total", 211 + 212),
     ]
+    assert sorted((r for r in ran if r[0] != "once"), key=repr) == sorted(expected, key=repr)
     assert [r for r in ran if r[0] == "once"] == [("once", "k200")]
     # the other service's task waits on its own queue, and the rolled-back one is not there
     assert shop.app.broker.stats(["other"])["other"].ready == 1
