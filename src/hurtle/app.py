@@ -139,6 +139,19 @@ class Hurtle:
             return messages[0].id
         return sent
 
+    def _publish_in(
+        self, connection: object, messages: list[Message], unique_for: float | None = None
+    ) -> list[str]:
+        """Publish messages with the application's ``connection``, in its open transaction
+        (``Broker.publish_in``), through the ``before_publish`` hooks if any; per message sent,
+        the id it answers to (the holder of its unique lock with ``unique_for``)."""
+        sent = messages
+        for m in self._publish_hooks:
+            messages = m.before_publish(messages)
+        if not messages:
+            return [m.id for m in sent]
+        return self.broker.publish_in(connection, messages, unique_for)
+
     def handle(self, id: str, task: Task[Any, Any] | None = None) -> Handle[Any]:
         """The handle of a message sent earlier, from its id (and its task, if known: then
         ``result`` on a task that keeps no results fails at once)."""

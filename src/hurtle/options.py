@@ -142,8 +142,16 @@ class CelerySendOptions(TypedDict, total=False):
     queue: str | None
     priority: int | None
     headers: Mapping[str, Any] | None
+    #: The application's connection to write the message in its transaction with (PostgreSQL
+    #: broker only: ``Task.options``); a send option, never a signature's.
+    connection: object
 
 
+#: Why a signature refuses a connection (``Task.options(connection=...)``).
+NO_CONNECTION = (
+    "a signature does not keep a connection: give it when sending "
+    "(add.s(1, 2).send(connection=conn), chain(...).send(connection=conn))"
+)
 _SEND_NAMES = tuple(CelerySendOptions.__annotations__)
 _NO_RETRY = "a send returns once the broker has the message, or raises BrokerError: leave it out"
 #: Celery's per-call options that hurtle does not take, and what to write instead.

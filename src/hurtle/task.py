@@ -34,6 +34,7 @@ from .limits import KeyFunction, Limits
 from .message import CheckedBatch, Message
 from .names import check_queue_name, check_task_name
 from .options import (
+    NO_CONNECTION,
     CelerySendOptions,
     SendOptions,
     call_args,
@@ -291,6 +292,8 @@ class Task(Generic[P, R]):
         what = f"task {self.name!r}: signature"
         call, keywords = call_args(what, args, kwargs)
         given = celery_send(what, options)
+        if "connection" in given:
+            raise ConfigurationError(f"{what}: {NO_CONNECTION}")
         return Signature(self, call, keywords, self.options(**given).opts if given else None)
 
     def options(
@@ -302,6 +305,7 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         headers: Mapping[str, Any] | None = None,
         expires: float | None = None,
+        connection: object = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options: ``add.options(delay=30, priority=9).send(1, 2)``.
 
@@ -309,6 +313,11 @@ class Task(Generic[P, R]):
         must be finite and >= 0. ``priority`` is an int from 0 to 9. ``expires`` is seconds
         from the send after which the message is no longer started (the task's own
         ``expires`` otherwise).
+
+        ``connection`` (PostgreSQL broker only) is the application's own connection to the
+        broker's database — psycopg's, a SQLAlchemy ``Connection`` or ``Session``, Django's
+        ``connection`` —: the sends write their messages with it, in its open transaction, so
+        that they run once it commits and never if it rolls back (docs/transactions.md).
         """
         try:
             opts = SendOptions(
@@ -321,10 +330,14 @@ class Task(Generic[P, R]):
             )
         except ConfigurationError as err:
             raise ConfigurationError(f"task {self.name!r}: {err}") from None
+        if connection is not None:
+            return InTransaction(self, opts, connection)
         return BoundTask(self, opts)
 
-    def _bound(self, opts: SendOptions) -> BoundTask[P, R]:
+    def _bound(self, opts: SendOptions, connection: object = None) -> BoundTask[P, R]:
         """This task with per-call options already checked (a signature's)."""
+        if connection is not None:
+            return InTransaction(self, opts, connection)
         return BoundTask(self, opts)
 
 
@@ -361,6 +374,29 @@ class BoundTask(Generic[P, R]):
         return Signature(self.task, args, kwargs, self.opts)
 
 
+class InTransaction(BoundTask[P, R]):
+    """A task with per-call options and a connection (``Task.options(connection=...)``): its
+    sends write their messages with that connection, in its open transaction
+    (``Broker.publish_in``). Sends without a connection never come here."""
+
+    def __init__(self, task: Task[P, R], options: SendOptions, connection: object) -> None:
+        super().__init__(task, options)
+        self.connection = connection
+
+    def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
+        task = self.task
+        message = task.message(args, kwargs, self.opts)
+        return Handle(_publish_in(task, [message], self.connection)[0], task.app, task)
+
+    def send_many(
+        self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
+    ) -> list[Handle[R]]:
+        return _send_many(self.task, calls, self.opts, self.connection)
+
+    def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
+        raise ConfigurationError(f"task {self.task.name!r}: {NO_CONNECTION}")
+
+
 def send_by_name(
     app: Hurtle,
     name: str,
@@ -373,8 +409,10 @@ def send_by_name(
     cannot be checked against a signature here, the options are checked as ``send``'s."""
     what = f"send_task({name!r})"
     call, keywords = call_args(what, args, kwargs)
+    given = celery_send(what, options)
+    connection = given.pop("connection", None)
     try:
-        opts = SendOptions(**celery_send(what, options))
+        opts = SendOptions(**given)
     except ConfigurationError as err:
         raise ConfigurationError(f"{what}: {err}") from None
     now = time.time()
@@ -384,6 +422,8 @@ def send_by_name(
     )
     if app.settings.encrypt and app.keyring is not None:  # the app's default for its tasks
         message = app.keyring.seal_message(message)
+    if connection is not None:
+        return Handle(app._publish_in(connection, [message])[0], app)
     return Handle(app._publish([message]), app)
 
 
@@ -395,6 +435,7 @@ def _send_many(
     task: Task[Any, R],
     calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args],
     options: SendOptions | None,
+    connection: object = None,
 ) -> list[Handle[R]]:
     now = time.time()
     queue, priority, eta, headers, expires = task._resolve(options, now)
@@ -465,6 +506,9 @@ def _send_many(
     app = task.app
     if messages and task.keyring is not None:  # sealed once the locks are named from them
         messages = CheckedBatch(map(task.keyring.seal_message, messages))
+    if messages and connection is not None:
+        ids = _publish_in(task, messages, connection)
+        return [Handle(id_, app, task) for id_ in ids]
     if messages:
         hooks = app._publish_hooks
         published: list[Message] = messages
@@ -479,6 +523,14 @@ def _send_many(
         app.broker.publish(published)
         return [Handle(m.id, app, task) for m in published]
     return []
+
+
+def _publish_in(task: Task[Any, Any], messages: list[Message], connection: object) -> list[str]:
+    """Publish calls of ``task`` with ``connection``, in its transaction (``Hurtle._publish_in``),
+    taking their unique locks there if the task has ``unique_for``."""
+    limits = task.limits
+    unique_for = None if limits is None else limits.unique_for
+    return task.app._publish_in(connection, messages, unique_for)
 
 
 def _publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:

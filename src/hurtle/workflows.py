@@ -52,7 +52,14 @@ from .flow import FLOW, Flow, Link, read_flow
 from .handles import FlowHandle, GroupHandle, Handle
 from .ids import new_id
 from .message import Message
-from .options import CelerySendOptions, SendOptions, call_args, celery_send, same_options
+from .options import (
+    NO_CONNECTION,
+    CelerySendOptions,
+    SendOptions,
+    call_args,
+    celery_send,
+    same_options,
+)
 from .sealing import SEALED
 
 if TYPE_CHECKING:
@@ -87,6 +94,8 @@ class Signature(Generic[R]):
     def options(self, **options: Any) -> Signature[R]:
         """A copy with these options (``Task.options`` takes the same ones); an option given
         again replaces the one given before, the others stay."""
+        if options.get("connection") is not None:
+            raise ConfigurationError(f"signature of {self.task.name!r}: {NO_CONNECTION}")
         opts = self.task.options(**options).opts
         if self.opts is not None:
             given = {
@@ -97,8 +106,12 @@ class Signature(Generic[R]):
             opts = dataclasses.replace(self.opts, **given)
         return Signature(self.task, self.args, self.kwargs, opts)
 
-    def send(self) -> Handle[R]:
-        """Send this call on its own (no workflow): ``add.s(1, 2).send()``."""
+    def send(self, *, connection: object = None) -> Handle[R]:
+        """Send this call on its own (no workflow): ``add.s(1, 2).send()``; with
+        ``connection``, in that connection's transaction (``Task.options``)."""
+        if connection is not None:
+            opts = self.opts or SendOptions()
+            return self.task._bound(opts, connection).send(*self.args, **self.kwargs)
         if self.opts is None:
             return self.task.send(*self.args, **self.kwargs)
         return self.task._bound(self.opts).send(*self.args, **self.kwargs)
@@ -126,8 +139,9 @@ class Signature(Generic[R]):
         what = f"signature of {self.task.name!r}: apply_async"
         call, keywords = call_args(what, args, kwargs)
         given = celery_send(what, options)
+        connection = given.pop("connection", None)
         sig = self.merged(call, keywords)
-        return (sig.options(**given) if given else sig).send()
+        return (sig.options(**given) if given else sig).send(connection=connection)
 
     def set(self, **options: Unpack[CelerySendOptions]) -> Signature[R]:
         """Set options on this signature itself and return it (Celery's, with its names:
@@ -230,7 +244,10 @@ def _nested(what: str, other: object) -> ConfigurationError:
     )
 
 
-def _publish(app: Hurtle, messages: list[Message]) -> None:
+def _publish(app: Hurtle, messages: list[Message], connection: object = None) -> None:
+    if connection is not None:
+        app._publish_in(connection, messages)
+        return
     for hook in app._publish_hooks:
         messages = hook.before_publish(messages)
     if messages:
@@ -248,7 +265,9 @@ class chain:
         for i, s in enumerate(self.signatures):  # the first may get arguments when sent
             s._check(0 if i == 0 else 1, partial=i == 0)
 
-    def send(self) -> FlowHandle[Any]:
+    def send(self, *, connection: object = None) -> FlowHandle[Any]:
+        """Send the chain; with ``connection``, in that connection's transaction
+        (``Task.options``): the first step runs once it commits, never if it rolls back."""
         sigs = self.signatures
         app = _app_of(sigs)
         links = [s._link(0 if i == 0 else 1) for i, s in enumerate(sigs)]
@@ -256,7 +275,7 @@ class chain:
         flow_id = links[-1].id
         first, rest = links[0], tuple(links[1:])
         flow = Flow(id=flow_id, store=0.0 if rest else last.result_ttl, next=rest)
-        _publish(app, [first.message((), flow)])
+        _publish(app, [first.message((), flow)], connection)
         return FlowHandle(flow_id, app, None, last.name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> FlowHandle[Any]:
@@ -271,15 +290,18 @@ class chain:
         self,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
+        *,
+        connection: object = None,
         **options: Never,
     ) -> FlowHandle[Any]:
-        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step."""
+        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step; with
+        ``connection``, as ``send`` does."""
         _no_options("a chain", options)
         call, keywords = call_args("chain: apply_async", args, kwargs)
         if not call and not keywords:
-            return self.send()
+            return self.send(connection=connection)
         first, *rest = self.signatures
-        return chain(first.merged(call, keywords), *rest).send()
+        return chain(first.merged(call, keywords), *rest).send(connection=connection)
 
     def __or__(self, other: Signature[Any] | chain) -> chain:
         """``chain(...) | mul.s(3)``, ``chain(...) | chain(...)``: a longer chain (Celery's)."""
@@ -305,7 +327,9 @@ class group:
         for s in self.signatures:  # each may get arguments when sent
             s._check(0, partial=True)
 
-    def send(self) -> GroupHandle:
+    def send(self, *, connection: object = None) -> GroupHandle:
+        """Send the group; with ``connection``, in that connection's transaction
+        (``Task.options``)."""
         sigs = self.signatures
         if not sigs:
             raise ConfigurationError("a group needs at least one signature")
@@ -314,7 +338,7 @@ class group:
         for s in sigs:
             link = s._link(0)
             messages.append(link.message((), Flow(id=link.id, store=s.task.result_ttl)))
-        _publish(app, messages)
+        _publish(app, messages, connection)
         return GroupHandle([FlowHandle(m.id, app, None, m.task) for m in messages])
 
     def __call__(self, *args: Any, **options: Never) -> GroupHandle:
@@ -329,14 +353,18 @@ class group:
         self,
         args: Sequence[Any] | None = None,
         kwargs: Mapping[str, Any] | None = None,
+        *,
+        connection: object = None,
         **options: Never,
     ) -> GroupHandle:
-        """Send the group (Celery's), ``args`` and ``kwargs`` given to each member."""
+        """Send the group (Celery's), ``args`` and ``kwargs`` given to each member; with
+        ``connection``, as ``send`` does."""
         _no_options("a group", options)
         call, keywords = call_args("group: apply_async", args, kwargs)
         if not call and not keywords:
-            return self.send()
-        return group(s.merged(call, keywords) for s in self.signatures).send()
+            return self.send(connection=connection)
+        merged = group(s.merged(call, keywords) for s in self.signatures)
+        return merged.send(connection=connection)
 
     def __or__(self, other: Signature[Any]) -> chord:
         """``group(...) | total.s()``: the chord of the two (Celery's)."""
@@ -376,12 +404,14 @@ class chord:
         """Send the chord (Celery's)."""
         return self.send()
 
-    def apply_async(self, **options: Never) -> FlowHandle[Any]:
-        """Send the chord (Celery's)."""
+    def apply_async(self, *, connection: object = None, **options: Never) -> FlowHandle[Any]:
+        """Send the chord (Celery's); with ``connection``, as ``send`` does."""
         _no_options("a chord", options)
-        return self.send()
+        return self.send(connection=connection)
 
-    def send(self) -> FlowHandle[Any]:
+    def send(self, *, connection: object = None) -> FlowHandle[Any]:
+        """Send the chord; with ``connection``, its members are written in that connection's
+        transaction (``Task.options``)."""
         members, callback = self.members, self.callback
         if callback is None:
             raise ConfigurationError(
@@ -392,7 +422,7 @@ class chord:
         cb = callback._link(1)
         total = len(members)
         if not total:  # nothing to wait for: the callback runs at once, with no results
-            _publish(app, [cb.message(([],), Flow(id=cb.id, store=ttl), app.keyring)])
+            _publish(app, [cb.message(([],), Flow(id=cb.id, store=ttl), app.keyring)], connection)
             return FlowHandle(cb.id, app, None, callback.task.name)
         messages = [
             s._link(0).message(
@@ -400,7 +430,7 @@ class chord:
             )
             for i, s in enumerate(members)
         ]
-        _publish(app, messages)
+        _publish(app, messages, connection)
         return FlowHandle(cb.id, app, None, callback.task.name)
 
 

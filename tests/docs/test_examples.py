@@ -5,7 +5,10 @@ own, so a block may use what an earlier one defined. What a reader would have ru
 the code is provided here, never written into the page:
 
 * ``HURTLE_BROKER_URL`` is ``memory://``, so ``Hurtle()`` needs no server; a URL of a local Redis
-  in a block (``redis://localhost:6379/0``) is pointed at this session's private redis-server;
+  in a block (``redis://localhost:6379/0``) is pointed at this session's private redis-server,
+  and one of the PostgreSQL database ``shop`` on the local server
+  (``postgresql://localhost/shop``, also ``postgresql+psycopg://`` and the like for SQLAlchemy)
+  at this session's own database;
 * after each block, every ``Hurtle`` app of the namespace that has tasks gets a worker (a thread
   of this process, the ``threads`` pool), started afresh when the block added tasks or queues, so
   ``h.result()`` in a page returns as it would with ``hurtle worker`` running;
@@ -44,6 +47,7 @@ from typing import Any
 import pytest
 
 from hurtle import Hurtle
+from postgres_server import postgres_database, postgres_server_url  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
@@ -54,6 +58,7 @@ FENCE = re.compile(
 )
 FILE_COMMENT = re.compile(r"#\s*([\w/]+\.py)\s*$")
 LOCAL_REDIS = re.compile(r"redis://(?:localhost|127\.0\.0\.1)(?::6379)?(?:/0)?")
+LOCAL_POSTGRES = re.compile(r"(postgresql(?:\+\w+)?)://localhost/shop\b")
 
 
 @dataclass
@@ -215,6 +220,7 @@ def test_every_example_of_the_page_runs(page: Path, page_env: Path, request: Any
     namespace: dict[str, Any] = {"__name__": "__main__"}
     workers = Workers()
     redis_url: str | None = None
+    postgres_url: str | None = None
     try:
         runnable: list[Block] = []
         for block in blocks(page):
@@ -230,6 +236,10 @@ def test_every_example_of_the_page_runs(page: Path, page_env: Path, request: Any
                 if redis_url is None:
                     redis_url = request.getfixturevalue("redis_url")
                 body = LOCAL_REDIS.sub(redis_url, body)
+            if LOCAL_POSTGRES.search(body):
+                if postgres_url is None:
+                    postgres_url = str(request.getfixturevalue("postgres_database"))
+                body = LOCAL_POSTGRES.sub(rf"\1://{postgres_url.partition('://')[2]}", body)
             runnable.append(Block(block.lang, body, block.line, None))
         write_files(runnable, page, page_env)
         for block in runnable:

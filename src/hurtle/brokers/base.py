@@ -97,6 +97,7 @@ from typing import Any
 
 import msgspec
 
+from ..errors import ConfigurationError
 from ..message import Message
 from .reports import Reporter, TaskCounts, WorkerReport
 from .ticks import TickClaim
@@ -417,6 +418,20 @@ class Broker(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} does not support unique locks")
 
+    def publish_in(
+        self, connection: object, messages: Sequence[Message], unique_for: float | None = None
+    ) -> list[str]:
+        """Write the messages with ``connection``, the application's own connection to the
+        broker's database, inside its open transaction: they run once it commits, never if it
+        rolls back (``send(connection=...)``, docs/transactions.md). With ``unique_for``, as
+        ``publish_unique`` (the locks are taken in that transaction too). Returns per message
+        the id of the message that holds its lock: its own, without ``unique_for``.
+
+        Only a broker that lives in a database the application writes to can: PostgreSQL.
+        Any other raises ``ConfigurationError``.
+        """
+        raise ConfigurationError(not_transactional(self.url))
+
     def take_tokens(
         self, requests: Sequence[tuple[str, int, float, int]]
     ) -> list[tuple[int, float]]:
@@ -650,6 +665,18 @@ def beat_through(own: Broker, consumer: Consumer) -> tuple[Callable[[], bool], C
         own.close()
         raise
     return beater.heartbeat, own.close
+
+
+def not_transactional(url: str) -> str:
+    """Why a broker at ``url`` cannot write a message in the application's transaction."""
+    scheme = url.partition(":")[0] or url
+    return (
+        f"connection= writes the message in your database transaction, which only the "
+        f"PostgreSQL broker (postgresql://...) can do, and this app's broker is {url!r}: on "
+        f"{scheme} it takes an outbox (a table in your PostgreSQL database that a relay moves "
+        "to the broker), which hurtle does not have yet; until then send after the commit "
+        "(Django's transaction.on_commit, or after session.commit())"
+    )
 
 
 def now() -> float:

@@ -13,6 +13,8 @@ What differs from a worker elsewhere, on purpose:
   (``MemoryBroker.fast_forward``). A message a rate or concurrency limit throttles does wait its
   turn, as it would in production (the send returns later);
 * periodic tasks are not scheduled (send them to test them);
+* a send in the application's transaction (``options(connection=conn)``) runs at the send too,
+  whether the transaction commits or not: the connection is not used;
 * ``propagate=True`` raises, at the send, the exception of a call that failed for good (the
   first one, once its retries are spent), instead of leaving it to ``Handle.result``'s
   ``TaskFailed``;
@@ -115,6 +117,17 @@ class EagerBroker(MemoryBroker):
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         super().publish_raw(queue, payloads)
         self.run()
+
+    def publish_in(
+        self, connection: object, messages: Sequence[Message], unique_for: float | None = None
+    ) -> list[str]:
+        """A send in the application's transaction (``options(connection=...)``) runs at the
+        send, as every eager send does: the store is not the database, and the connection is
+        not used."""
+        if unique_for is not None:
+            return self.publish_unique(messages, unique_for)
+        self.publish(messages)
+        return [m.id for m in messages]
 
     # -- running ---------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from .admin import _Admin
 from .consumer import PostgresConsumer
 from .listener import Listener
 from .publishing import items_of, store, take_locks
+from .transactions import cursor_of
 
 
 class PostgresBroker(_Admin, Broker):
@@ -84,6 +85,24 @@ class PostgresBroker(_Admin, Broker):
             return holders
 
         return self._run(f"publishing {len(batch)} unique messages", run)
+
+    def publish_in(
+        self, connection: object, messages: Sequence[Message], unique_for: float | None = None
+    ) -> list[str]:
+        check_messages(messages)
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return []
+        raws = encode_many(batch, self.max_message_size)
+        sql = self._sql
+        doing = f"writing {len(batch)} messages"
+        with cursor_of(connection, self.url, doing) as cur:
+            if unique_for is None:
+                store(cur, sql, items_of(batch, raws), time.time())
+                return [m.id for m in batch]
+            items, holders = take_locks(cur, sql, batch, raws, unique_for)
+            store(cur, sql, items, time.time())
+            return holders
 
     def take_tokens(
         self, requests: Sequence[tuple[str, int, float, int]]

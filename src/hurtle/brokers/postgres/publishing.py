@@ -5,14 +5,15 @@ taken in the same transaction."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
-
-import psycopg
+from typing import TYPE_CHECKING
 
 from ...message import Message, lock_of
 from ..common import unique_key_of
 from .listener import payloads
 from .sql import Sql
+
+if TYPE_CHECKING:
+    from .transactions import Statements
 
 #: ``(queue, priority, eta, raw)``: one message to store.
 Item = tuple[str, int, float, bytes]
@@ -22,7 +23,7 @@ def items_of(messages: Sequence[Message], raws: Sequence[bytes]) -> list[Item]:
     return [(m.queue, m.priority, m.eta, raw) for m, raw in zip(messages, raws, strict=True)]
 
 
-def store(cur: psycopg.Cursor[Any], sql: Sql, items: Iterable[Item], now: float) -> set[str]:
+def store(cur: Statements, sql: Sql, items: Iterable[Item], now: float) -> set[str]:
     """Insert the items, due ones ready and the others delayed, with the queues' names and
     a notification of them, in one statement; returns the queues."""
     queues: list[str] = []
@@ -58,7 +59,7 @@ def store(cur: psycopg.Cursor[Any], sql: Sql, items: Iterable[Item], now: float)
 
 
 def take_locks(
-    cur: psycopg.Cursor[Any],
+    cur: Statements,
     sql: Sql,
     messages: Sequence[Message],
     raws: Sequence[bytes],
