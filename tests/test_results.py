@@ -120,7 +120,7 @@ def test_two_hundred_waiters_on_redis_share_a_few_connections(redis_url: str) ->
         broker = app.broker
         assert isinstance(broker, RedisBroker)
         deadline = time.monotonic() + 30
-        while len(broker._listener._watchers) < 200:  # every thread waits now
+        while len(broker._listener._waiters._by_id) < 200:  # every thread waits now
             assert time.monotonic() < deadline
             time.sleep(0.01)
         during = _clients(redis_url)
