@@ -40,7 +40,7 @@ def limited(i):
     log("done", i, os.getpid(), repr(time.time()))
 
 
-@app.task(unique_for=5, retries=0)
+@app.task(unique_for=10, retries=0)
 def once(i, hold):
     log("start", i, os.getpid(), repr(time.time()))
     time.sleep(hold)
@@ -53,7 +53,7 @@ def project(tmp_path: Path, redis_url: str) -> Iterator[Project]:
     p = Project(tmp_path, TASKS, (), redis_url)
     p.app.task(name="tasks.rated", rate_limit="50/s")(lambda i: None)
     p.app.task(name="tasks.limited", concurrency_limit=2)(lambda i: None)
-    p.app.task(name="tasks.once", unique_for=5)(lambda i, hold: None)
+    p.app.task(name="tasks.once", unique_for=10)(lambda i, hold: None)
     yield p
     p.app.close()
 
@@ -128,8 +128,10 @@ def test_unique_sends_enqueue_once_until_the_message_is_acknowledged(project: Pr
 
 def test_a_killed_workers_unique_lock_ends_after_unique_for(project: Project) -> None:
     once = project.app.tasks["tasks.once"]
-    first = once.send(7, 60)
     worker = project.popen("worker", "tasks:app", HURTLE_HEARTBEAT_TIMEOUT="30")
+    once.send(0, 0)  # the worker is up and taking work before the held call is sent, so
+    project.wait_for(lambda: "0" in project.lines("done"))  # a slow start does not outlast its lock
+    first = once.send(7, 60)
     project.wait_for(lambda: "7" in project.lines("start"))
     worker.send_signal(signal.SIGKILL)
     worker.wait(10)

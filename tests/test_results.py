@@ -144,8 +144,10 @@ def test_sqlite_prunes_expired_results_when_it_writes_new_ones(tmp_path: Path) -
     broker = make_broker(f"sqlite:///{path}")
     try:
         consumer = broker.consumer(["q"])
-        consumer.ack((), [StoredResult(f"old{i}", b"x", 0.01) for i in range(150)])
+        # the long-lived one first: when the short ones are written nothing has expired yet,
+        # however slowly the machine goes
         consumer.ack((), [StoredResult("kept", b"y", 3600.0)])
+        consumer.ack((), [StoredResult(f"old{i}", b"x", 0.01) for i in range(150)])
 
         def rows() -> int:
             with sqlite3.connect(path) as conn:
