@@ -57,15 +57,18 @@ def reason(err: BaseException) -> str:
     return text if text else describe(err).rstrip(": ")
 
 
-def hint(err: BaseException) -> str:
-    if isinstance(err, nats.errors.AuthorizationError):
+def hint(err: BaseException, tls: bool = False) -> str:
+    """What to check after ``err`` (on a connection that asked for TLS, if ``tls``)."""
+    if isinstance(err, nats.errors.AuthorizationError) or "authorization" in reason(err).lower():
         return "check the user and password, creds or nkey in the broker URL"
     if isinstance(err, ssl.SSLCertVerificationError):
         return "check tls_ca in the broker URL: the CA that signed the server's certificate"
-    if isinstance(err, ssl.SSLError):
+    closed = isinstance(err, UNREACHABLE) and not isinstance(err, ConnectionRefusedError)
+    if isinstance(err, ssl.SSLError) or (tls and closed):
+        # (a server that refuses a client's certificate may just close the connection)
         return (
-            "check the TLS options of the broker URL (tls_ca; tls_cert and tls_key when the "
-            "server verifies clients)"
+            "check the TLS options of the broker URL: tls_ca, and tls_cert and tls_key (a "
+            "client certificate signed by a CA the server trusts) when it verifies clients"
         )
     if isinstance(
         err, (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
@@ -144,4 +147,5 @@ async def connect(servers: list[str], url: str, **options: Any) -> Client:
         await asyncio.wait_for(nc.close(), 5)
     err = first.result() if first.done() else connecting.exception()
     assert err is not None
-    raise BrokerError(f"cannot connect to NATS at {url}: {reason(err)}; {hint(err)}") from err
+    why = f"{reason(err)}; {hint(err, tls='tls' in options)}"
+    raise BrokerError(f"cannot connect to NATS at {url}: {why}") from err
