@@ -205,3 +205,74 @@ def nats_cluster(tmp_path: Path) -> Iterator[NatsCluster]:
         yield cluster
     finally:
         cluster.stop()
+
+
+def make_operator(where: Path) -> tuple[str, Path]:
+    """An operator (JWT) setup made with the ``nkeys`` package, as ``nsc`` would make it: the
+    lines of a server configuration that trusts a new operator and preloads its account (with
+    JetStream) and a system account, and a ``.creds`` file of a user of that account."""
+    nkeys = pytest.importorskip("nkeys")
+    import base64
+    import hashlib
+    import json
+    import os
+
+    def b64(raw: bytes) -> str:
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    def keys(prefix: int) -> tuple[bytes, object, str]:
+        seed = nkeys.encode_seed(os.urandom(32), prefix)
+        pair = nkeys.from_seed(bytearray(seed))
+        return seed, pair, pair.public_key.decode()
+
+    def jwt(
+        issuer: object, issuer_key: str, subject: str, name: str, nats: dict[str, object]
+    ) -> str:
+        claims: dict[str, object] = {
+            "iat": int(time.time()),
+            "iss": issuer_key,
+            "name": name,
+            "sub": subject,
+            "nats": {**nats, "version": 2},
+        }
+        digest = hashlib.sha256(json.dumps(claims, sort_keys=True).encode()).digest()
+        claims["jti"] = base64.b32encode(digest).decode().rstrip("=")
+        head = b64(json.dumps({"typ": "JWT", "alg": "ed25519-nkey"}).encode())
+        body = b64(json.dumps(claims).encode())
+        signature = issuer.sign(f"{head}.{body}".encode())  # type: ignore[attr-defined]
+        return f"{head}.{body}.{b64(signature)}"
+
+    unlimited = {"subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1}
+    unlimited |= {"wildcards": True, "conn": -1, "leaf": -1}
+    jetstream = {"mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1}
+    _, operator, operator_key = keys(nkeys.PREFIX_BYTE_OPERATOR)
+    _, account, account_key = keys(nkeys.PREFIX_BYTE_ACCOUNT)
+    _, _, system_key = keys(nkeys.PREFIX_BYTE_ACCOUNT)
+    user_seed, _, user_key = keys(nkeys.PREFIX_BYTE_USER)
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "operator.jwt").write_text(
+        jwt(operator, operator_key, operator_key, "hurtle-test", {"type": "operator"})
+    )
+    limits = {**unlimited, **jetstream}
+    app = jwt(operator, operator_key, account_key, "app", {"limits": limits, "type": "account"})
+    system = jwt(
+        operator, operator_key, system_key, "SYS", {"limits": unlimited, "type": "account"}
+    )
+    allowed = {"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1, "type": "user"}
+    user = jwt(account, account_key, user_key, "hurtle", allowed)
+    creds = where / "user.creds"
+    creds.write_text(
+        f"-----BEGIN NATS USER JWT-----\n{user}\n------END NATS USER JWT------\n\n"
+        f"-----BEGIN USER NKEY SEED-----\n{user_seed.decode()}\n------END USER NKEY SEED------\n"
+    )
+    creds.chmod(0o600)
+    config = f"""
+    operator: "{where / "operator.jwt"}"
+    system_account: {system_key}
+    resolver: MEMORY
+    resolver_preload: {{
+      {account_key}: "{app}"
+      {system_key}: "{system}"
+    }}
+    """
+    return config, creds

@@ -1,6 +1,7 @@
 """NATS over TLS and with credentials: a private ``nats-server`` that speaks only TLS and
 verifies client certificates (a throwaway CA made with ``openssl``, as for the Redis Cluster TLS
-test), and one that asks for a user and password or an nkey. What works runs tasks end to end;
+test), one that asks for a user and password or an nkey, and one in operator mode that takes
+the user JWT of a ``.creds`` file. What works runs tasks end to end;
 what is refused is one ``BrokerError`` line that says why."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from helpers import make_certificates, make_client_certificate
 from hurtle import Hurtle
 from hurtle.brokers import make_broker
 from hurtle.errors import BrokerError, ConfigurationError
-from nats_server import NatsServer
+from nats_server import NatsServer, make_operator
 
 pytest.importorskip("nats")
 
@@ -210,3 +211,26 @@ def test_no_credentials_for_a_server_that_asks_for_them_is_one_broker_error(
 ) -> None:
     text = _refused(auth_server.url, caplog)
     assert "Authorization Violation" in text
+
+
+@pytest.fixture(scope="module")
+def operator_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NatsServer, Path]]:
+    config, creds = make_operator(tmp_path_factory.mktemp("nats-operator"))
+    server = NatsServer(tmp_path_factory.mktemp("nats-operator-server"), config=config)
+    server.start()
+    yield server, creds
+    server.stop()
+
+
+def test_tasks_run_with_a_creds_file(operator_server: tuple[NatsServer, Path]) -> None:
+    server, creds = operator_server
+    _runs_tasks(f"nats://127.0.0.1:{server.port}?creds={creds}")
+
+
+def test_creds_of_an_operator_the_server_does_not_trust_are_refused_in_one_broker_error(
+    operator_server: tuple[NatsServer, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    server, _ = operator_server
+    _, stranger = make_operator(tmp_path / "stranger")
+    text = _refused(f"nats://127.0.0.1:{server.port}?creds={stranger}", caplog)
+    assert "Authorization Violation" in text and "creds" in text
