@@ -157,13 +157,37 @@ class NatsCluster:
             finally:
                 await nc.close()
 
+        async def placed(url: str, replicas: int) -> bool:
+            """Whether a stream of ``replicas`` copies can be made (every server has joined
+            the JetStream meta group)."""
+            from nats.js import api
+
+            try:
+                nc = await nats.connect(url, allow_reconnect=False, connect_timeout=1)
+            except Exception:
+                return False
+            try:
+                js = nc.jetstream()
+                config = api.StreamConfig(name="PROBE", subjects=["probe"], num_replicas=replicas)
+                await js.add_stream(config)
+                await js.delete_stream("PROBE")
+                return True
+            except Exception:
+                return False
+            finally:
+                await nc.close()
+
         deadline = time.monotonic() + timeout
-        for server in self.servers:
-            if server.proc is None or server.proc.poll() is not None:
-                continue
+        live = [s for s in self.servers if s.proc is not None and s.proc.poll() is None]
+        for server in live:
             while not asyncio.run(ready(server.url)):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"JetStream is not ready on {server.url}")
+                time.sleep(0.2)
+        if len(live) == len(self.servers):
+            while not asyncio.run(placed(live[0].url, len(live))):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the cluster cannot place a stream on every server")
                 time.sleep(0.2)
 
     def leader(self, stream: str) -> NatsServer | None:

@@ -8,7 +8,9 @@ batches of random size. At a random moment it kills the server leading the queue
 waits until the stream has a new leader, and keeps publishing until both workers have run tasks
 published after the election — the killed server still down. Then it starts the killed server
 again (it catches up from its store and the others), lets the workers drain the queue, stops
-them, and counts the runs.
+them, and counts the runs. A fetch whose reply was lost with the leader leaves its messages
+delivered to nobody until JetStream's ``AckWait`` (60 s) hands them out again: the drain waits
+for that.
 
 JetStream acknowledges a publish once a majority of the stream's replicas stored it, so every
 publish that returned must survive the leader's death: none may be lost. A publish that raised
@@ -51,9 +53,14 @@ from hurtle.brokers.nats import names
 from hurtle.errors import BrokerError
 
 SECONDS = 0.001  # per task
-#: Longer than an election (a few seconds) and a client's move to another server, so that the
-#: workers' deliveries are not taken from them while they cannot beat.
-HEARTBEAT_TIMEOUT = "10"
+#: Longer than an election and a client's move to another server (a few seconds, up to about 20
+#: on a loaded machine), so that the workers' deliveries are seldom taken from them while they
+#: cannot beat: hurtle's default, as in production.
+HEARTBEAT_TIMEOUT = "20"
+#: JetStream's ``AckWait`` for the queue's consumers (``max(60, 2 * heartbeat timeout)`` of the
+#: broker that made them, the test's own): a fetch whose reply was lost with the leader leaves its
+#: messages delivered to nobody, and they come back only after it.
+ACK_WAIT = 60.0
 WORKERS = {
     "solo": ("--pool", "solo"),
     "threads": ("--pool", "threads", "--concurrency", str(THREADS)),
@@ -157,8 +164,13 @@ def test_nats_stream_leader_killed_under_load_loses_no_publish_that_returned(
     nats_cluster.wait_ready()
 
     sent = {str(i) for i in returned}
+    # what a lost fetch reply left delivered to nobody comes back after AckWait; the rest is
+    # run at the workers' pace (a few hundred a second each on a loaded machine)
+    drain = ACK_WAIT + DEADLINE + len(sent - set(project.lines("done"))) / 100
     try:
-        wait_until(lambda: sent <= set(project.lines("done")), "the workers to run every task")
+        wait_until(
+            lambda: sent <= set(project.lines("done")), "the workers to run every task", drain
+        )
     except AssertionError as err:
         missing = sorted(sent - set(project.lines("done")), key=int)
         raise AssertionError(
@@ -171,7 +183,7 @@ def test_nats_stream_leader_killed_under_load_loses_no_publish_that_returned(
     logs = "\n".join(project.output(w)[-2000:] for w in workers)
     by_worker = _done_by(project)
     # what a stopping worker handed back, or held when an acknowledgement was lost, runs now
-    code, log = burst(project)
+    code, log = burst(project, ACK_WAIT + DEADLINE)
     tally = Tally.of(
         project,
         "nats-cluster",
