@@ -77,7 +77,7 @@ def hint(err: BaseException, tls: bool = False) -> str:
             "a cluster electing a leader answers again within seconds; are most of its servers up?"
         )
     if isinstance(err, nats.errors.NoRespondersError):
-        return "is JetStream on there (nats-server -js)?"
+        return "is JetStream on there (nats-server -js), and in a cluster, are most servers up?"
     return _HINT
 
 
