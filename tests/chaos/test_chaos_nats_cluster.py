@@ -95,6 +95,7 @@ def _done_by(project: Project) -> dict[str, set[int]]:
     return by
 
 
+@pytest.mark.timeout(400)  # a drain may wait out AckWait
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_nats_stream_leader_killed_under_load_loses_no_publish_that_returned(
     project: Project,
