@@ -75,6 +75,10 @@ class NatsConsumer(Consumer):
         self._writing: asyncio.Lock | None = None
         self._subs: list[Any] = []
         self._puller: Puller | None = None
+        # deliveries a fetch pulled but could not return (the server failed before it recorded
+        # them): held, and returned by the next fetch, so that JetStream never counts them as
+        # redelivered (a redelivery counts as a worker's death, ``max_recoveries``)
+        self._unreturned: list[Delivery] = []
         run(self._start())
 
     async def _start(self) -> None:
@@ -146,12 +150,16 @@ class NatsConsumer(Consumer):
         (paused, cancels), levels = await asyncio.gather(
             control.read(self.store), asyncio.gather(*(self.store.levels(q) for q in self.queues))
         )
+        # what a failed fetch pulled comes first (still held, kept in progress by the beats)
+        out += self._unreturned[:max_count]
+        del self._unreturned[:max_count]
+        fresh += [d.receipt for d in out]
         try:
             await self._pull_into(out, fresh, dead, max_count, paused, levels)
             if fresh:
                 await self._write_record(fresh)
         except BaseException:
-            await self._hand_back(fresh)
+            self._unreturned[:0] = out
             raise
         if fresh:
             with self._lock:
@@ -161,17 +169,6 @@ class NatsConsumer(Consumer):
             await self.broker.write_lost(queue, [(bytes(raw), reason)])
             await self.store.settle([reply], b"+TERM")
         return out
-
-    async def _hand_back(self, fresh: list[str]) -> None:
-        """A fetch that failed after it pulled messages (the server lost, a leader being
-        elected) returns none of them: they are not held (no beat keeps them in progress), and
-        go back now if the server answers, else after ``AckWait``."""
-        with self._lock:
-            for reply in fresh:
-                self._held.pop(reply, None)
-        if fresh:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.store.settle(fresh, b"-NAK"), 5.0)
 
     async def _pull_into(
         self,
