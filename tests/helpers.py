@@ -108,7 +108,7 @@ class RedisClusterServer:
         self.replicas = replicas
         self.ports = [_free_cluster_port() for _ in range(masters * (1 + replicas))]
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
-        self.tls_dir: Path | None = _make_certificates(workdir / "tls") if tls else None
+        self.tls_dir: Path | None = make_certificates(workdir / "tls") if tls else None
 
     @property
     def url(self) -> str:
@@ -304,7 +304,7 @@ def _free_cluster_port() -> int:
     raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
-def _make_certificates(where: Path) -> Path:
+def make_certificates(where: Path) -> Path:
     """A throwaway CA and a certificate it signed for 127.0.0.1, made with ``openssl``."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl is not installed")
@@ -354,6 +354,27 @@ def _make_certificates(where: Path) -> Path:
         capture_output=True,
     )
     return where
+
+
+def make_client_certificate(where: Path, name: str, *, ca: Path | None = None) -> Path:
+    """A client certificate ``<name>.crt`` and its key ``<name>.key`` in ``where``, signed by
+    the CA of ``make_certificates`` in ``ca`` (default: ``where``), with ``openssl``; a CA of
+    its own when ``ca`` names a directory without one (a certificate nobody else trusts)."""
+    ca = where if ca is None else ca
+    if not (ca / "ca.crt").exists():
+        make_certificates(ca)
+    steps = [
+        ["genrsa", "-out", f"{name}.key", "2048"],
+        ["req", "-new", "-key", f"{name}.key", "-subj", f"/CN={name}", "-out", f"{name}.csr"],
+    ]
+    for step in steps:
+        subprocess.run(["openssl", *step], cwd=where, check=True, capture_output=True)
+    (where / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n")
+    sign = ["x509", "-req", "-in", f"{name}.csr", "-CA", str(ca / "ca.crt")]
+    sign += ["-CAkey", str(ca / "ca.key"), "-CAcreateserial", "-days", "2"]
+    sign += ["-extfile", f"{name}.ext", "-out", f"{name}.crt"]
+    subprocess.run(["openssl", *sign], cwd=where, check=True, capture_output=True)
+    return where / f"{name}.crt"
 
 
 def _wait_for_tls_pong(cluster: RedisClusterServer, port: int) -> None:

@@ -45,6 +45,7 @@ SCHEMES = (
     "redis+cluster",
     "rediss+cluster",
     "nats",
+    "tls",
     "postgresql",
     "postgres",
 )
@@ -60,7 +61,8 @@ def make_broker(
     create: bool = True,
 ) -> Broker:
     """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``,
-    ``redis+cluster://host:port``, ``nats://host:4222``, ``postgresql://user@host/database``.
+    ``redis+cluster://host:port``, ``nats://host:4222`` (``tls://`` for NATS over TLS),
+    ``postgresql://user@host/database``.
 
     ``create=False``: a SQLite file must exist already (the broker never makes one then), and
     so must a PostgreSQL schema; the other brokers have nothing to make and ignore it."""
@@ -101,7 +103,7 @@ def make_broker(
             dead_letter_ttl=dead_letter_ttl,
             max_recoveries=max_recoveries,
         )
-    if scheme == "nats":
+    if scheme in ("nats", "tls"):
         try:
             from .nats import NatsBroker
         except ImportError as err:

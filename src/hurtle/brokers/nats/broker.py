@@ -32,12 +32,10 @@ import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 from nats.js.errors import NotFoundError
 
-from ...errors import ConfigurationError
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
@@ -58,6 +56,7 @@ from . import control, flows, names, results
 from .deadletters import DeadLetters
 from .delays import Promoters
 from .loop import run
+from .options import parse
 from .purge import purge
 from .recovery import recover_dead_workers
 from .store import REPORTS_BUCKET, Store
@@ -86,20 +85,12 @@ class NatsBroker(Broker):
         self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
             dead_letter_max, dead_letter_ttl
         )
-        parts = urlsplit(url)
-        if parts.scheme != "nats" or not parts.hostname:
-            raise ConfigurationError(f"a NATS broker URL is nats://host:port, got {url!r}")
-        netloc = parts.hostname + (f":{parts.port}" if parts.port else "")
-        self.url = urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+        options = parse(url)
+        self.url = options.url
         self.heartbeat_timeout = heartbeat_timeout
         self.max_recoveries = max_recoveries
-        options: dict[str, Any] = {"name": "hurtle", "max_reconnect_attempts": -1}
-        if parts.username:
-            options["user"] = parts.username
-            options["password"] = parts.password or ""
-        server = urlunsplit(("nats", netloc, "", "", ""))
         self.store: Store = run(
-            Store.connect([server], max(60.0, 2 * heartbeat_timeout), self.url, **options),
+            Store.connect(options, max(60.0, 2 * heartbeat_timeout)),
             CONNECT_TIMEOUT,
             self.url,
         )

@@ -1,7 +1,8 @@
 """Connecting to NATS, and what the connection's troubles look like to hurtle.
 
 ``connect`` makes a client that keeps reconnecting for ever once it is connected (a worker
-outlives a server restart), but fails at the first error of its first connection, in one
+outlives a server restart), but fails once its first connection failed on every server the
+URL lists (the first error, for a URL of one server), in one
 ``BrokerError`` with the reason and a hint, as the other brokers do: nats-py alone retries a
 server that refuses every two seconds without end, and hands each failure to its error
 callback, whose default logs a traceback. The callbacks given here say what happened in one
@@ -18,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
 
 from ..._text import describe, safe_str
@@ -40,6 +43,9 @@ UNREACHABLE: tuple[type[BaseException], ...] = (
     nats.errors.OutboundBufferLimitError,
     nats.errors.StaleConnectionError,
     nats.errors.NoRespondersError,
+    # a stream or JetStream itself without a leader for now (a cluster electing one)
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
 )
 
 _HINT = "is nats-server running there, with JetStream on (nats-server -js)?"
@@ -51,11 +57,27 @@ def reason(err: BaseException) -> str:
     return text if text else describe(err).rstrip(": ")
 
 
-def hint(err: BaseException) -> str:
-    if isinstance(err, nats.errors.AuthorizationError):
-        return "check the user and password in the broker URL"
+def hint(err: BaseException, tls: bool = False) -> str:
+    """What to check after ``err`` (on a connection that asked for TLS, if ``tls``)."""
+    if isinstance(err, nats.errors.AuthorizationError) or "authorization" in reason(err).lower():
+        return "check the user and password, creds or nkey in the broker URL"
+    if isinstance(err, ssl.SSLCertVerificationError):
+        return "check tls_ca in the broker URL: the CA that signed the server's certificate"
+    closed = isinstance(err, UNREACHABLE) and not isinstance(err, ConnectionRefusedError)
+    if isinstance(err, ssl.SSLError) or (tls and closed):
+        # (a server that refuses a client's certificate may just close the connection)
+        return (
+            "check the TLS options of the broker URL: tls_ca, and tls_cert and tls_key (a "
+            "client certificate signed by a CA the server trusts) when it verifies clients"
+        )
+    if isinstance(
+        err, (nats.js.errors.NoStreamResponseError, nats.js.errors.ServiceUnavailableError)
+    ):
+        return (
+            "a cluster electing a leader answers again within seconds; are most of its servers up?"
+        )
     if isinstance(err, nats.errors.NoRespondersError):
-        return "is JetStream on there (nats-server -js)?"
+        return "is JetStream on there (nats-server -js), and in a cluster, are most servers up?"
     return _HINT
 
 
@@ -79,11 +101,13 @@ async def connect(servers: list[str], url: str, **options: Any) -> Client:
     """A connected client, or the ``BrokerError`` of the first failure to connect."""
     first: asyncio.Future[BaseException] = asyncio.get_running_loop().create_future()
     state = {"connected": False, "quiet": False}
+    failed: list[BaseException] = []
 
     async def on_error(err: Exception) -> None:
         if not state["connected"]:
-            if not first.done():
-                first.set_result(err)
+            failed.append(err)  # one error per server tried: fail once each was tried
+            if len(failed) >= len(servers) and not first.done():
+                first.set_result(failed[0])
         elif state["quiet"]:
             log.debug("NATS at %s: %s", url, reason(err))
         else:
@@ -123,4 +147,5 @@ async def connect(servers: list[str], url: str, **options: Any) -> Client:
         await asyncio.wait_for(nc.close(), 5)
     err = first.result() if first.done() else connecting.exception()
     assert err is not None
-    raise BrokerError(f"cannot connect to NATS at {url}: {reason(err)}; {hint(err)}") from err
+    why = f"{reason(err)}; {hint(err, tls='tls' in options)}"
+    raise BrokerError(f"cannot connect to NATS at {url}: {why}") from err

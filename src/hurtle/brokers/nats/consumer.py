@@ -75,6 +75,10 @@ class NatsConsumer(Consumer):
         self._writing: asyncio.Lock | None = None
         self._subs: list[Any] = []
         self._puller: Puller | None = None
+        # deliveries a fetch pulled but could not return (the server failed before it recorded
+        # them): held, and returned by the next fetch, so that JetStream never counts them as
+        # redelivered (a redelivery counts as a worker's death, ``max_recoveries``)
+        self._unreturned: list[Delivery] = []
         run(self._start())
 
     async def _start(self) -> None:
@@ -139,15 +143,47 @@ class NatsConsumer(Consumer):
                 await asyncio.wait_for(self._wake.wait(), min(left, WAKE_POLL))
 
     async def _take(self, max_count: int) -> list[Delivery]:
-        assert self._puller is not None
         out: list[Delivery] = []
         fresh: list[str] = []
-        limit = self.broker.max_recoveries
         dead: list[tuple[str, str, bytes, str]] = []
         # the control record (paused queues, live cancellations) read beside the levels
         (paused, cancels), levels = await asyncio.gather(
             control.read(self.store), asyncio.gather(*(self.store.levels(q) for q in self.queues))
         )
+        # what a failed fetch pulled comes first (still held, kept in progress by the beats)
+        out += self._unreturned[:max_count]
+        del self._unreturned[:max_count]
+        fresh += [d.receipt for d in out]
+        try:
+            await self._pull_into(out, fresh, dead, max_count, paused, levels)
+            if fresh:
+                await self._write_record(fresh)
+        except BaseException:
+            self._unreturned[:0] = out
+            raise
+        if fresh:
+            with self._lock:
+                out = [d for d in out if d.receipt in self._held]
+            self.cancellations = control.live(cancels, time.time())
+        for queue, reply, raw, reason in dead:
+            await self.broker.write_lost(queue, [(bytes(raw), reason)])
+            await self.store.settle([reply], b"+TERM")
+        return out
+
+    async def _pull_into(
+        self,
+        out: list[Delivery],
+        fresh: list[str],
+        dead: list[tuple[str, str, bytes, str]],
+        max_count: int,
+        paused: set[str],
+        levels: Sequence[Sequence[str]],
+    ) -> None:
+        """Pull up to ``max_count`` messages of the queues, by level: each one held (in
+        ``out`` and ``fresh``), or one redelivered past ``max_recoveries`` (in ``dead``)."""
+        puller = self._puller
+        assert puller is not None
+        limit = self.broker.max_recoveries
         for queue, queue_levels in zip(self.queues, levels, strict=True):
             if queue in paused:
                 continue
@@ -157,7 +193,7 @@ class NatsConsumer(Consumer):
                     break
                 if level == names.QUARANTINE:
                     want = 1
-                for msg in await self._puller.pull(queue, level, want):
+                for msg in await puller.pull(queue, level, want):
                     reply = msg.reply
                     headers = msg.headers
                     deaths = headers.get(names.DEATHS) if headers else None
@@ -174,15 +210,6 @@ class NatsConsumer(Consumer):
                     out.append(Delivery(queue, msg.data, reply))
             if len(out) >= max_count:
                 break
-        if fresh:
-            await self._write_record(fresh)
-            with self._lock:
-                out = [d for d in out if d.receipt in self._held]
-            self.cancellations = control.live(cancels, time.time())
-        for queue, reply, raw, reason in dead:
-            await self.broker.write_lost(queue, [(bytes(raw), reason)])
-            await self.store.settle([reply], b"+TERM")
-        return out
 
     # -- settling --------------------------------------------------------------------------
 

@@ -69,13 +69,15 @@ class DeadLetters:
             max_msgs=self.max or -1,
             max_age=self.ttl or None,
             discard=api.DiscardPolicy.OLD,
+            num_replicas=self.store.replicas,
         )
         try:
-            await self.store.js.add_stream(config)
+            await self.store.add_stream(config)
         except APIError as err:
             if err.err_code != 10058:
                 raise
             await self.store.js.update_stream(config)  # this broker's limits from now on
+        await self.store.led(names.dead_stream(queue))
         self._made.add(queue)
 
     async def write(self, queue: str, items: list[tuple[bytes, str]]) -> tuple[int, int]:

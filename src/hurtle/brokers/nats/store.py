@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -23,9 +24,15 @@ from nats.js.errors import (
     NotFoundError,
 )
 
+from ...errors import BrokerError
 from . import connection, names
+from .options import NatsOptions, cas_unsafe, default_replicas
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+#: JetStream's error codes for a stream whose replicas it cannot place.
+NO_PEERS, NOT_CLUSTERED, INSUFFICIENT_RESOURCES = 10005, 10074, 10023
 
 #: The KV bucket of everything shared that is not a message: workers, reports, totals, ticks,
 #: limits and unique locks.
@@ -37,6 +44,10 @@ REPORTS_BUCKET = "hurtle-reports"
 #: Result buckets by the ttl they keep records (a record goes to the first that keeps it as
 #: long as its ttl, and reads check its own expiry). Longer ttls are cut to the last.
 RESULT_CLASSES = (60, 3600, 86400, 7 * 86400, 30 * 86400, 365 * 86400)
+#: Times a request that makes a stream, consumer or bucket is sent while none answers.
+MAKE_TRIES = 4
+#: Seconds a new replicated stream is given to elect its leader before it is used.
+LEADER_WAIT = 10.0
 #: Seconds between asking the server which priority levels of a queue hold messages.
 LEVELS_REFRESH = 1.0
 
@@ -52,13 +63,31 @@ def unpack(raw: bytes) -> Any:
     return _unpack(raw)
 
 
+async def make(request: Callable[[], Awaitable[T]]) -> T:
+    """``request`` (a call that makes a stream or consumer: made once whatever the number of
+    calls), asked again when no answer comes: a cluster (nats-server 2.9) can leave a request
+    unanswered while another client makes the same stream."""
+    for attempt in range(1, MAKE_TRIES + 1):
+        try:
+            return await request()
+        except nats.errors.TimeoutError:
+            if attempt == MAKE_TRIES:
+                raise
+    raise AssertionError("unreachable")
+
+
 class Store:
     """A connection and the JetStream objects made through it."""
 
-    def __init__(self, nc: Any, ack_wait: float) -> None:
+    def __init__(self, nc: Any, ack_wait: float, replicas: int = 1, url: str = "") -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.ack_wait = ack_wait
+        #: Copies of each stream and KV bucket this connection makes.
+        self.replicas = replicas
+        self.url = url
+        #: What the server said of itself when the connection was made (its INFO).
+        self.server_info: dict[str, Any] = dict(getattr(nc, "_server_info", None) or {})
         self._queues: dict[str, asyncio.Future[None]] = {}
         self._kv: dict[str, Any] = {}
         # levels of each queue that may hold messages, and when the server last said so
@@ -90,9 +119,35 @@ class Store:
         return [level for level in names.LEVELS if level in known]
 
     @classmethod
-    async def connect(cls, servers: list[str], ack_wait: float, url: str, **options: Any) -> Store:
-        """Connect (``connection.connect``: a ``BrokerError`` at the first failure)."""
-        return cls(await connection.connect(servers, url, **options), ack_wait)
+    async def connect(cls, options: NatsOptions, ack_wait: float) -> Store:
+        """Connect (``connection.connect``: a ``BrokerError`` at the first failure), refuse a
+        connection left in plain text when the URL asks for TLS, and settle the replicas."""
+        nc = await connection.connect(
+            options.servers,
+            options.url,
+            name="hurtle",
+            max_reconnect_attempts=-1,
+            **options.connect_options(),
+        )
+        info: dict[str, Any] = dict(getattr(nc, "_server_info", None) or {})
+        if options.tls and not info.get("tls_required"):
+            await nc.close()
+            raise BrokerError(
+                f"cannot connect to NATS at {options.url}: the server does not speak TLS; "
+                "use nats:// without tls_ options, or turn TLS on in its configuration"
+            )
+        replicas = options.replicas or default_replicas(info, len(options.servers))
+        if cas_unsafe(info, replicas):
+            log.warning(
+                "NATS at %s is nats-server %s in a cluster: before 2.9.21 a compare-and-set on "
+                "a replicated KV bucket (replicas=%d) can let two writers win, so unique locks, "
+                "rate limits, tick claims and totals may be wrong; upgrade the servers to "
+                "2.9.21 or later",
+                options.url,
+                info.get("version"),
+                replicas,
+            )
+        return cls(nc, ack_wait, replicas, options.url)
 
     # -- queues --------------------------------------------------------------------------
 
@@ -115,17 +170,50 @@ class Store:
             subjects=[f"hq.{names.token(queue)}.*"],
             retention=api.RetentionPolicy.WORK_QUEUE,
             duplicate_window=120.0,
+            num_replicas=self.replicas,
         )
         try:
-            await self.js.add_stream(config)
+            await self.add_stream(config)
         except BadRequestError as err:
             if err.err_code == 10065 and await self._is_stream(stream, config.subjects):
                 pass  # "subjects overlap": another client made this very stream at the same time
             elif err.err_code != 10058:  # stream name already in use with another config
                 raise
+        await self.led(stream)
         await asyncio.gather(
             *(self._make_consumer(queue, level) for level in (*names.LEVELS, names.DELAYED))
         )
+
+    async def add_stream(self, config: api.StreamConfig) -> Any:
+        """``add_stream``, with a refusal of its replicas said plainly (``make``: asked again
+        when a cluster leaves the request unanswered)."""
+        try:
+            return await make(lambda: self.js.add_stream(config))
+        except APIError as err:
+            self.check_replicas(err)
+            raise
+
+    async def led(self, stream: str) -> None:
+        """Return once ``stream`` has a leader: a replicated stream just made (by this client
+        or another) elects one first, and until then refuses writes ("no response from
+        stream"). Nothing to wait for on a server alone."""
+        if self.replicas == 1 and "cluster" not in self.server_info:
+            return
+        deadline = time.monotonic() + LEADER_WAIT
+        while True:
+            info = await self.js.stream_info(stream)
+            if info.cluster is None or info.cluster.leader or time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.05)
+
+    def check_replicas(self, err: APIError) -> None:
+        """Raise a ``BrokerError`` that says so when ``err`` refused the replicas asked for."""
+        if err.err_code in (NO_PEERS, NOT_CLUSTERED, INSUFFICIENT_RESOURCES):
+            raise BrokerError(
+                f"NATS at {self.url} cannot keep {self.replicas} replicas of a stream: "
+                f"{err.description}; set replicas= in the broker URL to at most the number of "
+                "JetStream servers in the cluster (1 for a server alone)"
+            ) from err
 
     async def _is_stream(self, stream: str, subjects: list[str] | None) -> bool:
         """Whether ``stream`` exists and takes exactly ``subjects``."""
@@ -147,7 +235,7 @@ class Store:
             max_waiting=4096,
         )
         try:
-            await self.js.add_consumer(names.stream(queue), config)
+            await make(lambda: self.js.add_consumer(names.stream(queue), config))
         except BadRequestError as err:
             if err.err_code not in (10013, 10148):  # exists with another config
                 raise
@@ -166,18 +254,25 @@ class Store:
     async def kv(self, bucket: str = STATE_BUCKET, ttl: float | None = None) -> Any:
         kv = self._kv.get(bucket)
         if kv is None:
-            try:
-                kv = await self.js.key_value(bucket)
-            except Exception:
+            config = api.KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=self.replicas)
+            for attempt in range(1, MAKE_TRIES + 1):
                 try:
-                    kv = await self.js.create_key_value(
-                        api.KeyValueConfig(bucket=bucket, history=1, ttl=ttl)
-                    )
-                except BadRequestError as err:
+                    kv = await self.js.key_value(bucket)
+                    break
+                except Exception:
+                    pass
+                try:
+                    kv = await self.js.create_key_value(config)
+                    break
+                except nats.errors.TimeoutError:
+                    if attempt == MAKE_TRIES:
+                        raise
+                except APIError as err:
+                    self.check_replicas(err)
                     if err.err_code != 10065:
                         raise
                     # "subjects overlap": another client made this bucket at the same time
-                    kv = await self.js.key_value(bucket)
+            await self.led(f"KV_{bucket}")
             self._kv[bucket] = kv
         return kv
 
