@@ -13,6 +13,7 @@ add.send(5, 6)
 
 from .app import Hurtle
 from .brokers import Broker, DeadLetter, QueueStats
+from .context import Current, current
 from .errors import (
     ArgumentError,
     BrokerError,
@@ -30,6 +31,7 @@ from .errors import (
 )
 from .handles import Handle
 from .message import Message
+from .progress import Progress
 from .sealing import new_key
 from .settings import Settings
 from .task import Args, Task
@@ -43,6 +45,7 @@ __all__ = [
     "Broker",
     "BrokerError",
     "ConfigurationError",
+    "Current",
     "DeadLetter",
     "DecodeError",
     "EncodeError",
@@ -52,6 +55,7 @@ __all__ = [
     "Hurtle",
     "HurtleError",
     "Message",
+    "Progress",
     "QueueStats",
     "Reject",
     "ResultTimeout",
@@ -66,6 +70,7 @@ __all__ = [
     "__version__",
     "chain",
     "chord",
+    "current",
     "group",
     "new_key",
 ]

@@ -76,6 +76,7 @@ from .unrun import PROCESSED, NotRun
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from ..context import Tracker
     from ..task import Task
     from .screen import Screen
 
@@ -156,6 +157,9 @@ class Processor(BatchPath, JobSteps, NotRun):
         #: Cancellations recorded after a delivery was fetched (set by the worker; None: no
         #: check before a task starts).
         self.screen: Screen | None = None
+        #: Where the tasks' ``hurtle.current()`` sends progress and learns of cancellations (set
+        #: by the worker before its executor starts; None: no context).
+        self.tracker: Tracker | None = None
         #: What the worker says it ran (``log``): set by the worker, with its options.
         self.call_log = CallLog(self.tally)
         #: True when the calls of the batches starting now are logged one by one (set once per

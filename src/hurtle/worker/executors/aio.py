@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ...brokers import Delivery
+from ...context import bind
 from ...errors import ConfigurationError
 from ..processor import Job, Processor
 from .base import Executor
@@ -68,9 +69,23 @@ class AsyncioExecutor(Executor):
             min_size=0,
             name="hurtle-asyncio-sync",
             on_expire=self._expired,
+            tracker=processor.tracker,
         )
         self._thread = threading.Thread(target=loop.run_forever, name="hurtle-asyncio", daemon=True)
         self._thread.start()
+        if processor.tracker is not None:  # ``hurtle.current()`` in an ``async def`` task
+            loop.call_soon_threadsafe(bind, self._running_job, processor.tracker)
+
+    def _running_job(self) -> Job | None:
+        """The job of the asyncio task running now on the loop (``hurtle.current()``): looked
+        up among the running ones when a task asks, so that no call pays for it."""
+        task = asyncio.current_task()
+        if task is None:
+            return None
+        for job, running in list(self._running.items()):
+            if running is task:
+                return job
+        return None
 
     def _in_loop(self, fn: Callable[[], R]) -> R:
         """Run ``fn`` on the loop's thread and return its result."""

@@ -58,6 +58,7 @@ class PooledExecutor(Executor):
             name=self.runner_name,
             on_expire=processor.expire,
             on_error=processor.crashed,
+            tracker=processor.tracker,
         )
         self._pool.start()
 

@@ -36,6 +36,7 @@ from types import FrameType
 from typing import Any
 
 from ...brokers import Delivery
+from ...context import bind, unbind
 from ...errors import TimeLimitExceeded
 from ...message import Message
 from ..processor import Job, Processor, late_limit
@@ -89,6 +90,8 @@ class SoloExecutor(Executor):
 
     def start(self, processor: Processor) -> None:
         self._processor = processor
+        if processor.tracker is not None:  # ``hurtle.current()``: the delivery running now
+            bind(lambda: self.current, processor.tracker)
         if self.watches_time_limits():  # for tasks registered later too: only this watchdog
             # can stop a time-limited task, since they all run inline
             self._main = threading.get_ident()
@@ -160,6 +163,8 @@ class SoloExecutor(Executor):
 
     def close(self) -> None:
         self._closed.set()
+        if self._processor is not None and self._processor.tracker is not None:
+            unbind()
         if self._main is not None:
             self._main = None
             signal.signal(signal.SIGALRM, self._previous_alarm)
