@@ -21,14 +21,13 @@ no running message: ``current()`` raises ``HurtleError``, and ``current(None)`` 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Protocol, overload
 
 from .brokers import Delivery
 from .errors import HurtleError
 from .message import Message, message_id
-from .progress import Progress, check_progress
+from .progress import MAX_MESSAGE, check_progress
 
 
 class Tracker(Protocol):
@@ -37,9 +36,9 @@ class Tracker(Protocol):
     #: Ids of the running messages that were cancelled (read under the GIL, without a lock).
     cancelled: set[str]
 
-    def report(self, message_id: str, progress: Progress) -> None:
-        """Keep ``progress`` as the latest report of ``message_id``, written at the next
-        interval."""
+    def report(self, running: Any, fraction: float, message: str) -> None:
+        """Keep ``(fraction, message)`` as the latest report of the running delivery (or job)
+        ``running``, written at the next interval (its message id is read then)."""
 
 
 class Current:
@@ -49,17 +48,22 @@ class Current:
     this one: 0 on the first) are read from its message when asked.
     """
 
-    __slots__ = ("_message", "_running", "_tracker", "id")
+    __slots__ = ("_id", "_message", "_running", "_tracker")
 
     def __init__(self, running: Any, tracker: Tracker) -> None:
         self._running = running
         self._tracker = tracker
-        self._message: Message | None = None
-        if isinstance(running, Delivery):
-            self.id = message_id(running.raw)  # the id alone: the rest is decoded if asked
-        else:  # a Job
-            self._message = running.message
-            self.id = running.message.id
+        self._id = ""
+        # a job holds its message decoded; a delivery's is decoded if asked
+        self._message: Message | None = None if isinstance(running, Delivery) else running.message
+
+    @property
+    def id(self) -> str:
+        """The running message's id."""
+        if not self._id:
+            message = self._message
+            self._id = message_id(self._running.raw) if message is None else message.id
+        return self._id
 
     def __repr__(self) -> str:
         return f"<Current {self.task}[{self.id}]>"
@@ -90,8 +94,11 @@ class Current:
         report of each of its tasks in one broker call per interval (half a second), also once
         the task ended. ``Handle.progress()`` reads it; the dashboard's task page shows it.
         """
-        fraction, message = check_progress(fraction, message)
-        self._tracker.report(self.id, Progress(fraction, message, time.time()))
+        if type(fraction) is not float or not 0.0 <= fraction <= 1.0 or type(message) is not str:
+            fraction, message = check_progress(fraction, message)  # (NaN fails the compare)
+        elif len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE]
+        self._tracker.report(self._running, fraction, message)
 
     @property
     def cancelled(self) -> bool:
@@ -154,10 +161,12 @@ def current(default: object = _RAISE) -> Current | None:
     Outside a task run by a worker it raises ``HurtleError``, or returns ``None`` when called
     as ``current(None)``.
     """
-    bound = _runner()
-    where = getattr(bound, "where", None)
-    tracker = getattr(bound, "tracker", None)
-    running = where() if where is not None else None
+    bound = _bound if _bound is not None else _runner()
+    try:
+        running = bound.where()
+        tracker = bound.tracker
+    except (AttributeError, TypeError):  # never bound on this runner, or unbound
+        running = tracker = None
     if running is None or tracker is None:
         if default is not _RAISE:
             return None

@@ -241,8 +241,15 @@ class Worker:
         acker.start()
         heartbeat.start()
         self.screen = processor.screen = Screen(broker, executor.waiting, processor.cancelled)
-        self.tracker = processor.tracker = Tracker(broker, self.progress_interval)
+        tracker = self.tracker = processor.tracker = Tracker(
+            broker,
+            self.progress_interval,
+            running=executor.running_items,
+            on_cancel=executor.cancel_running,
+        )
+        processor.cancels = tracker.cancelled
         executor.start(processor)
+        tracker.start()
         self._hook("worker_start")
         if (
             self._handling_signals

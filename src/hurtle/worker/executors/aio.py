@@ -58,6 +58,28 @@ class AsyncioExecutor(Executor):
         # read from the heartbeat thread: the size of a dict the loop changes, a snapshot
         return len(self._running)
 
+    def running_items(self) -> list[Any]:
+        while True:  # the loop's dict, read from another thread: retried if it changed meanwhile
+            try:
+                return list(self._running)
+            except RuntimeError:
+                continue
+
+    def cancel_running(self, items: list[Any]) -> None:
+        """Cancel the asyncio tasks of these jobs (``async def`` tasks: an
+        ``asyncio.CancelledError`` where they wait); plain ``def`` tasks on the pool's threads
+        see ``hurtle.current().cancelled``."""
+        if self._loop is None:
+            return
+
+        def cancel() -> None:
+            for job in items:
+                task = self._running.get(job)
+                if task is not None:
+                    task.cancel()
+
+        self._loop.call_soon_threadsafe(cancel)
+
     # -- starting --------------------------------------------------------------------------
 
     def start(self, processor: Processor) -> None:

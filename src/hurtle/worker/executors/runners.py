@@ -164,6 +164,14 @@ class RunnerPool(Generic[T]):
         """Runners in a call now (a snapshot, read without the lock)."""
         return len(self._running)
 
+    def running_items(self) -> list[Any]:
+        """The items in a call now: each chunk's running delivery, or each runner's item."""
+        with self.cond:
+            slots = list(self._running)
+        chunks = self.work_many is not None
+        items = [slot.current if chunks else slot.item for slot in slots]
+        return [i for i in items if i is not None]
+
     @property
     def stopping(self) -> bool:
         return self._stopping
