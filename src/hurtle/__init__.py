@@ -13,6 +13,7 @@ add.send(5, 6)
 
 from .app import Hurtle
 from .brokers import Broker, DeadLetter, QueueStats
+from .context import Current, current
 from .errors import (
     ArgumentError,
     BrokerError,
@@ -24,12 +25,14 @@ from .errors import (
     ResultTimeout,
     Retry,
     SealError,
+    TaskCancelled,
     TaskFailed,
     TimeLimitExceeded,
     UnknownTaskError,
 )
 from .handles import Handle
 from .message import Message
+from .progress import Progress
 from .sealing import new_key
 from .settings import Settings
 from .task import Args, Task
@@ -43,6 +46,7 @@ __all__ = [
     "Broker",
     "BrokerError",
     "ConfigurationError",
+    "Current",
     "DeadLetter",
     "DecodeError",
     "EncodeError",
@@ -52,6 +56,7 @@ __all__ = [
     "Hurtle",
     "HurtleError",
     "Message",
+    "Progress",
     "QueueStats",
     "Reject",
     "ResultTimeout",
@@ -60,12 +65,14 @@ __all__ = [
     "Settings",
     "Signature",
     "Task",
+    "TaskCancelled",
     "TaskFailed",
     "TimeLimitExceeded",
     "UnknownTaskError",
     "__version__",
     "chain",
     "chord",
+    "current",
     "group",
     "new_key",
 ]

@@ -410,9 +410,16 @@ class Hurtle:
         for ``ttl`` seconds (a week by default; raise it for messages due later than that).
 
         A cancelled message becomes a dead letter with the reason ``cancelled`` instead of
-        running, and its handle reads ``cancelled`` if its task keeps results. A task already
-        running is not stopped. The cancellations live in the broker: they survive worker
-        restarts.
+        running, and its handle reads ``cancelled`` if its task keeps results. The
+        cancellations live in the broker: they survive worker restarts.
+
+        A task already running learns of it within a second (its worker asks, once per half
+        second, about the tasks that ran through the last half second): it is stopped where
+        its pool can (``TaskCancelled`` raised in it by the solo pool on a process's main
+        thread — ``hurtle worker``, each ``--processes`` child — and ``asyncio.CancelledError``
+        in an ``async def`` task of the asyncio pool), and elsewhere sees
+        ``hurtle.current().cancelled`` turn true. Whatever it does then, its outcome is
+        ``cancelled`` as above, without a retry. This call does not wait for that.
 
         The promise holds from when this returns: a message whose task had not started by
         then never runs. A worker checks a delivery against the cancellations when it fetches

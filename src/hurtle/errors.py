@@ -49,6 +49,15 @@ class TimeLimitExceeded(HurtleError):
     """A task ran longer than its ``time_limit``."""
 
 
+class TaskCancelled(HurtleError):
+    """Raised in a running task that ``Hurtle.cancel`` named, where its pool can interrupt it
+    (the solo pool on a process's main thread: ``hurtle worker``, each ``--processes`` child).
+    Elsewhere a task sees ``hurtle.current().cancelled`` turn true (and an ``async def`` task in
+    the asyncio pool an ``asyncio.CancelledError``). Either way its outcome is ``cancelled``: a
+    dead letter with that reason, and for a task that keeps results a handle whose ``result``
+    raises ``TaskFailed`` with ``type`` ``Cancelled``."""
+
+
 class TaskFailed(HurtleError):
     """The task of a result handle failed for good (``Handle.result``).
 

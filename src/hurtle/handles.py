@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 import msgspec
 
 from .errors import ConfigurationError, ResultError, ResultTimeout, TaskFailed
+from .progress import Progress, decode_progress
 from .records import (
     CANCELLED,
     DEAD,
@@ -173,6 +174,13 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
         self._check()
         payload = self.app.broker.get_result(self.id)
         return State(PENDING if payload is None else self._read(decode(payload)).state)
+
+    def progress(self) -> Progress | None:
+        """The task's latest progress report, read now (``hurtle.current().progress``): a
+        ``Progress`` with ``fraction`` (0 to 1), ``message`` and ``at`` (when it was reported),
+        or None before the first report (or after ``PROGRESS_TTL``, a day). Reports are
+        written by the worker at most every half second, so this lags the task by that much."""
+        return decode_progress(self.app.broker.get_progress([self.id])[0])
 
     @property
     def status(self) -> str:
@@ -333,9 +341,18 @@ class FlowHandle(Handle[R]):
     ``TaskFailed`` naming the member that failed for good."""
 
     name: str = "?"
+    #: The message ids of the workflow's members, in order (a chain's links; a chord's
+    #: members, then its callback), when this handle was made by ``send``.
+    members: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         return f"<FlowHandle {self.name}[{self.id}]>"
+
+    def members_progress(self) -> list[Progress | None]:
+        """The latest progress report of each member (``members``), in order, read in one
+        broker call: None for a member that has not reported (or not started)."""
+        ids = self.members or (self.id,)
+        return [decode_progress(p) for p in self.app.broker.get_progress(list(ids))]
 
     def _unwrap(self, record: Record) -> R:
         if record.state == SUCCEEDED:
@@ -369,6 +386,14 @@ class GroupHandle:
     @property
     def ids(self) -> list[str]:
         return [h.id for h in self.handles]
+
+    def progress(self) -> list[Progress | None]:
+        """The latest progress report of each member, in order, read in one broker call: None
+        for a member that has not reported."""
+        if not self.handles:
+            return []
+        broker = self.handles[0].app.broker
+        return [decode_progress(p) for p in broker.get_progress(self.ids)]
 
     def result(self, timeout: float | None = 10.0) -> list[Any]:
         """The members' results in order, within ``timeout`` seconds in all (``None``: as long

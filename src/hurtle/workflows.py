@@ -276,7 +276,7 @@ class chain:
         first, rest = links[0], tuple(links[1:])
         flow = Flow(id=flow_id, store=0.0 if rest else last.result_ttl, next=rest)
         _publish(app, [first.message((), flow)], connection)
-        return FlowHandle(flow_id, app, None, last.name)
+        return FlowHandle(flow_id, app, None, last.name, tuple(link.id for link in links))
 
     def __call__(self, *args: Any, **kwargs: Any) -> FlowHandle[Any]:
         """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step."""
@@ -431,7 +431,8 @@ class chord:
             for i, s in enumerate(members)
         ]
         _publish(app, messages, connection)
-        return FlowHandle(cb.id, app, None, callback.task.name)
+        ids = (*(m.id for m in messages), cb.id)
+        return FlowHandle(cb.id, app, None, callback.task.name, ids)
 
 
 __all__ = [

@@ -65,6 +65,15 @@ def square(n):
     return n * n
 
 
+@app.task(name="resize", retries=0)
+def resize(n):
+    import hurtle
+
+    hurtle.current().progress(0.4, f"<b>resized</b> 4 of {n}")
+    while not os.path.exists(os.environ["FIXED_FLAG"]):
+        time.sleep(0.05)
+
+
 @app.task(name="canary", queue="other", retries=0)
 def canary(n):
     with open(os.environ["RUNS_LOG"], "a") as f:
@@ -95,7 +104,7 @@ def _listening(port: int) -> bool:
 
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
-    p = Project(tmp_path, TASKS, ["work", "fragile", "square"])
+    p = Project(tmp_path, TASKS, ["work", "fragile", "square", "resize"])
     p.env["FIXED_FLAG"] = str(tmp_path / "fixed")
     p.env["HURTLE_HEARTBEAT_INTERVAL"] = "0.2"  # workers report often: a lively chart
     return p
@@ -280,6 +289,20 @@ def test_looking_a_task_up_by_id_shows_its_result_and_arguments(
     wait_for(lambda: page.inner_text("#task-state") == "unknown", what="an unknown state")
     assert "keep no result" in page.inner_text("#task-note")
     assert "square" in page.inner_text("#task-note")  # the tasks that do keep results
+
+
+def test_a_running_tasks_progress_shows_on_its_page_as_text_and_follows_it(
+    project: Project, server: str, page: Page, worker: subprocess.Popen[str], tmp_path: Path
+) -> None:
+    message_id = project.send("resize", 10)
+    page.goto(server + f"/#/task/{message_id}")
+    # the page follows a task that reports progress: no reload asked for
+    wait_for(lambda: "40 %" in page.inner_text("#task-table"), what="the progress report")
+    text = page.inner_text("#task-table")
+    assert "<b>resized</b> 4 of 10" in text  # the task's text, shown as text
+    assert page.locator("#task-table b").count() == 0  # never as markup
+    assert page.locator("#task-table progress").count() == 1
+    (tmp_path / "fixed").touch()
 
 
 def test_the_scheduled_page_shows_periodic_tasks_and_delayed_messages(

@@ -18,11 +18,13 @@ pytest.importorskip("prometheus_client", reason="the dashboard extra is not inst
 
 from starlette.testclient import TestClient
 
-from hurtle import Hurtle
+from hurtle import Hurtle, Progress
+from hurtle.brokers import StoredResult
 from hurtle.dashboard import create_app
 from hurtle.dashboard.batcher import Batcher
 from hurtle.dashboard.openapi import OPENAPI
 from hurtle.message import Message
+from hurtle.progress import encode_progress
 
 TOKEN = "s3cret-token-for-tests"
 #: Without a token the dashboard answers only requests addressed to a loopback name.
@@ -549,6 +551,19 @@ def test_a_task_lookup_of_an_id_with_no_record_says_why_there_may_be_none(
     row = client.get(f"/api/tasks/{handle.id}").json()
     assert (row["state"], row["source"], row["result"]) == ("unknown", None, None)
     assert "keep no result" in row["note"] and "No task of this app keeps results" in row["note"]
+
+
+def test_a_task_lookup_shows_the_tasks_latest_progress_report(
+    app: Hurtle, client: TestClient
+) -> None:
+    handle = app.tasks["add"].send(1, 2)  # waits in its queue: its report is put here
+    report = Progress(0.4, "resized 4 of 10", time.time())
+    app.broker.put_progress([StoredResult(handle.id, encode_progress(report), 60)])
+    row = client.get(f"/api/tasks/{handle.id}").json()
+    assert row["progress"] == {"fraction": 0.4, "message": "resized 4 of 10", "at": report.at}
+    assert "reported its progress" in row["note"]
+    other = client.get(f"/api/tasks/{app.tasks['add'].send(1, 1).id}").json()
+    assert other["progress"] is None
 
 
 def test_schedules_show_last_and_next_run_and_delayed_messages_their_count(

@@ -84,6 +84,12 @@ Control (``tests/brokers/test_control_contract.py``):
 * purge: ``Broker.purge`` drops a queue's waiting messages (ready and delayed), never those in
   flight (``tests/brokers/test_purge_contract.py``).
 
+Progress (``tests/brokers/test_progress_contract.py``): ``Broker.put_progress`` stores the
+latest progress report of running messages (opaque bytes, ``hurtle.progress``), each under its
+message id for its ttl, in one call for a worker's whole interval of reports;
+``Broker.get_progress`` reads several in one call. They live apart from result records: a
+report never replaces a result, nor a result a report.
+
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
 
@@ -453,6 +459,16 @@ class Broker(abc.ABC):
     def uncancel(self, ids: Sequence[str]) -> None:
         """Forget the cancellations of these ids (a cancelled dead letter that is retried)."""
         raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
+
+    def put_progress(self, reports: Sequence[StoredResult]) -> None:
+        """Store progress reports (``hurtle.progress``, opaque here), each under its message
+        id for its ttl, in one step: a later report of an id replaces the earlier one."""
+        raise NotImplementedError(f"{type(self).__name__} does not store progress reports")
+
+    def get_progress(self, ids: Sequence[str]) -> list[bytes | None]:
+        """The progress report last stored for each of ``ids`` (None where there is none or
+        it expired), in one call."""
+        raise NotImplementedError(f"{type(self).__name__} does not store progress reports")
 
     def pause(self, queue: str) -> None:
         """Stop every worker from fetching ``queue`` until ``resume``; what it holds finishes."""

@@ -30,6 +30,9 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:workers:report:W       STRING  W's last report (msgpack), expiring at its deadline
     hurtle:workers:deadlines      ZSET    W, scored by the deadline of its last report
     hurtle:totals                 HASH    queue \x1f task \x1f counter -> cluster total
+    hurtle:progress:{BUCKET}      HASH    message id -> its latest progress report's expiry (13
+                                          digits, ms) then the report (msgpack); BUCKET as for
+                                          results; the hash expires with its latest report
     hurtle:dead:index             HASH    message id -> q \x1f id of its latest dead letter
     hurtle:{q}:ready:P            LIST    raw messages of priority P; head = next to run
     hurtle:{q}:delayed            ZSET    "P:SEQ:" .. raw, scored by eta (Unix seconds)
@@ -89,6 +92,9 @@ DEAD_INDEX = f"{PREFIX}:dead:index"
 RESULTS_CHANNEL = f"{PREFIX}:results"
 #: Cancelled message ids, each scored by the end of its cancellation (Unix seconds).
 CANCELLED = f"{PREFIX}:cancelled"
+#: The prefix of the hashes of running tasks' progress reports, bucketed by id as results are
+#: (``progress_key``).
+PROGRESS = f"{PREFIX}:progress:"
 
 
 #: Results are kept in hashes, one per run of ids that differ only in their last
@@ -102,6 +108,13 @@ RESULT_KEY_PREFIX = f"{PREFIX}:results:{{"
 #: ``result_key(id)`` then this: the hash of the batches of records of the same bucket, each
 #: stored whole (``redis/results.py``), in the same slot of a cluster.
 RESULT_BATCHES_SUFFIX = ":batches"
+
+
+def progress_key(id: str) -> bytes:
+    """The key of the hash that holds the progress report of message ``id`` (field: the id):
+    a worker's reports of one interval are a few ``HSET`` commands, not one per report."""
+    raw = id.encode()
+    return b"%s{%s}" % (PROGRESS.encode(), raw[: max(len(raw) - RESULT_BUCKET_CUT, 0)])
 
 
 def result_key(id: str) -> bytes:

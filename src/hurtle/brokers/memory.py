@@ -129,6 +129,8 @@ class MemoryBroker(MemoryDeadLetters, _Ticks, Broker):
         self._cancelled: dict[str, float] = {}
         self._cancel_until = 0.0
         self._paused: set[str] = set()
+        # progress reports: id -> (payload, expires at), pruned like results
+        self._progress: dict[str, tuple[bytes, float]] = {}
         self._dead_index: dict[str, tuple[str, str]] = {}
 
     def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
@@ -145,6 +147,21 @@ class MemoryBroker(MemoryDeadLetters, _Ticks, Broker):
         if not watchers:
             return []
         return [w for r in results for w in watchers.get(r.id, ())]
+
+    def put_progress(self, reports: Sequence[StoredResult]) -> None:
+        now = time.time()
+        with self._lock:
+            kept = self._progress
+            for id_ in [i for i, (_, expires) in kept.items() if expires <= now]:
+                del kept[id_]
+            for r in reports:
+                kept[r.id] = (r.payload, now + r.ttl)
+
+    def get_progress(self, ids: Sequence[str]) -> list[bytes | None]:
+        now = time.time()
+        with self._lock:
+            found = [self._progress.get(i) for i in ids]
+        return [None if f is None or f[1] <= now else f[0] for f in found]
 
     def get_result(self, id: str) -> bytes | None:
         with self._lock:

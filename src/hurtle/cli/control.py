@@ -30,10 +30,12 @@ from ._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm
 def add_parser(sub: Any) -> None:
     c: argparse.ArgumentParser = sub.add_parser(
         "cancel",
-        help="cancel messages not started yet",
+        help="cancel messages: not run if not started, stopped or told if running",
         description="Cancel messages by id (what send() returned): one not started yet is "
         "never run; it becomes a dead letter with the reason 'cancelled'. A task already "
-        "running is not stopped.",
+        "running learns of it within a second: stopped where its pool can (the solo pool on "
+        "a process's main thread, async def tasks of the asyncio pool), told through "
+        "hurtle.current().cancelled elsewhere, and recorded 'cancelled' either way.",
     )
     c.add_argument("app", help="the app, as module:attribute")
     c.add_argument("ids", nargs="+", metavar="ID", help="message ids")

@@ -139,6 +139,7 @@ OPENAPI: dict[str, Any] = {
                     "finished_at": _NUM,
                     "keeps_result": {"type": "boolean"},
                     "dead_letter_id": _STR,
+                    "progress": _obj({"fraction": _NUM, "message": _STR, "at": _NUM}),
                     "note": _STR,
                 },
                 nullable=(
@@ -154,6 +155,7 @@ OPENAPI: dict[str, Any] = {
                     "finished_at",
                     "keeps_result",
                     "dead_letter_id",
+                    "progress",
                 ),
             ),
             "Schedule": _obj(

@@ -282,6 +282,7 @@ def task_lookup(
     broker's index (``Broker.find_dead``). ``keeps_results`` maps task names to whether they
     keep results (the app's tasks), to say so.
     """
+    from ..progress import decode_progress
     from ..records import decode as decode_record
 
     known = dict(keeps_results or {})
@@ -301,8 +302,16 @@ def task_lookup(
         "finished_at": None,
         "keeps_result": None,
         "dead_letter_id": None,
+        "progress": None,
         "note": "",
     }
+    report = decode_progress(broker.get_progress([message_id])[0])
+    if report is not None:  # the task's latest ``hurtle.current().progress`` report
+        row["progress"] = {
+            "fraction": report.fraction,
+            "message": report.message,
+            "at": report.at,
+        }
     payload = broker.get_result(message_id)
     if payload is not None:
         try:
@@ -362,7 +371,12 @@ def task_lookup(
         row["note"] = (
             f"task {row['task']} keeps no result: what is shown comes from its dead letter"
         )
-    if row["source"] is None:
+    if row["source"] is None and row["progress"] is not None:
+        row["note"] = (
+            "no outcome is recorded yet: the task reported its progress (below); the page "
+            "follows it until an outcome is recorded"
+        )
+    elif row["source"] is None:
         keeping = sorted(name for name, keeps in known.items() if keeps)
         row["note"] = (
             "nothing is recorded under this id: the message may wait in its queue or run now "

@@ -44,6 +44,7 @@ class BatchPath:
         call_log: CallLog
         log_calls: bool
         processed: int
+        cancels: set[str]
         screen: Screen | None
         tally: Tally
         timings: Timings
@@ -56,6 +57,7 @@ class BatchPath:
         def _defer(self, job: Job) -> None: ...
         def _failed(self, job: Job, err: Exception, ran: float | None = None) -> None: ...
         def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None: ...
+        def _cancelled_calls(self, done: list[Delivery], returned: Iterable[Calls]) -> None: ...
         def _unknown(self, delivery: Delivery, message: Message) -> None: ...
         def _too_late(
             self,
@@ -297,6 +299,8 @@ class BatchPath:
             if state.overran:
                 _fail_overran(returned.values(), state.overran)
                 self._overran(done, state.overran)
+            if self.cancels:  # some running message was cancelled: were these calls?
+                self._cancelled_calls(done, returned.values())
             if done:
                 self.acker.ack_many(done)
             for c in returned.values():
@@ -316,7 +320,8 @@ class BatchPath:
         if not calls.deliveries:  # a run whose calls all raised, or a chunk just settled
             return
         pipeline = self._pipelines[calls.task.name]
-        overran = dict(calls.failures)  # calls interrupted at their time limit
+        # calls interrupted at their time limit (``_fail_overran``)
+        overran = {i for i, e in calls.failures.items() if isinstance(e, TimeLimitExceeded)}
         for m in pipeline.after_calls:
             before, kept_stored = dict(calls.failures), calls.stored  # as the hook found them
             error: Exception | None = None

@@ -55,14 +55,15 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr, safe_str
 from ..brokers import Delivery
 from ..brokers.reports import Tally, Timings
+from ..errors import TaskCancelled
 from ..flow import FLOW
-from ..message import Message, decode_unchecked
+from ..message import Message, decode_unchecked, message_id
 from ..middleware import Calls, Job, Middleware, Pipeline, overrides
 from ..middleware.retries import Retries
 from ..sealing import SEALED
@@ -71,11 +72,12 @@ from .batch import _NO_SKIP, BatchPath, _fail_overran
 from .jobs import BatchState, Limit, late_limit, off_path, take_all
 from .log import CallLog
 from .loops import Loops
-from .steps import JobSteps
+from .steps import JobSteps, cancelled_error
 from .unrun import PROCESSED, NotRun
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from ..context import Tracker
     from ..task import Task
     from .screen import Screen
 
@@ -156,6 +158,13 @@ class Processor(BatchPath, JobSteps, NotRun):
         #: Cancellations recorded after a delivery was fetched (set by the worker; None: no
         #: check before a task starts).
         self.screen: Screen | None = None
+        #: Where the tasks' ``hurtle.current()`` sends progress and learns of cancellations (set
+        #: by the worker before its executor starts; None: no context).
+        self.tracker: Tracker | None = None
+        #: Ids of running messages that ``Hurtle.cancel`` named (the tracker's set, shared): a
+        #: call of one is recorded ``cancelled`` whatever it returns, checked once per batch
+        #: (per call on the job path) and only while the set is not empty.
+        self.cancels: set[str] = set()
         #: What the worker says it ran (``log``): set by the worker, with its options.
         self.call_log = CallLog(self.tally)
         #: True when the calls of the batches starting now are logged one by one (set once per
@@ -222,6 +231,11 @@ class Processor(BatchPath, JobSteps, NotRun):
             self._failed(Job(delivery, message, task), err, ran)
             return
         self.timings.add(delivery.queue, task.name, _clock() - begin)
+        if self.cancels and message.id in self.cancels:  # cancelled while it ran
+            self._failed(
+                Job(delivery, message, task), cancelled_error(Job(delivery, message, task))
+            )
+            return
         self.acker.ack(delivery)
 
     def process_many(self, deliveries: list[Delivery], state: BatchState) -> None:
@@ -386,6 +400,8 @@ class Processor(BatchPath, JobSteps, NotRun):
             if state.overran:
                 _fail_overran(returned.values(), state.overran)
                 self._overran(done, state.overran)
+            if self.cancels:  # some running message was cancelled: were these calls?
+                self._cancelled_calls(done, returned.values())
             if done:
                 self.acker.ack_many(done)
             for c in returned.values():
@@ -401,6 +417,8 @@ class Processor(BatchPath, JobSteps, NotRun):
         ``log_calls``."""
         if state.overran:
             _fail_overran((calls,), state.overran)
+        if self.cancels:
+            self._cancelled_calls([], (calls,))
         self._settle_calls(calls)
         if log_calls:
             self.call_log.calls(calls)
@@ -414,6 +432,22 @@ class Processor(BatchPath, JobSteps, NotRun):
             job = self.begin(delivery, count=False)  # counted already
             if job is not None:
                 self._failed(job, job.time_limit_error())
+
+    def _cancelled_calls(self, done: list[Delivery], returned: Iterable[Calls]) -> None:
+        """Fail, as cancelled (``_failed`` records them so), the calls of a batch that returned
+        although ``Hurtle.cancel`` named their message while they ran: the acknowledged ones
+        (``done``, taken out of it) and those gathered for ``after_calls``."""
+        cancels = self.cancels
+        for c in returned:
+            for i, m in enumerate(c.messages):
+                if m.id in cancels:
+                    c.fail(i, TaskCancelled(f"task {m.task}[{m.id}] was cancelled while it ran"))
+        gone = [d for d in done if message_id(d.raw) in cancels]
+        for delivery in gone:
+            done.remove(delivery)
+            job = self.begin(delivery, count=False)  # counted already
+            if job is not None:
+                self._failed(job, cancelled_error(job))
 
     def close(self) -> None:
         self._loops.close()

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr
 from ..brokers import Delivery
-from ..errors import HurtleError
+from ..errors import HurtleError, TaskCancelled
 from ..flow import FLOW
 from ..message import Message
 from ..middleware import Calls, Job, Middleware, Outcome, Pipeline
+from ..records import CANCELLED
 from . import flows
 from .jobs import BatchState, Limit
 from .loops import Loops
@@ -59,6 +60,7 @@ class JobSteps:
         limit: Limit
         processed: int
         failed: int
+        cancels: set[str]
         tally: Tally
         timings: Timings
         _loops: Loops
@@ -155,6 +157,13 @@ class JobSteps:
         try:
             self._start(job)
             result = await _within_limit(job)
+        except asyncio.CancelledError:
+            if job.message.id not in self.cancels:
+                raise  # the pool is stopping: not ours to record
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # ``Hurtle.cancel``'s (``cancel_running``): recorded below
+            error = cancelled_error(job)
         except Exception as err:
             error = err
         self.finish(job, result, error)
@@ -185,6 +194,8 @@ class JobSteps:
 
     def finish(self, job: Job, result: Any, error: Exception | None) -> None:
         """Run the ``after_process`` hooks and record the outcome with the acker."""
+        if self.cancels and job.message.id in self.cancels and error is None:
+            error = cancelled_error(job)  # cancelled while it ran: whatever it returned
         if job.started:
             job.finished = time.monotonic()
             self.timings.add(job.delivery.queue, job.task.name, job.finished - job.started)
@@ -281,6 +292,9 @@ class JobSteps:
         it (``ran``: seconds the call ran, when not timed by ``job``), the acker records it."""
         self.failed += 1
         self.tally.add(job.delivery.queue, job.task.name, FAILED)
+        if self.cancels and job.message.id in self.cancels:
+            self._cancelled_running(job, err)
+            return
         try:
             outcome = self.retries.decide(job, err)
         except Exception as inner:  # formatting or deciding failed: still an outcome
@@ -302,6 +316,33 @@ class JobSteps:
                 self._bury(job.delivery, job.message, outcome.reason, error=outcome.error, job=job)
         except Exception as inner:  # recording failed: still an outcome
             self._crashed(job.delivery, inner, job, ended=outcome.kind == "dead")
+
+    def _cancelled_running(self, job: Job, err: Exception) -> None:
+        """A call that ``Hurtle.cancel`` named while it ran ended, however: no retry, a dead
+        letter ``cancelled`` and ``cancelled`` records (its own, its workflow's), as for a
+        message cancelled before it started."""
+        self.cancels.discard(job.message.id)
+        error = err if isinstance(err, TaskCancelled) else cancelled_error(job)
+        log.info("task %s[%s] was cancelled while it ran", job.task.name, job.message.id)
+        job.outcome = Outcome("dead", error=error, reason=CANCELLED)
+        self._after_outcome(job)
+        try:
+            self.tally.add(job.delivery.queue, job.task.name, DEAD_LETTERED)
+            self._bury(
+                job.delivery,
+                job.message,
+                CANCELLED,
+                state=CANCELLED,
+                why="cancelled while it ran",
+                job=job,
+            )
+        except Exception as inner:  # recording failed: still an outcome
+            self._crashed(job.delivery, inner, job, ended=True)
+
+
+def cancelled_error(job: Job) -> TaskCancelled:
+    """The error a call cancelled while it ran ends with."""
+    return TaskCancelled(f"task {job.task.name}[{job.message.id}] was cancelled while it ran")
 
 
 async def _within_limit(job: Job) -> Any:

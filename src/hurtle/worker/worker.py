@@ -37,6 +37,7 @@ from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..message import Message, message_id
 from ..middleware import Middleware, WorkerParts, overrides
 from ..names import check_queue_name
+from ..progress import INTERVAL
 from ..scheduler import Scheduler
 from .acker import Acker
 from .executors import Executor, make_executor
@@ -45,6 +46,7 @@ from .heartbeat import Heartbeat
 from .log import SUMMARY_EVERY, CallLog
 from .processor import Processor
 from .screen import Screen
+from .tracker import Tracker
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -69,6 +71,9 @@ class Worker:
     ``log_interval`` seconds (``log.CallLog``); ``log_tasks=True`` logs every call.
     The worker runs the app's middleware (``app.middleware``), then ``middleware``, if given.
     """
+
+    #: Seconds between two writes of the running tasks' progress reports (``tracker``).
+    progress_interval = INTERVAL
 
     def __init__(
         self,
@@ -138,6 +143,7 @@ class Worker:
         self.screen: Screen | None = None
         self.heartbeat: Heartbeat | None = None
         self.call_log: CallLog | None = None
+        self.tracker: Tracker | None = None
         #: Set once the worker has started its parts (tests and the demo wait on it).
         self.started = threading.Event()
         #: True when the worker stopped to be replaced by a fresh process (``recycle_abandoned``).
@@ -235,7 +241,15 @@ class Worker:
         acker.start()
         heartbeat.start()
         self.screen = processor.screen = Screen(broker, executor.waiting, processor.cancelled)
+        tracker = self.tracker = processor.tracker = Tracker(
+            broker,
+            self.progress_interval,
+            running=executor.running_items,
+            on_cancel=executor.cancel_running,
+        )
+        processor.cancels = tracker.cancelled
         executor.start(processor)
+        tracker.start()
         self._hook("worker_start")
         if (
             self._handling_signals
@@ -412,6 +426,8 @@ class Worker:
             log.warning("could not close the broker session cleanly: %s", err)
         self.executor.close()
         self.processor.close()
+        if self.tracker is not None:
+            self.tracker.close()
         if self.call_log is not None:
             self.call_log.close()
         log.info("worker %s stopped after %d tasks", self.worker_id, self.processor.processed)

@@ -30,6 +30,9 @@ class Feature:
     worker: tuple[str, ...] = ()
     #: App settings the publisher and the worker get (as ``HURTLE_*`` variables).
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: What each call does beside its work (``peers.features_app``): "" nothing, "progress" a
+    #: ``hurtle.current().progress`` report.
+    calls: str = ""
 
     def unavailable(self) -> str | None:
         """Why a task cannot be registered with these options here, or None if it can."""
@@ -42,13 +45,15 @@ class Feature:
 
     def scenario(self) -> Scenario:
         """The publish-then-consume row the harness runs, on ``peers.features_app``."""
-        env = {"HURTLE_BENCH_OPTIONS": json.dumps(self.options)}
+        env = {"HURTLE_BENCH_OPTIONS": json.dumps(self.options), "HURTLE_BENCH_CALLS": self.calls}
         for name, value in self.settings.items():
             text = ",".join(value) if isinstance(value, list | tuple) else str(value)
             env[f"HURTLE_{name.upper()}"] = text
         if "--pool" in self.worker:
             env["HURTLE_BENCH_PROBE_LOCK"] = "1"  # tasks count from several threads
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "no option"
+        if self.calls == "progress":
+            options += "; hurtle.current().progress() in every call"
         return Scenario(
             name=self.name,
             system="hurtle",
@@ -75,6 +80,8 @@ ROWS = [
         "all",
         {"store_result": True, "rate_limit": _RATE, "unique_for": _UNIQUE, "time_limit": 10},
     ),
+    # every call reports its progress: the worst case, a report per call of a trivial task
+    Feature("progress", calls="progress"),
     Feature("threads-8", worker=("--pool", "threads", "--concurrency", "8")),
     # the worker's call log at its default level (``bare`` runs at WARNING: logging off), and
     # with a line for every call

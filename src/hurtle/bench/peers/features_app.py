@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 from ...app import Hurtle
+from ...context import current
 from ..harness.probe import hit
 
 BATCH = 1000
@@ -21,7 +22,16 @@ def add(x: int, y: int) -> int:
     return x + y
 
 
-task = app.task(name="bench.add", **json.loads(os.environ.get("HURTLE_BENCH_OPTIONS", "{}")))(add)
+def add_reporting(x: int, y: int) -> int:
+    """``add`` that reports its progress (the ``progress`` row)."""
+    hit()
+    current().progress(0.5, "half way")
+    return x + y
+
+
+task = app.task(name="bench.add", **json.loads(os.environ.get("HURTLE_BENCH_OPTIONS", "{}")))(
+    add_reporting if os.environ.get("HURTLE_BENCH_CALLS") == "progress" else add
+)
 
 
 def publish(count: int, progress: Callable[[int], None]) -> int:

@@ -200,6 +200,13 @@ class NatsBroker(Broker):
 
     # -- control -------------------------------------------------------------------------
 
+    def put_progress(self, reports: Sequence[StoredResult]) -> None:
+        if reports:
+            run(results.put_progress(self.store, reports))
+
+    def get_progress(self, ids: Sequence[str]) -> list[bytes | None]:
+        return run(results.get_progress(self.store, list(ids))) if ids else []
+
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         ttl = check_cancel_ttl(ttl)
         if ids:

@@ -17,6 +17,7 @@ from typing import Any
 
 from nats.js.errors import NotFoundError
 
+from ...progress import PROGRESS_TTL
 from ..base import StoredResult
 from . import loop, names
 from .store import RESULT_CLASSES, Store, pack, unpack
@@ -84,3 +85,25 @@ def watch(store: Store, ids: Sequence[str], wake: Callable[[], None]) -> Callabl
             loop.run(unsubscribe(), 10)
 
     return stop
+
+
+#: The KV bucket of running tasks' progress reports: one key per message id, each value its
+#: own expiry then the report; the bucket keeps a value ``PROGRESS_TTL`` at most.
+PROGRESS_BUCKET = "hurtle-progress"
+
+
+async def put_progress(store: Store, reports: Sequence[StoredResult]) -> None:
+    now = time.time()
+    kv = await store.kv(PROGRESS_BUCKET, ttl=PROGRESS_TTL)
+    await asyncio.gather(
+        *(kv.put("p" + names.token(r.id), pack([now + r.ttl, r.payload])) for r in reports)
+    )
+
+
+async def get_progress(store: Store, ids: Sequence[str]) -> list[bytes | None]:
+    found = await asyncio.gather(*(store.get("p" + names.token(i), PROGRESS_BUCKET) for i in ids))
+    now = time.time()
+    return [
+        bytes(f[0][1]) if f is not None and isinstance(f[0], list) and f[0][0] > now else None
+        for f in found
+    ]

@@ -24,7 +24,8 @@ Storage. Every table lives in one schema of its own (``hurtle`` unless the URL s
   finds nothing.
 * ``dead`` — dead letters, with their message's id indexed (``find_dead``), trimmed per queue
   by ``dead_letter_ttl`` and ``dead_letter_max`` in the transaction that writes one.
-* ``results`` (with their expiry), ``rates``, ``slots``, ``uniques``, ``schedules`` and
+* ``results`` (with their expiry; running tasks' progress reports are rows there too, under
+  ``progress:`` and the message id), ``rates``, ``slots``, ``uniques``, ``schedules`` and
   ``schedule_ticks``, ``chords`` and ``chord_members``, ``worker_reports`` and
   ``worker_totals``, ``paused``, ``cancelled``, ``queues``; ``deaths``, ``quarantine`` and
   ``probes`` for messages whose workers keep dying, as on the other brokers.

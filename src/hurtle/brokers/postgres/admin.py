@@ -8,11 +8,14 @@ from typing import Any
 
 import psycopg
 
-from ..base import DeadLetter, QueueStats
+from ..base import DeadLetter, QueueStats, StoredResult
 from ..common import check_cancel_ttl, check_queue_name
 from ..reports import TaskCounts, WorkerReport, decode_report
 from .listener import payloads
 from .recovery import _Recovery
+
+#: The prefix of a progress report's id in ``results`` (message ids never start so).
+PROGRESS = "progress:"
 
 _DEAD_COLUMNS = "id, queue, reason, body, failed_at"
 # ready, delayed, in flight, dead per queue; quarantined messages count as ready
@@ -82,6 +85,40 @@ class _Admin(_Recovery):
         return [(float(r[0]), bytes(r[1])) for r in rows]
 
     # -- control ---------------------------------------------------------------------------
+
+    # -- progress: rows of ``results`` under ``progress:`` and the message id ----------------
+
+    def put_progress(self, reports: Sequence[StoredResult]) -> None:
+        if not reports:
+            return
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            cur.execute(
+                self._q(
+                    "INSERT INTO {s}.results (id, expires, body) SELECT i, {now} + t, b FROM "
+                    "unnest(%b::text[], %b::float8[], %b::bytea[]) AS r(i, t, b) "
+                    "ON CONFLICT (id) DO UPDATE SET expires = excluded.expires, "
+                    "body = excluded.body"
+                ),
+                (
+                    [PROGRESS + r.id for r in reports],
+                    [float(r.ttl) for r in reports],
+                    [r.payload for r in reports],
+                ),
+            )
+
+        self._run("storing progress reports", run)
+
+    def get_progress(self, ids: Sequence[str]) -> list[bytes | None]:
+        if not ids:
+            return []
+        with self._cursor("reading progress reports") as cur:
+            rows = cur.execute(
+                self._q("SELECT id, body FROM {s}.results WHERE id = ANY(%s) AND expires > {now}"),
+                ([PROGRESS + i for i in ids],),
+            ).fetchall()
+        found = {r[0][len(PROGRESS) :]: bytes(r[1]) for r in rows}
+        return [found.get(i) for i in ids]
 
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         ttl = check_cancel_ttl(ttl)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from ..base import QueueStats
+from ..base import QueueStats, StoredResult
 from ..common import check_cancel_ttl, check_queue_name
-from ..keys import CANCELLED, QUEUES, queue_keys
+from ..keys import CANCELLED, QUEUES, progress_key, queue_keys
 from .scripts import _ScriptRunner, _Scripts
 
 
@@ -25,6 +25,37 @@ class _Control(_ScriptRunner):
         def queues(self) -> list[str]: ...
 
         def stats(self, queues: Iterable[str] | None = None) -> dict[str, QueueStats]: ...
+
+    def put_progress(self, reports: Sequence[StoredResult]) -> None:
+        """One ``HSET`` and one ``PEXPIRE`` per bucket of ids (``keys.progress_key``), in one
+        pipeline (a round trip per node of a cluster); each value is its expiry then the
+        report."""
+        if not reports:
+            return
+        now_ms = int(time.time() * 1000)
+        by_key: dict[bytes, list[bytes | str]] = {}
+        longest: dict[bytes, int] = {}
+        for r in reports:
+            ttl_ms = max(int(r.ttl * 1000), 1)
+            key = progress_key(r.id)
+            by_key.setdefault(key, []).extend((r.id, b"%013d%s" % (now_ms + ttl_ms, r.payload)))
+            longest[key] = max(longest.get(key, 0), ttl_ms)
+        commands: list[Any] = []
+        for key, fields in by_key.items():
+            commands.append((("HSET", key, *fields), None))
+            commands.append((("PEXPIRE", key, longest[key], "GT"), None))
+            commands.append((("PEXPIRE", key, longest[key], "NX"), None))
+        self._pipeline_raw(commands, f"storing {len(reports)} progress reports")
+
+    def get_progress(self, ids: Sequence[str]) -> list[bytes | None]:
+        if not ids:
+            return []
+        found = self._pipeline(
+            [(("HGET", progress_key(i), i), None) for i in ids],
+            f"reading {len(ids)} progress reports",
+        )
+        now_ms = int(time.time() * 1000)
+        return [bytes(f[13:]) if f is not None and int(f[:13]) > now_ms else None for f in found]
 
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, Consumer, DeadLetter, QueueStats
+from ..base import Broker, Consumer, DeadLetter, QueueStats, StoredResult
 from ..common import (
     check_cancel_ttl,
     check_dead_letter_limits,
@@ -336,6 +336,34 @@ class SQLiteBroker(_Recovery, Broker):
                 conn.execute(
                     f"DELETE FROM cancelled WHERE id IN ({_IDS})", (json.dumps(list(ids)),)
                 )
+
+    def put_progress(self, reports: Sequence[StoredResult]) -> None:
+        if not reports:
+            return
+        now = time.time()
+        with self._write() as conn:
+            conn.execute(
+                "DELETE FROM progress WHERE id IN (SELECT id FROM progress WHERE expires <= ? "
+                "LIMIT 100)",
+                (now,),
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO progress (id, expires, body) VALUES (?, ?, ?)",
+                [(r.id, now + r.ttl, r.payload) for r in reports],
+            )
+
+    def get_progress(self, ids: Sequence[str]) -> list[bytes | None]:
+        if not ids:
+            return []
+        with self._read() as conn:
+            found = {
+                r[0]: bytes(r[1])
+                for r in conn.execute(
+                    f"SELECT id, body FROM progress WHERE id IN ({_IDS}) AND expires > ?",
+                    (json.dumps(list(ids)), time.time()),
+                )
+            }
+        return [found.get(i) for i in ids]
 
     def pause(self, queue: str) -> None:
         check_queue_name(queue)

@@ -140,6 +140,9 @@ _CONTROL_SCHEMA = (
     "CREATE TABLE IF NOT EXISTS paused (queue TEXT PRIMARY KEY) WITHOUT ROWID",
     "CREATE TABLE IF NOT EXISTS cancelled (id TEXT PRIMARY KEY, until REAL NOT NULL) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS cancelled_until ON cancelled (until)",
+    # running tasks' progress reports (``Broker.put_progress``), apart from their results
+    "CREATE TABLE IF NOT EXISTS progress (id TEXT PRIMARY KEY, expires REAL NOT NULL, "
+    "body BLOB NOT NULL) WITHOUT ROWID",
 )
 #: Whether some cancellation is still live (a fetch that took something asks, in its step).
 _CANCELS_LIVE = "SELECT 1 FROM cancelled WHERE until > ? LIMIT 1"

@@ -362,6 +362,11 @@ async function loadTask() {
     ["Queue", row.queue ?? "–"],
     ["Attempt", row.attempt ?? "–"],
     ["Keeps its result", row.keeps_result === null ? "–" : row.keeps_result ? "yes" : "no"],
+    ["Progress", row.progress ? el("div", { class: "progress" },
+      el("progress", { max: "1", value: String(row.progress.fraction) }),
+      ` ${(row.progress.fraction * 100).toFixed(0)} %`,
+      row.progress.message ? el("span", { class: "muted" }, ` ${row.progress.message}`) : "",
+      el("span", { class: "muted" }, ` (${stamp(row.progress.at)})`)) : "–"],
     ["Arguments", row.args === null ? "–" : json(row.args)],
     ["Keyword arguments", row.kwargs === null ? "–" : json(row.kwargs)],
     ["Result", row.state === "succeeded" ? json(row.result) : "–"],
@@ -377,7 +382,10 @@ async function loadTask() {
   table(document.getElementById("task-table"), [
     { title: "", value: (f) => f[0] }, { title: "", value: (f) => f[1] },
   ], fields);
+  // a message with no outcome yet (waiting, running, reporting progress) is followed live
+  taskLive = !["succeeded", "dead", "expired", "cancelled"].includes(row.state);
 }
+let taskLive = false;
 
 document.getElementById("task-form").onsubmit = (e) => {
   e.preventDefault();
@@ -410,6 +418,8 @@ async function refresh() {
 
 window.addEventListener("hashchange", route);
 // every page but the dead letters (where a refresh would drop a selection) follows live
-setInterval(() => { if (current !== "dead" && current !== "task") refresh(); }, 2000);
+setInterval(() => {
+  if (current !== "dead" && (current !== "task" || taskLive)) refresh();
+}, 2000);
 startStream();
 route();

@@ -25,6 +25,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 
 from ...brokers import Delivery
+from ...context import bind
 from ...errors import ConfigurationError
 from ..processor import Job, Processor
 from .base import Executor
@@ -57,6 +58,28 @@ class AsyncioExecutor(Executor):
         # read from the heartbeat thread: the size of a dict the loop changes, a snapshot
         return len(self._running)
 
+    def running_items(self) -> list[Any]:
+        while True:  # the loop's dict, read from another thread: retried if it changed meanwhile
+            try:
+                return list(self._running)
+            except RuntimeError:
+                continue
+
+    def cancel_running(self, items: list[Any]) -> None:
+        """Cancel the asyncio tasks of these jobs (``async def`` tasks: an
+        ``asyncio.CancelledError`` where they wait); plain ``def`` tasks on the pool's threads
+        see ``hurtle.current().cancelled``."""
+        if self._loop is None:
+            return
+
+        def cancel() -> None:
+            for job in items:
+                task = self._running.get(job)
+                if task is not None:
+                    task.cancel()
+
+        self._loop.call_soon_threadsafe(cancel)
+
     # -- starting --------------------------------------------------------------------------
 
     def start(self, processor: Processor) -> None:
@@ -68,9 +91,23 @@ class AsyncioExecutor(Executor):
             min_size=0,
             name="hurtle-asyncio-sync",
             on_expire=self._expired,
+            tracker=processor.tracker,
         )
         self._thread = threading.Thread(target=loop.run_forever, name="hurtle-asyncio", daemon=True)
         self._thread.start()
+        if processor.tracker is not None:  # ``hurtle.current()`` in an ``async def`` task
+            loop.call_soon_threadsafe(bind, self._running_job, processor.tracker)
+
+    def _running_job(self) -> Job | None:
+        """The job of the asyncio task running now on the loop (``hurtle.current()``): looked
+        up among the running ones when a task asks, so that no call pays for it."""
+        task = asyncio.current_task()
+        if task is None:
+            return None
+        for job, running in list(self._running.items()):
+            if running is task:
+                return job
+        return None
 
     def _in_loop(self, fn: Callable[[], R]) -> R:
         """Run ``fn`` on the loop's thread and return its result."""

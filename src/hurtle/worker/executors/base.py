@@ -92,6 +92,17 @@ class Executor(abc.ABC):
         lock (a snapshot that may be a moment old)."""
         return 0
 
+    def running_items(self) -> list[Any]:
+        """The deliveries (or jobs) running now, a snapshot read from another thread: the
+        tracker asks the broker whether those that run long were cancelled."""
+        return []
+
+    def cancel_running(self, items: list[Any]) -> None:
+        """``Hurtle.cancel`` named these running items (from ``running_items``): stop them
+        where this pool can. The default stops nothing: the tasks see
+        ``hurtle.current().cancelled`` (cooperative), and their outcome is ``cancelled``."""
+        return None
+
     def interrupts_caller(self) -> bool:
         """True while a task runs on the fetch loop's own thread (solo), so that a hard stop must
         raise in it to interrupt it."""

@@ -13,6 +13,8 @@ Subclasses choose how runners start (``spawn``) and how a time-limited call is s
 
 from __future__ import annotations
 
+from typing import Any
+
 from ...brokers import Delivery
 from ...errors import ConfigurationError
 from ..processor import Processor
@@ -58,6 +60,7 @@ class PooledExecutor(Executor):
             name=self.runner_name,
             on_expire=processor.expire,
             on_error=processor.crashed,
+            tracker=processor.tracker,
         )
         self._pool.start()
 
@@ -94,6 +97,9 @@ class PooledExecutor(Executor):
 
     def running(self) -> int:
         return 0 if self._pool is None else self._pool.running()
+
+    def running_items(self) -> list[Any]:
+        return [] if self._pool is None else self._pool.running_items()
 
     def abandoned(self) -> int:
         return self.pool.abandoned()

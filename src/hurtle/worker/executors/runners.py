@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from time import perf_counter
 from typing import Any, Generic, TypeVar
 
+from ...context import Tracker, bind, unbind
 from ..processor import Job
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,10 @@ class RunnerPool(Generic[T]):
         on_error: Callable[[T, BaseException], None] | None = None,
         work_many: Callable[[list[T], _Slot], None] | None = None,
         max_chunk: int = 256,
+        tracker: Tracker | None = None,
     ) -> None:
+        #: Where the tasks' ``hurtle.current()`` reports go: bound on each runner as it starts.
+        self.tracker = tracker
         self.work = work
         self.work_many = work_many
         self.max_chunk = max_chunk
@@ -160,6 +164,14 @@ class RunnerPool(Generic[T]):
         """Runners in a call now (a snapshot, read without the lock)."""
         return len(self._running)
 
+    def running_items(self) -> list[Any]:
+        """The items in a call now: each chunk's running delivery, or each runner's item."""
+        with self.cond:
+            slots = list(self._running)
+        chunks = self.work_many is not None
+        items = [slot.current if chunks else slot.item for slot in slots]
+        return [i for i in items if i is not None]
+
     @property
     def stopping(self) -> bool:
         return self._stopping
@@ -196,6 +208,15 @@ class RunnerPool(Generic[T]):
             return
         slot = _Slot()
         self._local.slot = slot
+        if self.tracker is not None:  # ``hurtle.current()``: the item this runner runs
+            bind(lambda: slot.item, self.tracker)
+        try:
+            self._run_items(slot)
+        finally:
+            if self.tracker is not None:
+                unbind()
+
+    def _run_items(self, slot: _Slot) -> None:
         cond = self.cond
         buffer = self._buffer
         running = self._running
@@ -241,6 +262,15 @@ class RunnerPool(Generic[T]):
     def _chunk_runner(self, work_many: Callable[[list[T], _Slot], None]) -> None:
         slot = _Slot()
         self._local.slot = slot
+        if self.tracker is not None:  # ``hurtle.current()``: the delivery its chunk runs
+            bind(lambda: slot.current, self.tracker)
+        try:
+            self._run_chunks(slot, work_many)
+        finally:
+            if self.tracker is not None:
+                unbind()
+
+    def _run_chunks(self, slot: _Slot, work_many: Callable[[list[T], _Slot], None]) -> None:
         cond = self.cond
         buffer = self._buffer
         running = self._running

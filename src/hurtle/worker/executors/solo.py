@@ -36,7 +36,8 @@ from types import FrameType
 from typing import Any
 
 from ...brokers import Delivery
-from ...errors import TimeLimitExceeded
+from ...context import bind, unbind
+from ...errors import TaskCancelled, TimeLimitExceeded
 from ...message import Message
 from ..processor import Job, Processor, late_limit
 from .base import Executor
@@ -79,6 +80,8 @@ class SoloExecutor(Executor):
         self._main: int | None = None  # the thread to signal at a time limit, when we can
         self._previous_alarm: Any = None
         self._stop_text: tuple[Delivery, str] | None = None  # what the alarm handler raises
+        # a running delivery ``Hurtle.cancel`` named, and the error to raise in its task
+        self._cancel: tuple[Delivery, TaskCancelled] | None = None
         self._signalled = False  # the next SIGALRM is the watchdog's
 
     def watches_time_limits(self) -> bool:
@@ -89,6 +92,8 @@ class SoloExecutor(Executor):
 
     def start(self, processor: Processor) -> None:
         self._processor = processor
+        if processor.tracker is not None:  # ``hurtle.current()``: the delivery running now
+            bind(lambda: self.current, processor.tracker)
         if self.watches_time_limits():  # for tasks registered later too: only this watchdog
             # can stop a time-limited task, since they all run inline
             self._main = threading.get_ident()
@@ -158,8 +163,30 @@ class SoloExecutor(Executor):
     def interrupts_caller(self) -> bool:
         return self.current is not None
 
+    def running_items(self) -> list[Any]:
+        current = self.current
+        return [] if current is None else [current]
+
+    def cancel_running(self, items: list[Any]) -> None:
+        """On the main thread, raise ``TaskCancelled`` in the running task, as its time limit
+        would (``SIGALRM``); elsewhere the task sees ``hurtle.current().cancelled``."""
+        current = self.current
+        if self._main is None or current is None or not any(i is current for i in items):
+            return
+        try:
+            m = Message.decode(current.raw)
+            what = f"task {m.task}[{m.id}]"
+        except Exception:
+            what = "a task"
+        self._cancel = (current, TaskCancelled(f"{what} was cancelled while it ran and stopped"))
+        if self.current is current:
+            self._signalled = True
+            signal.pthread_kill(self._main, signal.SIGALRM)
+
     def close(self) -> None:
         self._closed.set()
+        if self._processor is not None and self._processor.tracker is not None:
+            unbind()
         if self._main is not None:
             self._main = None
             signal.signal(signal.SIGALRM, self._previous_alarm)
@@ -207,6 +234,10 @@ class SoloExecutor(Executor):
                 previous(signum, frame)
             return
         self._signalled = False
+        cancel = self._cancel
+        if cancel is not None and cancel[0] is self.current:
+            self._cancel = None
+            raise cancel[1]
         stop = self._stop_text
         if stop is not None and stop[0] is self.current and self.time_limit is not None:
             self.overran.append(stop[0])

@@ -45,6 +45,7 @@ class ThreadsExecutor(PooledExecutor):
             on_expire=processor.expire,
             on_error=processor.crashed,
             work_many=processor.process_many,
+            tracker=processor.tracker,
         )
         self._pool.start()
 

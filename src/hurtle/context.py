@@ -1,0 +1,185 @@
+"""``hurtle.current()``: the task running now, seen from inside it — its message id, its task,
+``progress(fraction, message)`` to report how far it got, and ``cancelled``.
+
+It costs the tasks that never ask nothing per call. The worker's task loops already record
+which delivery runs now (for a hard stop, a time limit, a slow batch's hand-back); each runner
+(the solo loop, a thread or greenlet of a pool, the asyncio pool's loop) tells this module once,
+when it starts, where that record is (``bind``), and ``current()`` reads it when a task asks.
+Its id is read then (the rest of the message only if asked), once per call that asks: the
+context is kept for the next ``current()`` of the same call.
+
+What the context writes goes to the worker's ``Tracker`` (``worker.tracker``): progress reports
+are kept in memory and written for all running tasks in one broker call per interval
+(``hurtle.progress.INTERVAL``), and the tracker learns which running tasks were cancelled
+(``Hurtle.cancel``) with one broker call per interval, for the tasks that ran through a whole
+interval.
+
+Outside a worker (a task called as a plain function, ``hurtle.testing``'s eager runs) there is
+no running message: ``current()`` raises ``HurtleError``, and ``current(None)`` returns None.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol, overload
+
+from .brokers import Delivery
+from .errors import HurtleError
+from .message import Message, message_id
+from .progress import MAX_MESSAGE, check_progress
+
+
+class Tracker(Protocol):
+    """What a worker gives the tasks it runs (``worker.tracker.Tracker``)."""
+
+    #: Ids of the running messages that were cancelled (read under the GIL, without a lock).
+    cancelled: set[str]
+
+    def report(self, running: Any, fraction: float, message: str) -> None:
+        """Keep ``(fraction, message)`` as the latest report of the running delivery (or job)
+        ``running``, written at the next interval (its message id is read then)."""
+
+
+class Current:
+    """The task running now (``hurtle.current()``).
+
+    ``id`` is its message id; ``task``, ``queue`` and ``attempt`` (how many attempts ran before
+    this one: 0 on the first) are read from its message when asked.
+    """
+
+    __slots__ = ("_id", "_message", "_running", "_tracker")
+
+    def __init__(self, running: Any, tracker: Tracker) -> None:
+        self._running = running
+        self._tracker = tracker
+        self._id = ""
+        # a job holds its message decoded; a delivery's is decoded if asked
+        self._message: Message | None = None if isinstance(running, Delivery) else running.message
+
+    @property
+    def id(self) -> str:
+        """The running message's id."""
+        if not self._id:
+            message = self._message
+            self._id = message_id(self._running.raw) if message is None else message.id
+        return self._id
+
+    def __repr__(self) -> str:
+        return f"<Current {self.task}[{self.id}]>"
+
+    @property
+    def message(self) -> Message:
+        """The running message (decoded once, when first asked)."""
+        if self._message is None:
+            self._message = Message.decode(self._running.raw)
+        return self._message
+
+    @property
+    def task(self) -> str:
+        return self.message.task
+
+    @property
+    def queue(self) -> str:
+        return self.message.queue
+
+    @property
+    def attempt(self) -> int:
+        return self.message.attempt
+
+    def progress(self, fraction: float, message: str = "") -> None:
+        """Report how far the task got: ``fraction`` from 0 to 1 and a line of text.
+
+        Cheap in a tight loop: the report is kept in memory, and the worker writes the latest
+        report of each of its tasks in one broker call per interval (half a second), also once
+        the task ended. ``Handle.progress()`` reads it; the dashboard's task page shows it.
+        """
+        if type(fraction) is not float or not 0.0 <= fraction <= 1.0 or type(message) is not str:
+            fraction, message = check_progress(fraction, message)  # (NaN fails the compare)
+        elif len(message) > MAX_MESSAGE:
+            message = message[:MAX_MESSAGE]
+        self._tracker.report(self._running, fraction, message)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once ``Hurtle.cancel`` named this message while it ran (the worker learns of
+        it within an interval): the task should stop soon. Whatever it returns then, its
+        outcome is recorded as ``cancelled``."""
+        return self.id in self._tracker.cancelled
+
+
+#: Per runner (thread or greenlet): ``where``, ``tracker``, and the context last made
+#: (``seen``: the running item it was made for; ``context``). Made on first use, not on import:
+#: under gevent or eventlet, ``threading.local`` is the greenlet-local one only once the worker
+#: patched it.
+_bound: Any = None
+_making = threading.Lock()
+
+
+def _runner() -> Any:
+    global _bound
+    bound = _bound
+    if bound is None:
+        with _making:
+            if _bound is None:
+                _bound = threading.local()
+            bound = _bound
+    return bound
+
+
+def bind(where: Callable[[], Any], tracker: Tracker) -> None:
+    """Tell ``current()``, on this runner (thread or greenlet), how to find what runs now:
+    ``where()`` returns the running ``Delivery`` (or a ``Job`` holding it), or None between
+    calls. Called once per runner, never per call."""
+    bound = _runner()
+    bound.where = where
+    bound.tracker = tracker
+    bound.seen = bound.context = None
+
+
+def unbind() -> None:
+    """Forget this runner's binding (its worker stopped)."""
+    bound = _runner()
+    bound.where = bound.tracker = bound.seen = bound.context = None
+
+
+#: ``current()``'s default: raise outside a task.
+_RAISE: Any = object()
+
+
+@overload
+def current() -> Current: ...
+
+
+@overload
+def current(default: None) -> Current | None: ...
+
+
+def current(default: object = _RAISE) -> Current | None:
+    """The task running now on this thread, greenlet or asyncio task (``Current``).
+
+    Outside a task run by a worker it raises ``HurtleError``, or returns ``None`` when called
+    as ``current(None)``.
+    """
+    bound = _bound if _bound is not None else _runner()
+    try:
+        running = bound.where()
+        tracker = bound.tracker
+    except (AttributeError, TypeError):  # never bound on this runner, or unbound
+        running = tracker = None
+    if running is None or tracker is None:
+        if default is not _RAISE:
+            return None
+        raise HurtleError(
+            "hurtle.current() is called outside a task run by a worker: it describes the "
+            "message a worker runs now (call current(None) to get None there instead)"
+        )
+    if running is bound.seen and bound.context is not None:
+        cached: Current = bound.context
+        return cached
+    context = Current(running, tracker)
+    bound.seen, bound.context = running, context
+    return context
+
+
+__all__ = ["Current", "Tracker", "bind", "current", "unbind"]
