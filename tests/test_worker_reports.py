@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+import msgspec
 import pytest
 
 from helpers import BatchState
@@ -34,6 +35,9 @@ class _Acker:
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
         self.dead += 1
+
+    def dead_letter_many(self, items: list[tuple[Delivery, str]]) -> None:
+        self.dead += len(items)
 
 
 def test_a_mixed_batch_is_counted_per_queue_and_task() -> None:
@@ -114,6 +118,55 @@ def test_run_times_are_bucketed_per_queue_and_task_once_per_batch() -> None:
     at_least_30ms = sum(n for n, b in zip(slow.counts, RUNTIME_BUCKETS, strict=False) if b >= 0.03)
     assert at_least_30ms + slow.counts[-1] >= 1
     assert slow.total >= 0.03
+
+
+def test_a_long_run_counts_every_call_and_keeps_the_slow_ones_in_their_buckets() -> None:
+    # fast calls are counted in spans, not timed one by one: the slow calls among them, the
+    # failures and the expired messages between them still land where they belong
+    app = Hurtle("memory://")
+
+    @app.task(name="nap", retries=0)
+    def nap(seconds: float) -> None:
+        time.sleep(seconds)
+
+    @app.task(name="boom", retries=0)
+    def boom() -> None:
+        raise ValueError("no")
+
+    def delivery(task: str, args: tuple[float, ...] = (), expires: float = 0) -> Delivery:
+        message = msgspec.structs.replace(app.tasks[task].message(args, {}), expires=expires)
+        return Delivery("q", message.encode(), 0)
+
+    batch: list[Delivery] = []
+    for i in range(600):
+        batch.append(delivery("nap", (0.004 if i % 100 == 50 else 0.0,)))
+        if i % 150 == 7:
+            batch.append(delivery("boom"))
+        if i % 200 == 9:
+            batch.append(delivery("nap", (0.0,), expires=1.0))  # long expired: not run
+    acker = _Acker()
+    processor = Processor(app, acker)  # type: ignore[arg-type]
+    processor.process_many(batch, BatchState())
+
+    runtimes = {(r.queue, r.task): r for r in processor.timings.snapshot()}
+    naps, booms = runtimes[("q", "nap")], runtimes[("q", "boom")]
+    assert sum(naps.counts) == 600 and sum(booms.counts) == 4
+    # the six 4 ms naps are in buckets above 2.5 ms, and in the sum
+    lower_bounds = (0.0, *RUNTIME_BUCKETS)
+    above = sum(n for n, b in zip(naps.counts, lower_bounds, strict=False) if b >= 0.0025)
+    assert above >= 6
+    assert naps.total >= 6 * 0.004
+    assert (acker.acked, acker.dead) == (600, 4 + 3)
+    assert processor.tally.snapshot()[("q", "nap")] == (603, 0, 0, 3)  # the expired counted
+
+
+def test_calls_counted_in_the_first_bucket_add_to_its_count_and_the_sum() -> None:
+    timings = Timings()
+    timings.add_batch({("q", "t"): [0.2]}, {("q", "t"): (1000, 0.1), ("q", "u"): (3, 0.0003)})
+    hist = {(r.queue, r.task): r for r in timings.snapshot()}
+    assert hist[("q", "t")].counts[0] == 1000 and sum(hist[("q", "t")].counts) == 1001
+    assert hist[("q", "t")].total == pytest.approx(0.3)
+    assert hist[("q", "u")].counts[0] == 3 and sum(hist[("q", "u")].counts) == 3
 
 
 def test_a_report_carries_run_times_and_the_calls_running_now() -> None:

@@ -6,6 +6,7 @@ Everything runs against a private ``redis-server`` started by the fixtures in ``
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -508,3 +509,31 @@ def test_unique_locks_packed_by_hand_are_the_command_hiredis_would_send() -> Non
         assert _hdel("hurtle:{q}:unique", fields) == hiredis.pack_command(
             ("HDEL", "hurtle:{q}:unique", *fields)
         )
+
+
+@pytest.mark.parametrize(
+    "receipts",
+    [
+        [(7 << 20) + i for i in range(1000)],  # one batch, whole
+        [(7 << 20) + i for i in range(300, 1000)] + [(8 << 20) + i for i in range(476)],
+        [(7 << 20) + i for i in range(5)] + [(9 << 20) + 3, (9 << 20) + 4, (12 << 20)],
+        [(7 << 20) + i for i in (0, 1, 3, 4)] + [(8 << 20) + 1],  # a gap
+        [(7 << 20) + 1, (7 << 20) + 1, (7 << 20) + 2, (8 << 20)],  # a receipt twice
+        [(8 << 20) + 2, (7 << 20) + 5, (8 << 20) + 1],  # out of order
+    ],
+)
+def test_ack_arguments_name_each_receipt_once_per_batch(receipts: list[int]) -> None:
+    from hurtle.brokers.keys import BATCH_BITS
+    from hurtle.brokers.redis.settling import _ack_args
+
+    args = _ack_args(receipts)
+    named: list[int] = []
+    batches = []
+    for at in range(0, len(args), 3):
+        batch, count, packed = args[at : at + 3]
+        indexes = list(struct.unpack(f"<{count}I", packed))
+        assert indexes == sorted(set(indexes))  # distinct, ascending, as ack.lua expects
+        named += [(batch << BATCH_BITS) | i for i in indexes]
+        batches.append(batch)
+    assert batches == sorted(set(batches))
+    assert sorted(named) == sorted(set(receipts))

@@ -190,11 +190,24 @@ class Timings:
         self._hist: dict[tuple[str, str], list[int]] = {}
         self._sums: dict[tuple[str, str], float] = {}
 
-    def add_batch(self, times: dict[tuple[str, str], list[float]]) -> None:
-        """Add run times (seconds), keyed by (queue, task)."""
+    def add_batch(
+        self,
+        times: dict[tuple[str, str], list[float]],
+        quick: dict[tuple[str, str], tuple[int, float]] | None = None,
+    ) -> None:
+        """Add run times (seconds), keyed by (queue, task); and ``quick``: per key, a number of
+        calls that each lasted no longer than ``RUNTIME_BUCKETS[0]``, and their sum."""
         width = len(RUNTIME_BUCKETS) + 1
         bounds = RUNTIME_BUCKETS
         with self._lock:
+            if quick:
+                for key, (calls, took) in quick.items():
+                    row = self._hist.get(key)
+                    if row is None:
+                        row = self._hist[key] = [0] * width
+                        self._sums[key] = 0.0
+                    row[0] += calls
+                    self._sums[key] += took
             for key, seconds in times.items():
                 row = self._hist.get(key)
                 if row is None:

@@ -261,7 +261,11 @@ class BatchPath:
                 task = pipeline.task
                 state.time_limit = task.time_limit
                 try:
-                    result = task.run(*message.args, **message.kwargs)
+                    # an empty ``**kwargs`` would cost a dict per call
+                    if kwargs := message.kwargs:
+                        result = task.run(*message.args, **kwargs)
+                    else:
+                        result = task.run(*message.args)
                 except Exception as err:
                     ran = clock() - last
                     run_times.append(ran)

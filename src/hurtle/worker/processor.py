@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr, safe_str
 from ..brokers import Delivery
-from ..brokers.reports import Tally, Timings
+from ..brokers.reports import RUNTIME_BUCKETS, Tally, Timings
 from ..errors import TaskCancelled
 from ..flow import FLOW
 from ..message import Message, decode_unchecked, message_id
@@ -91,6 +91,8 @@ _clock = time.perf_counter
 #: values) outgrow the CPU's cache, and every pass of the hooks over them then waits on memory;
 #: this many stay in it, and the hooks still run once per this many calls.
 CALLS_CHUNK = 128
+#: Seconds a call may last and still fall in the run-time histograms' first bucket.
+FIRST_BUCKET = RUNTIME_BUCKETS[0]
 
 
 __all__ = [
@@ -277,10 +279,19 @@ class Processor(BatchPath, JobSteps, NotRun):
         run_start = 0
         late: list[tuple[Delivery, str]] = []  # expired: dead-lettered together at the end
         # Run times, per (queue, task): one clock read per call (the end of one call starts the
-        # next), bucketed once the batch is done.
+        # next). Calls that go the way of most, all within the first bucket of the histograms,
+        # are counted, not kept: a *span* of a run's calls that ends within ``FIRST_BUCKET`` of
+        # its start holds only such calls (each lasted no longer than the span), and its length
+        # is their sum. A call that ends past ``span_end`` is kept on its own, and a span starts
+        # after it; what is not a call of the run (a message dead-lettered, a failure) moves
+        # the span on by its duration. Kept times are bucketed once the batch is done.
         clock = _clock
         runtimes: dict[tuple[str, str], list[float]] = {}
         run_times: list[float] = []
+        spans: dict[tuple[str, str], tuple[int, float]] = {}
+        span_calls = 0
+        span_start = span_end = 0.0
+        call: Any = None  # the running task's function
         pending = state.pending = deque(deliveries)
         take = pending.popleft
         # cancellations recorded since the deliveries were checked (``Screen``): one compare
@@ -321,19 +332,30 @@ class Processor(BatchPath, JobSteps, NotRun):
                 except Exception:
                     state.current = None
                     self.process(delivery)  # dead-letters it with the reason
-                    last = clock()
+                    now = clock()
+                    span_start += now - last
+                    span_end += now - last
+                    last = now
                     continue
                 if message.expires and message.expires <= time.time():
                     state.current = None
                     self._too_late(delivery, message, late)
-                    last = clock()
+                    now = clock()
+                    span_start += now - last
+                    span_end += now - last
+                    last = now
                     continue
                 if task is not run_task or delivery.queue != run_queue:
                     if run_task is not None:
                         key = (run_queue, run_task.name)
                         counts[key] = counts.get(key, 0) + started - run_start
+                        if span_calls:
+                            _add_span(spans, key, span_calls, last - span_start)
                     run_task, run_queue, run_start = task, delivery.queue, started
+                    span_calls, span_start, span_end = 0, last, last + FIRST_BUCKET
                     if task is not None:
+                        call = task.run
+                        state.time_limit = task.time_limit  # the same for the whole run
                         run_times = runtimes.setdefault((run_queue, task.name), [])
                         run_calls = None
                         if task.name in columned:
@@ -353,21 +375,33 @@ class Processor(BatchPath, JobSteps, NotRun):
                     state.current = None
                     last = clock()
                     continue
-                state.time_limit = task.time_limit
                 try:
-                    result = task.run(*message.args, **message.kwargs)
+                    # an empty ``**kwargs`` would cost a dict per call
+                    if kwargs := message.kwargs:
+                        result = call(*message.args, **kwargs)
+                    else:
+                        result = call(*message.args)
                 except Exception as err:
                     state.current = None
                     ran = clock() - last
                     run_times.append(ran)
                     pipeline = self._columned.get(task.name)
                     self._failed(Job(delivery, message, task, pipeline), err, ran)
-                    last = clock()
+                    now = clock()
+                    span_start += now - last
+                    span_end += now - last
+                    last = now
                     continue
                 state.current = None  # before the outcome: a hard stop now hands nothing back
                 now = clock()
                 if run_calls is None:
-                    run_times.append(now - last)
+                    if now <= span_end:
+                        span_calls += 1
+                    else:  # the span's calls ended by ``last``; this one is kept on its own
+                        if span_calls:
+                            _add_span(spans, (run_queue, task.name), span_calls, last - span_start)
+                        run_times.append(now - last)
+                        span_calls, span_start, span_end = 0, now, now + FIRST_BUCKET
                     done.append(delivery)
                 else:
                     ran = now - last
@@ -395,8 +429,10 @@ class Processor(BatchPath, JobSteps, NotRun):
                 key = (run_queue, run_task.name)
                 counts[key] = counts.get(key, 0) + started - run_start
                 self.tally.add_many(counts)
-            if runtimes:
-                self.timings.add_batch(runtimes)
+                if span_calls:
+                    _add_span(spans, key, span_calls, last - span_start)
+            if runtimes or spans:
+                self.timings.add_batch(runtimes, spans)
             if state.overran:
                 _fail_overran(returned.values(), state.overran)
                 self._overran(done, state.overran)
@@ -451,3 +487,12 @@ class Processor(BatchPath, JobSteps, NotRun):
 
     def close(self) -> None:
         self._loops.close()
+
+
+def _add_span(
+    spans: dict[tuple[str, str], tuple[int, float]], key: tuple[str, str], calls: int, took: float
+) -> None:
+    """Count ``calls`` calls of ``key`` that took ``took`` seconds in all, each within
+    ``FIRST_BUCKET``."""
+    had = spans.get(key)
+    spans[key] = (calls, took) if had is None else (had[0] + calls, had[1] + took)

@@ -41,7 +41,7 @@ FUNBOOST = "funboost fastest"
 #: acceptable value or ``None`` for information). A side is (row, consume or publish rate).
 #: Those on Redis are shown only when ``hurtle-redis-solo`` ran.
 ON_REDIS = (
-    ("consume: hurtle solo / raw LPOP-count loop", (HURTLE, C), ("raw-batch", C), 0.5),
+    ("consume: hurtle solo / raw LPOP-count loop", (HURTLE, C), ("raw-batch", C), 0.7),
     ("publish: hurtle send_many / raw pipelined LPUSH", (HURTLE, P), ("raw-batch", P), 0.5),
     (
         "publish: hurtle send_many / raw one LPUSH of 1,000 values",

@@ -60,9 +60,26 @@ def _ack_args(receipts: list[int]) -> list[Any]:
         and receipts == list(range(first, first + n))
     ):  # the usual case: a run of one fetched batch, in order
         return [first >> BATCH_BITS, n, _packed_range(first & BATCH_MASK, n)]
+    args: list[Any] = []
+    if receipts == sorted(receipts):
+        # the next usual case: runs of fetched batches, in order (a flush that took the end of
+        # one batch and the start of the next): each run packed whole, no look at each receipt
+        start = 0
+        while start < n:
+            first = receipts[start]
+            batch = first >> BATCH_BITS
+            end = bisect_left(receipts, (batch + 1) << BATCH_BITS, start)
+            if receipts[end - 1] - first != end - start - 1 or receipts[start:end] != list(
+                range(first, first + end - start)
+            ):
+                break  # a receipt twice: the general way below
+            args += (batch, end - start, _packed_range(first & BATCH_MASK, end - start))
+            start = end
+        else:
+            return args
+        args = []
     unique = set(receipts)
     ordered = sorted(unique) if len(unique) != len(receipts) else sorted(receipts)
-    args: list[Any] = []
     n = len(ordered)
     start = 0
     while start < n:
