@@ -92,6 +92,7 @@ def cut(url: str, readers: list[Reader], rng: random.Random) -> str:
     return "kill"
 
 
+@pytest.mark.timeout(360)  # PostgreSQL: a transaction per flush, up to 3,000 in a burst
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_every_message_is_received_or_counted_lost_whatever_is_cut(
     chaos_url: str, trial: int, monkeypatch: pytest.MonkeyPatch
