@@ -2,19 +2,24 @@
 for every subscriber, on every channel, received + lost == published, exactly.
 
 A cut is ``CLIENT KILL TYPE pubsub`` on Redis (on every node of a Redis Cluster), standing in for
-Redis cutting off a slow reader; on SQLite, a subscriber that stops reading for longer than the
+Redis cutting off a slow reader; on PostgreSQL, ``pg_terminate_backend`` of the feeds' ``LISTEN``
+connections; on SQLite, a subscriber that stops reading for longer than the
 retention (shortened to 50 ms here) while frames are pruned. Publishers are apps of their own,
 each a new publisher id, created and closed at random moments, with random buffers, flush
 intervals and bursts; some bursts are flushed at once, others left to the flusher.
 
 Settings (environment), as the other chaos tests: ``HURTLE_CHAOS_TRIALS`` — trials per backend
 (default 2); ``HURTLE_CHAOS_SEED`` — the base seed (default: drawn at random, printed with each
-trial; a failure shows it, and ``HURTLE_CHAOS_SEED=<base>`` replays the same choices).
+trial; a failure shows it, and ``HURTLE_CHAOS_SEED=<base>`` replays the same choices);
+``HURTLE_CHAOS_REPORT`` — a file to which each trial's figures are appended as a JSON line
+(published, received and counted lost over all subscribers, and what was neither: *missing*, or
+received beyond what was published: *excess*).
 """
 
 from __future__ import annotations
 
 import collections
+import json
 import os
 import random
 import threading
@@ -30,16 +35,19 @@ from hurtle.channels import sqlite as sqlite_channels
 
 TRIALS = int(os.environ.get("HURTLE_CHAOS_TRIALS") or 2)
 SEED = int(os.environ.get("HURTLE_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
+REPORT = os.environ.get("HURTLE_CHAOS_REPORT")
 CHANNELS = ("chaos.a", "chaos.b", "chaos.c")
 SUBSCRIBERS = 3
 #: Every wait of a trial ends by this deadline (seconds), whatever happens.
 DEADLINE = 60.0
 
 
-@pytest.fixture(params=["sqlite", "redis", "redis-cluster"])
+@pytest.fixture(params=["sqlite", "redis", "redis-cluster", "postgres"])
 def chaos_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'channels.db'}"
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
     if request.param == "redis-cluster":
         return str(request.getfixturevalue("redis_cluster_url"))
     return str(request.getfixturevalue("redis_url"))
@@ -73,12 +81,18 @@ def cut(url: str, readers: list[Reader], rng: random.Random) -> str:
         reader = rng.choice(readers)
         reader.paused_until = time.monotonic() + rng.uniform(0.1, 0.3)
         return "pause"
+    if url.startswith("postgres"):
+        from test_channel_postgres import _terminate_listeners
+
+        _terminate_listeners(url)
+        return "kill"
     from test_channel_redis_loss import kill_pubsub_clients
 
     kill_pubsub_clients(url)
     return "kill"
 
 
+@pytest.mark.timeout(360)  # PostgreSQL: a transaction per flush, up to 3,000 in a burst
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_every_message_is_received_or_counted_lost_whatever_is_cut(
     chaos_url: str, trial: int, monkeypatch: pytest.MonkeyPatch
@@ -153,6 +167,7 @@ def test_every_message_is_received_or_counted_lost_whatever_is_cut(
             thread.join(10)
         figures = [(sum(r.received.values()), r.sub.lost, r.sub.reconnects) for r in readers]
         print(f"published {total} ({dict(actions)}); (received, lost, reconnects): {figures}")
+        report(chaos_url, total, readers, published)
         for reader in readers:
             assert reader.accounted() == total, f"seed {seed}: {dict(published)}"
             for name in CHANNELS:
@@ -164,3 +179,30 @@ def test_every_message_is_received_or_counted_lost_whatever_is_cut(
         for app, _ in publishers:
             app.close()
         listener.close()
+
+
+def report(
+    url: str, total: int, readers: list[Reader], published: collections.Counter[str]
+) -> None:
+    """Append the trial's figures to ``HURTLE_CHAOS_REPORT``, if set."""
+    if not REPORT:
+        return
+    backend = url.split(":", 1)[0]  # sqlite, redis, redis+cluster, postgresql
+    gaps = [
+        published[name] - reader.received[name] - reader.lost[name]
+        for reader in readers
+        for name in CHANNELS
+    ]
+    line = {
+        "broker": backend,
+        "scenario": "channels: subscribers cut, publishers appearing",
+        "subscribers": len(readers),
+        "published": total,
+        "received": sum(sum(r.received.values()) for r in readers),
+        "lost": sum(r.sub.lost for r in readers),
+        "missing": sum(g for g in gaps if g > 0),
+        "excess": -sum(g for g in gaps if g < 0),
+        "reconnects": sum(r.sub.reconnects for r in readers),
+    }
+    with open(REPORT, "a") as f:
+        f.write(json.dumps(line) + "\n")

@@ -114,6 +114,13 @@ TASKS = textwrap.dedent(
     stale = app.task(name="chaos.stale", store_result=True, retries=0, expires=0.001)(go)
 
 
+    # sent as ``go`` is called (test side: ``register``), it takes one argument here: each call
+    # is a dead letter of arguments that do not fit the task
+    @app.task(name="chaos.narrow", unique_for=600, retries=0)
+    def narrow(n):
+        record(f"start {n}")
+
+
     @app.task(name="chaos.total", retries=0)
     def total(xs):
         return sum(xs)
@@ -125,6 +132,7 @@ DEAD_END_TASKS = {
     "chaos.kept": {"store_result": True},
     "chaos.once": {"unique_for": 600},
     "chaos.stale": {"store_result": True, "expires": 0.001},
+    "chaos.narrow": {"unique_for": 600},
     "chaos.total": {},
 }
 

@@ -119,6 +119,12 @@ def test_every_tick_is_enqueued_once_through_redis_restarts_and_a_killed_worker(
         print(f"{blow} at {time.time():.3f}")
     after = time.time() + SETTLE
     wait_until(lambda: max(ticks_run(project), default=0.0) >= after, "ticks after the blows")
+    # the replacement too has started (a SIGTERM before its handlers are set kills it: -15)
+    wait_until(
+        lambda: all("scheduler:" in project.output(w) for w in workers),
+        "the replacement's scheduler to start",
+        timeout=2 * DEADLINE,
+    )
 
     for w in workers:
         w.send_signal(signal.SIGTERM)

@@ -10,11 +10,13 @@ frame too large for a notification (about 5.9 KB once base64-encoded) is stored 
 seconds, by the publishers, at most once a second.
 
 A feed is a connection of its own, ``LISTEN``ing; it reads every channel's count after its
-``LISTEN`` took effect (``start``), so a frame is either counted in its start or delivered to
-it. Nothing replays what a feed missed: when its connection drops, it listens again on a new
-one, counts the reconnection, and hands the subscription a mark (an empty frame with the
-count) of each channel it follows or heard from, so that everything published meanwhile is
-counted as lost; a frame lost any other way shows as a gap in the numbers of the next one.
+``LISTEN`` took effect (``start``). Nothing replays what a feed missed: when its connection
+drops, it listens again on a new one, counts the reconnection, and hands the subscription a mark
+(an empty frame with the count) of each channel it follows or heard from, so that everything
+published meanwhile is counted as lost; a frame lost any other way shows as a gap in the numbers
+of the next one. A frame committed after the ``LISTEN`` but before the counts were read is both
+in those counts and delivered: the feed drops it (its number is below the count it read, the
+*floor*), so that each frame is either counted in the start or a mark, or delivered, never both.
 
 Channels use the broker's schema (``?schema=``): the tables are made with the queues'.
 """
@@ -34,7 +36,7 @@ import psycopg
 
 from ..brokers.postgres.connection import connection_error, parse_url, public_url
 from ..brokers.postgres.sql import NOW
-from ..errors import BrokerError
+from ..errors import BrokerError, DecodeError
 from . import frame as frames_
 from .backend import Frames, matcher
 
@@ -89,6 +91,10 @@ class _PostgresFeed:
         self.start: dict[str, tuple[int, int]] | None = {
             c: (epoch, total) for c, epoch, total in counts if accepts(c)
         }
+        #: channel -> (epoch, count) read after the last ``LISTEN`` and handed over (the start,
+        #: or marks), until a frame of that channel numbered past it arrives: frames below it
+        #: were committed before the count was read, so they are in it already.
+        self._floor: dict[str, tuple[int, int]] = dict(self.start)
 
     def _listen(self) -> list[tuple[str, int, int]]:
         """A new listening connection; returns every count, read after the ``LISTEN``."""
@@ -118,11 +124,9 @@ class _PostgresFeed:
         self.reconnects += 1
         counts = self._listen()
         wanted = set(self._names).union(self.known())
-        self._marks = [
-            (c, frames_.MARK + frames_.count(epoch, total))
-            for c, epoch, total in counts
-            if c in wanted
-        ]
+        marked = [(c, epoch, total) for c, epoch, total in counts if c in wanted]
+        self._marks = [(c, frames_.MARK + frames_.count(e, t)) for c, e, t in marked]
+        self._floor = {c: (e, t) for c, e, t in marked}
 
     def _drop(self) -> None:
         if self._conn is not None:
@@ -162,7 +166,7 @@ class _PostgresFeed:
         if notes:
             notes += conn.notifies(timeout=0)
         out = []
-        accepts = self._accepts
+        accepts, floor = self._accepts, self._floor
         for note in notes:
             channel, _, data = note.payload.partition("\n")
             if not accepts(channel):
@@ -171,10 +175,27 @@ class _PostgresFeed:
                 row = conn.execute(self._backend._sql.frame, (int(data[1:]),)).fetchone()
                 if row is None:  # pruned before it was read: the next frame shows the gap
                     continue
-                out.append((channel, bytes(row[0])))
+                raw = bytes(row[0])
             else:
-                out.append((channel, base64.b64decode(data)))
+                raw = base64.b64decode(data)
+            if floor and channel in floor and self._counted(channel, raw):
+                continue
+            out.append((channel, raw))
         return out
+
+    def _counted(self, channel: str, raw: bytes) -> bool:
+        """Whether the frame ``raw`` of ``channel`` is in the count read after the ``LISTEN``
+        (committed before that read); the first frame that is not ends the channel's floor,
+        since the frames after it were committed after it."""
+        epoch, total = self._floor[channel]
+        try:
+            *_, frame_epoch, number = frames_.decode(raw)
+        except DecodeError:  # the subscription says what it is
+            frame_epoch, number = epoch, total
+        if frame_epoch == epoch and number < total:
+            return True
+        del self._floor[channel]
+        return False
 
     def close(self) -> None:
         self._drop()
