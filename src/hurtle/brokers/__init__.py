@@ -1,4 +1,5 @@
-"""Brokers: one contract (``base``), several stores, chosen by URL scheme."""
+"""Brokers: one contract (``base``) and the values it carries (``records``), several stores,
+chosen by URL scheme."""
 
 from __future__ import annotations
 
@@ -6,18 +7,9 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from .base import (
-    Broker,
-    ChordStep,
-    Consumer,
-    DeadLetter,
-    Delivery,
-    FlowStep,
-    Lock,
-    QueueStats,
-    StoredResult,
-)
+from .base import Broker, Consumer
 from .columns import ResultBatch, StoredResults, UniqueLocks
+from .records import ChordStep, DeadLetter, Delivery, FlowStep, Lock, QueueStats, StoredResult
 from .ticks import TickClaim
 
 __all__ = [

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from itertools import chain
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar, overload
 
-from .base import Lock, StoredResult
+from .records import Lock, StoredResult
 
 Row = TypeVar("Row")
 

@@ -16,7 +16,7 @@ from ..flow import FLOW, read_flow
 from ..message import Message, check_messages, lock_of, salvage
 from ..names import check_queue_name as check_queue_name  # the one check, for every broker
 from ..records import member_record
-from .base import FlowStep, StoredResult
+from .records import FlowStep, StoredResult
 
 if TYPE_CHECKING:
     from .base import Broker

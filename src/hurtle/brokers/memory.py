@@ -36,14 +36,7 @@ from ..errors import DecodeError
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from .base import (
-    Broker,
-    ChordStep,
-    Consumer,
-    DeadLetter,
-    QueueStats,
-    StoredResult,
-)
+from .base import Broker, Consumer
 from .common import (
     check_cancel_ttl,
     check_dead_letter_limits,
@@ -57,6 +50,7 @@ from .common import (
 from .memory_consumer import MemoryConsumer
 from .memory_dead import MemoryDeadLetters
 from .memory_ticks import _Ticks
+from .records import ChordStep, DeadLetter, QueueStats, StoredResult
 from .reports import TaskCounts, WorkerReport
 
 _LEVELS = MAX_PRIORITY + 1

@@ -16,8 +16,9 @@ import msgspec
 
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages
-from .base import Consumer, DeadLetter, Delivery, FlowStep, Lock, StoredResult
+from .base import Consumer
 from .common import log_trimmed
+from .records import DeadLetter, Delivery, FlowStep, Lock, StoredResult
 from .reports import WorkerReport, merge
 
 if TYPE_CHECKING:

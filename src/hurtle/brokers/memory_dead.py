@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ..message import message_id
-from .base import DeadLetter
+from .records import DeadLetter
 
 if TYPE_CHECKING:
     from .memory import _Queue

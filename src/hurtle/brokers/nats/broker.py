@@ -39,7 +39,7 @@ from nats.js.errors import NotFoundError
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, Consumer, DeadLetter, Lock, QueueStats, StoredResult
+from ..base import Broker, Consumer
 from ..common import (
     check_cancel_ttl,
     check_dead_letter_limits,
@@ -50,6 +50,7 @@ from ..common import (
     log_trimmed,
     unique_key_of,
 )
+from ..records import DeadLetter, Lock, QueueStats, StoredResult
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
 from ..ticks import TAKEN, WON, TickClaim, check_tick_claim, claimable, remember, too_early
 from . import control, flows, names, results

@@ -32,8 +32,9 @@ import msgspec
 from nats.js.errors import BadRequestError, KeyWrongLastSequenceError
 
 from ...message import Message, check_messages
-from ..base import Consumer, Delivery, FlowStep, Lock, StoredResult
+from ..base import Consumer
 from ..common import lost_reason
+from ..records import Delivery, FlowStep, Lock, StoredResult
 from ..reports import encode_report
 from . import control, flows, names
 from .loop import run

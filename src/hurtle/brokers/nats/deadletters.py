@@ -40,7 +40,7 @@ from nats.js.errors import (
 
 from ...ids import new_id
 from ...message import message_id
-from ..base import DeadLetter
+from ..records import DeadLetter
 from . import names
 from .store import Store, pack, unpack
 

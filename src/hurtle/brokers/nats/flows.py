@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from nats.js.errors import NotFoundError
 
 from ...message import Message
-from ..base import ChordStep, FlowStep
+from ..records import ChordStep, FlowStep
 from . import names, results
 from .store import RESULT_CLASSES, Store, unpack
 

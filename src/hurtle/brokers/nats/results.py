@@ -18,7 +18,7 @@ from typing import Any
 from nats.js.errors import NotFoundError
 
 from ...progress import PROGRESS_TTL
-from ..base import StoredResult
+from ..records import StoredResult
 from . import loop, names
 from .store import RESULT_CLASSES, Store, pack, unpack
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import psycopg
 
-from ..base import DeadLetter, QueueStats, StoredResult
 from ..common import check_cancel_ttl, check_queue_name
+from ..records import DeadLetter, QueueStats, StoredResult
 from ..reports import TaskCounts, WorkerReport, decode_report
 from .listener import payloads
 from .recovery import _Recovery

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from ...message import Message
-from ..base import FlowStep
 from ..common import flow_items
+from ..records import FlowStep
 from .publishing import Item, store
 
 if TYPE_CHECKING:

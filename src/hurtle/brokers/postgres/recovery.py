@@ -14,9 +14,9 @@ import psycopg
 
 from ...ids import new_id
 from ...message import message_id
-from ..base import StoredResult
 from ..columns import StoredResults
 from ..common import DEAD, QUARANTINE, dead_ends, fate, log_trimmed, lost_reason, suspects
+from ..records import StoredResult
 from .connection import _Connection
 from .listener import payloads
 

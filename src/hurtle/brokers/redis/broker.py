@@ -22,7 +22,7 @@ from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, check_messages, encode_many
 from ...records import record_in_batch
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, QueueStats
+from ..base import Broker
 from ..common import (
     check_dead_letter_limits,
     check_queue_name,
@@ -36,6 +36,7 @@ from ..keys import (
     result_batches_key,
     result_key,
 )
+from ..records import QueueStats
 from . import flows
 from .consumer import MAX_BLOCK, RedisConsumer
 from .control import _Control

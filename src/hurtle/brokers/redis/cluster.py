@@ -72,10 +72,10 @@ import redis
 
 from ...errors import BrokerError, ConfigurationError
 from ...message import MAX_PRIORITY, Message, check_messages
-from ..base import ChordStep, Delivery, FlowStep, StoredResult
 from ..columns import StoredResults
 from ..common import LOST_TTL
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULT_BUCKET_CUT, RESULTS_CHANNEL, chord_key
+from ..records import ChordStep, Delivery, FlowStep, StoredResult
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
 from .consumer import MAX_BLOCK, RedisConsumer, _Target
 from .results import _ResultListener, _results_commands

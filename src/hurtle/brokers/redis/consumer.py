@@ -16,8 +16,9 @@ import redis
 
 from ...errors import BrokerError
 from ...ids import new_id
-from ..base import Consumer, Delivery, Lock, StoredResult
+from ..base import Consumer
 from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
+from ..records import Delivery, Lock, StoredResult
 from .limits import _Limits
 from .scripts import _Command
 from .settling import _Settling

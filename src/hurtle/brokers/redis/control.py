@@ -9,9 +9,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..base import QueueStats, StoredResult
 from ..common import check_cancel_ttl, check_queue_name
 from ..keys import CANCELLED, QUEUES, progress_key, queue_keys
+from ..records import QueueStats, StoredResult
 from .scripts import _ScriptRunner, _Scripts
 
 

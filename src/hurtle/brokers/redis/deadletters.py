@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...message import message_id
-from ..base import DeadLetter
 from ..keys import DEAD_INDEX, queue_keys
+from ..records import DeadLetter
 from .scripts import _ScriptRunner, _Scripts
 
 

@@ -19,7 +19,6 @@ from typing import Any
 import redis
 
 from ...message import MAX_PRIORITY, Message, check_messages
-from ..base import FlowStep
 from ..common import LOST_TTL
 from ..keys import (
     BATCH_BITS,
@@ -31,6 +30,7 @@ from ..keys import (
     chord_key,
     result_key,
 )
+from ..records import FlowStep
 from .scripts import _publish_keys
 
 #: The extra ``heartbeat.lua`` arguments with which a message it dead-letters gets its records

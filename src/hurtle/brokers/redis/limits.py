@@ -7,9 +7,9 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
-from ..base import Lock
 from ..columns import UniqueLocks
 from ..keys import queue_keys, slot_keys
+from ..records import Lock
 from .scripts import RAW, _Command, _packed
 
 if TYPE_CHECKING:

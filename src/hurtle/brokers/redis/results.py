@@ -40,7 +40,6 @@ from itertools import accumulate, groupby, repeat
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ..base import StoredResult
 from ..columns import ResultBatch, StoredResults
 from ..keys import (
     RESULT_BATCHES_SUFFIX,
@@ -49,6 +48,7 @@ from ..keys import (
     RESULTS_CHANNEL,
     result_key,
 )
+from ..records import StoredResult
 from ..waiters import Waiters
 from .scripts import RAW, _Command, _pack
 

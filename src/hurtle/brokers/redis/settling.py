@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 from ...errors import EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, message_id
-from ..base import Delivery, FlowStep, StoredResult
 from ..columns import ResultBatch, StoredResults
 from ..common import log_trimmed
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULTS_CHANNEL
+from ..records import Delivery, FlowStep, StoredResult
 from . import flows
 from .results import _head, _results_commands, _Write, _writes
 from .scripts import _PRIORITY_ARG, RAW, _Command, _publish_keys

@@ -6,8 +6,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..base import StoredResult
 from ..keys import TOTALS, WORKER_DEADLINES, WORKER_REPORT, queue_keys
+from ..records import StoredResult
 from ..reports import KINDS, TaskCounts, WorkerReport, decode_report, encode_report
 from .flows import HEARTBEAT_FLOW_ARGS
 from .scripts import _Command, _ScriptRunner, _Scripts

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, Consumer, DeadLetter, QueueStats, StoredResult
+from ..base import Broker, Consumer
 from ..common import (
     check_cancel_ttl,
     check_dead_letter_limits,
@@ -21,6 +21,7 @@ from ..common import (
     lock_end,
     unique_key_of,
 )
+from ..records import DeadLetter, QueueStats, StoredResult
 from ..reports import TaskCounts, WorkerReport, decode_report
 from ..ticks import (
     RECENT_TICKS,

@@ -17,8 +17,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ...message import Message
-from ..base import FlowStep
 from ..common import flow_items
+from ..records import FlowStep
 from .schema import _PUT_RESULT, _clamp
 
 if TYPE_CHECKING:

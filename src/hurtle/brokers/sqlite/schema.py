@@ -9,7 +9,7 @@ from operator import attrgetter, itemgetter
 
 from ...ids import new_id
 from ...message import MAX_PRIORITY, MIN_PRIORITY, message_id
-from ..base import Delivery
+from ..records import Delivery
 
 _SCHEMA_VERSION = 5
 #: A receipt is ``id << _PRIORITY_BITS | priority``, i.e. ``id * 16 + priority``.
