@@ -46,6 +46,10 @@ REPORTS_BUCKET = "hurtle-reports"
 RESULT_CLASSES = (60, 3600, 86400, 7 * 86400, 30 * 86400, 365 * 86400)
 #: Times a request that makes a stream, consumer or bucket is sent while none answers.
 MAKE_TRIES = 4
+#: Seconds a JetStream API request (a KV get or put, a stream read) waits for the server's answer.
+#: nats.py's own 5 s was too short on a loaded 2-core machine: a result read timed out while
+#: the server was busy, and a read that fails is a call the user sees fail.
+API_TIMEOUT = 15.0
 #: Seconds a new replicated stream is given to elect its leader before it is used.
 LEADER_WAIT = 10.0
 #: Seconds between asking the server which priority levels of a queue hold messages.
@@ -81,7 +85,7 @@ class Store:
 
     def __init__(self, nc: Any, ack_wait: float, replicas: int = 1, url: str = "") -> None:
         self.nc = nc
-        self.js = nc.jetstream()
+        self.js = nc.jetstream(timeout=API_TIMEOUT)
         self.ack_wait = ack_wait
         #: Copies of each stream and KV bucket this connection makes.
         self.replicas = replicas
