@@ -28,8 +28,9 @@ from .middleware.retries import Retries
 from .names import check_task_name
 from .options import CelerySendOptions, CeleryTaskOptions, TaskChoices, celery_task
 from .sealing import Keyring, keyring_of
+from .sending import send_by_name
 from .settings import Settings, load_settings
-from .task import Task, send_by_name
+from .task import Task
 
 if TYPE_CHECKING:
     from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
