@@ -1,10 +1,10 @@
-"""Turning checked calls into messages and publishing them: a batch (``send_many``), a call of a
-task the app does not register (``send_task``), calls in the application's open transaction,
-and calls of a task with unique locks.
+"""Turning checked calls into messages and publishing them to the app's broker, through its
+``before_publish`` hooks: one call, a batch (``send_many``), a call of a task the app does not
+register (``send_task``), and calls in the application's open transaction.
 
 ``Task`` and its bound forms (``hurtle.task``) check a call and build a single message; the
-rest of the road to the broker is here. ``send_many`` calls one function of this module, no
-more: a bare call's cost is counted (``tests/test_instruction_budget.py``).
+rest of the road to the broker is here. ``Task.send`` and ``send_many`` each call one function
+of this module, no more: a bare call's cost is counted (``tests/test_instruction_budget.py``).
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def send_by_name(
     if app.settings.encrypt and app.keyring is not None:  # the app's default for its tasks
         message = app.keyring.seal_message(message)
     if connection is not None:
-        return Handle(app._publish_in(connection, [message])[0], app)
-    return Handle(app._publish([message]), app)
+        return Handle(publish_in(app, connection, [message])[0], app)
+    return Handle(publish(app, [message]), app)
 
 
 def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
@@ -168,11 +168,11 @@ def send_batch(
 
 
 def publish_with(task: Task[Any, Any], messages: list[Message], connection: object) -> list[str]:
-    """Publish calls of ``task`` with ``connection``, in its transaction (``Hurtle._publish_in``),
+    """Publish calls of ``task`` with ``connection``, in its transaction (``publish_in``),
     taking their unique locks there if the task has ``unique_for``."""
     limits = task.limits
     unique_for = None if limits is None else limits.unique_for
-    return task.app._publish_in(connection, messages, unique_for)
+    return publish_in(task.app, connection, messages, unique_for)
 
 
 def publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
@@ -192,3 +192,28 @@ def publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
         if not locked:
             return [m.id for m in messages]
     return task.app.broker.publish_unique(locked, limits.unique_for)
+
+
+def publish(app: Hurtle, messages: list[Message]) -> str:
+    """Publish one call's message through the app's ``before_publish`` hooks if any; its id."""
+    sent = messages[0].id
+    for m in app._publish_hooks:
+        messages = m.before_publish(messages)
+    if messages:
+        app.broker.publish(messages)
+        return messages[0].id
+    return sent
+
+
+def publish_in(
+    app: Hurtle, connection: object, messages: list[Message], unique_for: float | None = None
+) -> list[str]:
+    """Publish messages with the application's ``connection``, in its open transaction
+    (``Broker.publish_in``), through the app's ``before_publish`` hooks if any; per message
+    sent, the id it answers to (the holder of its unique lock with ``unique_for``)."""
+    sent = messages
+    for m in app._publish_hooks:
+        messages = m.before_publish(messages)
+    if not messages:
+        return [m.id for m in sent]
+    return app.broker.publish_in(connection, messages, unique_for)

@@ -44,7 +44,7 @@ from .options import (
     exception_classes,
 )
 from .sealing import keyring_for
-from .sending import Args, publish_unique, publish_with, send_batch
+from .sending import Args, publish, publish_unique, publish_with, send_batch
 from .workflows import Signature
 
 if TYPE_CHECKING:
@@ -222,7 +222,7 @@ class Task(Generic[P, R]):
         message = self.message(args, kwargs)
         if self.limits is not None and self.limits.unique_for is not None:
             return Handle(publish_unique(self, [message])[0], self.app, self)
-        return Handle(self.app._publish([message]), self.app, self)
+        return Handle(publish(self.app, [message]), self.app, self)
 
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
         """Celery's name for ``send``: ``add.delay(1, 2)``."""
@@ -344,7 +344,7 @@ class BoundTask(Generic[P, R]):
         limits = task.limits
         if limits is not None and limits.unique_for is not None:
             return Handle(publish_unique(task, [message])[0], task.app, task)
-        return Handle(task.app._publish([message]), task.app, task)
+        return Handle(publish(task.app, [message]), task.app, task)
 
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
         """Celery's name for ``send``."""
