@@ -34,8 +34,9 @@ from .handles import Handle
 from .message import Message
 from .progress import Progress
 from .sealing import new_key
+from .sending import Args
 from .settings import Settings
-from .task import Args, Task
+from .task import Task
 from .workflows import FlowHandle, GroupHandle, Signature, chain, chord, group
 
 __version__ = "0.1.0"

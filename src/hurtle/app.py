@@ -22,14 +22,14 @@ from .errors import ConfigurationError
 from .handles import Handle
 from .ids import check_message_ids
 from .limits import KeyFunction
-from .message import Message
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
 from .names import check_task_name
 from .options import CelerySendOptions, CeleryTaskOptions, TaskChoices, celery_task
 from .sealing import Keyring, keyring_of
+from .sending import send_by_name
 from .settings import Settings, load_settings
-from .task import Task, send_by_name
+from .task import Task
 
 if TYPE_CHECKING:
     from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
@@ -128,29 +128,6 @@ class Hurtle:
 
     def _middleware_changed(self) -> None:
         self._publish_hooks = tuple(m for m in self.middleware if overrides(m, "before_publish"))
-
-    def _publish(self, messages: list[Message]) -> str:
-        """Publish one call's message through the ``before_publish`` hooks if any; its id."""
-        sent = messages[0].id
-        for m in self._publish_hooks:
-            messages = m.before_publish(messages)
-        if messages:
-            self.broker.publish(messages)
-            return messages[0].id
-        return sent
-
-    def _publish_in(
-        self, connection: object, messages: list[Message], unique_for: float | None = None
-    ) -> list[str]:
-        """Publish messages with the application's ``connection``, in its open transaction
-        (``Broker.publish_in``), through the ``before_publish`` hooks if any; per message sent,
-        the id it answers to (the holder of its unique lock with ``unique_for``)."""
-        sent = messages
-        for m in self._publish_hooks:
-            messages = m.before_publish(messages)
-        if not messages:
-            return [m.id for m in sent]
-        return self.broker.publish_in(connection, messages, unique_for)
 
     def handle(self, id: str, task: Task[Any, Any] | None = None) -> Handle[Any]:
         """The handle of a message sent earlier, from its id (and its task, if known: then

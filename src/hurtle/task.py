@@ -21,7 +21,6 @@ items of ``send_many([(1, 2), ...])`` cannot be typed against the function; item
 from __future__ import annotations
 
 import inspect
-import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, Unpack
@@ -31,7 +30,7 @@ from .errors import ArgumentError, ConfigurationError, Retry
 from .handles import Handle
 from .ids import new_id
 from .limits import KeyFunction, Limits
-from .message import CheckedBatch, Message
+from .message import Message
 from .names import check_queue_name, check_task_name
 from .options import (
     NO_CONNECTION,
@@ -45,6 +44,7 @@ from .options import (
     exception_classes,
 )
 from .sealing import keyring_for
+from .sending import Args, publish, publish_unique, publish_with, send_batch
 from .workflows import Signature
 
 if TYPE_CHECKING:
@@ -52,16 +52,6 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-class Args:
-    """Positional and keyword arguments of one call, for ``send_many``: ``Args(1, y=2)``."""
-
-    __slots__ = ("args", "kwargs")
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
-        self.kwargs = kwargs
 
 
 class Task(Generic[P, R]):
@@ -231,8 +221,8 @@ class Task(Generic[P, R]):
         """
         message = self.message(args, kwargs)
         if self.limits is not None and self.limits.unique_for is not None:
-            return Handle(_publish_unique(self, [message])[0], self.app, self)
-        return Handle(self.app._publish([message]), self.app, self)
+            return Handle(publish_unique(self, [message])[0], self.app, self)
+        return Handle(publish(self.app, [message]), self.app, self)
 
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
         """Celery's name for ``send``: ``add.delay(1, 2)``."""
@@ -267,7 +257,7 @@ class Task(Generic[P, R]):
         function). If any call does not fit the signature (``ArgumentError``) or any argument
         cannot be encoded (``EncodeError``), nothing is enqueued.
         """
-        return _send_many(self, calls, None)
+        return send_batch(self, calls, None)
 
     def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
         """One call's arguments for ``send_many``, type-checked against the function."""
@@ -353,8 +343,8 @@ class BoundTask(Generic[P, R]):
         message = task.message(args, kwargs, self.opts)
         limits = task.limits
         if limits is not None and limits.unique_for is not None:
-            return Handle(_publish_unique(task, [message])[0], task.app, task)
-        return Handle(task.app._publish([message]), task.app, task)
+            return Handle(publish_unique(task, [message])[0], task.app, task)
+        return Handle(publish(task.app, [message]), task.app, task)
 
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
         """Celery's name for ``send``."""
@@ -363,7 +353,7 @@ class BoundTask(Generic[P, R]):
     def send_many(
         self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
     ) -> list[Handle[R]]:
-        return _send_many(self.task, calls, self.opts)
+        return send_batch(self.task, calls, self.opts)
 
     def args(self, *args: P.args, **kwargs: P.kwargs) -> Args:
         """One call's arguments for ``send_many``, type-checked against the function."""
@@ -386,167 +376,12 @@ class InTransaction(BoundTask[P, R]):
     def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
         task = self.task
         message = task.message(args, kwargs, self.opts)
-        return Handle(_publish_in(task, [message], self.connection)[0], task.app, task)
+        return Handle(publish_with(task, [message], self.connection)[0], task.app, task)
 
     def send_many(
         self, calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args]
     ) -> list[Handle[R]]:
-        return _send_many(self.task, calls, self.opts, self.connection)
+        return send_batch(self.task, calls, self.opts, self.connection)
 
     def s(self, *args: Any, **kwargs: Any) -> Signature[R]:
         raise ConfigurationError(f"task {self.task.name!r}: {NO_CONNECTION}")
-
-
-def send_by_name(
-    app: Hurtle,
-    name: str,
-    args: Sequence[Any] | None,
-    kwargs: Mapping[str, Any] | None,
-    options: Mapping[str, Any],
-) -> Handle[Any]:
-    """Send a call of the task ``name``, which ``app`` does not register (``send_task``): to
-    ``queue=`` or the app's default queue, priority 0 and no expiry unless given; the arguments
-    cannot be checked against a signature here, the options are checked as ``send``'s."""
-    what = f"send_task({name!r})"
-    call, keywords = call_args(what, args, kwargs)
-    given = celery_send(what, options)
-    connection = given.pop("connection", None)
-    try:
-        opts = SendOptions(**given)
-    except ConfigurationError as err:
-        raise ConfigurationError(f"{what}: {err}") from None
-    now = time.time()
-    queue, priority, eta, headers, expires = opts.resolve(now, app.settings.default_queue, 0, None)
-    message = Message(
-        new_id(), name, queue, call, keywords, 0, priority, eta, now, headers, expires
-    )
-    if app.settings.encrypt and app.keyring is not None:  # the app's default for its tasks
-        message = app.keyring.seal_message(message)
-    if connection is not None:
-        return Handle(app._publish_in(connection, [message])[0], app)
-    return Handle(app._publish([message]), app)
-
-
-def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
-    return True
-
-
-def _send_many(
-    task: Task[Any, R],
-    calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args],
-    options: SendOptions | None,
-    connection: object = None,
-) -> list[Handle[R]]:
-    now = time.time()
-    queue, priority, eta, headers, expires = task._resolve(options, now)
-    name = task.name
-    check_priority(name, priority)  # once a batch, in case task.priority was reassigned
-    empty: dict[str, Any] = {}
-    # valid by construction: options are checked when made, the priority just above, attempt
-    # is 0 and created is now; so the broker skips its pass over the batch (see CheckedBatch)
-    messages = CheckedBatch()
-    append = messages.append
-    arity = task.arity
-    if arity is None:  # no signature to check against
-        lo, hi, fits = 0, sys.maxsize, _always
-    else:
-        lo, hi, fits = arity.bare_min, arity.bare_max, arity.fits
-    # Positional calls are checked by their count; a call with keywords is checked when its
-    # shape (positional count, keyword names) differs from the previous call's.
-    shape_n, shape_names = -1, frozenset[str]()
-    limits = task.limits
-    unique = limits.unique_key_of if limits is not None and limits.unique_for else None
-    # each lock ends at the latest unique_for after the call was made (``_publish_unique``)
-    until = now + float(limits.unique_for) if limits is not None and limits.unique_for else 0.0
-    for call in calls:
-        if type(call) is tuple:
-            args, kwargs = call, empty
-        elif isinstance(call, tuple | list):
-            args, kwargs = tuple(call), empty
-        elif isinstance(call, dict):
-            args, kwargs = (), call
-        elif isinstance(call, Args):
-            args, kwargs = call.args, call.kwargs
-        else:
-            raise TypeError(
-                f"send_many({name}): each call must be a tuple of arguments, a dict of "
-                f"keyword arguments or hurtle.Args(...), got {type(call).__name__}"
-            )
-        if kwargs:
-            if len(args) != shape_n or kwargs.keys() != shape_names:
-                if not fits(args, kwargs):
-                    task._unfit(args, kwargs)
-                shape_n, shape_names = len(args), frozenset(kwargs)
-        elif not lo <= len(args) <= hi:
-            task._unfit(args, kwargs)
-        if unique is None:
-            append(
-                Message(
-                    new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers, expires
-                )
-            )
-        else:  # each names its lock
-            append(
-                Message(
-                    new_id(),
-                    name,
-                    queue,
-                    args,
-                    kwargs,
-                    0,
-                    priority,
-                    eta,
-                    now,
-                    headers,
-                    expires,
-                    unique(args, kwargs),
-                    until,
-                )
-            )
-    app = task.app
-    if messages and task.keyring is not None:  # sealed once the locks are named from them
-        messages = CheckedBatch(map(task.keyring.seal_message, messages))
-    if messages and connection is not None:
-        ids = _publish_in(task, messages, connection)
-        return [Handle(id_, app, task) for id_ in ids]
-    if messages:
-        hooks = app._publish_hooks
-        published: list[Message] = messages
-        if hooks:
-            published = list(messages)  # hooks may change it: checked again
-            for m in hooks:
-                published = m.before_publish(published)
-        if unique is not None:
-            assert task.limits is not None and task.limits.unique_for is not None
-            ids = app.broker.publish_unique(published, task.limits.unique_for)
-            return [Handle(id_, app, task) for id_ in ids]
-        app.broker.publish(published)
-        return [Handle(m.id, app, task) for m in published]
-    return []
-
-
-def _publish_in(task: Task[Any, Any], messages: list[Message], connection: object) -> list[str]:
-    """Publish calls of ``task`` with ``connection``, in its transaction (``Hurtle._publish_in``),
-    taking their unique locks there if the task has ``unique_for``."""
-    limits = task.limits
-    unique_for = None if limits is None else limits.unique_for
-    return task.app._publish_in(connection, messages, unique_for)
-
-
-def _publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
-    """Publish calls of a ``unique_for`` task, each naming its lock in ``Message.unique``
-    and when the lock ends at the latest in ``Message.unique_until`` (its ``created`` plus
-    ``unique_for``: ``Task.message`` names them), through the app's ``before_publish`` hooks;
-    returns per published call the id of the message that holds its lock (its own when
-    enqueued)."""
-    limits = task.limits
-    assert limits is not None and limits.unique_for is not None
-    locked: list[Message] = CheckedBatch(messages)
-    hooks = task.app._publish_hooks
-    if hooks:
-        locked = list(locked)  # hooks may change it: checked again
-        for hook in hooks:
-            locked = hook.before_publish(locked)
-        if not locked:
-            return [m.id for m in messages]
-    return task.app.broker.publish_unique(locked, limits.unique_for)

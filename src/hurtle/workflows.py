@@ -61,6 +61,7 @@ from .options import (
     same_options,
 )
 from .sealing import SEALED
+from .sending import publish_in
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -246,7 +247,7 @@ def _nested(what: str, other: object) -> ConfigurationError:
 
 def _publish(app: Hurtle, messages: list[Message], connection: object = None) -> None:
     if connection is not None:
-        app._publish_in(connection, messages)
+        publish_in(app, connection, messages)
         return
     for hook in app._publish_hooks:
         messages = hook.before_publish(messages)

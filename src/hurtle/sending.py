@@ -1,0 +1,219 @@
+"""Turning checked calls into messages and publishing them to the app's broker, through its
+``before_publish`` hooks: one call, a batch (``send_many``), a call of a task the app does not
+register (``send_task``), and calls in the application's open transaction.
+
+``Task`` and its bound forms (``hurtle.task``) check a call and build a single message; the
+rest of the road to the broker is here. ``Task.send`` and ``send_many`` each call one function
+of this module, no more: a bare call's cost is counted (``tests/test_instruction_budget.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .errors import ConfigurationError
+from .handles import Handle
+from .ids import new_id
+from .message import CheckedBatch, Message
+from .options import SendOptions, call_args, celery_send, check_priority
+
+if TYPE_CHECKING:
+    from .app import Hurtle
+    from .task import Task
+
+R = TypeVar("R")
+
+
+class Args:
+    """Positional and keyword arguments of one call, for ``send_many``: ``Args(1, y=2)``."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+
+
+def send_by_name(
+    app: Hurtle,
+    name: str,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    options: Mapping[str, Any],
+) -> Handle[Any]:
+    """Send a call of the task ``name``, which ``app`` does not register (``send_task``): to
+    ``queue=`` or the app's default queue, priority 0 and no expiry unless given; the arguments
+    cannot be checked against a signature here, the options are checked as ``send``'s."""
+    what = f"send_task({name!r})"
+    call, keywords = call_args(what, args, kwargs)
+    given = celery_send(what, options)
+    connection = given.pop("connection", None)
+    try:
+        opts = SendOptions(**given)
+    except ConfigurationError as err:
+        raise ConfigurationError(f"{what}: {err}") from None
+    now = time.time()
+    queue, priority, eta, headers, expires = opts.resolve(now, app.settings.default_queue, 0, None)
+    message = Message(
+        new_id(), name, queue, call, keywords, 0, priority, eta, now, headers, expires
+    )
+    if app.settings.encrypt and app.keyring is not None:  # the app's default for its tasks
+        message = app.keyring.seal_message(message)
+    if connection is not None:
+        return Handle(publish_in(app, connection, [message])[0], app)
+    return Handle(publish(app, [message]), app)
+
+
+def _always(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> bool:
+    return True
+
+
+def send_batch(
+    task: Task[Any, R],
+    calls: Iterable[tuple[Any, ...] | list[Any] | dict[str, Any] | Args],
+    options: SendOptions | None,
+    connection: object = None,
+) -> list[Handle[R]]:
+    """Enqueue many calls of ``task`` in one batch with ``options`` (``Task.send_many``), with
+    ``connection`` in its transaction if given; their handles, in order."""
+    now = time.time()
+    queue, priority, eta, headers, expires = task._resolve(options, now)
+    name = task.name
+    check_priority(name, priority)  # once a batch, in case task.priority was reassigned
+    empty: dict[str, Any] = {}
+    # valid by construction: options are checked when made, the priority just above, attempt
+    # is 0 and created is now; so the broker skips its pass over the batch (see CheckedBatch)
+    messages = CheckedBatch()
+    append = messages.append
+    arity = task.arity
+    if arity is None:  # no signature to check against
+        lo, hi, fits = 0, sys.maxsize, _always
+    else:
+        lo, hi, fits = arity.bare_min, arity.bare_max, arity.fits
+    # Positional calls are checked by their count; a call with keywords is checked when its
+    # shape (positional count, keyword names) differs from the previous call's.
+    shape_n, shape_names = -1, frozenset[str]()
+    limits = task.limits
+    unique = limits.unique_key_of if limits is not None and limits.unique_for else None
+    # each lock ends at the latest unique_for after the call was made (``publish_unique``)
+    until = now + float(limits.unique_for) if limits is not None and limits.unique_for else 0.0
+    for call in calls:
+        if type(call) is tuple:
+            args, kwargs = call, empty
+        elif isinstance(call, tuple | list):
+            args, kwargs = tuple(call), empty
+        elif isinstance(call, dict):
+            args, kwargs = (), call
+        elif isinstance(call, Args):
+            args, kwargs = call.args, call.kwargs
+        else:
+            raise TypeError(
+                f"send_many({name}): each call must be a tuple of arguments, a dict of "
+                f"keyword arguments or hurtle.Args(...), got {type(call).__name__}"
+            )
+        if kwargs:
+            if len(args) != shape_n or kwargs.keys() != shape_names:
+                if not fits(args, kwargs):
+                    task._unfit(args, kwargs)
+                shape_n, shape_names = len(args), frozenset(kwargs)
+        elif not lo <= len(args) <= hi:
+            task._unfit(args, kwargs)
+        if unique is None:
+            append(
+                Message(
+                    new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers, expires
+                )
+            )
+        else:  # each names its lock
+            append(
+                Message(
+                    new_id(),
+                    name,
+                    queue,
+                    args,
+                    kwargs,
+                    0,
+                    priority,
+                    eta,
+                    now,
+                    headers,
+                    expires,
+                    unique(args, kwargs),
+                    until,
+                )
+            )
+    app = task.app
+    if messages and task.keyring is not None:  # sealed once the locks are named from them
+        messages = CheckedBatch(map(task.keyring.seal_message, messages))
+    if messages and connection is not None:
+        ids = publish_with(task, messages, connection)
+        return [Handle(id_, app, task) for id_ in ids]
+    if messages:
+        hooks = app._publish_hooks
+        published: list[Message] = messages
+        if hooks:
+            published = list(messages)  # hooks may change it: checked again
+            for m in hooks:
+                published = m.before_publish(published)
+        if unique is not None:
+            assert task.limits is not None and task.limits.unique_for is not None
+            ids = app.broker.publish_unique(published, task.limits.unique_for)
+            return [Handle(id_, app, task) for id_ in ids]
+        app.broker.publish(published)
+        return [Handle(m.id, app, task) for m in published]
+    return []
+
+
+def publish_with(task: Task[Any, Any], messages: list[Message], connection: object) -> list[str]:
+    """Publish calls of ``task`` with ``connection``, in its transaction (``publish_in``),
+    taking their unique locks there if the task has ``unique_for``."""
+    limits = task.limits
+    unique_for = None if limits is None else limits.unique_for
+    return publish_in(task.app, connection, messages, unique_for)
+
+
+def publish_unique(task: Task[Any, Any], messages: list[Message]) -> list[str]:
+    """Publish calls of a ``unique_for`` task, each naming its lock in ``Message.unique``
+    and when the lock ends at the latest in ``Message.unique_until`` (its ``created`` plus
+    ``unique_for``: ``Task.message`` names them), through the app's ``before_publish`` hooks;
+    returns per published call the id of the message that holds its lock (its own when
+    enqueued)."""
+    limits = task.limits
+    assert limits is not None and limits.unique_for is not None
+    locked: list[Message] = CheckedBatch(messages)
+    hooks = task.app._publish_hooks
+    if hooks:
+        locked = list(locked)  # hooks may change it: checked again
+        for hook in hooks:
+            locked = hook.before_publish(locked)
+        if not locked:
+            return [m.id for m in messages]
+    return task.app.broker.publish_unique(locked, limits.unique_for)
+
+
+def publish(app: Hurtle, messages: list[Message]) -> str:
+    """Publish one call's message through the app's ``before_publish`` hooks if any; its id."""
+    sent = messages[0].id
+    for m in app._publish_hooks:
+        messages = m.before_publish(messages)
+    if messages:
+        app.broker.publish(messages)
+        return messages[0].id
+    return sent
+
+
+def publish_in(
+    app: Hurtle, connection: object, messages: list[Message], unique_for: float | None = None
+) -> list[str]:
+    """Publish messages with the application's ``connection``, in its open transaction
+    (``Broker.publish_in``), through the app's ``before_publish`` hooks if any; per message
+    sent, the id it answers to (the holder of its unique lock with ``unique_for``)."""
+    sent = messages
+    for m in app._publish_hooks:
+        messages = m.before_publish(messages)
+    if not messages:
+        return [m.id for m in sent]
+    return app.broker.publish_in(connection, messages, unique_for)
