@@ -103,10 +103,11 @@ from collections.abc import Callable, Iterable, Sequence
 import msgspec
 
 from ..errors import ConfigurationError
-from ..message import Message
+from ..message import Message, check_messages, encode_many
+from .common import unique_key_of
 from .records import DeadLetter, Delivery, FlowStep, Lock, QueueStats, StoredResult
 from .reports import Reporter, TaskCounts, WorkerReport
-from .ticks import TickClaim
+from .ticks import TickClaim, check_tick_claim
 
 log = logging.getLogger(__name__)
 
@@ -463,7 +464,6 @@ class Broker(abc.ABC):
     def close(self) -> None:
         """Let go of connections and files."""
 
-    @abc.abstractmethod
     def claim_tick(
         self,
         queue: str,
@@ -483,6 +483,26 @@ class Broker(abc.ABC):
 
         The record is kept per ``(queue, name)``, beside the queue (one hash tag in Redis).
         """
+        check_tick_claim(queue, tick, messages, unique_for)
+        check_messages(messages)
+        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
+        payloads = encode_many(list(messages), self.max_message_size)
+        return self._store_tick(queue, name, tick, messages, payloads, keys, unique_for)
+
+    @abc.abstractmethod
+    def _store_tick(
+        self,
+        queue: str,
+        name: str,
+        tick: float,
+        messages: Sequence[Message],
+        payloads: list[bytes],
+        keys: list[str] | None,
+        unique_for: float | None,
+    ) -> TickClaim:
+        """``claim_tick``'s one atomic step in the store, its arguments checked: ``payloads[i]``
+        is ``messages[i]`` encoded and, with ``unique_for``, ``keys[i]`` its unique lock key
+        (``keys`` is None without)."""
 
     @abc.abstractmethod
     def last_tick(self, queue: str, name: str) -> float | None:

@@ -1,5 +1,6 @@
-"""``MemoryBroker``'s tick claims (``Broker.claim_tick``): the check, the record, the unique
-locks and the publish under the broker's one lock, judged by this process's clock."""
+"""``MemoryBroker``'s tick claims (``Broker.claim_tick``'s step in the store): the check, the
+record, the unique locks and the publish under the broker's one lock, judged by this process's
+clock."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..message import Message, check_messages, encode_many
-from .common import unique_key_of
-from .ticks import TAKEN, WON, TickClaim, check_tick_claim, claimable, remember, too_early
+from ..message import Message
+from .ticks import TAKEN, WON, TickClaim, claimable, remember, too_early
 
 
 class _Ticks:
@@ -19,7 +19,6 @@ class _Ticks:
     _lock: threading.Lock
     _wake: threading.Condition
     _ticks: dict[tuple[str, str], list[float]]  # (queue, schedule) -> recent claimed ticks
-    max_message_size: int
 
     if TYPE_CHECKING:  # MemoryBroker's
 
@@ -27,18 +26,16 @@ class _Ticks:
 
         def _take_lock(self, m: Message, key: str, now: float, unique_for: float) -> str: ...
 
-    def claim_tick(
+    def _store_tick(
         self,
         queue: str,
         name: str,
         tick: float,
         messages: Sequence[Message],
-        unique_for: float | None = None,
+        payloads: list[bytes],
+        keys: list[str] | None,
+        unique_for: float | None,
     ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
-        payloads = encode_many(list(messages), self.max_message_size)
         with self._lock:
             now = time.time()
             recent = self._ticks.get((queue, name), [])

@@ -52,7 +52,7 @@ from ..common import (
 )
 from ..records import DeadLetter, Lock, QueueStats, StoredResult
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
-from ..ticks import TAKEN, WON, TickClaim, check_tick_claim, claimable, remember, too_early
+from ..ticks import TAKEN, WON, TickClaim, claimable, remember, too_early
 from . import control, flows, names, results
 from .deadletters import DeadLetters
 from .delays import Promoters
@@ -236,18 +236,16 @@ class NatsBroker(Broker):
 
     # -- ticks ---------------------------------------------------------------------------
 
-    def claim_tick(
+    def _store_tick(
         self,
         queue: str,
         name: str,
         tick: float,
         messages: Sequence[Message],
-        unique_for: float | None = None,
+        payloads: list[bytes],
+        keys: list[str] | None,
+        unique_for: float | None,
     ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
-        payloads = encode_many(list(messages), self.max_message_size)
         return run(self._claim_tick(queue, name, float(tick), messages, payloads, keys, unique_for))
 
     async def _claim_tick(

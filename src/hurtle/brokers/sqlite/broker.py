@@ -28,7 +28,6 @@ from ..ticks import (
     TAKEN,
     WON,
     TickClaim,
-    check_tick_claim,
     claimable,
     too_early,
 )
@@ -201,18 +200,16 @@ class SQLiteBroker(_Recovery, Broker):
         self._known.update(new)
         self._notify()
 
-    def claim_tick(
+    def _store_tick(
         self,
         queue: str,
         name: str,
         tick: float,
         messages: Sequence[Message],
-        unique_for: float | None = None,
+        payloads: list[bytes],
+        keys: list[str] | None,
+        unique_for: float | None,
     ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
-        payloads = encode_many(list(messages), self.max_message_size)
         with self._write() as conn:
             now = time.time()  # the write lock is held: every claimer's clock is read in turn
             conn.execute(_SCHEDULES)
