@@ -107,7 +107,7 @@ from ..message import Message, check_messages, encode_many
 from .common import unique_key_of
 from .records import DeadLetter, Delivery, FlowStep, Lock, QueueStats, StoredResult
 from .reports import Reporter, TaskCounts, WorkerReport
-from .ticks import TickClaim, check_tick_claim
+from .ticks import TickBatch, TickClaim, check_tick_claim
 
 log = logging.getLogger(__name__)
 
@@ -487,22 +487,11 @@ class Broker(abc.ABC):
         check_messages(messages)
         keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
         payloads = encode_many(list(messages), self.max_message_size)
-        return self._store_tick(queue, name, tick, messages, payloads, keys, unique_for)
+        return self._store_tick(TickBatch(queue, name, tick, messages, payloads, keys, unique_for))
 
     @abc.abstractmethod
-    def _store_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        payloads: list[bytes],
-        keys: list[str] | None,
-        unique_for: float | None,
-    ) -> TickClaim:
-        """``claim_tick``'s one atomic step in the store, its arguments checked: ``payloads[i]``
-        is ``messages[i]`` encoded and, with ``unique_for``, ``keys[i]`` its unique lock key
-        (``keys`` is None without)."""
+    def _store_tick(self, batch: TickBatch) -> TickClaim:
+        """``claim_tick``'s one atomic step in the store, once ``batch`` is checked and encoded."""
 
     @abc.abstractmethod
     def last_tick(self, queue: str, name: str) -> float | None:

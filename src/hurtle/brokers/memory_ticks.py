@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..message import Message
-from .ticks import TAKEN, WON, TickClaim, claimable, remember, too_early
+from .ticks import TAKEN, WON, TickBatch, TickClaim, claimable, remember, too_early
 
 
 class _Ticks:
@@ -26,27 +25,20 @@ class _Ticks:
 
         def _take_lock(self, m: Message, key: str, now: float, unique_for: float) -> str: ...
 
-    def _store_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        payloads: list[bytes],
-        keys: list[str] | None,
-        unique_for: float | None,
-    ) -> TickClaim:
+    def _store_tick(self, batch: TickBatch) -> TickClaim:
+        tick, keys, unique_for = batch.tick, batch.keys, batch.unique_for
+        schedule = (batch.queue, batch.name)
         with self._lock:
             now = time.time()
-            recent = self._ticks.get((queue, name), [])
+            recent = self._ticks.get(schedule, [])
             if not claimable(tick, recent, recent[-1] if recent else None):
                 return TAKEN
             early = too_early(tick, now)
             if early is not None:
                 return early
-            self._ticks[(queue, name)] = remember(tick, recent)
+            self._ticks[schedule] = remember(tick, recent)
             held_by = None
-            for i, (m, raw) in enumerate(zip(messages, payloads, strict=True)):
+            for i, (m, raw) in enumerate(zip(batch.messages, batch.payloads, strict=True)):
                 if keys is not None and unique_for is not None:
                     holder = self._take_lock(m, keys[i], now, unique_for)
                     if holder != m.id:

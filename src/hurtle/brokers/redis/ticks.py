@@ -6,14 +6,13 @@ reads the record."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 
 from ...message import Message
 from ..keys import QUEUES, queue_keys
-from ..ticks import RECENT_TICKS, TAKEN, TICK_SKEW, WON, TickClaim
+from ..ticks import RECENT_TICKS, TAKEN, TICK_SKEW, WON, TickBatch, TickClaim
 from .scripts import (
     _PRIORITIES,
     _PRIORITY_ARG,
@@ -34,25 +33,16 @@ class _Ticks(_ScriptRunner):
 
         def _publishing(self, commands: list[_Command], doing: str) -> list[Any]: ...
 
-    def _store_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        payloads: list[bytes],
-        keys: list[str] | None,
-        unique_for: float | None,
-    ) -> TickClaim:
-        batch = list(messages)
+    def _store_tick(self, batch: TickBatch) -> TickClaim:
+        queue, name, tick, messages = batch.queue, batch.name, batch.tick, list(batch.messages)
         k = queue_keys(queue)
         redis_keys = (k.schedule(name), k.schedule_ticks(name), *_publish_keys(queue))
         args: list[Any] = [repr(float(tick)), repr(TICK_SKEW), RECENT_TICKS]
-        if keys is None or unique_for is None:
-            args += ["p", *_publish_args(batch, payloads)]
+        if batch.keys is None or batch.unique_for is None:
+            args += ["p", *_publish_args(messages, batch.payloads)]
         else:
             redis_keys += (k.unique, k.unique_sweep)
-            args += ["u", *_unique_args(batch, payloads, keys, unique_for)]
+            args += ["u", *_unique_args(messages, batch.payloads, batch.keys, batch.unique_for)]
         script = self._call(self._scripts.claim_tick, redis_keys, args)
         _, (status, detail) = self._publishing(
             [(("SADD", QUEUES, queue), None), script],
