@@ -15,12 +15,9 @@ one at a time, and a message whose worker dies holding it alone (or no other mes
 that way) becomes a dead letter past ``max_recoveries`` deaths, ending what waits on it
 (``common.dead_ends``).
 
-Results (``Consumer.ack(..., results)``) live in a dict with their expiry: reads skip expired
-ones, and a write drops them all at most once a second. Watchers are called once the lock is
-released.
-
-What a worker holds and settles is ``memory_consumer.py``'s ``MemoryConsumer``; tick claims
-are ``memory_ticks.py``'s.
+What a worker holds and settles is ``memory_consumer.py``'s ``MemoryConsumer``; results,
+progress reports and chords are ``memory_results.py``'s, dead letters ``memory_dead.py``'s and
+tick claims ``memory_ticks.py``'s.
 """
 
 from __future__ import annotations
@@ -49,8 +46,9 @@ from .common import (
 )
 from .memory_consumer import MemoryConsumer
 from .memory_dead import MemoryDeadLetters
+from .memory_results import MemoryResults
 from .memory_ticks import _Ticks
-from .records import ChordStep, DeadLetter, QueueStats, StoredResult
+from .records import DeadLetter, QueueStats
 from .reports import TaskCounts, WorkerReport
 
 _LEVELS = MAX_PRIORITY + 1
@@ -81,7 +79,7 @@ class _Queue:
         return sum(len(level) for level in self.ready) + len(self.quarantine)
 
 
-class MemoryBroker(MemoryDeadLetters, _Ticks, Broker):
+class MemoryBroker(MemoryResults, MemoryDeadLetters, _Ticks, Broker):
     def __init__(
         self,
         url: str = "memory://",
@@ -126,87 +124,6 @@ class MemoryBroker(MemoryDeadLetters, _Ticks, Broker):
         # progress reports: id -> (payload, expires at), pruned like results
         self._progress: dict[str, tuple[bytes, float]] = {}
         self._dead_index: dict[str, tuple[str, str]] = {}
-
-    def _store_results_locked(self, results: Sequence[StoredResult]) -> list[Callable[[], None]]:
-        """Keep the records, drop expired ones; returns the wake-ups to call after the lock."""
-        now = time.time()
-        kept = self._results
-        if now >= self._next_prune:
-            self._next_prune = now + 1.0
-            for id_ in [i for i, (_, expires) in kept.items() if expires <= now]:
-                del kept[id_]
-        for r in results:
-            kept[r.id] = (r.payload, now + r.ttl)
-        watchers = self._watchers
-        if not watchers:
-            return []
-        return [w for r in results for w in watchers.get(r.id, ())]
-
-    def put_progress(self, reports: Sequence[StoredResult]) -> None:
-        now = time.time()
-        with self._lock:
-            kept = self._progress
-            for id_ in [i for i, (_, expires) in kept.items() if expires <= now]:
-                del kept[id_]
-            for r in reports:
-                kept[r.id] = (r.payload, now + r.ttl)
-
-    def get_progress(self, ids: Sequence[str]) -> list[bytes | None]:
-        now = time.time()
-        with self._lock:
-            found = [self._progress.get(i) for i in ids]
-        return [None if f is None or f[1] <= now else f[0] for f in found]
-
-    def get_result(self, id: str) -> bytes | None:
-        with self._lock:
-            kept = self._results.get(id)
-        if kept is None or kept[1] <= time.time():
-            return None
-        return kept[0]
-
-    def watch_results(
-        self, ids: Sequence[str], wake: Callable[[], None]
-    ) -> Callable[[], None] | None:
-        with self._lock:
-            for id_ in ids:
-                self._watchers.setdefault(id_, []).append(wake)
-
-        def stop() -> None:
-            with self._lock:
-                for id_ in ids:
-                    watchers = self._watchers.get(id_)
-                    if watchers is not None:
-                        watchers.remove(wake)
-                        if not watchers:
-                            del self._watchers[id_]
-
-        return stop
-
-    def chord_results(self, id: str, total: int) -> list[bytes] | None:
-        with self._lock:
-            chord = self._chords.get(id)
-            if chord is None or chord[2] <= time.time():
-                return None
-            members = chord[0]
-            if len(members) < total:
-                return None
-            return [members[i] for i in range(total)]
-
-    def _chord_step_locked(self, step: ChordStep, now: float) -> bool:
-        """Count a chord member; True when this step completes the chord (publish its callback)."""
-        chords = self._chords
-        if now >= self._next_chord_prune:  # at most once a second, like results
-            self._next_chord_prune = now + 1.0
-            for id_ in [i for i, (_, _, expires) in chords.items() if expires <= now]:
-                del chords[id_]
-        chord = chords.get(step.id)
-        if chord is None or chord[2] <= now:
-            chord = ({}, False, 0.0)
-        members, fired, _ = chord
-        members.setdefault(step.index, step.payload)
-        complete = not fired and len(members) >= step.total
-        chords[step.id] = (members, fired or complete, now + step.ttl)
-        return complete
 
     def _queue(self, name: str) -> _Queue:
         q = self._queues.get(name)

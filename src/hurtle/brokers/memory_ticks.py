@@ -1,16 +1,15 @@
-"""``MemoryBroker``'s tick claims (``Broker.claim_tick``): the check, the record, the unique
-locks and the publish under the broker's one lock, judged by this process's clock."""
+"""``MemoryBroker``'s tick claims (``Broker.claim_tick``'s step in the store): the check, the
+record, the unique locks and the publish under the broker's one lock, judged by this process's
+clock."""
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..message import Message, check_messages, encode_many
-from .common import unique_key_of
-from .ticks import TAKEN, WON, TickClaim, check_tick_claim, claimable, remember, too_early
+from ..message import Message
+from .ticks import TAKEN, WON, TickBatch, TickClaim, claimable, remember, too_early
 
 
 class _Ticks:
@@ -19,7 +18,6 @@ class _Ticks:
     _lock: threading.Lock
     _wake: threading.Condition
     _ticks: dict[tuple[str, str], list[float]]  # (queue, schedule) -> recent claimed ticks
-    max_message_size: int
 
     if TYPE_CHECKING:  # MemoryBroker's
 
@@ -27,29 +25,20 @@ class _Ticks:
 
         def _take_lock(self, m: Message, key: str, now: float, unique_for: float) -> str: ...
 
-    def claim_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        unique_for: float | None = None,
-    ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
-        payloads = encode_many(list(messages), self.max_message_size)
+    def _store_tick(self, batch: TickBatch) -> TickClaim:
+        tick, keys, unique_for = batch.tick, batch.keys, batch.unique_for
+        schedule = (batch.queue, batch.name)
         with self._lock:
             now = time.time()
-            recent = self._ticks.get((queue, name), [])
+            recent = self._ticks.get(schedule, [])
             if not claimable(tick, recent, recent[-1] if recent else None):
                 return TAKEN
             early = too_early(tick, now)
             if early is not None:
                 return early
-            self._ticks[(queue, name)] = remember(tick, recent)
+            self._ticks[schedule] = remember(tick, recent)
             held_by = None
-            for i, (m, raw) in enumerate(zip(messages, payloads, strict=True)):
+            for i, (m, raw) in enumerate(zip(batch.messages, batch.payloads, strict=True)):
                 if keys is not None and unique_for is not None:
                     holder = self._take_lock(m, keys[i], now, unique_for)
                     if holder != m.id:

@@ -1,5 +1,6 @@
 """Tick claims (``Broker.claim_tick``): what a claim answers, which ticks a broker still takes,
-the clock skew it tolerates, and the checks every broker makes of a claim's arguments.
+the clock skew it tolerates, the checks of a claim's arguments, and the checked claim
+(``TickBatch``) that each broker stores.
 
 A broker keeps, per schedule, its last tick and the ``RECENT_TICKS`` latest ticks claimed. A
 tick among them is claimed already; a tick older than all of them (once that many are kept) is
@@ -45,6 +46,25 @@ class TickClaim(msgspec.Struct, frozen=True, gc=False):
     #: With ``unique_for``: the id of the message that holds the unique lock when this call won
     #: the tick but published nothing (a call like it still waits or runs); else None.
     held_by: str | None = None
+
+
+class TickBatch(msgspec.Struct, frozen=True):
+    """A tick claim that ``Broker.claim_tick`` checked and encoded: what the broker's
+    ``_store_tick`` records and publishes in one atomic step."""
+
+    #: The queue of the schedule's record and of every message.
+    queue: str
+    #: The schedule's name.
+    name: str
+    #: The tick claimed (Unix seconds).
+    tick: float
+    messages: Sequence[Message]
+    #: ``payloads[i]`` is ``messages[i]`` encoded.
+    payloads: list[bytes]
+    #: With ``unique_for``, ``keys[i]`` is the unique lock key of ``messages[i]``; else None.
+    keys: list[str] | None
+    #: The task's ``unique_for`` (seconds), or None.
+    unique_for: float | None
 
 
 #: The answers that carry nothing but the outcome, made once.

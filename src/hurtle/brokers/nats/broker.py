@@ -52,7 +52,7 @@ from ..common import (
 )
 from ..records import DeadLetter, Lock, QueueStats, StoredResult
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
-from ..ticks import TAKEN, WON, TickClaim, check_tick_claim, claimable, remember, too_early
+from ..ticks import TAKEN, WON, TickBatch, TickClaim, claimable, remember, too_early
 from . import control, flows, names, results
 from .deadletters import DeadLetters
 from .delays import Promoters
@@ -236,34 +236,16 @@ class NatsBroker(Broker):
 
     # -- ticks ---------------------------------------------------------------------------
 
-    def claim_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        unique_for: float | None = None,
-    ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
-        payloads = encode_many(list(messages), self.max_message_size)
-        return run(self._claim_tick(queue, name, float(tick), messages, payloads, keys, unique_for))
+    def _store_tick(self, batch: TickBatch) -> TickClaim:
+        return run(self._claim_tick(batch))
 
-    async def _claim_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        payloads: list[bytes],
-        keys: list[str] | None,
-        unique_for: float | None,
-    ) -> TickClaim:
+    async def _claim_tick(self, batch: TickBatch) -> TickClaim:
         """Judge the tick by the server's clock; take the unique locks if any; publish, under
         ids made of the schedule and the tick (JetStream keeps one copy of what racing claimers
         publish); then record the tick with a compare-and-set."""
-        key = f"t.{names.token(queue)}.{names.token(name)}"
+        queue, messages, payloads, keys = batch.queue, batch.messages, batch.payloads, batch.keys
+        tick = float(batch.tick)
+        key = f"t.{names.token(queue)}.{names.token(batch.name)}"
         found = await self.store.get(key)
         if not claimable(tick, *_recent(None if found is None else found[0])):
             return TAKEN
@@ -273,8 +255,8 @@ class NatsBroker(Broker):
         held_by = None
         chosen = list(range(len(messages)))
         if keys is not None:
-            assert unique_for is not None
-            holders = await self._lock(messages, keys, unique_for)
+            assert batch.unique_for is not None
+            holders = await self._lock(messages, keys, batch.unique_for)
             chosen = [i for i, m in enumerate(messages) if holders[i] == m.id]
             held_by = next((h for h, m in zip(holders, messages, strict=True) if h != m.id), None)
         if chosen:

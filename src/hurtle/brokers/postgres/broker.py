@@ -14,7 +14,7 @@ from ...message import Message, check_messages, encode_many
 from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
 from ..base import Broker, Consumer
 from ..common import check_dead_letter_limits, gcra
-from ..ticks import RECENT_TICKS, TAKEN, WON, TickClaim, check_tick_claim, claimable, too_early
+from ..ticks import RECENT_TICKS, TAKEN, WON, TickBatch, TickClaim, claimable, too_early
 from . import flows
 from .admin import _Admin
 from .consumer import PostgresConsumer
@@ -146,20 +146,10 @@ class PostgresBroker(_Admin, Broker):
 
     # -- schedules -------------------------------------------------------------------------
 
-    def claim_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        unique_for: float | None = None,
-    ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        batch = list(messages)
-        raws = encode_many(batch, self.max_message_size)
+    def _store_tick(self, batch: TickBatch) -> TickClaim:
+        queue, name, tick, keys = batch.queue, batch.name, float(batch.tick), batch.keys
+        messages, payloads, unique_for = list(batch.messages), batch.payloads, batch.unique_for
         sql = self._sql
-        tick = float(tick)
 
         def run(cur: psycopg.Cursor[Any]) -> TickClaim:
             cur.execute(sql.LOCK_KEY, (f"{self.schema}\ntick\n{queue}\n{name}",))
@@ -176,11 +166,11 @@ class PostgresBroker(_Admin, Broker):
             if len(recent) >= RECENT_TICKS:
                 cur.execute(sql.FORGET_TICKS, (queue, name, queue, name, RECENT_TICKS - 1))
             if unique_for is None:
-                items, holders = items_of(batch, raws), [m.id for m in batch]
+                items, holders = items_of(messages, payloads), [m.id for m in messages]
             else:
-                items, holders = take_locks(cur, sql, batch, raws, unique_for)
+                items, holders = take_locks(cur, sql, messages, payloads, unique_for, keys)
             store(cur, sql, items, time.time())
-            held_by = next((h for h, m in zip(holders, batch, strict=True) if h != m.id), None)
+            held_by = next((h for h, m in zip(holders, messages, strict=True) if h != m.id), None)
             return WON if held_by is None else TickClaim(True, held_by=held_by)
 
         return self._run(f"claiming tick {tick} of schedule {name!r}", run)

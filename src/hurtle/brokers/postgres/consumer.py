@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from ...message import Message
-from ..base import Consumer, beat_through
+from ..base import Consumer
+from ..consumer import beat_through
 from ..records import Delivery, FlowStep, Lock, StoredResult
 from ..reports import WorkerReport, encode_report
 from . import flows

@@ -64,11 +64,14 @@ def take_locks(
     messages: Sequence[Message],
     raws: Sequence[bytes],
     unique_for: float,
+    keys: Sequence[str] | None = None,
 ) -> tuple[list[Item], list[str]]:
     """Take the unique lock of each message whose lock is free, in the caller's transaction:
     ``(the items to store, per message the id holding its lock)``. A lock held earlier in the
-    batch keeps the later messages out, as one held before it does."""
-    keys = [unique_key_of(m) for m in messages]
+    batch keeps the later messages out, as one held before it does. ``keys`` are the messages'
+    lock keys when the caller has them already (``claim_tick``)."""
+    if keys is None:
+        keys = [unique_key_of(m) for m in messages]
     cur.execute(sql.SWEEP_UNIQUES)
     items: list[Item] = []
     out: list[str] = []

@@ -6,15 +6,13 @@ reads the record."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from ...message import Message, check_messages, encode_many
-from ..common import unique_key_of
+from ...message import Message
 from ..keys import QUEUES, queue_keys
-from ..ticks import RECENT_TICKS, TAKEN, TICK_SKEW, WON, TickClaim, check_tick_claim
+from ..ticks import RECENT_TICKS, TAKEN, TICK_SKEW, WON, TickBatch, TickClaim
 from .scripts import (
     _PRIORITIES,
     _PRIORITY_ARG,
@@ -30,34 +28,24 @@ class _Ticks(_ScriptRunner):
     """``RedisBroker``'s side of periodic tasks."""
 
     _scripts: _Scripts
-    max_message_size: int
 
     if TYPE_CHECKING:  # RedisBroker's
 
         def _publishing(self, commands: list[_Command], doing: str) -> list[Any]: ...
 
-    def claim_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        unique_for: float | None = None,
-    ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        batch = list(messages)
-        payloads = encode_many(batch, self.max_message_size)
+    def _store_tick(self, batch: TickBatch) -> TickClaim:
+        queue, name, tick, messages = batch.queue, batch.name, batch.tick, list(batch.messages)
         k = queue_keys(queue)
-        keys: tuple[str, ...] = (k.schedule(name), k.schedule_ticks(name), *_publish_keys(queue))
+        redis_keys = (k.schedule(name), k.schedule_ticks(name), *_publish_keys(queue))
         args: list[Any] = [repr(float(tick)), repr(TICK_SKEW), RECENT_TICKS]
-        if unique_for is None:
-            args += ["p", *_publish_args(batch, payloads)]
+        if batch.keys is None or batch.unique_for is None:
+            args += ["p", *_publish_args(messages, batch.payloads)]
         else:
-            keys += (k.unique, k.unique_sweep)
-            args += ["u", *_unique_args(batch, payloads, unique_for)]
+            redis_keys += (k.unique, k.unique_sweep)
+            args += ["u", *_unique_args(messages, batch.payloads, batch.keys, batch.unique_for)]
+        script = self._call(self._scripts.claim_tick, redis_keys, args)
         _, (status, detail) = self._publishing(
-            [(("SADD", QUEUES, queue), None), self._call(self._scripts.claim_tick, keys, args)],
+            [(("SADD", QUEUES, queue), None), script],
             f"claiming tick {tick!r} of schedule {name!r}",
         )
         if status == 0:
@@ -93,11 +81,13 @@ def _publish_args(messages: list[Message], payloads: list[bytes]) -> list[Any]:
     return args + delayed
 
 
-def _unique_args(messages: list[Message], payloads: list[bytes], unique_for: float) -> list[Any]:
+def _unique_args(
+    messages: list[Message], payloads: list[bytes], keys: list[str], unique_for: float
+) -> list[Any]:
     """``claim_tick.lua``'s ARGV after 'u': the number of groups of one (priority, eta), then
     per group its size and ``publish_unique.lua``'s ARGV."""
     groups: dict[tuple[int, float], list[Any]] = {}
-    for m, raw in zip(messages, payloads, strict=True):
+    for m, raw, key in zip(messages, payloads, keys, strict=True):
         group = groups.get((m.priority, m.eta))
         if group is None:
             group = groups[(m.priority, m.eta)] = [
@@ -107,7 +97,7 @@ def _unique_args(messages: list[Message], payloads: list[bytes], unique_for: flo
                 repr(float(m.eta)),
             ]
         group[0] += 1
-        group.extend((unique_key_of(m), m.id, raw, _lock_end(m)))
+        group.extend((key, m.id, raw, _lock_end(m)))
     args: list[Any] = [len(groups)]
     for group in groups.values():
         args += group

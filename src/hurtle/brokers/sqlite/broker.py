@@ -23,15 +23,7 @@ from ..common import (
 )
 from ..records import DeadLetter, QueueStats, StoredResult
 from ..reports import TaskCounts, WorkerReport, decode_report
-from ..ticks import (
-    RECENT_TICKS,
-    TAKEN,
-    WON,
-    TickClaim,
-    check_tick_claim,
-    claimable,
-    too_early,
-)
+from ..ticks import RECENT_TICKS, TAKEN, WON, TickBatch, TickClaim, claimable, too_early
 from . import flows
 from .connection import _path_of, _synchronous_of
 from .consumer import _SQLiteConsumer
@@ -201,18 +193,9 @@ class SQLiteBroker(_Recovery, Broker):
         self._known.update(new)
         self._notify()
 
-    def claim_tick(
-        self,
-        queue: str,
-        name: str,
-        tick: float,
-        messages: Sequence[Message],
-        unique_for: float | None = None,
-    ) -> TickClaim:
-        check_tick_claim(queue, tick, messages, unique_for)
-        check_messages(messages)
-        keys = [unique_key_of(m) for m in messages] if unique_for is not None else None
-        payloads = encode_many(list(messages), self.max_message_size)
+    def _store_tick(self, batch: TickBatch) -> TickClaim:
+        queue, name, tick, messages = batch.queue, batch.name, batch.tick, batch.messages
+        payloads, keys = batch.payloads, batch.keys
         with self._write() as conn:
             now = time.time()  # the write lock is held: every claimer's clock is read in turn
             conn.execute(_SCHEDULES)
@@ -235,8 +218,8 @@ class SQLiteBroker(_Recovery, Broker):
                 ]
                 holders = [m.id for m in messages]
             else:
-                assert unique_for is not None
-                items, holders = _take_locks(conn, messages, keys, payloads, now, unique_for)
+                assert batch.unique_for is not None
+                items, holders = _take_locks(conn, messages, keys, payloads, now, batch.unique_for)
             new = self._store(conn, items, now) if items else set()
         self._known.update(new)
         if items:

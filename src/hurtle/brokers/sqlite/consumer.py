@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
 from ...message import Message
-from ..base import Consumer, beat_through
+from ..base import Consumer
 from ..common import log_trimmed
+from ..consumer import beat_through
 from ..records import Delivery, FlowStep, Lock, StoredResult
 from ..reports import WorkerReport, encode_report
 from . import flows

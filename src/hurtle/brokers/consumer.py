@@ -1,0 +1,216 @@
+"""The consumer side of the broker contract: ``Consumer``, one worker's session that fetches
+deliveries, holds them and settles each one way, and ``beat_through``, its heartbeat on a
+broker object of its own.
+
+The rules a consumer keeps (delivery semantics, late outcomes, limits, control) are set out
+with the broker's side, in ``base.py``'s docstring.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ..message import Message
+from .records import Delivery, FlowStep, Lock, StoredResult
+from .reports import Reporter
+
+if TYPE_CHECKING:
+    from .base import Broker
+
+
+class Consumer(abc.ABC):
+    """One worker's session: fetch, hold, settle. Not shared between workers."""
+
+    #: The id other workers see in the broker; its heartbeat keeps this consumer's deliveries.
+    worker_id: str
+    #: This consumer's own timeout (its broker's when it was made): each beat pushes its
+    #: deadline to now plus this.
+    heartbeat_timeout: float
+    queues: tuple[str, ...]
+    #: True when ``ack_and_fetch`` does both in one step of the store, cheaper than two.
+    combines_ack_and_fetch = False
+    #: Set by the worker: each heartbeat stores a report from it in the same step as the beat
+    #: (``reports.py``), and confirms it once stored.
+    reporter: Reporter | None = None
+    #: Set by each fetch that returns deliveries, read in the same step of the store: True when
+    #: the broker held cancelled message ids still live (``Broker.cancel``), so the worker must
+    #: screen the batch (``Broker.cancelled``). Brokers without cancellation leave it False.
+    cancellations: bool = False
+
+    @abc.abstractmethod
+    def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
+        """Take up to ``max_count`` ready messages, highest priority first, then oldest first.
+
+        Blocks up to ``timeout`` seconds while nothing is ready, without a busy loop, and returns
+        an empty list then. Delayed messages whose time has come count as ready.
+        """
+
+    def ack_and_fetch(
+        self, deliveries: Sequence[Delivery], max_count: int, timeout: float
+    ) -> list[Delivery]:
+        """``ack(deliveries)``, then ``fetch(max_count, timeout)``: the acknowledgement is
+        recorded whatever the fetch finds, and an error means neither happened or only the ack.
+        """
+        if deliveries:
+            self.ack(deliveries)
+        return self.fetch(max_count, timeout)
+
+    def prefetch(self, max_count: int) -> None:
+        """Start taking up to ``max_count`` more in the background, without waiting.
+
+        The next ``fetch`` returns what this took (or fetches as usual when it took nothing).
+        A worker that runs a batch on its own thread calls it first, so that the broker's round
+        trip overlaps the work. Brokers that cannot overlap ignore it; what it takes is held
+        like anything fetched, and ``close`` releases it.
+        """
+        return None
+
+    def take_prefetched(self) -> list[Delivery]:
+        """What the last ``prefetch`` took, now, without fetching anything else (``[]`` when
+        nothing was prefetched); the deliveries are held as usual.
+
+        A worker whose task runs long calls it to hand the prefetched batch back to the broker
+        for other workers.
+        """
+        return []
+
+    @abc.abstractmethod
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        """Record these deliveries as done: they leave the broker for good.
+
+        ``results`` are stored in the same step, before the acknowledgements take effect, each
+        for its ``ttl``: a message never counts as done while its record is missing. Waiters of
+        ``Broker.watch_results`` are woken. ``results[i]`` rides with ``deliveries[i]`` (the
+        record of its message): it is stored only if that delivery is still held by this
+        consumer (see "Late outcomes" in ``base.py``), so that the late outcome of a consumer
+        taken for dead never replaces the record of the copy delivered again. Results past
+        ``len(deliveries)`` ride with none (records of attempts settled otherwise: a failed
+        attempt's, a dead letter's) and are stored as they are.
+        """
+
+    def ack_flow(self, steps: Sequence[FlowStep]) -> None:
+        """Settle workflow members (chains, chords): each ``FlowStep`` in one atomic step of
+        the store with its acknowledgement (see ``FlowStep``, ``ChordStep``)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not support workflows (chains and chords): its "
+            "ack_flow is missing"
+        )
+
+    @abc.abstractmethod
+    def retry(self, delivery: Delivery, message: Message) -> None:
+        """Replace a held delivery by ``message`` (the next attempt), due at ``message.eta``."""
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        """Put a held delivery back unchanged (same attempt), due at ``eta`` (Unix seconds).
+
+        Settles it like ``retry``: a delivery no longer held is left alone.
+        """
+        raise NotImplementedError(f"{type(self).__name__} does not support deferral")
+
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """``defer`` each ``(delivery, eta)``; brokers that can do it in one step override this."""
+        for delivery, eta in items:
+            self.defer(delivery, eta)
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        """For each ``(key, limit, wanted)``: take up to ``wanted`` slots of ``key`` for this
+        consumer, so that at most ``limit`` are held across all consumers; returns how many
+        each got. Slots held by consumers whose heartbeat deadline passed count as free."""
+        raise NotImplementedError(f"{type(self).__name__} does not support concurrency limits")
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        """Give back ``count`` slots of each ``(key, count)`` held by this consumer."""
+        raise NotImplementedError(f"{type(self).__name__} does not support concurrency limits")
+
+    def ack_and_release(
+        self,
+        deliveries: Sequence[Delivery],
+        results: Sequence[StoredResult],
+        locks: Sequence[Lock],
+    ) -> None:
+        """``ack`` then ``release_unique``: the acker's flush when settled messages hold
+        unique locks. A broker that can send both in one round trip does (Redis); if this
+        raises, the locks may still be held and the caller releases them again."""
+        self.ack(deliveries, results)
+        if locks:
+            self.release_unique(locks)
+
+    def release_unique(self, locks: Sequence[Lock]) -> None:
+        """End the unique locks ``(queue, key, message id, until)`` still held for that
+        message. ``until`` is the message's ``headers["unique_until"]`` (0 when it has none):
+        a broker whose lock ends then may end, without reading it, a lock that cannot have
+        passed to another message yet."""
+        raise NotImplementedError(f"{type(self).__name__} does not support unique locks")
+
+    @abc.abstractmethod
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        """Move a held delivery to its queue's dead letters, with ``reason`` and its raw bytes.
+
+        In the same step, drop that queue's dead letters older than the broker's
+        ``dead_letter_ttl``, then the oldest beyond its ``dead_letter_max`` (``log_trimmed``).
+        """
+
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """``dead_letter`` each ``(delivery, reason)``; brokers that can do it in one step of
+        the store override this (the worker gathers the dead letters of messages it does not
+        run, expired or cancelled, into one call)."""
+        for delivery, reason in items:
+            self.dead_letter(delivery, reason)
+
+    @abc.abstractmethod
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        """Give held deliveries back, unchanged and ready, to be fetched again (graceful stop)."""
+
+    @abc.abstractmethod
+    def heartbeat(self) -> bool:
+        """Tell the broker this worker is alive, and recover what dead workers held.
+
+        Returns True while recovery has more to do soon (recovered messages wait to be let out
+        one at a time): the caller then beats again sooner than usual.
+        """
+
+    def send_report(self) -> None:
+        """Store a report from ``reporter`` as a beat does (the report, and its delta added to
+        the totals; then ``confirm``), without beating: what a busy worker sends between its
+        beats, at most once a second, so that the figures move while it works
+        (``worker/heartbeat.py``). This default beats; brokers override it with the report's
+        part of their beat."""
+        self.heartbeat()
+
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
+        """``(beat, end)``: ``beat`` does what ``heartbeat`` does for this consumer, through
+        connections of its own; ``end`` lets go of them (and releases nothing).
+
+        Made and used on one other OS thread: the worker's heartbeat thread under gevent or
+        eventlet, where this consumer's connections belong to the main thread's event loop.
+        Brokers whose store lives in this process beat through the consumer itself.
+        """
+        return self.heartbeat, _nothing
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release whatever is still held and leave the broker; the consumer is unusable after.
+
+        With a ``reporter``, the worker leaves with a last report in the same step: what it
+        counted since its last beat goes to the totals, and its report is removed, so that
+        ``workers()`` no longer lists it and ``totals()`` counts everything it ran (a worker
+        that ran for less than a heartbeat interval included).
+        """
+
+
+def _nothing() -> None:
+    return None
+
+
+def beat_through(own: Broker, consumer: Consumer) -> tuple[Callable[[], bool], Callable[[], None]]:
+    """``consumer.heartbeat_session()`` through ``own``, a broker object of its own on the same
+    store: a consumer of the same id and reporter beats there; ending it closes ``own``."""
+    try:
+        beater = own.consumer(consumer.queues, consumer.worker_id)
+        beater.reporter = consumer.reporter
+    except BaseException:
+        own.close()
+        raise
+    return beater.heartbeat, own.close
