@@ -10,10 +10,7 @@ unique locks gathered by the time acknowledgements are flushed go in the acknowl
 
 When the broker cannot be reached (a ``BrokerError`` caused by a connection, a timeout or a busy
 store), outcomes are kept and retried with backoff, never dropped. ``stop`` keeps retrying so,
-with backoff, until everything is settled or its timeout is spent; what is still unsettled then
-is logged as an error with the counts. Such messages are not lost: they are still held by this
-worker's session in the broker, which hands them back when the session closes (or, if it cannot
-be closed, once this worker's heartbeat lapses), so their tasks run again.
+with backoff, until everything is settled or its timeout is spent.
 
 Results ride with acknowledgements: ``ack_with_result`` queues a delivery together with its
 record (``StoredResult``), and the flush hands both to one ``Consumer.ack`` call, so a batch of
@@ -27,8 +24,8 @@ of the attempt that follows it. A batch's records come in columns (``StoredResul
 time to live. ``take_acks`` takes only plain acknowledgements; those with
 results stay with the acker's own flush.
 
-What the acker does with an outcome the broker refuses (rather than cannot be reached for) is
-``refusals.py``'s.
+What the acker does with an outcome the broker refuses (rather than cannot be reached for), and
+with what is still unsettled when ``stop`` gives up, is ``refusals.py``'s.
 """
 
 from __future__ import annotations
@@ -40,17 +37,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from ..brokers import (
-    Consumer,
-    Delivery,
-    FlowStep,
-    Lock,
-    StoredResult,
-    StoredResults,
-    UniqueLocks,
-)
+from ..brokers import Consumer, Delivery, FlowStep, Lock, StoredResult, StoredResults, UniqueLocks
 from ..message import Message
-from .refusals import Ends, Op, ack_flows_one_by_one, ack_one_by_one, refused, unreachable
+from . import refusals
+from .refusals import Ends, Op, unreachable
 
 log = logging.getLogger(__name__)
 
@@ -270,21 +260,13 @@ class Acker:
         error: Exception | None = None  # why the broker could not be reached
         settled = 0
         if records:
-            try:
-                self.consumer.ack((), records)
-            except Exception as err:
-                if unreachable(err):
-                    error = err
-                    kept, ops = ops, []
-                    with self._lock:
-                        self._records[:0] = records
-                else:  # a record is not an outcome: the messages' fates are settled anyway
-                    log.error(
-                        "the broker refused to store %d results (%s); their handles "
-                        "will not see these failures",
-                        len(records),
-                        err,
-                    )
+            error = refusals.store_records(
+                self.consumer, records, "; their handles will not see these failures"
+            )
+            if error is not None:
+                kept, ops = ops, []
+                with self._lock:
+                    self._records[:0] = records
         if self._ending and error is None:
             ending = _take(self._ending)
             try:
@@ -343,10 +325,13 @@ class Acker:
                 if unreachable(err):
                     error = err
                 else:
-                    acks = self._ack_one_by_one(acks, err)
                     with_results += [p for ds, rs in batches for p in zip(ds, rs, strict=True)]
                     batches = []
-                    with_results = self._ack_one_by_one_with_results(with_results)
+                    acks, with_results, done, dropped = refusals.acks_one_by_one(
+                        self.consumer, acks, with_results, err
+                    )
+                    self.settled += done
+                    self.dropped += dropped
             else:
                 settled += len(acks) + len(with_results) + sum(len(ds) for ds, _ in batches)
                 acks = []
@@ -394,7 +379,7 @@ class Acker:
                 pending.extendleft(reversed(steps))
                 log.warning("could not settle %d workflow steps, will retry: %s", len(steps), err)
                 return 0
-            again, settled, dropped = ack_flows_one_by_one(self.consumer, steps)
+            again, settled, dropped = refusals.ack_flows_one_by_one(self.consumer, steps)
             pending.extendleft(reversed(again))
             self.dropped += dropped
             return settled
@@ -412,16 +397,11 @@ class Acker:
         if self._dead:  # records handed over since this flush began go before the dead letters
             with self._lock:
                 records, self._records = self._records, []
-            if records:
-                try:
-                    self.consumer.ack((), records)
-                except Exception as err:
-                    if unreachable(err):  # no dead letter before its record: both wait
-                        with self._lock:
-                            self._records[:0] = records
-                        log.warning("could not store %d records, will retry: %s", len(records), err)
-                        return settled
-                    log.error("the broker refused to store %d results (%s)", len(records), err)
+            if records and (err := refusals.store_records(self.consumer, records)) is not None:
+                with self._lock:  # no dead letter before its record: both wait
+                    self._records[:0] = records
+                log.warning("could not store %d records, will retry: %s", len(records), err)
+                return settled
         calls = (
             (self._ending, self.consumer.release_unique, "unique locks of dead letters ended"),
             (self._dead, self.consumer.dead_letter_many, "dead letters"),
@@ -453,32 +433,13 @@ class Acker:
 
     def _refused(self, op: Op, err: Exception) -> bool:
         """Handle an outcome the broker refused; True when it is off the acker's hands."""
-        verdict = refused(self.consumer, op, err, self.ends)
+        verdict = refusals.refused(self.consumer, op, err, self.ends)
         self.settled += verdict.settled
         self.dropped += verdict.dropped
         if verdict.later is not None:
             with self._lock:
                 self._ops.append(verdict.later)  # settled once the broker is back
         return verdict.done
-
-    def _ack_one_by_one(self, acks: list[Delivery], err: Exception) -> list[Delivery]:
-        """A batch of acknowledgements was refused: find which; return those to try again."""
-        log.warning(
-            "the broker refused %d acknowledgements (%s): trying them one by one", len(acks), err
-        )
-        again, settled, dropped = ack_one_by_one(self.consumer, [(d, None) for d in acks])
-        self.settled += settled
-        self.dropped += dropped
-        return [d for d, _ in again]
-
-    def _ack_one_by_one_with_results(
-        self, items: list[tuple[Delivery, StoredResult]]
-    ) -> list[tuple[Delivery, StoredResult]]:
-        """Like ``_ack_one_by_one``, for acknowledgements that carry a result."""
-        again, settled, dropped = ack_one_by_one(self.consumer, items)
-        self.settled += settled
-        self.dropped += dropped
-        return [(d, r) for d, r in again if r is not None]
 
     def _run(self) -> None:
         backoff = self.interval
@@ -519,29 +480,4 @@ class Acker:
         with self._lock:
             acks = len(self._acks) + len(self._with_results) + self._batched + len(self._flows)
             ops = list(self._ops)
-        if self._defers:  # still held: they go back with the session, like the rest
-            log.error(
-                "could not defer %d throttled messages within the shutdown's %gs: they go "
-                "back to their queues when this worker's session closes",
-                len(self._defers),
-                timeout,
-            )
-        if acks or ops:
-            kinds = {
-                k: sum(len(o.deliveries) for o in ops if o.kind == k)
-                for k in ("retry", "dead", "defer", "release")
-            }
-            self.dropped += acks + sum(kinds.values())
-            log.error(
-                "could not settle %d outcomes within the shutdown's %gs (%d acknowledgements, "
-                "%d retries, %d dead letters, %d deferrals, %d hand-backs): those messages stay "
-                "held by this worker in the broker and go back to their queues when its session "
-                "closes or its heartbeat lapses, so their tasks run again",
-                acks + sum(kinds.values()),
-                timeout,
-                acks,
-                kinds["retry"],
-                kinds["dead"],
-                kinds["defer"],
-                kinds["release"],
-            )
+        self.dropped += refusals.give_up(acks, ops, len(self._defers), timeout)

@@ -1,4 +1,4 @@
-"""What the acker does with an outcome the broker refuses, rather than cannot be reached for.
+"""What the acker does with an outcome the broker refuses, or still cannot take when it stops.
 
 An outcome the broker refuses for its own content (anything else: an ``EncodeError``, a script
 error for that one delivery, ...) must not block the others. A refusal that is not a
@@ -13,6 +13,15 @@ error for that one delivery, ...) must not block the others. A refusal that is n
   back to its queue when the session closes, so its task runs again (never lost, at worst run
   twice). Acknowledgements are tried one by one before any is dropped; so are workflow steps
   (``ack_flow``), whose next step is then set off by the run that follows.
+
+Records with no delivery to acknowledge (``store_records``) are not outcomes: one the broker
+refuses is logged and given up on, as the messages' fates are settled anyway.
+
+An outcome the broker cannot be reached for is kept and tried again by the acker, ``stop``
+included, until its timeout is spent; what is still unsettled then is logged as an error with the
+counts (``give_up``). Such messages are not lost: they are still held by this worker's session in
+the broker, which hands them back when the session closes (or, if it cannot be closed, once this
+worker's heartbeat lapses), so their tasks run again.
 """
 
 from __future__ import annotations
@@ -216,3 +225,73 @@ def ack_flows_one_by_one(
         lambda step: consumer.ack_flow([step]),
         lambda step: f"a workflow step of {step.delivery.queue!r}",
     )
+
+
+def acks_one_by_one(
+    consumer: Consumer,
+    acks: list[Delivery],
+    with_results: list[tuple[Delivery, StoredResult]],
+    err: Exception,
+) -> tuple[list[Delivery], list[tuple[Delivery, StoredResult]], int, int]:
+    """A batch of acknowledgements was refused with ``err``: find which, trying the plain ones
+    one by one, then those that carry a result; ``(plain ones to try again, those with a result
+    to try again, settled, dropped)``."""
+    log.warning(
+        "the broker refused %d acknowledgements (%s): trying them one by one", len(acks), err
+    )
+    again, settled, dropped = ack_one_by_one(consumer, [(d, None) for d in acks])
+    again_results, settled_results, dropped_results = ack_one_by_one(consumer, with_results)
+    return (
+        [d for d, _ in again],
+        [(d, r) for d, r in again_results if r is not None],
+        settled + settled_results,
+        dropped + dropped_results,
+    )
+
+
+def store_records(
+    consumer: Consumer, records: list[StoredResult], note: str = ""
+) -> Exception | None:
+    """Store records that ride with no acknowledgement: the error when the broker cannot be
+    reached (the caller keeps them for later), else None, stored or refused (logged, with
+    ``note``, and given up on)."""
+    try:
+        consumer.ack((), records)
+    except Exception as err:
+        if unreachable(err):
+            return err
+        log.error("the broker refused to store %d results (%s)%s", len(records), err, note)
+    return None
+
+
+def give_up(acks: int, ops: Sequence[Op], defers: int, timeout: float) -> int:
+    """Log what ``Acker.stop`` leaves unsettled once its ``timeout`` is spent (``acks``
+    acknowledgements, ``ops``, ``defers`` deferrals); return how many outcomes it gives up on
+    (deferrals are not counted: their deliveries go back with the session, like the rest)."""
+    if defers:
+        log.error(
+            "could not defer %d throttled messages within the shutdown's %gs: they go "
+            "back to their queues when this worker's session closes",
+            defers,
+            timeout,
+        )
+    if not acks and not ops:
+        return 0
+    kinds = {
+        k: sum(len(o.deliveries) for o in ops if o.kind == k)
+        for k in ("retry", "dead", "defer", "release")
+    }
+    log.error(
+        "could not settle %d outcomes within the shutdown's %gs (%d acknowledgements, "
+        "%d retries, %d dead letters, %d deferrals, %d hand-backs): those messages stay "
+        "held by this worker in the broker and go back to their queues when its session "
+        "closes or its heartbeat lapses, so their tasks run again",
+        acks + sum(kinds.values()),
+        timeout,
+        acks,
+        kinds["retry"],
+        kinds["dead"],
+        kinds["defer"],
+        kinds["release"],
+    )
+    return acks + sum(kinds.values())

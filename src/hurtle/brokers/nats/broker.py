@@ -17,7 +17,8 @@ message ids as ``Nats-Msg-Id``, the acknowledgement last). A worker killed part-
 delivery to come back, and its step publishes the same link or callback again, which JetStream
 drops as a duplicate — within the queue streams' duplicate window (``duplicate_window``, two
 minutes). A worker recovered later than that (a heartbeat timeout above about a minute) can set
-a link or callback off twice. ``purge.py`` empties a queue without touching what workers hold.
+a link or callback off twice. ``purge.py`` empties a queue without touching what workers hold;
+``reading.py`` lists the queues and counts what is in them.
 
 Every call runs on the process's one event-loop thread (``loop.py``); each broker has a
 connection of its own.
@@ -27,14 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
-
-import msgspec
-from nats.js.errors import NotFoundError
 
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
@@ -53,7 +50,7 @@ from ..common import (
 from ..records import DeadLetter, Lock, QueueStats, StoredResult
 from ..reports import TaskCounts, WorkerReport, decode_report, merge
 from ..ticks import TAKEN, WON, TickBatch, TickClaim, claimable, remember, too_early
-from . import control, flows, names, results
+from . import control, flows, names, reading, results
 from .deadletters import DeadLetters
 from .delays import Promoters
 from .loop import run
@@ -69,8 +66,6 @@ Item = tuple[str, bytes, dict[str, str] | None]
 ROOM = 8 * 1024
 #: Longest a new broker waits for its connection (nats-py gives up on a silent server sooner).
 CONNECT_TIMEOUT = 30.0
-#: Most delayed messages of a queue ``next_delayed`` reads (one server round trip each).
-NEXT_DELAYED_SCAN = 10_000
 
 
 class NatsBroker(Broker):
@@ -324,106 +319,20 @@ class NatsBroker(Broker):
     def recover(self) -> int:
         return run(recover_dead_workers(self.store, self.max_recoveries, self.write_lost))
 
-    # -- reading ---------------------------------------------------------------------------
+    # -- reading (reading.py) --------------------------------------------------------------
 
     def queues(self) -> list[str]:
-        async def names_() -> list[str]:
-            out = []
-            gone = await control.forgotten(self.store)
-            async for info in self._streams():
-                # a stream is made for a consumer too: a queue is one that had messages, and
-                # some since it was forgotten
-                if info.config.name.startswith("HQ_") and info.state.last_seq:
-                    name = names.untoken(info.config.name[3:])
-                    if gone.get(name) != info.state.last_seq:
-                        out.append(name)
-            paused, _ = await control.read(self.store)  # a paused queue is known, as elsewhere
-            return sorted({*out, *paused})
-
-        return run(names_())
+        return run(reading.queue_names(self.store))
 
     def forget(self, queue: str) -> bool:
-        return run(self._forget(check_queue_name(queue)))
-
-    async def _forget(self, queue: str) -> bool:
-        # the stream's last sequence first: a message published after it is read shows then
-        try:
-            info = await self.store.js.stream_info(names.stream(queue))
-        except NotFoundError:
-            return QueueStats() == (await self._stats([queue]))[queue]  # never had messages
-        if (await self._stats([queue]))[queue] != QueueStats():
-            return False
-        await control.forget(self.store, queue, info.state.last_seq)
-        return True
-
-    async def _streams(self) -> Any:
-        offset = 0
-        while True:
-            infos = await self.store.js.streams_info(offset)
-            if not infos:
-                return
-            for info in infos:
-                yield info
-            offset += len(infos)
-            if len(infos) < 256:
-                return
+        return run(reading.forget(self.store, self.dead, check_queue_name(queue)))
 
     def stats(self, queues: Iterable[str] | None = None) -> dict[str, QueueStats]:
         chosen = self.queues() if queues is None else list(queues)
-        return run(self._stats(chosen))
-
-    async def _stats(self, queues: list[str]) -> dict[str, QueueStats]:
-        (paused, _), found = await asyncio.gather(
-            control.read(self.store), asyncio.gather(*(self._stats_of(q) for q in queues))
-        )
-        return {
-            q: msgspec.structs.replace(s, paused=True) if q in paused else s
-            for q, s in zip(queues, found, strict=True)
-        }
-
-    async def _stats_of(self, queue: str) -> QueueStats:
-        js = self.store.js
-        stream = names.stream(queue)
-        dead = await self.dead.count(queue)
-        try:
-            info = await js.stream_info(stream, subjects_filter=f"hq.{names.token(queue)}.*")
-        except NotFoundError:
-            return QueueStats(dead=dead)
-        infos = await asyncio.gather(
-            *(js.consumer_info(stream, names.durable(level)) for level in names.LEVELS)
-        )
-        delayed = (info.state.subjects or {}).get(names.subject(queue, names.DELAYED), 0)
-        return QueueStats(
-            ready=sum(i.num_pending or 0 for i in infos),
-            delayed=int(delayed),
-            in_flight=sum(i.num_ack_pending or 0 for i in infos),
-            dead=dead,
-        )
+        return run(reading.stats(self.store, self.dead, chosen))
 
     def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
-        return run(self._next_delayed(queue, limit))
-
-    async def _next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]]:
-        """Reads the queue's delayed subject in stream order (JetStream 2.9 keeps no order by
-        eta), at most ``NEXT_DELAYED_SCAN`` messages: past that, the soonest of those."""
-        js = self.store.js
-        stream = names.stream(queue)
-        subject = names.subject(queue, names.DELAYED)
-        latest: list[tuple[float, int, bytes]] = []  # the soonest so far, latest on top
-        seq = 1
-        for _ in range(NEXT_DELAYED_SCAN):
-            try:
-                msg = await js.get_msg(stream, seq=seq, subject=subject, next=True)
-            except NotFoundError:
-                break
-            seq = msg.seq + 1
-            eta = float((msg.headers or {}).get(names.ETA, "0"))
-            item = (-eta, -msg.seq, bytes(msg.data or b""))
-            if len(latest) < limit:
-                heapq.heappush(latest, item)
-            elif item > latest[0]:
-                heapq.heapreplace(latest, item)
-        return [(-eta, raw) for eta, _, raw in sorted(latest, reverse=True)]
+        return run(reading.next_delayed(self.store, queue, limit))
 
     # -- dead letters ----------------------------------------------------------------------
 

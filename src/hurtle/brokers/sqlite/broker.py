@@ -1,4 +1,5 @@
-"""``SQLiteBroker``: publishing, schedules, limits and the admin side."""
+"""``SQLiteBroker``: publishing, schedules, limits and the admin side; its dead letters are
+``deadletters.py``'s."""
 
 from __future__ import annotations
 
@@ -21,20 +22,19 @@ from ..common import (
     lock_end,
     unique_key_of,
 )
-from ..records import DeadLetter, QueueStats, StoredResult
+from ..records import QueueStats, StoredResult
 from ..reports import TaskCounts, WorkerReport, decode_report
 from ..ticks import RECENT_TICKS, TAKEN, WON, TickBatch, TickClaim, claimable, too_early
 from . import flows
 from .connection import _path_of, _synchronous_of
 from .consumer import _SQLiteConsumer
+from .deadletters import _DeadLetters
 from .recovery import _Recovery
 from .schema import (
     _ADD_CURSOR,
     _ADD_QUEUE,
     _ADD_TICK,
-    _CAP_DEAD,
     _CLAIM_TICK,
-    _EXPIRE_DEAD,
     _FORGET_TICKS,
     _GET_RESULT,
     _HAS_SCHEDULES,
@@ -62,7 +62,7 @@ _HOLDS_ANY = (
 )
 
 
-class SQLiteBroker(_Recovery, Broker):
+class SQLiteBroker(_Recovery, _DeadLetters, Broker):
     """The contract on one SQLite file, shared by every process and thread that opens it."""
 
     def __init__(
@@ -382,53 +382,12 @@ class SQLiteBroker(_Recovery, Broker):
             self._notify()
         return moved
 
-    def _trim_dead(self, conn: sqlite3.Connection, queue: str, now: float) -> tuple[int, int]:
-        """Drop dead letters past the ttl, then the oldest beyond the cap; (expired, dropped)."""
-        expired = dropped = 0
-        if self.dead_letter_ttl:
-            expired = conn.execute(_EXPIRE_DEAD, (queue, now - self.dead_letter_ttl)).rowcount
-        if self.dead_letter_max:
-            dropped = conn.execute(_CAP_DEAD, (queue, self.dead_letter_max)).rowcount
-        return expired, dropped
-
     def next_delayed(self, queue: str, limit: int) -> list[tuple[float, bytes]] | None:
         with self._read() as conn:  # the delayed_due index: (queue, eta)
             rows = conn.execute(
                 "SELECT eta, body FROM delayed WHERE queue = ? ORDER BY eta LIMIT ?", (queue, limit)
             ).fetchall()
         return [(float(r[0]), bytes(r[1])) for r in rows]
-
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
-        with self._read() as conn:
-            rows = conn.execute(
-                "SELECT id, queue, reason, body, failed_at FROM dead WHERE queue = ? "
-                "ORDER BY seq LIMIT ? OFFSET ?",
-                (queue, limit, offset),
-            ).fetchall()
-        return [
-            DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4]) for r in rows
-        ]
-
-    def find_dead(self, message_id: str) -> DeadLetter | None:
-        with self._read() as conn:  # the dead_message index; the latest dead letter first
-            r = conn.execute(
-                "SELECT id, queue, reason, body, failed_at FROM dead WHERE message_id = ? "
-                "ORDER BY seq DESC LIMIT 1",
-                (message_id,),
-            ).fetchone()
-        if r is None:
-            return None
-        return DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4])
-
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
-        if not ids:
-            return 0
-        with self._write() as conn:
-            deleted: int = conn.execute(
-                f"DELETE FROM dead WHERE queue = ? AND id IN ({_IDS})",
-                (queue, json.dumps(list(ids))),
-            ).rowcount
-        return deleted
 
     def purge(self, queue: str) -> int:
         """Delete the rows above each cursor of ``queue`` (ready; those at or below are held),
@@ -443,11 +402,6 @@ class SQLiteBroker(_Recovery, Broker):
             n += conn.execute("DELETE FROM delayed WHERE queue = ?", (queue,)).rowcount
             n += conn.execute("DELETE FROM quarantine WHERE queue = ?", (queue,)).rowcount
         return n
-
-    def purge_dead(self, queue: str) -> int:
-        with self._write() as conn:
-            deleted: int = conn.execute("DELETE FROM dead WHERE queue = ?", (queue,)).rowcount
-        return deleted
 
     def workers(self) -> list[WorkerReport]:
         with self._write() as conn:
