@@ -27,14 +27,14 @@ from ..harness import options
 
 
 def add_parser(kinds: Any) -> None:
-    io: argparse.ArgumentParser = kinds.add_parser(
+    io = options.suite(
+        kinds,
         "io",
+        run,
         help="every worker pool at concurrency 500 on Redis I/O, sleeps and CPU work",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=options.paragraph(__doc__, 1),
     )
-    io.add_argument(
-        "--count", "-n", type=int, default=20_000, help="tasks per row (default 20,000)"
-    )
+    options.add_count(io, 20_000)
     io.add_argument(
         "--concurrency",
         "-c",
@@ -58,7 +58,6 @@ def add_parser(kinds: Any) -> None:
         "--timeout", type=float, default=600.0, help="seconds one row may take (default 600)"
     )
     add_yes(io, "flush --redis-url")
-    io.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -35,10 +35,12 @@ ROWS_PACKAGE = f"{__name__}.rows"
 
 
 def add_parser(kinds: Any) -> None:
-    pubsub: argparse.ArgumentParser = kinds.add_parser(
+    pubsub = options.suite(
+        kinds,
         "pubsub",
+        run,
         help="channels against raw Redis pub/sub, a zmq proxy and NATS; msgs/s",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
+        description=options.paragraph(__doc__, 1),
     )
     pubsub.add_argument(
         "--pairs",
@@ -53,7 +55,6 @@ def add_parser(kinds: Any) -> None:
     pubsub.add_argument("--only", default="", help="comma-separated rows (default: all)")
     options.add_redis_url(pubsub, help="use this Redis instead of starting one")
     options.add_outputs(pubsub)
-    pubsub.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

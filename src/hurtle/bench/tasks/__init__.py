@@ -20,16 +20,16 @@ ROWS_PACKAGE = f"{__name__}.rows"
 
 
 def add_parser(kinds: Any) -> None:
-    tasks: argparse.ArgumentParser = kinds.add_parser(
+    tasks = options.suite(
+        kinds,
         "tasks",
+        run,
         help="publish and consume N add(5, 6) tasks per system; report tasks/s",
         description="Publish N calls of add(5, 6), then consume them in a worker process, for "
         "hurtle, the raw redis-py loops and each installed peer. Rows: "
         + ", ".join(s.name for s in registry.discover(ROWS_PACKAGE)),
     )
-    tasks.add_argument(
-        "--count", "-n", type=int, default=100_000, help="tasks per row (default 100,000)"
-    )
+    options.add_count(tasks, 100_000)
     options.add_redis_url(tasks)
     tasks.add_argument(
         "--broker-url",
@@ -57,7 +57,6 @@ def add_parser(kinds: Any) -> None:
         help="keep each row's logs and probe files here (default: a temp dir)",
     )
     add_yes(tasks, "flush --redis-url and --broker-url")
-    tasks.set_defaults(handler=run)
 
 
 def _brokers(urls: list[str] | None) -> dict[str, str]:
