@@ -1,11 +1,11 @@
-"""The command line of the suites: the parser of one suite (``suite``), the options they share
+"""The command line of the suites: the parser of one suite (``add_suite``), the options they share
 (``--count``, ``--redis-url``, ``--json``, ``--plot``) and the one reading of a comma-separated
 choice such as ``--only a,b``."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,19 +14,15 @@ from ...errors import ConfigurationError
 FLUSHED = "use this Redis instead of starting one; its database is FLUSHED before every row"
 
 
-def suite(
-    kinds: Any,
-    name: str,
-    run: Callable[[argparse.Namespace], int],
-    *,
-    help: str,
-    description: str | None,
-) -> argparse.ArgumentParser:
-    """The parser of ``hurtle bench NAME`` among ``kinds`` (the subparsers of ``hurtle bench``),
-    whose handler is ``run``."""
-    parser: argparse.ArgumentParser = kinds.add_parser(name, help=help, description=description)
-    parser.set_defaults(handler=run)
-    return parser
+def add_suite(kinds: Any, name: str, suite: Any) -> None:
+    """Add ``hurtle bench NAME`` to ``kinds`` (the subparsers of ``hurtle bench``) from its
+    module ``suite``: ``HELP``, ``describe()``, ``add_options(parser)`` and ``run(args)``, the
+    handler."""
+    parser: argparse.ArgumentParser = kinds.add_parser(
+        name, help=suite.HELP, description=suite.describe()
+    )
+    suite.add_options(parser)
+    parser.set_defaults(handler=suite.run)
 
 
 def paragraph(doc: str | None, index: int) -> str | None:

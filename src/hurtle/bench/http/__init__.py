@@ -57,14 +57,15 @@ class HttpRow:
         return self.non_2xx + sum(self.socket_errors.values())
 
 
-def add_parser(kinds: Any) -> None:
-    http = options.suite(
-        kinds,
-        "http",
-        run,
-        help="wrk -c 500 against the enqueue endpoint and a plain Redis INCR app",
-        description=__doc__,
-    )
+HELP = "wrk -c 500 against the enqueue endpoint and a plain Redis INCR app"
+
+
+def describe() -> str | None:
+    """What ``hurtle bench http --help`` says above its options."""
+    return __doc__
+
+
+def add_options(http: argparse.ArgumentParser) -> None:
     http.add_argument(
         "--connections", "-c", type=int, default=500, help="wrk connections (default 500)"
     )

@@ -18,22 +18,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
 
 from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ...errors import ConfigurationError
 from ...worker.executors import POOLS
 from ..harness import options
 
+HELP = "every worker pool at concurrency 500 on Redis I/O, sleeps and CPU work"
 
-def add_parser(kinds: Any) -> None:
-    io = options.suite(
-        kinds,
-        "io",
-        run,
-        help="every worker pool at concurrency 500 on Redis I/O, sleeps and CPU work",
-        description=options.paragraph(__doc__, 1),
-    )
+
+def describe() -> str | None:
+    """What ``hurtle bench io --help`` says above its options."""
+    return options.paragraph(__doc__, 1)
+
+
+def add_options(io: argparse.ArgumentParser) -> None:
     options.add_count(io, 20_000)
     io.add_argument(
         "--concurrency",

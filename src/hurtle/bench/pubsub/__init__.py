@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any
 
 from ...errors import ConfigurationError
 from ..harness import options, registry
@@ -34,14 +33,15 @@ from .report import PubSubRow
 ROWS_PACKAGE = f"{__name__}.rows"
 
 
-def add_parser(kinds: Any) -> None:
-    pubsub = options.suite(
-        kinds,
-        "pubsub",
-        run,
-        help="channels against raw Redis pub/sub, a zmq proxy and NATS; msgs/s",
-        description=options.paragraph(__doc__, 1),
-    )
+HELP = "channels against raw Redis pub/sub, a zmq proxy and NATS; msgs/s"
+
+
+def describe() -> str | None:
+    """What ``hurtle bench pubsub --help`` says above its options."""
+    return options.paragraph(__doc__, 1)
+
+
+def add_options(pubsub: argparse.ArgumentParser) -> None:
     pubsub.add_argument(
         "--pairs",
         default="1,2,4",

@@ -8,7 +8,6 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ...errors import ConfigurationError
@@ -19,16 +18,19 @@ from ..harness.scenario import Row
 ROWS_PACKAGE = f"{__name__}.rows"
 
 
-def add_parser(kinds: Any) -> None:
-    tasks = options.suite(
-        kinds,
-        "tasks",
-        run,
-        help="publish and consume N add(5, 6) tasks per system; report tasks/s",
-        description="Publish N calls of add(5, 6), then consume them in a worker process, for "
+HELP = "publish and consume N add(5, 6) tasks per system; report tasks/s"
+
+
+def describe() -> str | None:
+    """What ``hurtle bench tasks --help`` says above its options."""
+    return (
+        "Publish N calls of add(5, 6), then consume them in a worker process, for "
         "hurtle, the raw redis-py loops and each installed peer. Rows: "
-        + ", ".join(s.name for s in registry.discover(ROWS_PACKAGE)),
+        + ", ".join(s.name for s in registry.discover(ROWS_PACKAGE))
     )
+
+
+def add_options(tasks: argparse.ArgumentParser) -> None:
     options.add_count(tasks, 100_000)
     options.add_redis_url(tasks)
     tasks.add_argument(
