@@ -10,8 +10,8 @@ Layout:
   probe, RSS samples, the publish-then-consume ``Runner``, rounds against a baseline, the
   registry that finds rows, shared options, reports, plots and the machine description. It knows
   no row (its ``__init__`` lists its interface).
-* one package per suite, each with ``add_parser`` and ``run``: ``tasks/``, ``io/``, ``pubsub/``,
-  ``http/``, ``features/`` (``cli.SUITES``).
+* one package per suite, each with ``HELP``, ``describe``, ``add_options`` and ``run``:
+  ``tasks/``, ``io/``, ``pubsub/``, ``http/``, ``features/`` (``cli.SUITES``).
 * ``peers/`` — the code that runs inside the measured processes: each peer's task module, the
   raw loops; ``sidekiq/`` holds the Ruby side.
 
@@ -41,6 +41,6 @@ A row is one declaration, in one place; nothing else lists it.
 * ``hurtle bench http``: its two rows are written out in ``http/__init__.py`` (``ROWS`` and
   ``run_row``), with their apps in ``http/apps.py``.
 
-A new suite is a package with ``add_parser(subparsers)`` (setting ``handler``) named in
-``cli.SUITES``, built on ``harness``.
+A new suite is a package with ``HELP`` (its line in ``hurtle bench --help``), ``describe()``,
+``add_options(parser)`` and ``run(args)`` named in ``cli.SUITES``, built on ``harness``.
 """

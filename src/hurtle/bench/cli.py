@@ -1,5 +1,5 @@
 """``hurtle bench``: one subcommand per suite (``tasks``, ``io``, ``pubsub``, ``http``,
-``features``), each added by the suite's own ``add_parser``."""
+``features``), each made by ``harness.options.add_suite`` from the suite's module."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import argparse
 import importlib
 from typing import Any
 
+from .harness import options
+
 #: The suites, in the order ``hurtle bench --help`` lists them: modules under ``hurtle.bench``,
-#: each with ``add_parser(subparsers)`` that sets ``handler``.
+#: each with ``HELP``, ``describe()``, ``add_options(parser)`` and ``run(args)``.
 SUITES = ("tasks", "io", "pubsub", "http", "features")
 
 
@@ -20,4 +22,4 @@ def add_parser(sub: Any) -> None:
     )
     kinds = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
     for suite in SUITES:
-        importlib.import_module(f"{__package__}.{suite}").add_parser(kinds)
+        options.add_suite(kinds, suite, importlib.import_module(f"{__package__}.{suite}"))

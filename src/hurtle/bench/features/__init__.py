@@ -20,23 +20,26 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ..harness import options, rounds
 from ..harness.scenario import Row
 from .rows import BARE, ROWS
 
+HELP = "consume tasks/s with each feature on, as a ratio to none (Redis)"
 
-def add_parser(kinds: Any) -> None:
-    p: argparse.ArgumentParser = kinds.add_parser(
-        "features",
-        help="consume tasks/s with each feature on, as a ratio to none (Redis)",
-        description="Publish then consume N tasks per row on Redis: "
+
+def describe() -> str | None:
+    """What ``hurtle bench features --help`` says above its options."""
+    return (
+        "Publish then consume N tasks per row on Redis: "
         + ", ".join(row.name for row in ROWS)
-        + ". Each row's ratio is to the bare row of the same run.",
+        + ". Each row's ratio is to the bare row of the same run."
     )
-    p.add_argument("--count", "-n", type=int, default=100_000, help="tasks per row")
+
+
+def add_options(p: argparse.ArgumentParser) -> None:
+    options.add_count(p, 100_000)
     options.add_redis_url(p, help="use this Redis instead of starting one; its database is FLUSHED")
     p.add_argument("--only", default="", help="comma-separated rows (bare always runs)")
     p.add_argument(
@@ -47,7 +50,6 @@ def add_parser(kinds: Any) -> None:
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per phase of a row")
     add_yes(p, "flush --redis-url")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

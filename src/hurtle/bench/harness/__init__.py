@@ -18,9 +18,11 @@ more than it):
   giving the run's Redis) and ``flush_redis``/``flush_cluster``/``flush_nats``;
 * ``registry`` — ``discover(package)``: every row declared in a rows package's modules (``ROWS``);
 * ``rounds`` — ``interleave`` with a baseline row, and ratios to the baseline runs beside a row;
-* ``options`` — the shared options (``--redis-url``, ``--json``, ``--plot``) and ``choose``;
+* ``options`` — ``suite``, the parser of one ``hurtle bench`` suite, the shared options
+  (``--redis-url``, ``--json``, ``--plot``) and ``choose``;
 * ``report`` — ``Ratio`` (a ratio against its target), ``over``, ``machine_line``, ``notes``
   and ``show``: a run's title, table, sections, JSON document and plot;
-* ``plot`` — ``pyplot()`` and ``save`` for every chart, and ``plot(rows, path, title)``;
+* ``plot`` — ``chart(measured, path, title, draw)`` for every chart, and ``plot(rows, path,
+  title)``, the chart of the publish-then-consume rows;
 * ``machine`` — ``describe(redis_url)``: CPU, cores, memory, OS, Python, Redis, date, commit.
 """

@@ -1,15 +1,40 @@
-"""The command-line options the suites share (``--redis-url``, ``--only``, ``--json``,
-``--plot``) and the one reading of a comma-separated choice such as ``--only a,b``."""
+"""The command line of the suites: the parser of one suite (``add_suite``), the options they share
+(``--count``, ``--redis-url``, ``--json``, ``--plot``) and the one reading of a comma-separated
+choice such as ``--only a,b``."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from ...errors import ConfigurationError
 
 FLUSHED = "use this Redis instead of starting one; its database is FLUSHED before every row"
+
+
+def add_suite(kinds: Any, name: str, suite: Any) -> None:
+    """Add ``hurtle bench NAME`` to ``kinds`` (the subparsers of ``hurtle bench``) from its
+    module ``suite``: ``HELP``, ``describe()``, ``add_options(parser)`` and ``run(args)``, the
+    handler."""
+    parser: argparse.ArgumentParser = kinds.add_parser(
+        name, help=suite.HELP, description=suite.describe()
+    )
+    suite.add_options(parser)
+    parser.set_defaults(handler=suite.run)
+
+
+def paragraph(doc: str | None, index: int) -> str | None:
+    """Paragraph ``index`` of a docstring, to describe a suite with (``None`` without one)."""
+    return doc.split("\n\n")[index] if doc else None
+
+
+def add_count(parser: argparse.ArgumentParser, default: int) -> None:
+    """``--count``/``-n``: the tasks each row runs."""
+    parser.add_argument(
+        "--count", "-n", type=int, default=default, help=f"tasks per row (default {default:,})"
+    )
 
 
 def add_redis_url(parser: argparse.ArgumentParser, help: str = FLUSHED) -> None:

@@ -14,6 +14,7 @@ worker exits, it stalls, or the row's time runs out. Every row of ``hurtle bench
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -40,27 +41,19 @@ def _fill(argv: tuple[str, ...], values: Mapping[str, str]) -> list[str]:
     return [part.format(**values) for part in argv]
 
 
+@dataclasses.dataclass
 class Runner:
     """Runs scenarios against one Redis URL, each in a fresh work directory under ``root``."""
 
-    def __init__(
-        self,
-        redis_url: str,
-        root: Path,
-        *,
-        timeout: float = 900.0,
-        nats_url: str | None = None,
-        cluster_url: str | None = None,
-        postgres_url: str | None = None,
-    ) -> None:
-        self.redis_url = redis_url
-        self.root = root
-        self.timeout = timeout
-        #: ``redis+cluster://…``: where the ``cluster`` rows run (skipped without it)
-        self.cluster_url = cluster_url
-        self.nats_url = nats_url
-        #: ``postgresql://…``: where the ``postgres`` rows run, in schemas of their own
-        self.postgres_url = postgres_url
+    redis_url: str
+    root: Path
+    _: dataclasses.KW_ONLY
+    timeout: float = 900.0
+    nats_url: str | None = None
+    #: ``redis+cluster://…``: where the ``cluster`` rows run (skipped without it)
+    cluster_url: str | None = None
+    #: ``postgresql://…``: where the ``postgres`` rows run, in schemas of their own
+    postgres_url: str | None = None
 
     def flush(self, scenario: Scenario) -> None:
         """Empty the Redis (and the cluster, when there is one) and, for a NATS row, NATS."""

@@ -27,6 +27,7 @@ from typing import Any
 
 from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ...errors import ConfigurationError
+from ..harness import options
 from ..harness.servers import free_port
 
 ROWS = ("hurtle-enqueue", "redis-incr")
@@ -56,12 +57,15 @@ class HttpRow:
         return self.non_2xx + sum(self.socket_errors.values())
 
 
-def add_parser(kinds: Any) -> None:
-    http = kinds.add_parser(
-        "http",
-        help="wrk -c 500 against the enqueue endpoint and a plain Redis INCR app",
-        description=__doc__,
-    )
+HELP = "wrk -c 500 against the enqueue endpoint and a plain Redis INCR app"
+
+
+def describe() -> str | None:
+    """What ``hurtle bench http --help`` says above its options."""
+    return __doc__
+
+
+def add_options(http: argparse.ArgumentParser) -> None:
     http.add_argument(
         "--connections", "-c", type=int, default=500, help="wrk connections (default 500)"
     )
@@ -70,15 +74,11 @@ def add_parser(kinds: Any) -> None:
         "--duration", type=int, default=10, help="measured seconds per row (default 10)"
     )
     http.add_argument("--only", default="", help=f"comma-separated rows of {', '.join(ROWS)}")
-    http.add_argument(
-        "--redis-url",
-        default=None,
-        help="use this Redis instead of starting one (its database is FLUSHED)",
+    options.add_redis_url(
+        http, help="use this Redis instead of starting one (its database is FLUSHED)"
     )
-    http.add_argument("--json", type=Path, default=None, help="write rows and machine here")
-    http.add_argument("--plot", type=Path, default=None, help="write a PNG bar chart here")
+    options.add_outputs(http)
     add_yes(http, "flush --redis-url")
-    http.set_defaults(handler=run)
 
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}

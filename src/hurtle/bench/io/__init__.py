@@ -18,23 +18,22 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Any
 
 from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ...errors import ConfigurationError
 from ...worker.executors import POOLS
 from ..harness import options
 
+HELP = "every worker pool at concurrency 500 on Redis I/O, sleeps and CPU work"
 
-def add_parser(kinds: Any) -> None:
-    io: argparse.ArgumentParser = kinds.add_parser(
-        "io",
-        help="every worker pool at concurrency 500 on Redis I/O, sleeps and CPU work",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
-    io.add_argument(
-        "--count", "-n", type=int, default=20_000, help="tasks per row (default 20,000)"
-    )
+
+def describe() -> str | None:
+    """What ``hurtle bench io --help`` says above its options."""
+    return options.paragraph(__doc__, 1)
+
+
+def add_options(io: argparse.ArgumentParser) -> None:
+    options.add_count(io, 20_000)
     io.add_argument(
         "--concurrency",
         "-c",
@@ -58,7 +57,6 @@ def add_parser(kinds: Any) -> None:
         "--timeout", type=float, default=600.0, help="seconds one row may take (default 600)"
     )
     add_yes(io, "flush --redis-url")
-    io.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

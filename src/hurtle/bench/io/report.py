@@ -4,9 +4,11 @@ targets (pools against solo on sleeps, two processes against one on CPU work) an
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from ..harness.plot import NOT_INSTALLED, pyplot, save
+from ..harness.plot import chart
 
 TARGETS = {"sleep": 50.0, "cpu": 1.6}
 
@@ -75,12 +77,10 @@ def ratios(rows: list[IoRow]) -> list[str]:
 
 def plot(rows: list[IoRow], path: Path, title: str) -> str | None:
     """Bars of tasks/s per row, grouped by variant, log scale; returns why not written."""
-    plt = pyplot()
-    if plt is None:
-        return NOT_INSTALLED
-    measured = [r for r in rows if not r.skipped and r.rate > 0][::-1]
-    if not measured:
-        return "no row was measured"
+    return chart([r for r in rows if not r.skipped and r.rate > 0][::-1], path, title, _bars)
+
+
+def _bars(plt: Any, measured: Sequence[IoRow]) -> tuple[Any, Any]:
     colors = {"io": "#2b6cb0", "sleep": "#dd8452", "cpu": "#55a868"}
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(measured) + 1.4), dpi=90)
     ys = range(len(measured))
@@ -92,7 +92,5 @@ def plot(rows: list[IoRow], path: Path, title: str) -> str | None:
     ax.set_yticks(list(ys), [f"{r.variant}: {r.name}" for r in measured], fontsize=8)
     ax.set_xscale("log")
     ax.set_xlabel("tasks/s (log scale)")
-    ax.set_title(title, fontsize=9)
     ax.set_xlim(right=max(r.rate for r in measured) * 8)
-    save(plt, fig, path)
-    return None
+    return fig, ax

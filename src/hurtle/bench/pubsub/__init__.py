@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any
 
 from ...errors import ConfigurationError
 from ..harness import options, registry
@@ -34,12 +33,15 @@ from .report import PubSubRow
 ROWS_PACKAGE = f"{__name__}.rows"
 
 
-def add_parser(kinds: Any) -> None:
-    pubsub: argparse.ArgumentParser = kinds.add_parser(
-        "pubsub",
-        help="channels against raw Redis pub/sub, a zmq proxy and NATS; msgs/s",
-        description=__doc__.split("\n\n")[1] if __doc__ else None,
-    )
+HELP = "channels against raw Redis pub/sub, a zmq proxy and NATS; msgs/s"
+
+
+def describe() -> str | None:
+    """What ``hurtle bench pubsub --help`` says above its options."""
+    return options.paragraph(__doc__, 1)
+
+
+def add_options(pubsub: argparse.ArgumentParser) -> None:
     pubsub.add_argument(
         "--pairs",
         default="1,2,4",
@@ -53,7 +55,6 @@ def add_parser(kinds: Any) -> None:
     pubsub.add_argument("--only", default="", help="comma-separated rows (default: all)")
     options.add_redis_url(pubsub, help="use this Redis instead of starting one")
     options.add_outputs(pubsub)
-    pubsub.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,9 +4,11 @@ hurtle's targets and its chart."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from ..harness.plot import NOT_INSTALLED, pyplot, save
+from ..harness.plot import chart
 from ..harness.report import Ratio, notes
 
 
@@ -79,12 +81,11 @@ def ratios(rows: list[PubSubRow]) -> list[str]:
 
 
 def plot(rows: list[PubSubRow], path: Path, title: str) -> str | None:
-    plt = pyplot()
-    if plt is None:
-        return NOT_INSTALLED
-    measured = [r for r in rows if not r.skipped and r.median_rate]
-    if not measured:
-        return "no row was measured"
+    """Bars of the median msgs/s per subscriber, one group per row, one bar per pair count."""
+    return chart([r for r in rows if not r.skipped and r.median_rate], path, title, _bars)
+
+
+def _bars(plt: Any, measured: Sequence[PubSubRow]) -> tuple[Any, Any]:
     names = list(dict.fromkeys(r.name for r in measured))
     pairs = sorted({r.pairs for r in measured})
     width = 0.8 / len(pairs)
@@ -99,7 +100,5 @@ def plot(rows: list[PubSubRow], path: Path, title: str) -> str | None:
     ax.set_xticks([i + width * (len(pairs) - 1) / 2 for i in range(len(names))], names, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("median msgs/s per subscriber (log)")
-    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
-    save(plt, fig, path)
-    return None
+    return fig, ax

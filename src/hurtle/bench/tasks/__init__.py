@@ -8,7 +8,6 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
 from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ...errors import ConfigurationError
@@ -19,17 +18,20 @@ from ..harness.scenario import Row
 ROWS_PACKAGE = f"{__name__}.rows"
 
 
-def add_parser(kinds: Any) -> None:
-    tasks: argparse.ArgumentParser = kinds.add_parser(
-        "tasks",
-        help="publish and consume N add(5, 6) tasks per system; report tasks/s",
-        description="Publish N calls of add(5, 6), then consume them in a worker process, for "
+HELP = "publish and consume N add(5, 6) tasks per system; report tasks/s"
+
+
+def describe() -> str | None:
+    """What ``hurtle bench tasks --help`` says above its options."""
+    return (
+        "Publish N calls of add(5, 6), then consume them in a worker process, for "
         "hurtle, the raw redis-py loops and each installed peer. Rows: "
-        + ", ".join(s.name for s in registry.discover(ROWS_PACKAGE)),
+        + ", ".join(s.name for s in registry.discover(ROWS_PACKAGE))
     )
-    tasks.add_argument(
-        "--count", "-n", type=int, default=100_000, help="tasks per row (default 100,000)"
-    )
+
+
+def add_options(tasks: argparse.ArgumentParser) -> None:
+    options.add_count(tasks, 100_000)
     options.add_redis_url(tasks)
     tasks.add_argument(
         "--broker-url",
@@ -57,7 +59,6 @@ def add_parser(kinds: Any) -> None:
         help="keep each row's logs and probe files here (default: a temp dir)",
     )
     add_yes(tasks, "flush --redis-url and --broker-url")
-    tasks.set_defaults(handler=run)
 
 
 def _brokers(urls: list[str] | None) -> dict[str, str]:

@@ -1,20 +1,23 @@
 """What the rows of ``hurtle bench tasks`` declare alike: a hurtle row with the batch settings
-every hurtle row reports, the machine's cores, and the environment flag for pools that finish
-tasks on several threads."""
+every hurtle row reports, a row of a raw client loop of ``peers``, how to install each broker,
+the machine's cores, and the environment flag for pools that finish tasks on several threads."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from types import ModuleType
 
 from ...settings import Settings
-from ..harness.scenario import Scenario, hurtle_worker, publisher
+from ..harness.scenario import PY, Scenario, hurtle_worker, publisher
 from . import leftover
 
 CORES = os.cpu_count() or 1
 #: Tasks finish on several threads of one process: the probe takes a lock.
 LOCK = {"HURTLE_BENCH_PROBE_LOCK": "1"}
 REDIS_INSTALL = "the Redis broker (hurtle/brokers/redis/) and pip install -e '.[redis]'"
+NATS_INSTALL = "pip install -e '.[nats]' and --broker-url nats://host:port"
+POSTGRES_INSTALL = "pip install -e '.[postgres]' and --broker-url postgresql://user@host/database"
 
 _S = Settings()
 HURTLE_BATCHES = (
@@ -51,4 +54,32 @@ def hurtle_row(
         env=env or {},
         store=store,
         url_query=url_query,
+    )
+
+
+def raw_row(
+    peer: ModuleType,
+    client: str,
+    guarantee: str,
+    config: str,
+    *,
+    store: str,
+    module: str,
+    install: str,
+) -> Scenario:
+    """Row ``raw-STORE``: the raw ``client`` loop of ``peer`` (a ``peers`` module with
+    ``publish``, ``consume COUNT`` as ``__main__`` and ``leftover``, as ``peers.raw_loop`` has
+    them) on the ``store`` of ``--broker-url``; it needs ``module``."""
+    return Scenario(
+        name=f"raw-{store}",
+        system=f"raw {client}",
+        guarantee=guarantee,
+        config=config,
+        store=store,
+        publisher=publisher(f"{peer.__name__}:publish"),
+        worker=(PY, "-m", peer.__name__, "consume", "{count}"),
+        modules=(module,),
+        version_of=client,
+        install=install,
+        leftover=peer.leftover,
     )

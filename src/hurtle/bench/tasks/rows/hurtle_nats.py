@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common import hurtle_row
+from ..common import NATS_INSTALL, hurtle_row
 
 ROWS = [
     hurtle_row(
@@ -12,6 +12,6 @@ ROWS = [
         "solo",
         store="nats",
         modules=("nats", "hurtle.brokers.nats"),
-        install="pip install -e '.[nats]' and --broker-url nats://host:port",
+        install=NATS_INSTALL,
     ),
 ]

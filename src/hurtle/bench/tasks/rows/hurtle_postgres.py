@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common import hurtle_row
+from ..common import POSTGRES_INSTALL, hurtle_row
 
 ROWS = [
     hurtle_row(
@@ -12,6 +12,6 @@ ROWS = [
         "solo",
         store="postgres",
         modules=("psycopg", "psycopg_pool", "hurtle.brokers.postgres"),
-        install="pip install -e '.[postgres]' and --broker-url postgresql://user@host/database",
+        install=POSTGRES_INSTALL,
     ),
 ]

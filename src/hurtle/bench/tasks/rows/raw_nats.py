@@ -3,22 +3,18 @@
 
 from __future__ import annotations
 
-from ...harness.scenario import PY, Scenario, publisher
 from ...peers import raw_nats
+from ..common import NATS_INSTALL, raw_row
 
 ROWS = [
-    Scenario(
-        name="raw-nats",
-        system="raw nats-py",
-        guarantee="acknowledged",
-        config="JetStream work-queue stream, publish acks awaited per 1000 / pull fetch 1000, "
+    raw_row(
+        raw_nats,
+        "nats-py",
+        "acknowledged",
+        "JetStream work-queue stream, publish acks awaited per 1000 / pull fetch 1000, "
         "msg.ack() each",
         store="nats",
-        publisher=publisher("hurtle.bench.peers.raw_nats:publish"),
-        worker=(PY, "-m", "hurtle.bench.peers.raw_nats", "consume", "{count}"),
-        modules=("nats",),
-        version_of="nats-py",
-        install="pip install -e '.[nats]' and --broker-url nats://host:port",
-        leftover=raw_nats.leftover,
+        module="nats",
+        install=NATS_INSTALL,
     ),
 ]

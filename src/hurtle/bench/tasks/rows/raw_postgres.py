@@ -3,22 +3,18 @@ database of ``--broker-url postgresql://`` (skipped without one)."""
 
 from __future__ import annotations
 
-from ...harness.scenario import PY, Scenario, publisher
 from ...peers import raw_postgres
+from ..common import POSTGRES_INSTALL, raw_row
 
 ROWS = [
-    Scenario(
-        name="raw-postgres",
-        system="raw psycopg",
-        guarantee="not acknowledged",
-        config="COPY 1000 rows per transaction / DELETE … FOR UPDATE SKIP LOCKED LIMIT 1000 "
+    raw_row(
+        raw_postgres,
+        "psycopg",
+        "not acknowledged",
+        "COPY 1000 rows per transaction / DELETE … FOR UPDATE SKIP LOCKED LIMIT 1000 "
         "RETURNING body",
         store="postgres",
-        publisher=publisher("hurtle.bench.peers.raw_postgres:publish"),
-        worker=(PY, "-m", "hurtle.bench.peers.raw_postgres", "consume", "{count}"),
-        modules=("psycopg",),
-        version_of="psycopg",
-        install="pip install -e '.[postgres]' and --broker-url postgresql://user@host/database",
-        leftover=raw_postgres.leftover,
+        module="psycopg",
+        install=POSTGRES_INSTALL,
     ),
 ]
