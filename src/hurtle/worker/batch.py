@@ -300,17 +300,30 @@ class BatchPath:
             self.tally.add_many(counts)
             if runtimes:
                 self.timings.add_batch(runtimes)
-            if state.overran:
-                _fail_overran(returned.values(), state.overran)
-                self._overran(done, state.overran)
-            if self.cancels:  # some running message was cancelled: were these calls?
-                self._cancelled_calls(done, returned.values())
-            if done:
-                self.acker.ack_many(done)
-            for c in returned.values():
-                self._settle_calls(c)
-                if log_calls:
-                    self.call_log.calls(c)
+            self._settle_batch(state, done, returned, log_calls)
+
+    def _settle_batch(
+        self,
+        state: BatchState,
+        done: list[Delivery],
+        returned: dict[tuple[str, str], Calls],
+        log_calls: bool,
+    ) -> None:
+        """The end of a batch, whichever loop ran it (here or ``process_many``): fail the calls
+        that returned after their time limit or their cancellation, acknowledge the rest
+        (``done`` at once, the calls gathered in ``returned`` after their ``after_calls``),
+        and log those if ``log_calls``."""
+        if state.overran:
+            _fail_overran(returned.values(), state.overran)
+            self._overran(done, state.overran)
+        if self.cancels:  # some running message was cancelled: were these calls?
+            self._cancelled_calls(done, returned.values())
+        if done:
+            self.acker.ack_many(done)
+        for c in returned.values():
+            self._settle_calls(c)
+            if log_calls:
+                self.call_log.calls(c)
 
     def _settle_calls(self, calls: Calls, job: Job | None = None) -> None:
         """``after_calls`` for calls of one task that returned, then their acknowledgements

@@ -433,17 +433,7 @@ class Processor(BatchPath, JobSteps, NotRun):
                     _add_span(spans, key, span_calls, last - span_start)
             if runtimes or spans:
                 self.timings.add_batch(runtimes, spans)
-            if state.overran:
-                _fail_overran(returned.values(), state.overran)
-                self._overran(done, state.overran)
-            if self.cancels:  # some running message was cancelled: were these calls?
-                self._cancelled_calls(done, returned.values())
-            if done:
-                self.acker.ack_many(done)
-            for c in returned.values():
-                self._settle_calls(c)
-                if log_calls:
-                    self.call_log.calls(c)
+            self._settle_batch(state, done, returned, log_calls)
             if late:
                 self.acker.dead_letter_many(late)
 
