@@ -21,11 +21,11 @@ from ..errors import HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Job, Middleware, Outcome, Pipeline, overrides
 from .jobs import BatchState, off_path, take_all
+from .unrun import NotRun
 
 if TYPE_CHECKING:
-    from ..brokers.reports import Tally, Timings
+    from ..brokers.reports import Timings
     from ..task import Task
-    from .acker import Acker
     from .log import CallLog
     from .screen import Screen
 
@@ -38,15 +38,12 @@ _NO_SKIP: set[int] = set()
 BEFORE_BATCH_PAUSE = 1.0
 
 
-class BatchPath:
+class BatchPath(NotRun):
     if TYPE_CHECKING:  # what the batch path uses of the ``Processor`` it is mixed into
-        acker: Acker
         call_log: CallLog
         log_calls: bool
-        processed: int
         cancels: set[str]
         screen: Screen | None
-        tally: Tally
         timings: Timings
         _pipelines: dict[str, Pipeline]
 
@@ -58,13 +55,6 @@ class BatchPath:
         def _failed(self, job: Job, err: Exception, ran: float | None = None) -> None: ...
         def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None: ...
         def _cancelled_calls(self, done: list[Delivery], returned: Iterable[Calls]) -> None: ...
-        def _unknown(self, delivery: Delivery, message: Message) -> None: ...
-        def _too_late(
-            self,
-            delivery: Delivery,
-            message: Message,
-            late: list[tuple[Delivery, str]] | None = None,
-        ) -> None: ...
 
     # -- batches with batch hooks ----------------------------------------------------------
 

@@ -73,7 +73,7 @@ from .jobs import BatchState, Limit, late_limit, off_path, take_all
 from .log import CallLog
 from .loops import Loops
 from .steps import JobSteps, cancelled_error
-from .unrun import PROCESSED, NotRun
+from .unrun import PROCESSED
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -108,7 +108,7 @@ __all__ = [
 ]
 
 
-class Processor(BatchPath, JobSteps, NotRun):
+class Processor(BatchPath, JobSteps):
     def __init__(
         self,
         app: Hurtle,
