@@ -21,11 +21,11 @@ from ..errors import HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
 from ..middleware import Calls, Job, Middleware, Outcome, Pipeline, overrides
 from .jobs import BatchState, off_path, take_all
+from .unrun import NotRun
 
 if TYPE_CHECKING:
-    from ..brokers.reports import Tally, Timings
+    from ..brokers.reports import Timings
     from ..task import Task
-    from .acker import Acker
     from .log import CallLog
     from .screen import Screen
 
@@ -38,15 +38,12 @@ _NO_SKIP: set[int] = set()
 BEFORE_BATCH_PAUSE = 1.0
 
 
-class BatchPath:
+class BatchPath(NotRun):
     if TYPE_CHECKING:  # what the batch path uses of the ``Processor`` it is mixed into
-        acker: Acker
         call_log: CallLog
         log_calls: bool
-        processed: int
         cancels: set[str]
         screen: Screen | None
-        tally: Tally
         timings: Timings
         _pipelines: dict[str, Pipeline]
 
@@ -58,13 +55,6 @@ class BatchPath:
         def _failed(self, job: Job, err: Exception, ran: float | None = None) -> None: ...
         def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None: ...
         def _cancelled_calls(self, done: list[Delivery], returned: Iterable[Calls]) -> None: ...
-        def _unknown(self, delivery: Delivery, message: Message) -> None: ...
-        def _too_late(
-            self,
-            delivery: Delivery,
-            message: Message,
-            late: list[tuple[Delivery, str]] | None = None,
-        ) -> None: ...
 
     # -- batches with batch hooks ----------------------------------------------------------
 
@@ -300,17 +290,30 @@ class BatchPath:
             self.tally.add_many(counts)
             if runtimes:
                 self.timings.add_batch(runtimes)
-            if state.overran:
-                _fail_overran(returned.values(), state.overran)
-                self._overran(done, state.overran)
-            if self.cancels:  # some running message was cancelled: were these calls?
-                self._cancelled_calls(done, returned.values())
-            if done:
-                self.acker.ack_many(done)
-            for c in returned.values():
-                self._settle_calls(c)
-                if log_calls:
-                    self.call_log.calls(c)
+            self._settle_batch(state, done, returned, log_calls)
+
+    def _settle_batch(
+        self,
+        state: BatchState,
+        done: list[Delivery],
+        returned: dict[tuple[str, str], Calls],
+        log_calls: bool,
+    ) -> None:
+        """The end of a batch, whichever loop ran it (here or ``process_many``): fail the calls
+        that returned after their time limit or their cancellation, acknowledge the rest
+        (``done`` at once, the calls gathered in ``returned`` after their ``after_calls``),
+        and log those if ``log_calls``."""
+        if state.overran:
+            _fail_overran(returned.values(), state.overran)
+            self._overran(done, state.overran)
+        if self.cancels:  # some running message was cancelled: were these calls?
+            self._cancelled_calls(done, returned.values())
+        if done:
+            self.acker.ack_many(done)
+        for c in returned.values():
+            self._settle_calls(c)
+            if log_calls:
+                self.call_log.calls(c)
 
     def _settle_calls(self, calls: Calls, job: Job | None = None) -> None:
         """``after_calls`` for calls of one task that returned, then their acknowledgements

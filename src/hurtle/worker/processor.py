@@ -73,7 +73,7 @@ from .jobs import BatchState, Limit, late_limit, off_path, take_all
 from .log import CallLog
 from .loops import Loops
 from .steps import JobSteps, cancelled_error
-from .unrun import PROCESSED, NotRun
+from .unrun import PROCESSED
 
 if TYPE_CHECKING:
     from ..app import Hurtle
@@ -108,7 +108,7 @@ __all__ = [
 ]
 
 
-class Processor(BatchPath, JobSteps, NotRun):
+class Processor(BatchPath, JobSteps):
     def __init__(
         self,
         app: Hurtle,
@@ -433,17 +433,7 @@ class Processor(BatchPath, JobSteps, NotRun):
                     _add_span(spans, key, span_calls, last - span_start)
             if runtimes or spans:
                 self.timings.add_batch(runtimes, spans)
-            if state.overran:
-                _fail_overran(returned.values(), state.overran)
-                self._overran(done, state.overran)
-            if self.cancels:  # some running message was cancelled: were these calls?
-                self._cancelled_calls(done, returned.values())
-            if done:
-                self.acker.ack_many(done)
-            for c in returned.values():
-                self._settle_calls(c)
-                if log_calls:
-                    self.call_log.calls(c)
+            self._settle_batch(state, done, returned, log_calls)
             if late:
                 self.acker.dead_letter_many(late)
 

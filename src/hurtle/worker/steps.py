@@ -37,62 +37,28 @@ from ..records import CANCELLED
 from . import flows
 from .jobs import BatchState, Limit
 from .loops import Loops
-from .unrun import DEAD_LETTERED, FAILED, PROCESSED, RETRIED
+from .unrun import DEAD_LETTERED, FAILED, PROCESSED, RETRIED, NotRun
 
 if TYPE_CHECKING:
-    from ..app import Hurtle
-    from ..brokers.reports import Tally, Timings
+    from ..brokers.reports import Timings
     from ..middleware.retries import Retries
-    from .acker import Acker
     from .log import CallLog
 
 log = logging.getLogger("hurtle.worker.processor")  # the name these lines were always logged under
 _decode = Message.decode
 
 
-class JobSteps:
+class JobSteps(NotRun):
     if TYPE_CHECKING:  # what the steps use of the ``Processor`` they are mixed into
-        app: Hurtle
-        acker: Acker
         call_log: CallLog
         log_calls: bool
         retries: Retries
         limit: Limit
-        processed: int
-        failed: int
         cancels: set[str]
-        tally: Tally
         timings: Timings
         _loops: Loops
 
         def pipeline(self, name: str) -> Pipeline | None: ...
-        def _unknown(self, delivery: Delivery, message: Message) -> None: ...
-        def _undecodable(self, delivery: Delivery, err: Exception) -> None: ...
-        def _crashed(
-            self,
-            delivery: Delivery,
-            err: BaseException,
-            job: Job | None = None,
-            ended: bool = False,
-        ) -> None: ...
-        def _bury(
-            self,
-            delivery: Delivery,
-            message: Message | None,
-            reason: str,
-            *,
-            state: str = ...,
-            why: str = "",
-            error: BaseException | None = None,
-            job: Job | None = None,
-            late: list[tuple[Delivery, str]] | None = None,
-        ) -> None: ...
-        def _too_late(
-            self,
-            delivery: Delivery,
-            message: Message,
-            late: list[tuple[Delivery, str]] | None = None,
-        ) -> None: ...
         def _settle_calls(self, calls: Calls, job: Job | None = None) -> None: ...
         def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None: ...
         def _after_batch(self, groups: dict[Middleware, list[Job]]) -> None: ...

@@ -7,8 +7,9 @@ from idle workers. With ``min_concurrency < concurrency`` the pool scales itself
 finds no idle runner starts more (up to ``concurrency``), which widens the next fetch, and a
 runner idle for a while retires (down to ``min_concurrency``).
 
-Subclasses choose how runners start (``spawn``) and how a time-limited call is stopped
-(``limit``).
+Subclasses choose how runners start (``spawn``), how a time-limited call is stopped (``limit``),
+whether a runner takes a share of a batch at once (``chunked``) and how many deliveries to hold
+beyond one per runner (``ahead``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from .runners import RunnerPool, Spawn, spawn_thread
 class PooledExecutor(Executor):
     #: Runner names, for logs and thread dumps.
     runner_name = "hurtle-runner"
+    #: True when each runner takes a share of a batch at once (``Processor.process_many``),
+    #: False when it takes one delivery at a time (``Processor.process``).
+    chunked = False
 
     def __init__(
         self,
@@ -60,16 +64,20 @@ class PooledExecutor(Executor):
             name=self.runner_name,
             on_expire=processor.expire,
             on_error=processor.crashed,
+            work_many=processor.process_many if self.chunked else None,
             tracker=processor.tracker,
         )
         self._pool.start()
+
+    def ahead(self, pool: RunnerPool[Delivery]) -> int:
+        """Deliveries to hold beyond one per runner: ``prefetch``, by default one more each."""
+        return pool.size if self.prefetch is None else self.prefetch
 
     def wait_for_capacity(self, timeout: float) -> int:
         pool = self.pool
 
         def free() -> int:
-            size = pool.size
-            return size + (size if self.prefetch is None else self.prefetch) - pool.outstanding()
+            return pool.size + self.ahead(pool) - pool.outstanding()
 
         with pool.cond:
             pool.cond.wait_for(lambda: pool.stopping or free() > 0, timeout)

@@ -203,15 +203,16 @@ class RunnerPool(Generic[T]):
             self.cond.notify(len(buffer))
 
     def _runner(self) -> None:
-        if self.work_many is not None:
-            self._chunk_runner(self.work_many)
-            return
         slot = _Slot()
         self._local.slot = slot
-        if self.tracker is not None:  # ``hurtle.current()``: the item this runner runs
-            bind(lambda: slot.item, self.tracker)
+        work_many = self.work_many
+        if self.tracker is not None:  # ``hurtle.current()``: the item running, of its chunk
+            bind((lambda: slot.item) if work_many is None else (lambda: slot.current), self.tracker)
         try:
-            self._run_items(slot)
+            if work_many is None:
+                self._run_items(slot)
+            else:
+                self._run_chunks(slot, work_many)
         finally:
             if self.tracker is not None:
                 unbind()
@@ -244,13 +245,7 @@ class RunnerPool(Generic[T]):
                 return
             except BaseException as err:
                 log.exception("%s: unexpected error, the runner goes on", self.name)
-                if self.on_error is not None:
-                    try:
-                        self.on_error(item, err)
-                    except BaseException:
-                        log.exception(
-                            "%s: could not record the outcome of a failed item", self.name
-                        )
+                self._record_failure(item, err)
             with cond:
                 if slot.abandoned:  # given up by abort(): the pool no longer counts it
                     self._abandoned -= 1
@@ -258,17 +253,6 @@ class RunnerPool(Generic[T]):
                 running.pop(slot, None)
                 slot.item = None
                 cond.notify_all()
-
-    def _chunk_runner(self, work_many: Callable[[list[T], _Slot], None]) -> None:
-        slot = _Slot()
-        self._local.slot = slot
-        if self.tracker is not None:  # ``hurtle.current()``: the delivery its chunk runs
-            bind(lambda: slot.current, self.tracker)
-        try:
-            self._run_chunks(slot, work_many)
-        finally:
-            if self.tracker is not None:
-                unbind()
 
     def _run_chunks(self, slot: _Slot, work_many: Callable[[list[T], _Slot], None]) -> None:
         cond = self.cond
@@ -341,11 +325,17 @@ class RunnerPool(Generic[T]):
         with self.cond:
             self._buffer.extendleft(reversed(rest))
             self.cond.notify_all()
-        if current is not None and self.on_error is not None:
-            try:
-                self.on_error(current, err)
-            except BaseException:
-                log.exception("%s: could not record the outcome of a failed item", self.name)
+        if current is not None:
+            self._record_failure(current, err)
+
+    def _record_failure(self, item: T, err: BaseException) -> None:
+        """Give the item whose work raised ``err`` its outcome (``on_error``), if it can be."""
+        if self.on_error is None:
+            return
+        try:
+            self.on_error(item, err)
+        except BaseException:
+            log.exception("%s: could not record the outcome of a failed item", self.name)
 
     # -- time limits for threads -----------------------------------------------------------
 

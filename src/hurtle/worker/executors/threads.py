@@ -16,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..processor import Job, Processor
+from ...brokers import Delivery
+from ..processor import Job
 from .pooled import PooledExecutor
 from .runners import RunnerPool
 
 
 class ThreadsExecutor(PooledExecutor):
     runner_name = "hurtle-thread"
+    chunked = True
 
     def __init__(
         self,
@@ -36,30 +38,11 @@ class ThreadsExecutor(PooledExecutor):
         self.max_batch = max_batch
         self.target = target_batch_seconds
 
-    def start(self, processor: Processor) -> None:
-        self._pool = RunnerPool(
-            processor.process,
-            max_size=self.concurrency,
-            min_size=self.min_concurrency,
-            name=self.runner_name,
-            on_expire=processor.expire,
-            on_error=processor.crashed,
-            work_many=processor.process_many,
-            tracker=processor.tracker,
-        )
-        self._pool.start()
-
-    def wait_for_capacity(self, timeout: float) -> int:
-        pool = self.pool
-
-        def free() -> int:
-            size = pool.size
-            ahead = min(max(int(self.target / max(pool.per_item, 1e-7)), size), self.max_batch)
-            return size + ahead - pool.outstanding()
-
-        with pool.cond:
-            pool.cond.wait_for(lambda: pool.stopping or free() > 0, timeout)
-            return 0 if pool.stopping else max(free(), 0)
+    def ahead(self, pool: RunnerPool[Delivery]) -> int:
+        """About ``target_batch_seconds`` of work at the measured pace, at least one more per
+        thread, at most ``max_batch``."""
+        size = pool.size
+        return min(max(int(self.target / max(pool.per_item, 1e-7)), size), self.max_batch)
 
     def limit(self, job: Job, call: Callable[[], Any]) -> Any:
         return self.pool.limit(job, call)
