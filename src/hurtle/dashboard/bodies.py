@@ -114,25 +114,41 @@ class BodyLimit:
             )
             return
         try:
-            chunks: list[bytes] = []
-            size = 0
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > cap:
-                    await _refuse(send, 413, _too_large(cap))
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            body = b"".join(chunks)
-            del chunks
-            await self.app(scope, _replay(body, receive), send)
+            try:
+                body = await read_body(receive, cap)
+            except BodyTooLarge as err:
+                await _refuse(send, 413, str(err))
+                return
+            if body is not None:
+                await self.app(scope, _replay(body, receive), send)
         finally:
             self.budget.give(want)
+
+
+class BodyTooLarge(Exception):
+    """A request body passed its route's cap while it was read."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(_too_large(cap))
+
+
+async def read_body(receive: Any, cap: int) -> bytes | None:
+    """A request's whole body, from its ASGI ``receive``; None if the client went away first.
+    Raises ``BodyTooLarge`` as soon as more than ``cap`` bytes came."""
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            raise BodyTooLarge(cap)
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Any) -> Any:
