@@ -1,13 +1,14 @@
 """How much of a request body the dashboard reads: a cap per route and a budget for all at once.
 
-``BodyLimit`` is the one place request bodies are read. Each route has a cap (a login form needs
-a few KB, a list of dead-letter ids at most ``IDS_BODY``, an enqueue ``web.MAX_BODY``; anything
-else ``SMALL_BODY``); a declared ``Content-Length`` over it gets 413 before a byte of the body
-is read, and an undeclared (chunked) body is read only until it passes the cap. The bytes of
-the bodies being read or handled at one time are bounded by a shared ``BodyBudget``: a request
-that would exceed it waits for room up to ``BUDGET_WAIT`` seconds, then gets 503 with
-``Retry-After``. What the budget admits is read whole, then handed to the app as one message,
-so the routes behind it never see more than their cap.
+``BodyLimit`` reads every request body, with ``read_body``, the one loop that reads one (the
+enqueue lane of ``web.py`` reads with it too, what ``BodyLimit`` replays). Each route has a cap
+(a login form needs a few KB, a list of dead-letter ids at most ``IDS_BODY``, an enqueue
+``web.MAX_BODY``; anything else ``SMALL_BODY``); a declared ``Content-Length`` over it gets 413
+before a byte of the body is read, and an undeclared (chunked) body is read only until it passes
+the cap. The bytes of the bodies being read or handled at one time are bounded by a shared
+``BodyBudget``: a request that would exceed it waits for room up to ``BUDGET_WAIT`` seconds,
+then gets 503 with ``Retry-After``. What the budget admits is read whole, then handed to the
+app as one message, so the routes behind it never see more than their cap.
 """
 
 from __future__ import annotations
