@@ -25,7 +25,7 @@ from .limits import KeyFunction
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
 from .names import check_task_name
-from .options import CelerySendOptions, CeleryTaskOptions, TaskChoices, celery_task
+from .options import CelerySendOptions, CeleryTaskOptions, TaskOptions, celery_task
 from .sealing import Keyring, keyring_of
 from .sending import send_by_name
 from .settings import Settings, load_settings
@@ -257,30 +257,15 @@ class Hurtle:
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
             task_name = _default_name(func) if name is None else check_task_name(name)
-            given = TaskChoices(retries, retry_delay, store_result, retry_on)
-            retries_, retry_delay_, store_result_, retry_on_ = (
-                celery_task(task_name, celery, given) if celery else given
-            )
-            if task_name in self.tasks and self.tasks[task_name].fn is not func:
-                raise ConfigurationError(
-                    f"two tasks are named {task_name!r}; give one of them name=..."
-                )
-            t: Task[Any, Any] = Task(
-                self,
-                func,
-                name=task_name,
-                queue=self.settings.default_queue if queue is None else queue,
-                retries=self.settings.default_retries if retries_ is None else retries_,
-                retry_delay=(
-                    self.settings.default_retry_delay if retry_delay_ is None else retry_delay_
-                ),
-                retry_on=retry_on_,
+            given = TaskOptions(
+                queue=queue,
+                retries=retries,
+                retry_delay=retry_delay,
+                retry_on=retry_on,
                 priority=priority,
                 time_limit=time_limit,
-                store_result=(
-                    self.settings.store_results if store_result_ is None else store_result_
-                ),
-                result_ttl=self.settings.result_ttl if result_ttl is None else result_ttl,
+                store_result=store_result,
+                result_ttl=result_ttl,
                 rate_limit=rate_limit,
                 rate_limit_key=rate_limit_key,
                 concurrency_limit=concurrency_limit,
@@ -288,8 +273,14 @@ class Hurtle:
                 unique_for=unique_for,
                 unique_key=unique_key,
                 expires=expires,
-                encrypt=self.settings.encrypt if encrypt is None else encrypt,
+                encrypt=encrypt,
             )
+            options = celery_task(task_name, celery, given) if celery else given
+            if task_name in self.tasks and self.tasks[task_name].fn is not func:
+                raise ConfigurationError(
+                    f"two tasks are named {task_name!r}; give one of them name=..."
+                )
+            t: Task[Any, Any] = Task(self, func, task_name, options)
             self.tasks[task_name] = t
             self._middleware_changed()  # built-ins may depend on task options
             return t

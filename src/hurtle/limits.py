@@ -15,11 +15,14 @@ import hashlib
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from .errors import ConfigurationError
+
+if TYPE_CHECKING:
+    from .options import TaskOptions
 
 #: A key function: called with the task's own arguments, returns the key (made a str).
 KeyFunction = Callable[..., Any]
@@ -54,22 +57,15 @@ class Limits:
         "unique_key",
     )
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        rate_limit: str | None = None,
-        rate_limit_key: KeyFunction | None = None,
-        concurrency_limit: int | None = None,
-        concurrency_key: KeyFunction | None = None,
-        unique_for: float | None = None,
-        unique_key: KeyFunction | None = None,
-    ) -> None:
+    def __init__(self, name: str, options: TaskOptions) -> None:
+        rate_limit = options.rate_limit
+        concurrency_limit = options.concurrency_limit
+        unique_for = options.unique_for
         self.name = name
         self.rate_text = rate_limit
         self.rate = None if rate_limit is None else parse_rate(name, rate_limit)
         self.rate_key = _key_function(
-            name, "rate_limit_key", rate_limit_key, "rate_limit", rate_limit
+            name, "rate_limit_key", options.rate_limit_key, "rate_limit", rate_limit
         )
         if concurrency_limit is not None and (
             not isinstance(concurrency_limit, int)
@@ -82,7 +78,7 @@ class Limits:
             )
         self.concurrency = concurrency_limit
         self.concurrency_key = _key_function(
-            name, "concurrency_key", concurrency_key, "concurrency_limit", concurrency_limit
+            name, "concurrency_key", options.concurrency_key, "concurrency_limit", concurrency_limit
         )
         if unique_for is not None and (
             not isinstance(unique_for, int | float)
@@ -94,7 +90,9 @@ class Limits:
                 f"lock may be held at most), got {unique_for!r}"
             )
         self.unique_for = None if unique_for is None else float(unique_for)
-        self.unique_key = _key_function(name, "unique_key", unique_key, "unique_for", unique_for)
+        self.unique_key = _key_function(
+            name, "unique_key", options.unique_key, "unique_for", unique_for
+        )
         #: A keyed hash for the default unique lock of a task whose arguments are sealed
         #: (``Keyring.digest``), set by the task: its locks then tell nothing of them.
         self.keyed: Callable[[bytes], str] | None = None

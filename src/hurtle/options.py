@@ -17,6 +17,7 @@ from typing import Any, Concatenate, Literal, NamedTuple, NoReturn, ParamSpec, T
 import msgspec
 
 from .errors import ConfigurationError
+from .limits import KeyFunction
 from .message import priority_problem
 from .names import QUEUE_NAME_RULE, queue_name_problem
 from .seconds import seconds_problem
@@ -224,26 +225,32 @@ class CeleryTaskOptions(TypedDict, total=False):
     bind: Literal[False]
 
 
-#: The options of ``@app.task`` (``Hurtle.task``), for messages that list them.
-TASK_OPTIONS = [
-    "name",
-    "queue",
-    "retries",
-    "retry_delay",
-    "retry_on",
-    "priority",
-    "time_limit",
-    "store_result",
-    "result_ttl",
-    "rate_limit",
-    "rate_limit_key",
-    "concurrency_limit",
-    "concurrency_key",
-    "unique_for",
-    "unique_key",
-    "expires",
-    "encrypt",
-]
+class TaskOptions(NamedTuple):
+    """The options of ``@app.task`` (``Hurtle.task``) beside its name, as given and once Celery's
+    are read. ``Task`` checks them, and fills in the app's settings for those given as None
+    (queue, retries, retry_delay, store_result, result_ttl, encrypt); ``Limits`` checks the
+    limit options."""
+
+    queue: str | None
+    retries: int | None
+    retry_delay: float | None
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
+    priority: int
+    time_limit: float | None
+    store_result: bool | None
+    result_ttl: float | None
+    rate_limit: str | None
+    rate_limit_key: KeyFunction | None
+    concurrency_limit: int | None
+    concurrency_key: KeyFunction | None
+    unique_for: float | None
+    unique_key: KeyFunction | None
+    expires: float | None
+    encrypt: bool | None
+
+
+#: The options of ``@app.task``, for messages that list them.
+TASK_OPTIONS = ["name", *TaskOptions._fields]
 #: Celery's task options that hurtle does not take, and what to write instead.
 TASK_INSTEAD = {
     "soft_time_limit": (
@@ -265,23 +272,19 @@ TASK_INSTEAD = {
 }
 
 
-class TaskChoices(NamedTuple):
-    """hurtle's task options that Celery's set (None: not set)."""
-
-    retries: int | None
-    retry_delay: float | None
-    store_result: bool | None
-    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None
-
-
-def celery_task(task: str, given: Mapping[str, Any], hurtle: TaskChoices) -> TaskChoices:
+def celery_task(task: str, given: Mapping[str, Any], hurtle: TaskOptions) -> TaskOptions:
     """hurtle's options of ``task`` once Celery's ``given`` ones (``CeleryTaskOptions``) are
     read: ``max_retries`` is ``retries``, ``autoretry_for`` is ``retry_on``, ``retry_backoff``
     the first delay (True: 1 s, as in Celery), ``ignore_result`` the opposite of
     ``store_result``; ``acks_late=True`` and ``bind=False`` are what hurtle does anyway. Any
     other option, or a value hurtle has no meaning for, raises ``ConfigurationError`` naming
     what to write instead; so does an option given under both names."""
-    retries, retry_delay, store_result, retry_on = hurtle
+    retries, retry_delay, store_result, retry_on = (
+        hurtle.retries,
+        hurtle.retry_delay,
+        hurtle.store_result,
+        hurtle.retry_on,
+    )
     for key, value in given.items():
         if key == "max_retries":
             _once(task, key, retries, "retries")
@@ -325,7 +328,9 @@ def celery_task(task: str, given: Mapping[str, Any], hurtle: TaskChoices) -> Tas
         else:
             instead = TASK_INSTEAD.get(key, f"its options are {', '.join(TASK_OPTIONS)}")
             raise ConfigurationError(f"task {task!r}: @app.task does not take {key}=: {instead}")
-    return TaskChoices(retries, retry_delay, store_result, retry_on)
+    return hurtle._replace(
+        retries=retries, retry_delay=retry_delay, store_result=store_result, retry_on=retry_on
+    )
 
 
 def _refuse(task: str, key: str, value: object, why: str) -> NoReturn:

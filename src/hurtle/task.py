@@ -29,13 +29,14 @@ from .arity import arity_of
 from .errors import ArgumentError, ConfigurationError, Retry
 from .handles import Handle
 from .ids import new_id
-from .limits import KeyFunction, Limits
+from .limits import Limits
 from .message import Message
 from .names import check_queue_name, check_task_name
 from .options import (
     NO_CONNECTION,
     CelerySendOptions,
     SendOptions,
+    TaskOptions,
     call_args,
     celery_send,
     check_priority,
@@ -57,29 +58,20 @@ R = TypeVar("R")
 class Task(Generic[P, R]):
     """A function registered with an app under ``name``."""
 
-    def __init__(
-        self,
-        app: Hurtle,
-        fn: Callable[P, R],
-        *,
-        name: str,
-        queue: str,
-        retries: int,
-        retry_delay: float,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
-        priority: int = 0,
-        time_limit: float | None = None,
-        store_result: bool = False,
-        result_ttl: float = 86400.0,
-        rate_limit: str | None = None,
-        rate_limit_key: KeyFunction | None = None,
-        concurrency_limit: int | None = None,
-        concurrency_key: KeyFunction | None = None,
-        unique_for: float | None = None,
-        unique_key: KeyFunction | None = None,
-        expires: float | None = None,
-        encrypt: bool = False,
-    ) -> None:
+    def __init__(self, app: Hurtle, fn: Callable[P, R], name: str, options: TaskOptions) -> None:
+        """Check ``options``: those given as None take the app's settings."""
+        settings = app.settings
+        queue = settings.default_queue if options.queue is None else options.queue
+        retries = settings.default_retries if options.retries is None else options.retries
+        retry_delay = (
+            settings.default_retry_delay if options.retry_delay is None else options.retry_delay
+        )
+        store_result = (
+            settings.store_results if options.store_result is None else options.store_result
+        )
+        result_ttl = settings.result_ttl if options.result_ttl is None else options.result_ttl
+        encrypt = settings.encrypt if options.encrypt is None else options.encrypt
+        time_limit, expires, retry_on = options.time_limit, options.expires, options.retry_on
         check_task_name(name)
         queue = checked(name, check_queue_name, queue)
         if not isinstance(store_result, bool):
@@ -110,7 +102,7 @@ class Task(Generic[P, R]):
         self.retry_on: tuple[type[BaseException], ...] | None = (
             None if retry_for is None else (Retry, *retry_for)
         )
-        self.priority = check_priority(name, priority)
+        self.priority = check_priority(name, options.priority)
         self.time_limit = time_limit
         #: Seconds after its send past which a message of this task is no longer started (a
         #: dead letter with the reason ``expired``), or None.
@@ -118,15 +110,7 @@ class Task(Generic[P, R]):
         #: Whether outcomes are stored for ``Handle.result``, and for how many seconds.
         self.store_result = store_result
         self.result_ttl = float(result_ttl)
-        limits = Limits(
-            name,
-            rate_limit=rate_limit,
-            rate_limit_key=rate_limit_key,
-            concurrency_limit=concurrency_limit,
-            concurrency_key=concurrency_key,
-            unique_for=unique_for,
-            unique_key=unique_key,
-        )
+        limits = Limits(name, options)
         #: Rate, concurrency and uniqueness options, or None when the task uses none.
         self.limits: Limits | None = (
             limits if limits.rate or limits.concurrency or limits.unique_for else None

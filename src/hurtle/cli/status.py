@@ -9,7 +9,7 @@ import json
 import time
 from typing import Any
 
-from ..dashboard.queries import queue_stats
+from ..dashboard.queries import queue_counts, queue_stats
 from ._app import describe, file_of, load_app, open_broker
 
 
@@ -30,16 +30,7 @@ def run(args: argparse.Namespace) -> int:
             "broker": broker.url,
             "file": file_of(broker),
             "time": time.time(),
-            "queues": {
-                name: {
-                    "ready": s.ready,
-                    "delayed": s.delayed,
-                    "in_flight": s.in_flight,
-                    "dead": s.dead,
-                    "paused": s.paused,
-                }
-                for name, s in stats.items()
-            },
+            "queues": {name: queue_counts(s) for name, s in stats.items()},
         }
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0

@@ -1,13 +1,14 @@
 """How much of a request body the dashboard reads: a cap per route and a budget for all at once.
 
-``BodyLimit`` is the one place request bodies are read. Each route has a cap (a login form needs
-a few KB, a list of dead-letter ids at most ``IDS_BODY``, an enqueue ``web.MAX_BODY``; anything
-else ``SMALL_BODY``); a declared ``Content-Length`` over it gets 413 before a byte of the body
-is read, and an undeclared (chunked) body is read only until it passes the cap. The bytes of
-the bodies being read or handled at one time are bounded by a shared ``BodyBudget``: a request
-that would exceed it waits for room up to ``BUDGET_WAIT`` seconds, then gets 503 with
-``Retry-After``. What the budget admits is read whole, then handed to the app as one message,
-so the routes behind it never see more than their cap.
+``BodyLimit`` reads every request body, with ``read_body``, the one loop that reads one (the
+enqueue lane of ``web.py`` reads with it too, what ``BodyLimit`` replays). Each route has a cap
+(a login form needs a few KB, a list of dead-letter ids at most ``IDS_BODY``, an enqueue
+``web.MAX_BODY``; anything else ``SMALL_BODY``); a declared ``Content-Length`` over it gets 413
+before a byte of the body is read, and an undeclared (chunked) body is read only until it passes
+the cap. The bytes of the bodies being read or handled at one time are bounded by a shared
+``BodyBudget``: a request that would exceed it waits for room up to ``BUDGET_WAIT`` seconds,
+then gets 503 with ``Retry-After``. What the budget admits is read whole, then handed to the
+app as one message, so the routes behind it never see more than their cap.
 """
 
 from __future__ import annotations
@@ -114,25 +115,41 @@ class BodyLimit:
             )
             return
         try:
-            chunks: list[bytes] = []
-            size = 0
-            more = True
-            while more:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > cap:
-                    await _refuse(send, 413, _too_large(cap))
-                    return
-                chunks.append(chunk)
-                more = message.get("more_body", False)
-            body = b"".join(chunks)
-            del chunks
-            await self.app(scope, _replay(body, receive), send)
+            try:
+                body = await read_body(receive, cap)
+            except BodyTooLarge as err:
+                await _refuse(send, 413, str(err))
+                return
+            if body is not None:
+                await self.app(scope, _replay(body, receive), send)
         finally:
             self.budget.give(want)
+
+
+class BodyTooLarge(Exception):
+    """A request body passed its route's cap while it was read."""
+
+    def __init__(self, cap: int) -> None:
+        super().__init__(_too_large(cap))
+
+
+async def read_body(receive: Any, cap: int) -> bytes | None:
+    """A request's whole body, from its ASGI ``receive``; None if the client went away first.
+    Raises ``BodyTooLarge`` as soon as more than ``cap`` bytes came."""
+    chunks: list[bytes] = []
+    size = 0
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > cap:
+            raise BodyTooLarge(cap)
+        chunks.append(chunk)
+        more = message.get("more_body", False)
+    return b"".join(chunks)
 
 
 def _replay(body: bytes, receive: Any) -> Any:

@@ -56,17 +56,19 @@ def queue_stats(
 
 
 def queue_rows(stats: dict[str, QueueStats]) -> list[dict[str, Any]]:
-    return [
-        {
-            "name": name,
-            "ready": s.ready,
-            "delayed": s.delayed,
-            "in_flight": s.in_flight,
-            "dead": s.dead,
-            "paused": s.paused,
-        }
-        for name, s in stats.items()
-    ]
+    return [{"name": name, **queue_counts(s)} for name, s in stats.items()]
+
+
+def queue_counts(stats: QueueStats) -> dict[str, Any]:
+    """One queue's counts and whether it is paused, as the API and ``hurtle status --json``
+    show them."""
+    return {
+        "ready": stats.ready,
+        "delayed": stats.delayed,
+        "in_flight": stats.in_flight,
+        "dead": stats.dead,
+        "paused": stats.paused,
+    }
 
 
 def worker_row(report: WorkerReport) -> dict[str, Any]:

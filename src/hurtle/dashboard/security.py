@@ -326,7 +326,13 @@ def _csrf_problem(headers: dict[str, str], jar: dict[str, str], by_cookie: bool)
 async def send_json(
     send: Any, status: int, doc: dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    body = json.dumps(doc).encode()
+    await send_json_body(send, status, json.dumps(doc).encode(), extra)
+
+
+async def send_json_body(
+    send: Any, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """Answer with ``body``, a JSON document already encoded, straight through ASGI."""
     await send(
         {
             "type": "http.response.start",

@@ -38,13 +38,13 @@ from ..sealing import Keyring
 from ..seconds import seconds_problem
 from . import queries
 from .batcher import Batcher
-from .bodies import IDS_BODY, LOGIN_BODY, BodyBudget, BodyLimit
+from .bodies import IDS_BODY, LOGIN_BODY, BodyBudget, BodyLimit, BodyTooLarge, read_body
 from .enqueue import BadRequest, Enqueuer, decode_json
 from .login import Login, set_csrf_cookie
 from .names import FORGET_AFTER, IdleQueues, fold_counts
 from .openapi import OPENAPI
 from .reads import READ_TIMEOUT, Reads
-from .security import Access, Guard, clean_token, from_environment
+from .security import Access, Guard, clean_token, from_environment, send_json_body
 
 #: Most dead letters one page of the API returns.
 MAX_PAGE = 500
@@ -128,7 +128,11 @@ def create_app(
             Route("/api/queues/{queue}/dead/delete", dash.delete_dead, methods=["POST"]),
             Mount("/static", StaticFiles(directory=str(static)), name="static"),
         ],
-        exception_handlers={BrokerError: _broker_failed, ConfigurationError: _refused},
+        exception_handlers={
+            BrokerError: _broker_failed,
+            ConfigurationError: _refused,
+            BadRequest: _refused,
+        },
     )
     app.add_middleware(_EnqueueLane, dashboard=dash)
     app.add_middleware(
@@ -159,7 +163,8 @@ async def _broker_failed(request: Request, err: Exception) -> Response:
 
 
 async def _refused(request: Request, err: Exception) -> Response:
-    """A value the broker refuses (a queue name it cannot take, say) answers 400 and why."""
+    """A request body the API refuses (``BadRequest``), or a value the broker refuses (a queue
+    name it cannot take, say), answers 400 and why."""
     return _error(400, str(err))
 
 
@@ -192,36 +197,14 @@ class _EnqueueLane:
         await self.app(scope, receive, send)
 
     async def _enqueue(self, queue: str, receive: Any, send: Any) -> None:
-        chunks = []
-        size = 0
-        more = True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > MAX_BODY:
-                status, body = (
-                    413,
-                    _encode_json({"error": f"the request body exceeds {MAX_BODY} bytes"}),
-                )
-                break
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        else:
-            status, body = await self.dashboard.enqueue_body(queue, b"".join(chunks))
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        try:
+            body = await read_body(receive, MAX_BODY)
+        except BodyTooLarge as err:
+            await send_json_body(send, 413, _encode_json({"error": str(err)}))
+            return
+        if body is not None:
+            status, answer = await self.dashboard.enqueue_body(queue, body)
+            await send_json_body(send, status, answer)
 
 
 def _bad_queue(request: Request) -> Response | None:
@@ -396,18 +379,17 @@ class _Dashboard:
         )
 
     async def pause(self, request: Request) -> Response:
-        if (bad := _bad_queue(request)) is not None:
-            return bad
-        queue = request.path_params["queue"]
-        await self._run(self.broker.pause, queue)
-        return _json({"queue": queue, "paused": True})
+        return await self._set_paused(request, True)
 
     async def resume(self, request: Request) -> Response:
+        return await self._set_paused(request, False)
+
+    async def _set_paused(self, request: Request, paused: bool) -> Response:
         if (bad := _bad_queue(request)) is not None:
             return bad
         queue = request.path_params["queue"]
-        await self._run(self.broker.resume, queue)
-        return _json({"queue": queue, "paused": False})
+        await self._run(self.broker.pause if paused else self.broker.resume, queue)
+        return _json({"queue": queue, "paused": paused})
 
     async def purge_waiting(self, request: Request) -> Response:
         """Drop the queue's ready and delayed messages; those in flight finish."""
@@ -425,20 +407,14 @@ class _Dashboard:
     async def retry_dead(self, request: Request) -> Response:
         if (bad := _bad_queue(request)) is not None:
             return bad
-        try:
-            ids = _ids_or_all(await _body(request))
-        except BadRequest as err:
-            return _error(400, str(err))
+        ids = _ids_or_all(await _body(request))
         n = await self._run(self.broker.retry_dead, request.path_params["queue"], ids)
         return _json({"retried": n})
 
     async def delete_dead(self, request: Request) -> Response:
         if (bad := _bad_queue(request)) is not None:
             return bad
-        try:
-            ids = _ids_or_all(await _body(request))
-        except BadRequest as err:
-            return _error(400, str(err))
+        ids = _ids_or_all(await _body(request))
         queue = request.path_params["queue"]
         if ids is None:
             n = await self._run(self.broker.purge_dead, queue)
