@@ -3,17 +3,20 @@ chosen by URL scheme."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Unpack
 from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
-from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from .base import Broker, Consumer
+from .base import Broker, BrokerOptions, Consumer
 from .columns import ResultBatch, StoredResults, UniqueLocks
 from .records import ChordStep, DeadLetter, Delivery, FlowStep, Lock, QueueStats, StoredResult
 from .ticks import TickClaim
 
 __all__ = [
     "Broker",
+    "BrokerOptions",
     "ChordStep",
     "Consumer",
     "DeadLetter",
@@ -43,18 +46,23 @@ SCHEMES = (
 )
 
 
-def make_broker(
-    url: str,
-    *,
-    heartbeat_timeout: float = 20.0,
-    dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
-    dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
-    max_recoveries: int = 3,
-    create: bool = True,
-) -> Broker:
+@contextmanager
+def _needs(broker: str, packages: str, extra: str) -> Iterator[None]:
+    """An ImportError inside, of a broker's optional packages, as the one line that says what
+    to install."""
+    try:
+        yield
+    except ImportError as err:
+        raise ConfigurationError(
+            f"the {broker} broker needs {packages} ({err}): pip install 'hurtle[{extra}]'"
+        ) from err
+
+
+def make_broker(url: str, *, create: bool = True, **options: Unpack[BrokerOptions]) -> Broker:
     """The broker a URL names: ``sqlite:///path``, ``memory://``, ``redis://host:port/db``,
     ``redis+cluster://host:port``, ``nats://host:4222`` (``tls://`` for NATS over TLS),
-    ``postgresql://user@host/database``.
+    ``postgresql://user@host/database``; ``options`` are those every broker takes
+    (``BrokerOptions``).
 
     ``create=False``: a SQLite file must exist already (the broker never makes one then), and
     so must a PostgreSQL schema; the other brokers have nothing to make and ignore it."""
@@ -62,69 +70,24 @@ def make_broker(
     if scheme == "memory":
         from .memory import MemoryBroker
 
-        return MemoryBroker(
-            url,
-            heartbeat_timeout=heartbeat_timeout,
-            dead_letter_max=dead_letter_max,
-            dead_letter_ttl=dead_letter_ttl,
-            max_recoveries=max_recoveries,
-        )
+        return MemoryBroker(url, **options)
     if scheme == "sqlite":
         from .sqlite import SQLiteBroker
 
-        return SQLiteBroker(
-            url,
-            heartbeat_timeout=heartbeat_timeout,
-            dead_letter_max=dead_letter_max,
-            dead_letter_ttl=dead_letter_ttl,
-            max_recoveries=max_recoveries,
-            create=create,
-        )
+        return SQLiteBroker(url, create=create, **options)
     if scheme in ("redis", "rediss", "redis+cluster", "rediss+cluster"):
-        try:
+        with _needs("redis", "the redis package", "redis"):
             from .redis import RedisBroker, RedisClusterBroker
-        except ImportError as err:
-            raise ConfigurationError(
-                f"the redis broker needs the redis package ({err}): pip install 'hurtle[redis]'"
-            ) from err
         kind = RedisClusterBroker if scheme.endswith("+cluster") else RedisBroker
-        return kind(
-            url,
-            heartbeat_timeout=heartbeat_timeout,
-            dead_letter_max=dead_letter_max,
-            dead_letter_ttl=dead_letter_ttl,
-            max_recoveries=max_recoveries,
-        )
+        return kind(url, **options)
     if scheme in ("nats", "tls"):
-        try:
+        with _needs("NATS", "the nats-py package", "nats"):
             from .nats import NatsBroker
-        except ImportError as err:
-            raise ConfigurationError(
-                f"the NATS broker needs the nats-py package ({err}): pip install 'hurtle[nats]'"
-            ) from err
-        return NatsBroker(
-            url,
-            heartbeat_timeout=heartbeat_timeout,
-            dead_letter_max=dead_letter_max,
-            dead_letter_ttl=dead_letter_ttl,
-            max_recoveries=max_recoveries,
-        )
+        return NatsBroker(url, **options)
     if scheme in ("postgresql", "postgres"):
-        try:
+        with _needs("PostgreSQL", "the psycopg and psycopg_pool packages", "postgres"):
             from .postgres import PostgresBroker
-        except ImportError as err:
-            raise ConfigurationError(
-                f"the PostgreSQL broker needs the psycopg and psycopg_pool packages ({err}): "
-                "pip install 'hurtle[postgres]'"
-            ) from err
-        return PostgresBroker(
-            url,
-            heartbeat_timeout=heartbeat_timeout,
-            dead_letter_max=dead_letter_max,
-            dead_letter_ttl=dead_letter_ttl,
-            max_recoveries=max_recoveries,
-            create=create,
-        )
+        return PostgresBroker(url, create=create, **options)
     raise ConfigurationError(
         f"unsupported broker URL {url!r}: use sqlite:///path/to/file.db, memory://, "
         "redis://host:port/db, redis+cluster://host:port, nats://host:4222 or "

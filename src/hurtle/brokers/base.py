@@ -99,12 +99,14 @@ import abc
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import TypedDict
 
 import msgspec
 
 from ..errors import ConfigurationError
 from ..message import Message, check_messages, encode_many
-from .common import unique_key_of
+from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from .common import check_dead_letter_limits, unique_key_of
 from .consumer import Consumer as Consumer  # the contract's other side, named here too
 from .records import DeadLetter, QueueStats, StoredResult
 from .reports import TaskCounts, WorkerReport
@@ -116,6 +118,16 @@ log = logging.getLogger(__name__)
 #: The size limit hurtle keeps to where the store's own is larger (64 MiB): a runaway value fails
 #: at its call rather than filling the store, or a worker's memory when it is fetched in a batch.
 MAX_SIZE = 64 * 1024 * 1024
+
+
+class BrokerOptions(TypedDict, total=False):
+    """The options every broker takes by keyword: each broker's constructor (and
+    ``make_broker``) passes them on to ``Broker.__init__``, which has their defaults."""
+
+    heartbeat_timeout: float
+    dead_letter_max: int
+    dead_letter_ttl: float
+    max_recoveries: int
 
 
 class Broker(abc.ABC):
@@ -138,6 +150,22 @@ class Broker(abc.ABC):
     max_message_size: int = MAX_SIZE
     #: Most bytes of one result record: a larger one fails its call with a ResultError.
     max_result_size: int = MAX_SIZE
+
+    def __init__(
+        self,
+        *,
+        heartbeat_timeout: float = 20.0,
+        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
+        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
+        max_recoveries: int = 3,
+    ) -> None:
+        """Take the options every broker shares (``BrokerOptions``), the dead-letter limits
+        checked before a broker opens anything; a broker's own constructor calls this first."""
+        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
+            dead_letter_max, dead_letter_ttl
+        )
+        self.heartbeat_timeout = heartbeat_timeout
+        self.max_recoveries = max_recoveries
 
     @abc.abstractmethod
     def publish(self, messages: Sequence[Message]) -> None:

@@ -28,15 +28,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import Unpack
 
 from ..errors import DecodeError
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message, check_messages, encode_many
-from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from .base import Broker, Consumer
+from .base import Broker, BrokerOptions, Consumer
 from .common import (
     check_cancel_ttl,
-    check_dead_letter_limits,
     check_queue_name,
     dead_ends,
     gcra,
@@ -80,21 +79,9 @@ class _Queue:
 
 
 class MemoryBroker(MemoryResults, MemoryDeadLetters, _Ticks, Broker):
-    def __init__(
-        self,
-        url: str = "memory://",
-        *,
-        heartbeat_timeout: float = 20.0,
-        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
-        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
-        max_recoveries: int = 3,
-    ) -> None:
-        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
-            dead_letter_max, dead_letter_ttl
-        )
+    def __init__(self, url: str = "memory://", **options: Unpack[BrokerOptions]) -> None:
+        super().__init__(**options)
         self.url = url
-        self.heartbeat_timeout = heartbeat_timeout
-        self.max_recoveries = max_recoveries
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._queues: dict[str, _Queue] = {}

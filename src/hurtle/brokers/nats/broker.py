@@ -31,15 +31,13 @@ import contextlib
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
-from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, Consumer
+from ..base import Broker, BrokerOptions, Consumer
 from ..common import (
     check_cancel_ttl,
-    check_dead_letter_limits,
     check_queue_name,
     dead_ends,
     gcra,
@@ -70,23 +68,13 @@ CONNECT_TIMEOUT = 30.0
 
 class NatsBroker(Broker):
     def __init__(
-        self,
-        url: str = "nats://127.0.0.1:4222",
-        *,
-        heartbeat_timeout: float = 20.0,
-        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
-        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
-        max_recoveries: int = 3,
+        self, url: str = "nats://127.0.0.1:4222", **options: Unpack[BrokerOptions]
     ) -> None:
-        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
-            dead_letter_max, dead_letter_ttl
-        )
-        options = parse(url)
-        self.url = options.url
-        self.heartbeat_timeout = heartbeat_timeout
-        self.max_recoveries = max_recoveries
+        super().__init__(**options)
+        parsed = parse(url)
+        self.url = parsed.url
         self.store: Store = run(
-            Store.connect(options, max(60.0, 2 * heartbeat_timeout)),
+            Store.connect(parsed, max(60.0, 2 * self.heartbeat_timeout)),
             CONNECT_TIMEOUT,
             self.url,
         )

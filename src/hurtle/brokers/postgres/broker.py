@@ -5,15 +5,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import psycopg
 
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
-from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, Consumer
-from ..common import check_dead_letter_limits, gcra
+from ..base import Broker, BrokerOptions, Consumer
+from ..common import gcra
 from ..ticks import RECENT_TICKS, TAKEN, WON, TickBatch, TickClaim, claimable, too_early
 from . import flows
 from .admin import _Admin
@@ -26,21 +25,8 @@ from .transactions import cursor_of
 class PostgresBroker(_Admin, Broker):
     """The broker contract on one PostgreSQL database, in one schema of it."""
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        heartbeat_timeout: float = 20.0,
-        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
-        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
-        max_recoveries: int = 3,
-        create: bool = True,
-    ) -> None:
-        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
-            dead_letter_max, dead_letter_ttl
-        )
-        self.heartbeat_timeout = heartbeat_timeout
-        self.max_recoveries = max_recoveries
+    def __init__(self, url: str, *, create: bool = True, **options: Unpack[BrokerOptions]) -> None:
+        super().__init__(**options)
         self._setup(url, create)
         self._listener = Listener(self)
 

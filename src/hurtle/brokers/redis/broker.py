@@ -8,7 +8,7 @@ import re
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import urlsplit
 
 from redis.backoff import NoBackoff
@@ -21,10 +21,8 @@ from ...errors import BrokerError, ConfigurationError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, check_messages, encode_many
 from ...records import record_in_batch
-from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker
+from ..base import Broker, BrokerOptions
 from ..common import (
-    check_dead_letter_limits,
     check_queue_name,
     unique_key_of,
 )
@@ -120,24 +118,12 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
     _clock_offset = 0
     _clock_read = -CLOCK_CHECK_EVERY
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        heartbeat_timeout: float = 20.0,
-        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
-        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
-        max_recoveries: int = 3,
-    ) -> None:
-        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
-            dead_letter_max, dead_letter_ttl
-        )
+    def __init__(self, url: str, **options: Unpack[BrokerOptions]) -> None:
+        super().__init__(**options)
         self.url = _public_url(url)
-        #: the URL with its password: for the heartbeat's own connections
-        self.heartbeat_timeout = heartbeat_timeout
-        self.max_recoveries = max_recoveries
         self._scripts = _get_scripts()
         url, self.wait_replicas, self.wait_timeout = _wait_option(url, self.url)
+        #: the URL with its password: for the heartbeat's own connections
         self._url = url
         self._connect(
             url,

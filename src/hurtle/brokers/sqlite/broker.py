@@ -9,14 +9,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from typing import Unpack
 
 from ...ids import new_id
 from ...message import Message, check_messages, encode_many
-from ...settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
-from ..base import Broker, Consumer
+from ..base import Broker, BrokerOptions, Consumer
 from ..common import (
     check_cancel_ttl,
-    check_dead_letter_limits,
     check_queue_name,
     gcra,
     lock_end,
@@ -69,18 +68,11 @@ class SQLiteBroker(_Recovery, _DeadLetters, Broker):
         self,
         url: str = "sqlite:///hurtle.db",
         *,
-        heartbeat_timeout: float = 20.0,
-        dead_letter_max: int = DEFAULT_DEAD_LETTER_MAX,
-        dead_letter_ttl: float = DEFAULT_DEAD_LETTER_TTL,
-        max_recoveries: int = 3,
         create: bool = True,
+        **options: Unpack[BrokerOptions],
     ) -> None:
-        self.dead_letter_max, self.dead_letter_ttl = check_dead_letter_limits(
-            dead_letter_max, dead_letter_ttl
-        )
+        super().__init__(**options)
         self.url = url
-        self.heartbeat_timeout = heartbeat_timeout
-        self.max_recoveries = max_recoveries
         self.path = _path_of(url)
         self.synchronous = _synchronous_of(url)
         self.create = create
