@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..ids import new_id
-from ..message import MAX_PRIORITY, Message, check_messages
+from ..message import MAX_PRIORITY, Message
 from .base import Consumer
-from .common import log_trimmed
+from .common import check_steps, log_trimmed
 from .records import DeadLetter, Delivery, FlowStep, Lock, StoredResult
 from .reports import WorkerReport, merge
 
@@ -106,10 +106,7 @@ class MemoryConsumer(Consumer):
             )
             for step in steps
         ]
-        for step in steps:
-            check_messages(step.publish)
-            if step.chord is not None:
-                check_messages([step.chord.callback])
+        check_steps(steps)
         b = self.broker
         wakes: list[Callable[[], None]] = []
         with b._lock:
