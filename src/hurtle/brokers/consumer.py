@@ -9,12 +9,13 @@ with the broker's side, in ``base.py``'s docstring.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ..message import Message
 from .records import Delivery, FlowStep, Lock, StoredResult
-from .reports import Reporter
+from .reports import Reporter, WorkerReport
 
 if TYPE_CHECKING:
     from .base import Broker
@@ -188,6 +189,19 @@ class Consumer(abc.ABC):
         Brokers whose store lives in this process beat through the consumer itself.
         """
         return self.heartbeat, _nothing
+
+    @contextlib.contextmanager
+    def _reporting(self) -> Iterator[WorkerReport | None]:
+        """A report from ``reporter`` (None without one) for the step of the store this wraps
+        (a beat, a report, a close), confirmed once that step is done; not when it raises, so
+        that the next report carries its counts again."""
+        reporter = self.reporter
+        if reporter is None:
+            yield None
+            return
+        report = reporter.report()
+        yield report
+        reporter.confirm(report)
 
     @abc.abstractmethod
     def close(self) -> None:

@@ -298,28 +298,22 @@ class PostgresConsumer(Consumer):
 
     def heartbeat(self) -> bool:
         b = self.broker
-        report = self.reporter.report() if self.reporter is not None else None
+        with self._reporting() as report:
 
-        def run(cur: psycopg.Cursor[Any]) -> bool:
-            cur.execute(b._sql.UPSERT_WORKER, (self.worker_id, self.heartbeat_timeout))
-            cur.execute(b._sql.DROP_SETTLED_CLAIMS, (self.worker_id,))
-            if report is not None:
-                self._store_report(cur, report)
-            _, _, pending = b._recover_in(cur)
-            return pending
+            def run(cur: psycopg.Cursor[Any]) -> bool:
+                cur.execute(b._sql.UPSERT_WORKER, (self.worker_id, self.heartbeat_timeout))
+                cur.execute(b._sql.DROP_SETTLED_CLAIMS, (self.worker_id,))
+                if report is not None:
+                    self._store_report(cur, report)
+                _, _, pending = b._recover_in(cur)
+                return pending
 
-        pending = b._run("beating", run)
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
-        return pending
+            return b._run("beating", run)
 
     def send_report(self) -> None:
-        reporter = self.reporter
-        if reporter is None:
-            return
-        report = reporter.report()
-        self.broker._run("sending a report", lambda cur: self._store_report(cur, report))
-        reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:
+                self.broker._run("sending a report", lambda cur: self._store_report(cur, report))
 
     def _store_report(self, cur: psycopg.Cursor[Any], report: WorkerReport) -> None:
         sql = self.broker._sql
@@ -359,24 +353,24 @@ class PostgresConsumer(Consumer):
         b = self.broker
         if b._closed:
             return
-        report = self.reporter.report() if self.reporter is not None else None
         sql = b._sql
+        with self._reporting() as report:
 
-        def run(cur: psycopg.Cursor[Any]) -> None:
-            if report is not None:  # leaves with its last counts in the totals
+            def run(cur: psycopg.Cursor[Any]) -> None:
+                if report is not None:  # leaves with its last counts in the totals
+                    cur.execute(
+                        sql.format("DELETE FROM {s}.worker_reports WHERE worker_id = %s"),
+                        (self.worker_id,),
+                    )
+                    self._add_totals(cur, report)
+                rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id, self.worker_id)).fetchall()
+                b._notify_ready(cur, (r[0] for r in rows))
+                cur.execute(sql.FORGET_CLAIMS, (self.worker_id,))
                 cur.execute(
-                    sql.format("DELETE FROM {s}.worker_reports WHERE worker_id = %s"),
-                    (self.worker_id,),
+                    sql.format("DELETE FROM {s}.workers WHERE worker_id = %s"), (self.worker_id,)
                 )
-                self._add_totals(cur, report)
-            rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id, self.worker_id)).fetchall()
-            b._notify_ready(cur, (r[0] for r in rows))
-            cur.execute(sql.FORGET_CLAIMS, (self.worker_id,))
-            cur.execute(
-                sql.format("DELETE FROM {s}.workers WHERE worker_id = %s"), (self.worker_id,)
-            )
-            cur.execute(sql.format("DELETE FROM {s}.slots WHERE worker = %s"), (self.worker_id,))
+                cur.execute(
+                    sql.format("DELETE FROM {s}.slots WHERE worker = %s"), (self.worker_id,)
+                )
 
-        b._run("closing a worker's session", run)
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
+            b._run("closing a worker's session", run)

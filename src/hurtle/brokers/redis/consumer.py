@@ -252,14 +252,11 @@ class RedisConsumer(_Settling, _Limits, Consumer):
         return _beat_reporting(self, self.broker)
 
     def send_report(self) -> None:
-        reporter = self.reporter
-        if reporter is None:
-            return
-        report = reporter.report()
-        self.broker._pipeline(
-            report_commands(report, self.heartbeat_timeout), "storing a worker's report"
-        )
-        reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:
+                self.broker._pipeline(
+                    report_commands(report, self.heartbeat_timeout), "storing a worker's report"
+                )
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = type(self.broker)(
@@ -291,10 +288,8 @@ class RedisConsumer(_Settling, _Limits, Consumer):
         commands += self._slot_commands(
             self.broker, ((key, 0, -n) for key, n in self._slots.items())
         )
-        report = self.reporter.report() if self.reporter is not None else None
-        if report is not None:  # leaves with its last counts in the totals
-            commands += leave_commands(report)
-        self.broker._pipeline(commands, "closing a consumer")
-        self._slots.clear()
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:  # leaves with its last counts in the totals
+                commands += leave_commands(report)
+            self.broker._pipeline(commands, "closing a consumer")
+            self._slots.clear()

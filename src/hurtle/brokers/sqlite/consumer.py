@@ -379,28 +379,22 @@ class _SQLiteConsumer(Consumer):
 
     def heartbeat(self) -> bool:
         b = self.broker
-        report = self.reporter.report() if self.reporter is not None else None
-        with b._write() as conn:
+        with self._reporting() as report, b._write() as conn:
             now = time.time()
             conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             if report is not None:
                 self._store_report(conn, report, now)
             conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved, released, pending = b._recover_in(conn, now)
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
         if moved or released:
             b._notify()
         return pending
 
     def send_report(self) -> None:
-        reporter = self.reporter
-        if reporter is None:
-            return
-        report = reporter.report()
-        with self.broker._write() as conn:
-            self._store_report(conn, report, time.time())
-        reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:
+                with self.broker._write() as conn:
+                    self._store_report(conn, report, time.time())
 
     def _store_report(self, conn: sqlite3.Connection, report: WorkerReport, now: float) -> None:
         _report_tables(conn)
@@ -422,8 +416,7 @@ class _SQLiteConsumer(Consumer):
         b = self.broker
         if b._closed:
             return
-        report = self.reporter.report() if self.reporter is not None else None
-        with b._write() as conn:
+        with self._reporting() as report, b._write() as conn:
             if report is not None:  # leaves with its last counts in the totals
                 _report_tables(conn)
                 conn.execute("DELETE FROM worker_reports WHERE worker_id = ?", (self.worker_id,))
@@ -437,8 +430,6 @@ class _SQLiteConsumer(Consumer):
             conn.execute("DELETE FROM claims WHERE worker = ?", (self.worker_id,))
             conn.execute("DELETE FROM workers WHERE worker_id = ?", (self.worker_id,))
             conn.execute("DELETE FROM slots WHERE worker = ?", (self.worker_id,))
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
         b._notify()
 
 
