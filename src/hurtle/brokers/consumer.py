@@ -1,6 +1,6 @@
 """The consumer side of the broker contract: ``Consumer``, one worker's session that fetches
-deliveries, holds them and settles each one way, and ``beat_through``, its heartbeat on a
-broker object of its own.
+deliveries, holds them and settles each one way; ``BatchConsumer``, one whose store settles a
+batch in one step; and ``beat_through``, its heartbeat on a broker object of its own.
 
 The rules a consumer keeps (delivery semantics, late outcomes, limits, control) are set out
 with the broker's side, in ``base.py``'s docstring.
@@ -212,6 +212,25 @@ class Consumer(abc.ABC):
         ``workers()`` no longer lists it and ``totals()`` counts everything it ran (a worker
         that ran for less than a heartbeat interval included).
         """
+
+
+class BatchConsumer(Consumer):
+    """A consumer whose store settles a batch in one step: its ``dead_letter`` and ``defer``
+    are its ``dead_letter_many`` and ``defer_many`` of one item."""
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.dead_letter_many([(delivery, reason)])
+
+    @abc.abstractmethod
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """``Consumer.dead_letter_many``, every item in one step of the store."""
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    @abc.abstractmethod
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """``Consumer.defer_many``, every item in one step of the store."""
 
 
 def _nothing() -> None:

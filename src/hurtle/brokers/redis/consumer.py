@@ -16,7 +16,7 @@ import redis
 
 from ...errors import BrokerError
 from ...ids import new_id
-from ..base import Consumer
+from ..consumer import BatchConsumer
 from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from ..records import Delivery, Lock, StoredResult
 from .limits import _Limits
@@ -62,7 +62,7 @@ class _Target:
         self.token = new_id()
 
 
-class RedisConsumer(_Settling, _Limits, Consumer):
+class RedisConsumer(_Settling, _Limits, BatchConsumer):
     """One worker's session: what it holds is under ``hurtle:{queue}:inflight:<worker_id>``."""
 
     def __init__(self, broker: RedisBroker, queues: tuple[str, ...], worker_id: str) -> None:

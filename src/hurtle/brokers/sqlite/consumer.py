@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
 from ...message import Message
-from ..base import Consumer
 from ..common import log_trimmed
-from ..consumer import beat_through
+from ..consumer import BatchConsumer, beat_through
 from ..records import Delivery, FlowStep, Lock, StoredResult
 from ..reports import WorkerReport, encode_report
 from . import flows
@@ -56,7 +55,7 @@ _POLL_FIRST = 0.001
 _POLL_MAX = 0.025
 
 
-class _SQLiteConsumer(Consumer):
+class _SQLiteConsumer(BatchConsumer):
     combines_ack_and_fetch = True
 
     def __init__(self, broker: SQLiteBroker, queues: tuple[str, ...], worker_id: str) -> None:
@@ -303,9 +302,6 @@ class _SQLiteConsumer(Consumer):
                 trimmed[queue] = b._trim_dead(conn, queue, now)
         for queue, (expired, dropped) in trimmed.items():
             log_trimmed(b, queue, expired, dropped)
-
-    def defer(self, delivery: Delivery, eta: float) -> None:
-        self.defer_many([(delivery, eta)])
 
     def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
         b = self.broker
