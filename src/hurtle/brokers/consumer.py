@@ -1,6 +1,7 @@
 """The consumer side of the broker contract: ``Consumer``, one worker's session that fetches
 deliveries, holds them and settles each one way; ``BatchConsumer``, one whose store settles a
-batch in one step; and ``beat_through``, its heartbeat on a broker object of its own.
+batch in one step; ``beat_through``, its heartbeat on a broker object of its own; and
+``fetch_wait``, how long a fetch that found nothing waits.
 
 The rules a consumer keeps (delivery semantics, late outcomes, limits, control) are set out
 with the broker's side, in ``base.py``'s docstring.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -231,6 +233,19 @@ class BatchConsumer(Consumer):
     @abc.abstractmethod
     def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
         """``Consumer.defer_many``, every item in one step of the store."""
+
+
+def fetch_wait(deadline: float, longest: float, due_in: float | None) -> float | None:
+    """How long a fetch that found nothing waits before it looks again: at most ``longest``,
+    not past its ``deadline`` (``time.monotonic``), nor past ``due_in`` seconds from now when
+    a delayed message falls due then; None once the deadline has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    wait = min(left, longest)
+    if due_in is not None:
+        wait = min(wait, due_in)
+    return wait
 
 
 def _nothing() -> None:

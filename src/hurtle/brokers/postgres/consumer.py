@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import psycopg
 
 from ...message import Message
-from ..consumer import BatchConsumer, beat_through
+from ..consumer import BatchConsumer, beat_through, fetch_wait
 from ..records import Delivery, FlowStep, Lock, StoredResult
 from ..reports import WorkerReport, encode_report
 from . import flows
@@ -83,12 +83,10 @@ class PostgresConsumer(BatchConsumer):
             settle = ()
             if out:
                 return out
-            left = deadline - time.monotonic()
-            if left <= 0:
+            due_in = None if next_eta is None else max(next_eta - time.time(), 0.0)
+            wait = fetch_wait(deadline, POLL_INTERVAL, due_in)
+            if wait is None:
                 return out
-            wait = min(left, POLL_INTERVAL)
-            if next_eta is not None:
-                wait = min(wait, max(next_eta - time.time(), 0.0))
             if wait > 0:
                 listener.wait(self.queues, ticket, wait)
 

@@ -16,7 +16,7 @@ import redis
 
 from ...errors import BrokerError
 from ...ids import new_id
-from ..consumer import BatchConsumer
+from ..consumer import BatchConsumer, fetch_wait
 from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from ..records import Delivery, Lock, StoredResult
 from .limits import _Limits
@@ -172,12 +172,9 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             out, wait_ms = self._take(max_count)
             if out:
                 return out
-            left = deadline - time.monotonic()
-            if left <= 0:
+            block = fetch_wait(deadline, MAX_BLOCK, wait_ms / 1000 if wait_ms >= 0 else None)
+            if block is None:
                 return out
-            block = min(left, MAX_BLOCK)
-            if wait_ms >= 0:
-                block = min(block, wait_ms / 1000)
             # BLPOP takes seconds with millisecond resolution, and 0 would mean forever.
             block = max(math.ceil(block * 1000), 1) / 1000
             try:
