@@ -11,6 +11,7 @@ import pytest
 from helpers import BatchState
 from hurtle import Hurtle
 from hurtle.brokers import Delivery
+from hurtle.brokers.memory import MemoryBroker
 from hurtle.brokers.reports import (
     RUNTIME_BUCKETS,
     Reporter,
@@ -19,6 +20,7 @@ from hurtle.brokers.reports import (
     decode_report,
     encode_report,
 )
+from hurtle.errors import BrokerError
 from hurtle.worker.processor import Processor
 
 
@@ -271,3 +273,26 @@ def test_deferred_calls_are_not_counted_and_every_count_of_what_ran_agrees(pool:
 
     text = render(registry(app.broker, known=app.tasks))[0].decode()
     assert 'hurtle_tasks_processed_total{queue="default",task="limited"} 100.0' in text
+
+
+def test_a_report_the_broker_failed_to_store_goes_again_whole_with_the_next_beat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    broker = MemoryBroker()
+    consumer = broker.consumer(["q"], "w1")
+    tally = Tally()
+    consumer.reporter = Reporter(tally, worker_id="w1", pool="solo", concurrency=1, queues=["q"])
+    tally.add("q", "t", 0, 2)
+
+    def fail(*args: object) -> None:
+        raise BrokerError("the store is down")
+
+    monkeypatch.setattr(consumer, "_store_report_locked", fail)
+    with pytest.raises(BrokerError):
+        consumer.heartbeat()
+    monkeypatch.undo()
+    tally.add("q", "t", 0, 1)
+    consumer.heartbeat()  # the 2 the failed beat did not store, and the 1 since
+    assert [c.processed for c in broker.totals()] == [3]
+    consumer.heartbeat()  # confirmed: counted once
+    assert [c.processed for c in broker.totals()] == [3]

@@ -195,16 +195,22 @@ def fate(deaths: int, suspect: bool, max_recoveries: int) -> str:
 Item = TypeVar("Item")
 
 
+def check_steps(steps: Sequence[FlowStep]) -> None:
+    """Check the messages workflow steps publish (their next links, their chords' callbacks)
+    before anything of them is settled."""
+    for step in steps:
+        check_messages(step.publish)
+        if step.chord is not None:
+            check_messages([step.chord.callback])
+
+
 def flow_items(
     steps: Sequence[FlowStep], item: Callable[[Message], Item]
 ) -> list[tuple[list[Item], Item | None]]:
     """Per workflow step, its messages to publish and its chord's callback, checked and made
     into a store's items (``item``) before anything is settled: a message that cannot be
     encoded settles nothing."""
-    for step in steps:
-        check_messages(step.publish)
-        if step.chord is not None:
-            check_messages([step.chord.callback])
+    check_steps(steps)
     return [
         (
             [item(m) for m in step.publish],

@@ -1,6 +1,7 @@
 """The consumer side of the broker contract: ``Consumer``, one worker's session that fetches
-deliveries, holds them and settles each one way, and ``beat_through``, its heartbeat on a
-broker object of its own.
+deliveries, holds them and settles each one way; ``BatchConsumer``, one whose store settles a
+batch in one step; ``beat_through``, its heartbeat on a broker object of its own; and
+``fetch_wait``, how long a fetch that found nothing waits.
 
 The rules a consumer keeps (delivery semantics, late outcomes, limits, control) are set out
 with the broker's side, in ``base.py``'s docstring.
@@ -9,12 +10,14 @@ with the broker's side, in ``base.py``'s docstring.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from ..message import Message
 from .records import Delivery, FlowStep, Lock, StoredResult
-from .reports import Reporter
+from .reports import Reporter, WorkerReport
 
 if TYPE_CHECKING:
     from .base import Broker
@@ -189,6 +192,19 @@ class Consumer(abc.ABC):
         """
         return self.heartbeat, _nothing
 
+    @contextlib.contextmanager
+    def _reporting(self) -> Iterator[WorkerReport | None]:
+        """A report from ``reporter`` (None without one) for the step of the store this wraps
+        (a beat, a report, a close), confirmed once that step is done; not when it raises, so
+        that the next report carries its counts again."""
+        reporter = self.reporter
+        if reporter is None:
+            yield None
+            return
+        report = reporter.report()
+        yield report
+        reporter.confirm(report)
+
     @abc.abstractmethod
     def close(self) -> None:
         """Release whatever is still held and leave the broker; the consumer is unusable after.
@@ -198,6 +214,38 @@ class Consumer(abc.ABC):
         ``workers()`` no longer lists it and ``totals()`` counts everything it ran (a worker
         that ran for less than a heartbeat interval included).
         """
+
+
+class BatchConsumer(Consumer):
+    """A consumer whose store settles a batch in one step: its ``dead_letter`` and ``defer``
+    are its ``dead_letter_many`` and ``defer_many`` of one item."""
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> None:
+        self.dead_letter_many([(delivery, reason)])
+
+    @abc.abstractmethod
+    def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
+        """``Consumer.dead_letter_many``, every item in one step of the store."""
+
+    def defer(self, delivery: Delivery, eta: float) -> None:
+        self.defer_many([(delivery, eta)])
+
+    @abc.abstractmethod
+    def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
+        """``Consumer.defer_many``, every item in one step of the store."""
+
+
+def fetch_wait(deadline: float, longest: float, due_in: float | None) -> float | None:
+    """How long a fetch that found nothing waits before it looks again: at most ``longest``,
+    not past its ``deadline`` (``time.monotonic``), nor past ``due_in`` seconds from now when
+    a delayed message falls due then; None once the deadline has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return None
+    wait = min(left, longest)
+    if due_in is not None:
+        wait = min(wait, due_in)
+    return wait
 
 
 def _nothing() -> None:

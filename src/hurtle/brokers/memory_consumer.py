@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from ..ids import new_id
-from ..message import MAX_PRIORITY, Message, check_messages
+from ..message import MAX_PRIORITY, Message
 from .base import Consumer
-from .common import log_trimmed
+from .common import check_steps, log_trimmed
 from .records import DeadLetter, Delivery, FlowStep, Lock, StoredResult
 from .reports import WorkerReport, merge
 
@@ -106,10 +106,7 @@ class MemoryConsumer(Consumer):
             )
             for step in steps
         ]
-        for step in steps:
-            check_messages(step.publish)
-            if step.chord is not None:
-                check_messages([step.chord.callback])
+        check_steps(steps)
         b = self.broker
         wakes: list[Callable[[], None]] = []
         with b._lock:
@@ -225,29 +222,22 @@ class MemoryConsumer(Consumer):
 
     def heartbeat(self) -> bool:
         b = self.broker
-        report = self.reporter.report() if self.reporter is not None else None
-        with b._lock:
+        with self._reporting() as report, b._lock:
             now = time.time()
             deadline = b._deadline[self.worker_id] = now + self.heartbeat_timeout
             if report is not None:
                 self._store_report_locked(report, now, deadline)
             self._held()
             b._recover_locked()
-            pending = any(q.quarantine for q in b._queues.values())
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
-        return pending
+            return any(q.quarantine for q in b._queues.values())
 
     def send_report(self) -> None:
         b = self.broker
-        reporter = self.reporter
-        if reporter is None:
-            return
-        report = reporter.report()
-        with b._lock:
-            now = time.time()
-            self._store_report_locked(report, now, now + self.heartbeat_timeout)
-        reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:
+                with b._lock:
+                    now = time.time()
+                    self._store_report_locked(report, now, now + self.heartbeat_timeout)
 
     def _store_report_locked(self, report: WorkerReport, now: float, deadline: float) -> None:
         b = self.broker
@@ -259,8 +249,7 @@ class MemoryConsumer(Consumer):
 
     def close(self) -> None:
         b = self.broker
-        report = self.reporter.report() if self.reporter is not None else None
-        with b._lock:
+        with self._reporting() as report, b._lock:
             b._requeue_locked(b._held.pop(self.worker_id, {}).values())
             b._deadline.pop(self.worker_id, None)
             if report is not None:  # leaves with its last counts in the totals
@@ -268,5 +257,3 @@ class MemoryConsumer(Consumer):
                 if report.delta:
                     b._totals = merge([*b._totals, *report.delta])
             b._wake.notify_all()
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)

@@ -44,6 +44,40 @@ local function wake_one(wake)
   end
 end
 
+-- Wake idle consumers after a publish of `ready` ready and `delayed` delayed messages: one token
+-- per ready message (up to MAX_TOKENS) wakes that many at once; a token for delayed messages lets
+-- a sleeping consumer learn the new earliest eta.
+local function wake_for(wake, ready, delayed)
+  local tokens = math.min(ready, MAX_TOKENS)
+  if tokens == 0 and delayed > 0 then
+    tokens = 1
+  end
+  if tokens > 0 then
+    local t = {}
+    for i = 1, tokens do
+      t[i] = '1'
+    end
+    redis.call('RPUSH', wake, unpack(t))
+    redis.call('LTRIM', wake, -MAX_TOKENS, -1)
+  end
+end
+
+-- The values of `fields[1..n]` of hash `key` (false where missing), in order, CHUNK fields per
+-- HMGET.
+local function hmget_chunked(key, fields, n)
+  local values = {}
+  local i = 1
+  while i <= n do
+    local j = math.min(i + CHUNK - 1, n)
+    local got = redis.call('HMGET', key, unpack(fields, i, j))
+    for k = 1, j - i + 1 do
+      values[i + k - 1] = got[k]
+    end
+    i = j + 1
+  end
+  return values
+end
+
 -- Forget batch `batch` of the in-flight index `index`: its payloads, bitmap and index entry.
 local function drop_batch(index, batch)
   local key = index .. ':' .. batch

@@ -56,18 +56,5 @@ if delayed > 0 then
   end
 end
 
--- One token per ready message (up to MAX_TOKENS) wakes that many idle consumers at once; a token
--- for delayed messages lets a sleeping consumer learn the new earliest eta.
-local tokens = math.min(ready, MAX_TOKENS)
-if tokens == 0 and delayed > 0 then
-  tokens = 1
-end
-if tokens > 0 then
-  local t = {}
-  for i = 1, tokens do
-    t[i] = '1'
-  end
-  redis.call('RPUSH', KEYS[12], unpack(t))
-  redis.call('LTRIM', KEYS[12], -MAX_TOKENS, -1)
-end
+wake_for(KEYS[12], ready, delayed)
 return ready + delayed

@@ -53,17 +53,8 @@ local locks = {}
 for i = 1, n do
   locks[i] = ARGV[i * 4]
 end
--- the holder of every lock (id '@' end), CHUNK at a time
-local holders = {}
-local i = 1
-while i <= n do
-  local j = math.min(i + CHUNK - 1, n)
-  local h = redis.call('HMGET', KEYS[14], unpack(locks, i, j))
-  for k = 1, j - i + 1 do
-    holders[i + k - 1] = h[k]
-  end
-  i = j + 1
-end
+-- the holder of every lock (id '@' end)
+local holders = hmget_chunked(KEYS[14], locks, n)
 
 -- (counters rather than #t: the length of a Lua table is a search, not a field)
 local taken = {}  -- lock -> id, for locks taken in this batch
@@ -111,16 +102,5 @@ elseif #stored > 0 then
   call_chunked('RPUSH', KEYS[priority + 1], stored)
   ready = #stored
 end
-local tokens = math.min(ready, MAX_TOKENS)
-if tokens == 0 and #stored > 0 then
-  tokens = 1
-end
-if tokens > 0 then
-  local t = {}
-  for k = 1, tokens do
-    t[k] = '1'
-  end
-  redis.call('RPUSH', KEYS[12], unpack(t))
-  redis.call('LTRIM', KEYS[12], -MAX_TOKENS, -1)
-end
+wake_for(KEYS[12], ready, #stored - ready)
 return skipped

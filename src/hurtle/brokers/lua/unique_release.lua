@@ -28,20 +28,15 @@ for i = 1, n do
   at_lock = at_lock + lock_len
   at_id = at_id + id_len
 end
+local holders = hmget_chunked(KEYS[1], locks, n)
 local gone = {}
-local i = 1
-while i <= n do
-  local j = math.min(i + CHUNK - 1, n)
-  local holders = redis.call('HMGET', KEYS[1], unpack(locks, i, j))
-  for k = 1, j - i + 1 do
-    local value = holders[k]
-    local id = ids[i + k - 1]
-    -- held by this id: the value is the id, '@', when it ends
-    if value and string.byte(value, #id + 1) == 64 and string.sub(value, 1, #id) == id then
-      gone[#gone + 1] = locks[i + k - 1]
-    end
+for i = 1, n do
+  local value = holders[i]
+  local id = ids[i]
+  -- held by this id: the value is the id, '@', when it ends
+  if value and string.byte(value, #id + 1) == 64 and string.sub(value, 1, #id) == id then
+    gone[#gone + 1] = locks[i]
   end
-  i = j + 1
 end
 call_chunked('HDEL', KEYS[1], gone)
 return #gone

@@ -381,10 +381,8 @@ class NatsConsumer(Consumer):
     # -- liveness --------------------------------------------------------------------------
 
     def heartbeat(self) -> bool:
-        report = self.reporter.report() if self.reporter is not None else None
-        run(self._beat(report))
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
+        with self._reporting() as report:
+            run(self._beat(report))
         return False
 
     async def _beat(self, report: Any) -> None:
@@ -405,12 +403,9 @@ class NatsConsumer(Consumer):
         await asyncio.gather(*chores)
 
     def send_report(self) -> None:
-        reporter = self.reporter
-        if reporter is None:
-            return
-        report = reporter.report()
-        run(self._report(report))
-        reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:
+                run(self._report(report))
 
     async def _report(self, report: Any) -> None:
         kv = await self.store.kv(REPORTS_BUCKET)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
 from ...message import Message
-from ..base import Consumer
-from ..consumer import beat_through
+from ..consumer import BatchConsumer, beat_through, fetch_wait
 from ..records import Delivery, FlowStep, Lock, StoredResult
 from ..reports import WorkerReport, encode_report
 from . import flows
@@ -20,6 +19,9 @@ from .publishing import store
 
 if TYPE_CHECKING:
     from .broker import PostgresBroker
+
+
+Item = TypeVar("Item")
 
 
 def _receipts(deliveries: Sequence[Delivery]) -> list[int]:
@@ -34,7 +36,7 @@ def _all(cur: psycopg.Cursor[Any]) -> list[Any]:
     return cur.fetchall()
 
 
-class PostgresConsumer(Consumer):
+class PostgresConsumer(BatchConsumer):
     combines_ack_and_fetch = True
 
     def __init__(self, broker: PostgresBroker, queues: tuple[str, ...], worker_id: str) -> None:
@@ -81,12 +83,10 @@ class PostgresConsumer(Consumer):
             settle = ()
             if out:
                 return out
-            left = deadline - time.monotonic()
-            if left <= 0:
+            due_in = None if next_eta is None else max(next_eta - time.time(), 0.0)
+            wait = fetch_wait(deadline, POLL_INTERVAL, due_in)
+            if wait is None:
                 return out
-            wait = min(left, POLL_INTERVAL)
-            if next_eta is not None:
-                wait = min(wait, max(next_eta - time.time(), 0.0))
             if wait > 0:
                 listener.wait(self.queues, ticket, wait)
 
@@ -183,37 +183,42 @@ class PostgresConsumer(Consumer):
 
         b._run("scheduling a retry", run)
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self.dead_letter_many([(delivery, reason)])
+    def _settle_many(
+        self,
+        items: Sequence[tuple[Delivery, Item]],
+        doing: str,
+        then: Callable[[psycopg.Cursor[Any], list[tuple[Delivery, Item, int]]], object],
+    ) -> None:
+        """Delete the held rows of the deliveries of ``items``, then call ``then`` with those
+        that were still held, each with the priority it was stored under: one transaction."""
+        if not items:
+            return
+
+        def run(cur: psycopg.Cursor[Any]) -> None:
+            held = self._settled(cur, [d for d, _ in items])
+            then(cur, [(d, x, held[d.receipt]) for d, x in items if d.receipt in held])
+
+        self.broker._run(f"{doing} {len(items)} messages", run)
 
     def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
         """Every dead letter in one transaction."""
-        if not items:
-            return
         b = self.broker
-
-        def run(cur: psycopg.Cursor[Any]) -> None:
-            held = self._settled(cur, [d for d, _ in items])
-            b._insert_dead(
-                cur, [(d.queue, reason, d.raw) for d, reason in items if d.receipt in held]
-            )
-
-        b._run(f"dead-lettering {len(items)} messages", run)
-
-    def defer(self, delivery: Delivery, eta: float) -> None:
-        self.defer_many([(delivery, eta)])
+        self._settle_many(
+            items,
+            "dead-lettering",
+            lambda cur, kept: b._insert_dead(cur, [(d.queue, why, d.raw) for d, why, _ in kept]),
+        )
 
     def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
-        if not items:
-            return
+        """Every deferral in one transaction, each back at the priority it had."""
         b = self.broker
-
-        def run(cur: psycopg.Cursor[Any]) -> None:
-            held = self._settled(cur, [d for d, _ in items])
-            kept = [(d.queue, held[d.receipt], eta, d.raw) for d, eta in items if d.receipt in held]
-            store(cur, b._sql, kept, time.time())
-
-        b._run(f"deferring {len(items)} messages", run)
+        self._settle_many(
+            items,
+            "deferring",
+            lambda cur, kept: store(
+                cur, b._sql, [(d.queue, p, eta, d.raw) for d, eta, p in kept], time.time()
+            ),
+        )
 
     def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
         b = self.broker
@@ -298,28 +303,22 @@ class PostgresConsumer(Consumer):
 
     def heartbeat(self) -> bool:
         b = self.broker
-        report = self.reporter.report() if self.reporter is not None else None
+        with self._reporting() as report:
 
-        def run(cur: psycopg.Cursor[Any]) -> bool:
-            cur.execute(b._sql.UPSERT_WORKER, (self.worker_id, self.heartbeat_timeout))
-            cur.execute(b._sql.DROP_SETTLED_CLAIMS, (self.worker_id,))
-            if report is not None:
-                self._store_report(cur, report)
-            _, _, pending = b._recover_in(cur)
-            return pending
+            def run(cur: psycopg.Cursor[Any]) -> bool:
+                cur.execute(b._sql.UPSERT_WORKER, (self.worker_id, self.heartbeat_timeout))
+                cur.execute(b._sql.DROP_SETTLED_CLAIMS, (self.worker_id,))
+                if report is not None:
+                    self._store_report(cur, report)
+                _, _, pending = b._recover_in(cur)
+                return pending
 
-        pending = b._run("beating", run)
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
-        return pending
+            return b._run("beating", run)
 
     def send_report(self) -> None:
-        reporter = self.reporter
-        if reporter is None:
-            return
-        report = reporter.report()
-        self.broker._run("sending a report", lambda cur: self._store_report(cur, report))
-        reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:
+                self.broker._run("sending a report", lambda cur: self._store_report(cur, report))
 
     def _store_report(self, cur: psycopg.Cursor[Any], report: WorkerReport) -> None:
         sql = self.broker._sql
@@ -359,24 +358,24 @@ class PostgresConsumer(Consumer):
         b = self.broker
         if b._closed:
             return
-        report = self.reporter.report() if self.reporter is not None else None
         sql = b._sql
+        with self._reporting() as report:
 
-        def run(cur: psycopg.Cursor[Any]) -> None:
-            if report is not None:  # leaves with its last counts in the totals
+            def run(cur: psycopg.Cursor[Any]) -> None:
+                if report is not None:  # leaves with its last counts in the totals
+                    cur.execute(
+                        sql.format("DELETE FROM {s}.worker_reports WHERE worker_id = %s"),
+                        (self.worker_id,),
+                    )
+                    self._add_totals(cur, report)
+                rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id, self.worker_id)).fetchall()
+                b._notify_ready(cur, (r[0] for r in rows))
+                cur.execute(sql.FORGET_CLAIMS, (self.worker_id,))
                 cur.execute(
-                    sql.format("DELETE FROM {s}.worker_reports WHERE worker_id = %s"),
-                    (self.worker_id,),
+                    sql.format("DELETE FROM {s}.workers WHERE worker_id = %s"), (self.worker_id,)
                 )
-                self._add_totals(cur, report)
-            rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id, self.worker_id)).fetchall()
-            b._notify_ready(cur, (r[0] for r in rows))
-            cur.execute(sql.FORGET_CLAIMS, (self.worker_id,))
-            cur.execute(
-                sql.format("DELETE FROM {s}.workers WHERE worker_id = %s"), (self.worker_id,)
-            )
-            cur.execute(sql.format("DELETE FROM {s}.slots WHERE worker = %s"), (self.worker_id,))
+                cur.execute(
+                    sql.format("DELETE FROM {s}.slots WHERE worker = %s"), (self.worker_id,)
+                )
 
-        b._run("closing a worker's session", run)
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
+            b._run("closing a worker's session", run)

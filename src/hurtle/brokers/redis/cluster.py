@@ -71,9 +71,9 @@ from redis.retry import Retry
 import redis
 
 from ...errors import BrokerError, ConfigurationError
-from ...message import MAX_PRIORITY, Message, check_messages
+from ...message import MAX_PRIORITY, Message
 from ..columns import StoredResults
-from ..common import LOST_TTL
+from ..common import LOST_TTL, check_steps
 from ..keys import BATCH_BITS, BATCH_MASK, QUEUES, RESULT_BUCKET_CUT, RESULTS_CHANNEL, chord_key
 from ..records import ChordStep, Delivery, FlowStep, StoredResult
 from .broker import BLOCKING_SOCKET_TIMEOUT, RedisBroker, _check_replicas
@@ -284,10 +284,7 @@ class RedisClusterConsumer(RedisConsumer):
         chords and the acknowledgements. Not atomic like ``ack_flow.lua`` on one server: a
         worker that dies in between leaves its deliveries held, they come back, and their
         steps run again — a next link or a callback may be published twice, none is lost."""
-        for step in steps:
-            check_messages(step.publish)
-            if step.chord is not None:
-                check_messages([step.chord.callback])
+        check_steps(steps)
         if not steps:
             return
         b = self.broker

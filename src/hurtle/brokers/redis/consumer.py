@@ -16,7 +16,7 @@ import redis
 
 from ...errors import BrokerError
 from ...ids import new_id
-from ..base import Consumer
+from ..consumer import BatchConsumer, fetch_wait
 from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from ..records import Delivery, Lock, StoredResult
 from .limits import _Limits
@@ -62,7 +62,7 @@ class _Target:
         self.token = new_id()
 
 
-class RedisConsumer(_Settling, _Limits, Consumer):
+class RedisConsumer(_Settling, _Limits, BatchConsumer):
     """One worker's session: what it holds is under ``hurtle:{queue}:inflight:<worker_id>``."""
 
     def __init__(self, broker: RedisBroker, queues: tuple[str, ...], worker_id: str) -> None:
@@ -172,12 +172,9 @@ class RedisConsumer(_Settling, _Limits, Consumer):
             out, wait_ms = self._take(max_count)
             if out:
                 return out
-            left = deadline - time.monotonic()
-            if left <= 0:
+            block = fetch_wait(deadline, MAX_BLOCK, wait_ms / 1000 if wait_ms >= 0 else None)
+            if block is None:
                 return out
-            block = min(left, MAX_BLOCK)
-            if wait_ms >= 0:
-                block = min(block, wait_ms / 1000)
             # BLPOP takes seconds with millisecond resolution, and 0 would mean forever.
             block = max(math.ceil(block * 1000), 1) / 1000
             try:
@@ -252,14 +249,11 @@ class RedisConsumer(_Settling, _Limits, Consumer):
         return _beat_reporting(self, self.broker)
 
     def send_report(self) -> None:
-        reporter = self.reporter
-        if reporter is None:
-            return
-        report = reporter.report()
-        self.broker._pipeline(
-            report_commands(report, self.heartbeat_timeout), "storing a worker's report"
-        )
-        reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:
+                self.broker._pipeline(
+                    report_commands(report, self.heartbeat_timeout), "storing a worker's report"
+                )
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         own = type(self.broker)(
@@ -291,10 +285,8 @@ class RedisConsumer(_Settling, _Limits, Consumer):
         commands += self._slot_commands(
             self.broker, ((key, 0, -n) for key, n in self._slots.items())
         )
-        report = self.reporter.report() if self.reporter is not None else None
-        if report is not None:  # leaves with its last counts in the totals
-            commands += leave_commands(report)
-        self.broker._pipeline(commands, "closing a consumer")
-        self._slots.clear()
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:  # leaves with its last counts in the totals
+                commands += leave_commands(report)
+            self.broker._pipeline(commands, "closing a consumer")
+            self._slots.clear()

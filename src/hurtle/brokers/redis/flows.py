@@ -18,8 +18,8 @@ from typing import Any
 
 import redis
 
-from ...message import MAX_PRIORITY, Message, check_messages
-from ..common import LOST_TTL
+from ...message import MAX_PRIORITY, Message
+from ..common import LOST_TTL, check_steps
 from ..keys import (
     BATCH_BITS,
     BATCH_MASK,
@@ -80,10 +80,7 @@ def _step_call(consumer: Any, step: FlowStep) -> tuple[list[str | bytes], list[A
 
 def ack_flow(consumer: Any, steps: Sequence[FlowStep]) -> None:
     """``Consumer.ack_flow`` for ``RedisConsumer``: one script per step, one round trip."""
-    for step in steps:
-        check_messages(step.publish)
-        if step.chord is not None:
-            check_messages([step.chord.callback])
+    check_steps(steps)
     if not steps:
         return
     b = consumer.broker

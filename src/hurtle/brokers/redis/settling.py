@@ -250,10 +250,8 @@ class _Settling:
                 problem = str(err)
         if problem is not None:
             # Raising would fail this delivery the same way at every try, for ever.
-            self.dead_letter(
-                delivery,
-                f"cannot store the next attempt: {problem}; this is the message as delivered",
-            )
+            reason = f"cannot store the next attempt: {problem}; this is the message as delivered"
+            self.dead_letter_many([(delivery, reason)])
             return
         b = self.broker
         source = self._target(delivery.queue)
@@ -310,9 +308,6 @@ class _Settling:
             delivery.queue,
         )
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        self.dead_letter_many([(delivery, reason)])
-
     def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
         """``dead_letter.lua`` per delivery, pipelined: one round trip for them all."""
         if not items:
@@ -331,9 +326,6 @@ class _Settling:
         b._index_dead(changes, doing)
         for queue, (expired, dropped) in trimmed.items():
             log_trimmed(b, queue, expired, dropped)
-
-    def defer(self, delivery: Delivery, eta: float) -> None:
-        self.defer_many([(delivery, eta)])
 
     def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
         """Each delivery goes back as it is (``retry.lua`` with its own bytes), one round trip."""

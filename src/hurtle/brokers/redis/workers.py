@@ -173,11 +173,7 @@ def leave_commands(report: WorkerReport) -> list[_Command]:
 
 def _beat_reporting(consumer: RedisConsumer, broker: RedisBroker) -> bool:
     """``consumer``'s heartbeat through ``broker``'s connections, with its report if any."""
-    reporter = consumer.reporter
-    report = reporter.report() if reporter is not None else None
-    pending = broker._heartbeat(
-        list(consumer._targets), consumer.worker_id, consumer.heartbeat_timeout, report
-    )[1]
-    if report is not None and reporter is not None:
-        reporter.confirm(report)
-    return pending
+    with consumer._reporting() as report:
+        return broker._heartbeat(
+            list(consumer._targets), consumer.worker_id, consumer.heartbeat_timeout, report
+        )[1]

@@ -11,9 +11,8 @@ from typing import TYPE_CHECKING
 
 from ...errors import BrokerError
 from ...message import Message
-from ..base import Consumer
 from ..common import log_trimmed
-from ..consumer import beat_through
+from ..consumer import BatchConsumer, beat_through
 from ..records import Delivery, FlowStep, Lock, StoredResult
 from ..reports import WorkerReport, encode_report
 from . import flows
@@ -56,7 +55,7 @@ _POLL_FIRST = 0.001
 _POLL_MAX = 0.025
 
 
-class _SQLiteConsumer(Consumer):
+class _SQLiteConsumer(BatchConsumer):
     combines_ack_and_fetch = True
 
     def __init__(self, broker: SQLiteBroker, queues: tuple[str, ...], worker_id: str) -> None:
@@ -304,9 +303,6 @@ class _SQLiteConsumer(Consumer):
         for queue, (expired, dropped) in trimmed.items():
             log_trimmed(b, queue, expired, dropped)
 
-    def defer(self, delivery: Delivery, eta: float) -> None:
-        self.defer_many([(delivery, eta)])
-
     def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
         b = self.broker
         new: set[tuple[str, int]] = set()
@@ -379,28 +375,22 @@ class _SQLiteConsumer(Consumer):
 
     def heartbeat(self) -> bool:
         b = self.broker
-        report = self.reporter.report() if self.reporter is not None else None
-        with b._write() as conn:
+        with self._reporting() as report, b._write() as conn:
             now = time.time()
             conn.execute(_UPSERT_WORKER, (self.worker_id, now + self.heartbeat_timeout))
             if report is not None:
                 self._store_report(conn, report, now)
             conn.execute(_DROP_EMPTY, (self.worker_id,))
             moved, released, pending = b._recover_in(conn, now)
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
         if moved or released:
             b._notify()
         return pending
 
     def send_report(self) -> None:
-        reporter = self.reporter
-        if reporter is None:
-            return
-        report = reporter.report()
-        with self.broker._write() as conn:
-            self._store_report(conn, report, time.time())
-        reporter.confirm(report)
+        with self._reporting() as report:
+            if report is not None:
+                with self.broker._write() as conn:
+                    self._store_report(conn, report, time.time())
 
     def _store_report(self, conn: sqlite3.Connection, report: WorkerReport, now: float) -> None:
         _report_tables(conn)
@@ -422,8 +412,7 @@ class _SQLiteConsumer(Consumer):
         b = self.broker
         if b._closed:
             return
-        report = self.reporter.report() if self.reporter is not None else None
-        with b._write() as conn:
+        with self._reporting() as report, b._write() as conn:
             if report is not None:  # leaves with its last counts in the totals
                 _report_tables(conn)
                 conn.execute("DELETE FROM worker_reports WHERE worker_id = ?", (self.worker_id,))
@@ -437,8 +426,6 @@ class _SQLiteConsumer(Consumer):
             conn.execute("DELETE FROM claims WHERE worker = ?", (self.worker_id,))
             conn.execute("DELETE FROM workers WHERE worker_id = ?", (self.worker_id,))
             conn.execute("DELETE FROM slots WHERE worker = ?", (self.worker_id,))
-        if report is not None and self.reporter is not None:
-            self.reporter.confirm(report)
         b._notify()
 
 
