@@ -20,9 +20,11 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,6 +33,7 @@ from typing import Any
 import psutil
 
 from helpers import Project
+from hurtle.errors import BrokerError
 
 TRIALS = int(os.environ.get("HURTLE_CHAOS_TRIALS") or 2)
 SEED = int(os.environ.get("HURTLE_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
@@ -329,3 +332,60 @@ def kill_at_random_moment(
         time.sleep(rng.uniform(0.0, 0.03))
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid if pid is None else pid, signal.SIGKILL)
+
+
+def done_by(project: Project) -> dict[str, set[int]]:
+    """Task numbers done, by the pid that ran them."""
+    by: dict[str, set[int]] = collections.defaultdict(set)
+    for line in project.runs():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "done":
+            by[parts[2]].add(int(parts[1]))
+    return by
+
+
+class Publisher:
+    """A thread that sends numbered ``chaos.work`` tasks in batches of 1 to 30 while the servers
+    fail under it: ``returned`` holds the numbers whose ``send_many`` returned (they must run),
+    ``uncertain`` those whose ``send_many`` raised (stored or not), ``errors`` the raised
+    messages, their numbers and the URL masked. ``rng`` is the thread's own, to stay
+    reproducible."""
+
+    def __init__(
+        self, project: Project, rng: random.Random, seconds: float, returned: list[int]
+    ) -> None:
+        self.project = project
+        self.returned = returned
+        self.uncertain: list[int] = []
+        self.errors: collections.Counter[str] = collections.Counter()
+        self._rng = rng
+        self._seconds = seconds
+        self._next = max(returned, default=-1) + 1
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        url = self.project.url
+        while not self._stop.is_set():
+            size = self._rng.randint(1, 30)
+            batch = list(range(self._next, self._next + size))
+            self._next += size
+            try:
+                self.project.send_many("chaos.work", [(i, self._seconds) for i in batch])
+            except BrokerError as err:
+                self.uncertain.extend(batch)
+                self.errors[re.sub(r"\d+", "N", str(err).replace(url, "URL"))[:110]] += 1
+            else:
+                self.returned.extend(batch)
+            self._stop.wait(0.01)  # about as fast as the two workers run them
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(DEADLINE)
+
+    def next_number(self) -> int:
+        """The first number not sent yet: what is published from now on is at least it."""
+        return max(self.returned + self.uncertain, default=-1) + 1

@@ -17,11 +17,8 @@ an acknowledgement the replica never received — so duplicates stay within what
 
 from __future__ import annotations
 
-import collections
 import random
-import re
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,8 +31,10 @@ from chaos_support import (
     THREADS,
     TRIALS,
     Fleet,
+    Publisher,
     Tally,
     burst,
+    done_by,
     trial_rng,
     wait_until,
 )
@@ -45,7 +44,6 @@ from helpers import Project, RedisClusterServer
 pytest.importorskip("redis")
 
 from hurtle.brokers.keys import queue_keys
-from hurtle.errors import BrokerError
 
 SECONDS = 0.001  # per task
 #: Longer than a failover (``RedisClusterServer.NODE_TIMEOUT`` plus the election), so that the
@@ -85,16 +83,6 @@ def fleet(project: Project) -> Iterator[Fleet]:
     f.close()
 
 
-def _done_by(project: Project) -> dict[str, set[int]]:
-    """Task numbers done, by the pid that ran them."""
-    by: dict[str, set[int]] = collections.defaultdict(set)
-    for line in project.runs():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "done":
-            by[parts[2]].add(int(parts[1]))
-    return by
-
-
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_cluster_master_killed_under_load_loses_no_publish_that_returned_with_wait_replicas(
     project: Project, cluster: RedisClusterServer, fleet: Fleet, mode: str, trial: int
@@ -104,28 +92,9 @@ def test_cluster_master_killed_under_load_loses_no_publish_that_returned_with_wa
         fleet.start("worker", "tasks:app", *args, HURTLE_HEARTBEAT_TIMEOUT=HEARTBEAT_TIMEOUT)
         for args in WORKERS.values()
     ]
-    returned: list[int] = []  # numbers whose send_many returned
-    uncertain: list[int] = []  # numbers whose send_many raised: stored or not
-    errors: collections.Counter[str] = collections.Counter()
-    stop = threading.Event()
-
-    def publish() -> None:
-        n = 0
-        while not stop.is_set():
-            size = sizes.randint(1, 30)
-            batch = list(range(n, n + size))
-            n += size
-            try:
-                project.send_many("chaos.work", [(i, SECONDS) for i in batch])
-            except BrokerError as err:
-                uncertain.extend(batch)
-                errors[re.sub(r"\d+", "N", str(err).replace(project.url, "URL"))[:110]] += 1
-            else:
-                returned.extend(batch)
-            stop.wait(0.01)  # about as fast as the two workers run them
-
-    sizes = random.Random(rng.random())  # the publisher thread's own, to stay reproducible
-    publisher = threading.Thread(target=publish)
+    # the publisher thread's own random numbers, to stay reproducible
+    publisher = Publisher(project, random.Random(rng.random()), SECONDS, returned=[])
+    returned, uncertain = publisher.returned, publisher.uncertain
     publisher.start()
     master = cluster.master_of(queue_keys("default").wake)
     try:
@@ -141,19 +110,18 @@ def test_cluster_master_killed_under_load_loses_no_publish_that_returned_with_wa
         cluster.start_node(master)
         cluster.wait_ok(DEADLINE)
         # what is published from now on went to the promoted replica
-        after = max(returned + uncertain, default=-1) + 1
+        after = publisher.next_number()
 
         def both_carried_on() -> bool:
             pids = {str(w.pid) for w in workers}
-            later = {pid for pid, ns in _done_by(project).items() if max(ns) >= after}
+            later = {pid for pid, ns in done_by(project).items() if max(ns) >= after}
             return pids <= later or any(w.poll() is not None for w in workers)
 
         wait_until(both_carried_on, "both workers to run tasks published after the promotion")
         more = len(returned) + rng.randrange(1, 500)
         wait_until(lambda: len(returned) >= more, "publishing to carry on after the promotion")
     finally:
-        stop.set()
-        publisher.join(DEADLINE)
+        publisher.stop()
 
     # the workers drain what they can reach; without WAIT some numbers may never come
     sent = {str(i) for i in returned}
@@ -165,7 +133,7 @@ def test_cluster_master_killed_under_load_loses_no_publish_that_returned_with_wa
         w.send_signal(signal.SIGTERM)
     codes = [fleet.wait(w) for w in workers]
     logs = "\n".join(project.output(w)[-2000:] for w in workers)
-    by_worker = _done_by(project)
+    by_worker = done_by(project)
     # what a live worker held but whose acknowledgement the replica never got went back at its
     # stop: a burst worker runs it (again)
     code, log = burst(project)
@@ -178,7 +146,7 @@ def test_cluster_master_killed_under_load_loses_no_publish_that_returned_with_wa
     )
     print(
         f"killed master {master} after {killed_at} publishes returned; {len(returned)} returned, "
-        f"{len(uncertain)} raised; {tally}; errors: {dict(errors)}"
+        f"{len(uncertain)} raised; {tally}; errors: {dict(publisher.errors)}"
     )
     assert codes == [0, 0], logs
     assert code == 0, log[-3000:]

@@ -21,11 +21,8 @@ workers hold.
 
 from __future__ import annotations
 
-import collections
 import random
-import re
 import signal
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,8 +35,10 @@ from chaos_support import (
     THREADS,
     TRIALS,
     Fleet,
+    Publisher,
     Tally,
     burst,
+    done_by,
     trial_rng,
     wait_until,
 )
@@ -50,7 +49,6 @@ from nats_server import NatsCluster, nats_cluster  # noqa: F401 - fixture
 pytest.importorskip("nats")
 
 from hurtle.brokers.nats import names
-from hurtle.errors import BrokerError
 
 SECONDS = 0.001  # per task
 #: Longer than an election and a client's move to another server (a few seconds, up to about 20
@@ -85,16 +83,6 @@ def fleet(project: Project) -> Iterator[Fleet]:
     f.close()
 
 
-def _done_by(project: Project) -> dict[str, set[int]]:
-    """Task numbers done, by the pid that ran them."""
-    by: dict[str, set[int]] = collections.defaultdict(set)
-    for line in project.runs():
-        parts = line.split()
-        if len(parts) == 3 and parts[0] == "done":
-            by[parts[2]].add(int(parts[1]))
-    return by
-
-
 @pytest.mark.timeout(400)  # a drain may wait out AckWait
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_nats_stream_leader_killed_under_load_loses_no_publish_that_returned(
@@ -113,28 +101,9 @@ def test_nats_stream_leader_killed_under_load_loses_no_publish_that_returned(
         lambda: all(" consuming " in project.output(w) or w.poll() is not None for w in workers),
         "the workers to start consuming",
     )
-    returned: list[int] = [-1]  # numbers whose send_many returned
-    uncertain: list[int] = []  # numbers whose send_many raised: stored or not
-    errors: collections.Counter[str] = collections.Counter()
-    stop = threading.Event()
-
-    def publish() -> None:
-        n = 0
-        while not stop.is_set():
-            size = sizes.randint(1, 30)
-            batch = list(range(n, n + size))
-            n += size
-            try:
-                project.send_many("chaos.work", [(i, SECONDS) for i in batch])
-            except BrokerError as err:
-                uncertain.extend(batch)
-                errors[re.sub(r"\d+", "N", str(err).replace(project.url, "URL"))[:110]] += 1
-            else:
-                returned.extend(batch)
-            stop.wait(0.01)  # about as fast as the two workers run them
-
-    sizes = random.Random(rng.random())  # the publisher thread's own, to stay reproducible
-    publisher = threading.Thread(target=publish)
+    # the publisher thread's own random numbers, to stay reproducible
+    publisher = Publisher(project, random.Random(rng.random()), SECONDS, returned=[-1])
+    returned, uncertain = publisher.returned, publisher.uncertain
     publisher.start()
     leader = nats_cluster.leader(STREAM)
     assert leader is not None
@@ -148,19 +117,18 @@ def test_nats_stream_leader_killed_under_load_loses_no_publish_that_returned(
             "a new leader of the queue's stream",
         )
         # what is published from now on went to the new leader
-        after = max(returned + uncertain, default=-1) + 1
+        after = publisher.next_number()
 
         def both_carried_on() -> bool:
             pids = {str(w.pid) for w in workers}
-            later = {pid for pid, ns in _done_by(project).items() if max(ns) >= after}
+            later = {pid for pid, ns in done_by(project).items() if max(ns) >= after}
             return pids <= later or any(w.poll() is not None for w in workers)
 
         wait_until(both_carried_on, "both workers to run tasks published after the election")
         more = len(returned) + rng.randrange(1, 300)
         wait_until(lambda: len(returned) >= more, "publishing to carry on after the election")
     finally:
-        stop.set()
-        publisher.join(DEADLINE)
+        publisher.stop()
     leader.start()  # back from its store, on the same ports; it catches up
     nats_cluster.wait_ready()
 
@@ -182,7 +150,7 @@ def test_nats_stream_leader_killed_under_load_loses_no_publish_that_returned(
         w.send_signal(signal.SIGTERM)
     codes = [fleet.wait(w) for w in workers]
     logs = "\n".join(project.output(w)[-2000:] for w in workers)
-    by_worker = _done_by(project)
+    by_worker = done_by(project)
     # what a stopping worker handed back, or held when an acknowledgement was lost, runs now
     code, log = burst(project, ACK_WAIT + DEADLINE)
     tally = Tally.of(
@@ -194,7 +162,7 @@ def test_nats_stream_leader_killed_under_load_loses_no_publish_that_returned(
     )
     print(
         f"killed leader {leader.name} after {killed_at} publishes returned; {len(returned)} "
-        f"returned, {len(uncertain)} raised; {tally}; errors: {dict(errors)}"
+        f"returned, {len(uncertain)} raised; {tally}; errors: {dict(publisher.errors)}"
     )
     assert codes == [0, 0], logs
     assert code == 0, log[-3000:]
