@@ -128,6 +128,7 @@ def test_two_schedules_of_one_task_need_names_of_their_own(app: Hurtle) -> None:
         ({"every": 5, "args": (1, 2)}, r"do not fit"),
         ({"every": 5, "args": "ab"}, r"args must be a tuple or list"),
         ({"every": 5, "args": (object(),)}, r"schedule .*: .*object"),
+        ({"evry": 5}, r"app.periodic does not take evry: its options are cron, every, tz, args"),
     ],
 )
 def test_bad_schedules_are_refused_naming_the_value(

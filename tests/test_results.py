@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from helpers import Project, stored_batch
@@ -284,8 +285,7 @@ def test_stored_results_read_as_a_sequence_of_records_and_join_by_ttl() -> None:
 
 
 def test_a_batch_kept_whole_gives_the_bytes_of_its_records_made_one_by_one() -> None:
-    from hurtle.middleware.results import _succeeded
-    from hurtle.records import _batch_decoder, decode, record_in_batch
+    from hurtle.records import SUCCEEDED, Record, _batch_decoder, decode, record_in_batch
 
     messages = [
         Message(id=f"m{i:03d}", task="tests.add", queue="q", args=(i, "é"), kwargs={"k": i})
@@ -297,7 +297,24 @@ def test_a_batch_kept_whole_gives_the_bytes_of_its_records_made_one_by_one() -> 
     assert whole.batches is not None and whole.batches[0].size == 40
     body = whole.batches[0].body
     batch = _batch_decoder.decode(body)
-    one_by_one = _succeeded("tests.add", batch.finished, values, messages, deliveries, [0.25] * 40)
+    f = batch.finished
+    one_by_one = [  # the bytes of each call's Record, made the plain way
+        msgspec.msgpack.encode(
+            Record(
+                SUCCEEDED,
+                v,
+                task="tests.add",
+                queue=m.queue,
+                args_kept=True,
+                args=m.args,
+                kwargs=m.kwargs,
+                enqueued=m.created,
+                started=f - 0.25,
+                finished=f,
+            )
+        )
+        for v, m in zip(values, messages, strict=True)
+    ]
     assert whole.batches[0].payloads() == one_by_one
     assert [record_in_batch(body, k) for k in range(40)] == one_by_one
     # cut in parts of at most BATCH_MOST calls

@@ -8,12 +8,9 @@ the order added; workers made from the app (``hurtle worker`` too) run it, and `
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import tzinfo
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
 
 from .brokers import Broker, make_broker
@@ -21,11 +18,10 @@ from .cancels import CANCEL_MARGIN, CANCEL_TTL, WINDOW
 from .errors import ConfigurationError
 from .handles import Handle
 from .ids import check_message_ids
-from .limits import KeyFunction
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
 from .names import check_task_name
-from .options import CelerySendOptions, CeleryTaskOptions, TaskOptions, celery_task
+from .options import CelerySendOptions, TaskKeywords, task_options
 from .sealing import Keyring, keyring_of
 from .sending import send_by_name
 from .settings import Settings, load_settings
@@ -33,23 +29,11 @@ from .task import Task
 
 if TYPE_CHECKING:
     from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
-    from .periodic import Schedule
+    from .periodic import Schedule, ScheduleOptions
     from .worker import Worker
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-def _default_name(fn: Callable[..., Any]) -> str:
-    module = fn.__module__
-    if module == "__main__":
-        main = sys.modules.get("__main__")
-        spec = getattr(main, "__spec__", None)
-        if spec is not None and spec.name:
-            module = spec.name
-        elif getattr(main, "__file__", None):
-            module = Path(main.__file__).stem  # type: ignore[union-attr,arg-type]
-    return f"{module}.{fn.__qualname__}"
 
 
 class Hurtle:
@@ -185,54 +169,12 @@ class Hurtle:
 
     @overload
     def task(
-        self,
-        /,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        retries: int | None = None,
-        retry_delay: float | None = None,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
-        priority: int = 0,
-        time_limit: float | None = None,
-        store_result: bool | None = None,
-        result_ttl: float | None = None,
-        rate_limit: str | None = None,
-        rate_limit_key: KeyFunction | None = None,
-        concurrency_limit: int | None = None,
-        concurrency_key: KeyFunction | None = None,
-        unique_for: float | None = None,
-        unique_key: KeyFunction | None = None,
-        expires: float | None = None,
-        encrypt: bool | None = None,
-        **celery: Unpack[CeleryTaskOptions],
+        self, /, **options: Unpack[TaskKeywords]
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
-    def task(
-        self,
-        fn: Callable[..., Any] | None = None,
-        /,
-        *,
-        name: str | None = None,
-        queue: str | None = None,
-        retries: int | None = None,
-        retry_delay: float | None = None,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
-        priority: int = 0,
-        time_limit: float | None = None,
-        store_result: bool | None = None,
-        result_ttl: float | None = None,
-        rate_limit: str | None = None,
-        rate_limit_key: KeyFunction | None = None,
-        concurrency_limit: int | None = None,
-        concurrency_key: KeyFunction | None = None,
-        unique_for: float | None = None,
-        unique_key: KeyFunction | None = None,
-        expires: float | None = None,
-        encrypt: bool | None = None,
-        **celery: Any,
-    ) -> Any:
-        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
+    def task(self, fn: Callable[..., Any] | None = None, /, **options: Unpack[TaskKeywords]) -> Any:
+        """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``, with
+        the options of ``hurtle.options.TaskKeywords`` (each typed there, for type checkers).
 
         ``store_result=True`` keeps each outcome ``result_ttl`` seconds for ``Handle.result``
         (defaults: the app's ``store_results`` and ``result_ttl`` settings).
@@ -256,31 +198,12 @@ class Hurtle:
         """
 
         def register(func: Callable[..., Any]) -> Task[Any, Any]:
-            task_name = _default_name(func) if name is None else check_task_name(name)
-            given = TaskOptions(
-                queue=queue,
-                retries=retries,
-                retry_delay=retry_delay,
-                retry_on=retry_on,
-                priority=priority,
-                time_limit=time_limit,
-                store_result=store_result,
-                result_ttl=result_ttl,
-                rate_limit=rate_limit,
-                rate_limit_key=rate_limit_key,
-                concurrency_limit=concurrency_limit,
-                concurrency_key=concurrency_key,
-                unique_for=unique_for,
-                unique_key=unique_key,
-                expires=expires,
-                encrypt=encrypt,
-            )
-            options = celery_task(task_name, celery, given) if celery else given
+            task_name, given = task_options(func, options)
             if task_name in self.tasks and self.tasks[task_name].fn is not func:
                 raise ConfigurationError(
                     f"two tasks are named {task_name!r}; give one of them name=..."
                 )
-            t: Task[Any, Any] = Task(self, func, task_name, options)
+            t: Task[Any, Any] = Task(self, func, task_name, given)
             self.tasks[task_name] = t
             self._middleware_changed()  # built-ins may depend on task options
             return t
@@ -290,49 +213,19 @@ class Hurtle:
         return register
 
     @overload
-    def periodic(
-        self,
-        task: Task[P, R],
-        /,
-        *,
-        cron: str | None = None,
-        every: float | None = None,
-        tz: str | tzinfo | None = None,
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        catch_up: bool = True,
-    ) -> Schedule: ...
+    def periodic(self, task: Task[P, R], /, **options: Unpack[ScheduleOptions]) -> Schedule: ...
 
     @overload
     def periodic(
-        self,
-        /,
-        *,
-        cron: str | None = None,
-        every: float | None = None,
-        tz: str | tzinfo | None = None,
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        catch_up: bool = True,
+        self, /, **options: Unpack[ScheduleOptions]
     ) -> Callable[[Task[P, R]], Task[P, R]]: ...
 
     def periodic(
-        self,
-        task: Task[Any, Any] | None = None,
-        /,
-        *,
-        cron: str | None = None,
-        every: float | None = None,
-        tz: str | tzinfo | None = None,
-        args: Sequence[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        name: str | None = None,
-        catch_up: bool = True,
+        self, task: Task[Any, Any] | None = None, /, **options: Unpack[ScheduleOptions]
     ) -> Any:
         """Run a registered task on a schedule: ``app.periodic(task, cron="*/5 * * * *",
-        tz="Europe/Paris")``, or ``every=`` seconds; as a decorator, above ``@app.task``.
+        tz="Europe/Paris")``, or ``every=`` seconds; as a decorator, above ``@app.task``. The
+        options are those of ``hurtle.periodic.ScheduleOptions``.
 
         ``name`` defaults to the task's; two schedules of one task need names of their own.
         ``catch_up=False`` skips a tick missed while no worker ran. See ``hurtle.periodic``.
@@ -345,16 +238,7 @@ class Hurtle:
                     f"app.periodic needs a task registered on this app, got {t!r}: register it "
                     "with @app.task first (as decorators, @app.periodic goes above @app.task)"
                 )
-            schedule = make_schedule(
-                t,
-                name=name,
-                cron=cron,
-                every=every,
-                tz=tz,
-                args=args,
-                kwargs=kwargs,
-                catch_up=catch_up,
-            )
+            schedule = make_schedule(t, options)
             if schedule.name in self.schedules:
                 raise ConfigurationError(
                     f"two schedules are named {schedule.name!r}; give one of them name=..."

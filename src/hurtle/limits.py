@@ -58,14 +58,14 @@ class Limits:
     )
 
     def __init__(self, name: str, options: TaskOptions) -> None:
-        rate_limit = options.rate_limit
-        concurrency_limit = options.concurrency_limit
-        unique_for = options.unique_for
+        rate_limit = options.get("rate_limit")
+        concurrency_limit = options.get("concurrency_limit")
+        unique_for = options.get("unique_for")
         self.name = name
         self.rate_text = rate_limit
         self.rate = None if rate_limit is None else parse_rate(name, rate_limit)
         self.rate_key = _key_function(
-            name, "rate_limit_key", options.rate_limit_key, "rate_limit", rate_limit
+            name, "rate_limit_key", options.get("rate_limit_key"), "rate_limit", rate_limit
         )
         if concurrency_limit is not None and (
             not isinstance(concurrency_limit, int)
@@ -78,7 +78,11 @@ class Limits:
             )
         self.concurrency = concurrency_limit
         self.concurrency_key = _key_function(
-            name, "concurrency_key", options.concurrency_key, "concurrency_limit", concurrency_limit
+            name,
+            "concurrency_key",
+            options.get("concurrency_key"),
+            "concurrency_limit",
+            concurrency_limit,
         )
         if unique_for is not None and (
             not isinstance(unique_for, int | float)
@@ -91,7 +95,7 @@ class Limits:
             )
         self.unique_for = None if unique_for is None else float(unique_for)
         self.unique_key = _key_function(
-            name, "unique_key", options.unique_key, "unique_for", unique_for
+            name, "unique_key", options.get("unique_key"), "unique_for", unique_for
         )
         #: A keyed hash for the default unique lock of a task whose arguments are sealed
         #: (``Keyring.digest``), set by the task: its locks then tell nothing of them.

@@ -9,17 +9,19 @@ so that it need not list them again.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Concatenate, Literal, NamedTuple, NoReturn, ParamSpec, TypedDict, TypeVar
+from pathlib import Path
+from typing import Any, Concatenate, Literal, NoReturn, ParamSpec, TypedDict, TypeVar
 
 import msgspec
 
 from .errors import ConfigurationError
 from .limits import KeyFunction
 from .message import priority_problem
-from .names import QUEUE_NAME_RULE, queue_name_problem
+from .names import QUEUE_NAME_RULE, check_task_name, queue_name_problem
 from .seconds import seconds_problem
 
 T = TypeVar("T")
@@ -225,11 +227,11 @@ class CeleryTaskOptions(TypedDict, total=False):
     bind: Literal[False]
 
 
-class TaskOptions(NamedTuple):
+class TaskOptions(TypedDict, total=False):
     """The options of ``@app.task`` (``Hurtle.task``) beside its name, as given and once Celery's
-    are read. ``Task`` checks them, and fills in the app's settings for those given as None
-    (queue, retries, retry_delay, store_result, result_ttl, encrypt); ``Limits`` checks the
-    limit options."""
+    are read; one left out is one given as None (``priority``: 0). ``Task`` checks them, and
+    fills in the app's settings for those given as None (queue, retries, retry_delay,
+    store_result, result_ttl, encrypt); ``Limits`` checks the limit options."""
 
     queue: str | None
     retries: int | None
@@ -249,8 +251,14 @@ class TaskOptions(NamedTuple):
     encrypt: bool | None
 
 
+class TaskKeywords(TaskOptions, CeleryTaskOptions, total=False):
+    """The keyword options of ``@app.task``: its name, hurtle's options and Celery's."""
+
+    name: str | None
+
+
 #: The options of ``@app.task``, for messages that list them.
-TASK_OPTIONS = ["name", *TaskOptions._fields]
+TASK_OPTIONS = ["name", *TaskOptions.__annotations__]
 #: Celery's task options that hurtle does not take, and what to write instead.
 TASK_INSTEAD = {
     "soft_time_limit": (
@@ -272,6 +280,37 @@ TASK_INSTEAD = {
 }
 
 
+def task_options(fn: Callable[..., Any], given: TaskKeywords) -> tuple[str, TaskOptions]:
+    """The name and options of ``fn`` registered with ``@app.task(**given)``: the name is
+    ``given["name"]``, else ``fn``'s module and qualified name; Celery's options are read by
+    ``celery_task`` (which refuses any option neither hurtle nor Celery has)."""
+    name = given.get("name")
+    task = _default_name(fn) if name is None else check_task_name(name)
+    hurtle: TaskOptions = {}
+    celery: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in _TASK_FIELDS:
+            hurtle[key] = value  # type: ignore[literal-required]
+        elif key != "name":
+            celery[key] = value
+    return task, celery_task(task, celery, hurtle) if celery else hurtle
+
+
+_TASK_FIELDS = frozenset(TaskOptions.__annotations__)
+
+
+def _default_name(fn: Callable[..., Any]) -> str:
+    module = fn.__module__
+    if module == "__main__":
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        if spec is not None and spec.name:
+            module = spec.name
+        elif getattr(main, "__file__", None):
+            module = Path(main.__file__).stem  # type: ignore[union-attr,arg-type]
+    return f"{module}.{fn.__qualname__}"
+
+
 def celery_task(task: str, given: Mapping[str, Any], hurtle: TaskOptions) -> TaskOptions:
     """hurtle's options of ``task`` once Celery's ``given`` ones (``CeleryTaskOptions``) are
     read: ``max_retries`` is ``retries``, ``autoretry_for`` is ``retry_on``, ``retry_backoff``
@@ -280,10 +319,10 @@ def celery_task(task: str, given: Mapping[str, Any], hurtle: TaskOptions) -> Tas
     other option, or a value hurtle has no meaning for, raises ``ConfigurationError`` naming
     what to write instead; so does an option given under both names."""
     retries, retry_delay, store_result, retry_on = (
-        hurtle.retries,
-        hurtle.retry_delay,
-        hurtle.store_result,
-        hurtle.retry_on,
+        hurtle.get("retries"),
+        hurtle.get("retry_delay"),
+        hurtle.get("store_result"),
+        hurtle.get("retry_on"),
     )
     for key, value in given.items():
         if key == "max_retries":
@@ -328,9 +367,13 @@ def celery_task(task: str, given: Mapping[str, Any], hurtle: TaskOptions) -> Tas
         else:
             instead = TASK_INSTEAD.get(key, f"its options are {', '.join(TASK_OPTIONS)}")
             raise ConfigurationError(f"task {task!r}: @app.task does not take {key}=: {instead}")
-    return hurtle._replace(
-        retries=retries, retry_delay=retry_delay, store_result=store_result, retry_on=retry_on
-    )
+    return {
+        **hurtle,
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "store_result": store_result,
+        "retry_on": retry_on,
+    }
 
 
 def _refuse(task: str, key: str, value: object, why: str) -> NoReturn:

@@ -22,7 +22,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, tzinfo
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -131,18 +131,40 @@ class Schedule:
         )
 
 
-def make_schedule(
-    task: Task[Any, Any],
-    *,
-    name: str | None,
-    cron: str | None,
-    every: float | None,
-    tz: str | tzinfo | None,
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any] | None,
-    catch_up: bool,
-) -> Schedule:
-    """A checked ``Schedule``; raises ``ConfigurationError`` naming the bad value."""
+class ScheduleOptions(TypedDict, total=False):
+    """The options of ``app.periodic`` (``Hurtle.periodic``): one of ``cron`` (in ``tz``, default
+    UTC) or ``every`` seconds, the call's ``args`` and ``kwargs``, the schedule's ``name``
+    (default: its task's) and ``catch_up`` (default True)."""
+
+    cron: str | None
+    every: float | None
+    tz: str | tzinfo | None
+    args: Sequence[Any]
+    kwargs: Mapping[str, Any] | None
+    name: str | None
+    catch_up: bool
+
+
+def make_schedule(task: Task[Any, Any], options: ScheduleOptions) -> Schedule:
+    """A checked ``Schedule``; raises ``ConfigurationError`` naming the bad value, or an
+    option ``app.periodic`` does not take."""
+    unknown = options.keys() - ScheduleOptions.__annotations__.keys()
+    if unknown:
+        raise ConfigurationError(
+            f"app.periodic does not take {', '.join(sorted(unknown))}: its options are "
+            f"{', '.join(ScheduleOptions.__annotations__)}"
+        )
+    name, cron, every, tz = (
+        options.get("name"),
+        options.get("cron"),
+        options.get("every"),
+        options.get("tz"),
+    )
+    args, kwargs, catch_up = (
+        options.get("args", ()),
+        options.get("kwargs"),
+        options.get("catch_up", True),
+    )
     label = name if name is not None else task.name
     if not isinstance(label, str) or not label:
         raise ConfigurationError(f"a schedule name must be a non-empty str, got {name!r}")

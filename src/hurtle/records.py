@@ -12,6 +12,7 @@ whole cuts a call's record from its batch, and handles and the dashboard read th
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -113,25 +114,45 @@ def records_in_batch(body: bytes) -> list[bytes]:
 
 def _record(batch: Batch, k: int) -> bytes:
     m = Message.decode(batch.messages[k])
-    finished = batch.finished
-    return _encode(
-        (
-            SUCCEEDED,
-            batch.values[k],
-            "",
-            "",
-            "",
-            batch.task,
-            m.queue,
-            m.attempt,
-            True,
-            m.args,
-            m.kwargs,
-            m.created,
-            finished - batch.runtimes[k],
-            finished,
+    return succeeded(batch.task, batch.finished, (batch.values[k],), (m,), (batch.runtimes[k],))[0]
+
+
+def succeeded(
+    task: str,
+    finished: float,
+    values: Sequence[Any],
+    messages: Sequence[Message],
+    runtimes: Sequence[float],
+    kept: Sequence[bool] | None = None,
+) -> list[bytes]:
+    """The ``succeeded`` records of calls of ``task`` that returned ``values`` (the bytes of
+    ``Record(SUCCEEDED, value, ...)``, made faster: one comprehension of encodes), each
+    ``finished`` at that time after running its run time. ``kept``: per call, whether its
+    arguments are copied into its record (default: every call's). Raises what msgspec raises
+    on a value it cannot encode."""
+    if kept is None:
+        kept = [True] * len(values)
+    return [
+        _encode(
+            (
+                SUCCEEDED,
+                value,
+                "",
+                "",
+                "",
+                task,
+                m.queue,
+                m.attempt,
+                k,
+                m.args if k else (),
+                m.kwargs if k else {},
+                m.created,
+                finished - ran,
+                finished,
+            )
         )
-    )
+        for value, m, ran, k in zip(values, messages, runtimes, kept, strict=True)
+    ]
 
 
 def member_record(

@@ -53,6 +53,12 @@ if TYPE_CHECKING:
 
 P = ParamSpec("P")
 R = TypeVar("R")
+V = TypeVar("V")
+
+
+def _or(given: V | None, setting: V) -> V:
+    """A task's option: as given, or the app's setting when given as None."""
+    return setting if given is None else given
 
 
 class Task(Generic[P, R]):
@@ -61,17 +67,14 @@ class Task(Generic[P, R]):
     def __init__(self, app: Hurtle, fn: Callable[P, R], name: str, options: TaskOptions) -> None:
         """Check ``options``: those given as None take the app's settings."""
         settings = app.settings
-        queue = settings.default_queue if options.queue is None else options.queue
-        retries = settings.default_retries if options.retries is None else options.retries
-        retry_delay = (
-            settings.default_retry_delay if options.retry_delay is None else options.retry_delay
-        )
-        store_result = (
-            settings.store_results if options.store_result is None else options.store_result
-        )
-        result_ttl = settings.result_ttl if options.result_ttl is None else options.result_ttl
-        encrypt = settings.encrypt if options.encrypt is None else options.encrypt
-        time_limit, expires, retry_on = options.time_limit, options.expires, options.retry_on
+        queue = _or(options.get("queue"), settings.default_queue)
+        retries = _or(options.get("retries"), settings.default_retries)
+        retry_delay = _or(options.get("retry_delay"), settings.default_retry_delay)
+        store_result = _or(options.get("store_result"), settings.store_results)
+        result_ttl = _or(options.get("result_ttl"), settings.result_ttl)
+        encrypt = _or(options.get("encrypt"), settings.encrypt)
+        time_limit, expires = options.get("time_limit"), options.get("expires")
+        retry_on = options.get("retry_on")
         check_task_name(name)
         queue = checked(name, check_queue_name, queue)
         if not isinstance(store_result, bool):
@@ -102,7 +105,7 @@ class Task(Generic[P, R]):
         self.retry_on: tuple[type[BaseException], ...] | None = (
             None if retry_for is None else (Retry, *retry_for)
         )
-        self.priority = check_priority(name, options.priority)
+        self.priority = check_priority(name, options.get("priority", 0))
         self.time_limit = time_limit
         #: Seconds after its send past which a message of this task is no longer started (a
         #: dead letter with the reason ``expired``), or None.

@@ -255,7 +255,43 @@ def _publish(app: Hurtle, messages: list[Message], connection: object = None) ->
         app.broker.publish(messages)
 
 
-class chain:
+H = TypeVar("H")
+
+
+class _Workflow(Generic[H]):
+    """What a chain and a group share: Celery's ``delay`` and ``apply_async``, which send the
+    workflow with arguments given to it (``_given``: to a chain's first step, to each member
+    of a group), or as it is when there are none."""
+
+    def send(self, *, connection: object = None) -> H:
+        raise NotImplementedError
+
+    def _given(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Workflow[H]:
+        raise NotImplementedError
+
+    def delay(self, *args: Any, **kwargs: Any) -> H:
+        """Send it (Celery's), ``args`` and ``kwargs`` given as ``apply_async`` gives them."""
+        return self.apply_async(args, kwargs)
+
+    def apply_async(
+        self,
+        args: Sequence[Any] | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        connection: object = None,
+        **options: Never,
+    ) -> H:
+        """Send it (Celery's), ``args`` and ``kwargs`` given to a chain's first step or to each
+        member of a group; with ``connection``, as ``send`` does."""
+        what = type(self).__name__
+        _no_options(f"a {what}", options)
+        call, keywords = call_args(f"{what}: apply_async", args, kwargs)
+        if not call and not keywords:
+            return self.send(connection=connection)
+        return self._given(call, keywords).send(connection=connection)
+
+
+class chain(_Workflow[FlowHandle[Any]]):
     """``chain(add.s(1, 2), add.s(10), mul.s(3))``: each result is the next task's first
     argument; ``.send()`` returns a handle whose result is the last task's."""
 
@@ -283,26 +319,10 @@ class chain:
         """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step."""
         return self.apply_async(args, kwargs)
 
-    def delay(self, *args: Any, **kwargs: Any) -> FlowHandle[Any]:
-        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step."""
-        return self.apply_async(args, kwargs)
-
-    def apply_async(
-        self,
-        args: Sequence[Any] | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        connection: object = None,
-        **options: Never,
-    ) -> FlowHandle[Any]:
-        """Send the chain (Celery's), ``args`` and ``kwargs`` given to its first step; with
-        ``connection``, as ``send`` does."""
-        _no_options("a chain", options)
-        call, keywords = call_args("chain: apply_async", args, kwargs)
-        if not call and not keywords:
-            return self.send(connection=connection)
+    def _given(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> chain:
+        """The chain with ``args`` and ``kwargs`` given to its first step."""
         first, *rest = self.signatures
-        return chain(first.merged(call, keywords), *rest).send(connection=connection)
+        return chain(first.merged(args, kwargs), *rest)
 
     def __or__(self, other: Signature[Any] | chain) -> chain:
         """``chain(...) | mul.s(3)``, ``chain(...) | chain(...)``: a longer chain (Celery's)."""
@@ -315,7 +335,7 @@ class chain:
         return NotImplemented
 
 
-class group:
+class group(_Workflow[GroupHandle]):
     """``group(add.s(i, i) for i in range(100))``: the members run in parallel; ``.send()``
     returns a ``GroupHandle`` whose result is the list of their results, in member order."""
 
@@ -346,26 +366,9 @@ class group:
         """Send the group (Celery's), ``args`` put before each member's own."""
         return self.apply_async(args, **options)
 
-    def delay(self, *args: Any, **kwargs: Any) -> GroupHandle:
-        """Send the group (Celery's), ``args`` and ``kwargs`` given to each member."""
-        return self.apply_async(args, kwargs)
-
-    def apply_async(
-        self,
-        args: Sequence[Any] | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        connection: object = None,
-        **options: Never,
-    ) -> GroupHandle:
-        """Send the group (Celery's), ``args`` and ``kwargs`` given to each member; with
-        ``connection``, as ``send`` does."""
-        _no_options("a group", options)
-        call, keywords = call_args("group: apply_async", args, kwargs)
-        if not call and not keywords:
-            return self.send(connection=connection)
-        merged = group(s.merged(call, keywords) for s in self.signatures)
-        return merged.send(connection=connection)
+    def _given(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> group:
+        """The group with ``args`` and ``kwargs`` given to each member."""
+        return group(s.merged(args, kwargs) for s in self.signatures)
 
     def __or__(self, other: Signature[Any]) -> chord:
         """``group(...) | total.s()``: the chord of the two (Celery's)."""

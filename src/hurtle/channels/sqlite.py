@@ -43,6 +43,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..brokers.sqlite import _path_of
+from ..brokers.sqlite.connection import connect_wal, immediate
 from ..errors import BrokerError, ConfigurationError
 from . import frame as frames_
 from .backend import Frames, matcher
@@ -56,7 +57,6 @@ RETENTION = 30.0
 POLL_FIRST = 0.0005
 POLL_MAX = 0.004
 _PRUNE_EVERY = 1.0
-_BUSY_TIMEOUT_MS = 30_000
 _READ_BATCH = 1024
 #: Seconds a channel's count is kept after its last frame.
 COUNT_TTL = 3600.0
@@ -86,25 +86,15 @@ _PRUNE = "DELETE FROM channel_frames WHERE id <= ?"
 _PRUNE_COUNTS = "DELETE FROM channel_counts WHERE at < ?"
 
 
+def _create_tables(conn: sqlite3.Connection) -> None:
+    for statement in _SCHEMA:
+        conn.execute(statement)
+
+
 def _connect(backend: SQLiteBackend) -> sqlite3.Connection:
     try:
         backend.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = sqlite3.connect(
-            backend.path,
-            timeout=_BUSY_TIMEOUT_MS / 1000,
-            isolation_level=None,
-            check_same_thread=False,
-        )
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-            if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
-                raise sqlite3.OperationalError("the file cannot be put in WAL mode")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            for statement in _SCHEMA:
-                conn.execute(statement)
-        except BaseException:
-            conn.close()
-            raise
+        conn = connect_wal(backend.path, "normal", _create_tables)
     except (OSError, sqlite3.Error) as err:
         raise ConfigurationError(
             f"cannot open the SQLite file {str(backend.path)!r} (from {backend.url!r}) for "
@@ -211,33 +201,24 @@ class SQLiteBackend:
         with self._lock:
             conn = self._connection()
             now = time.monotonic()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if now - self._last_prune >= _PRUNE_EVERY:
-                        self._prune(conn, now)
-                    counts: dict[str, tuple[int, int]] = {}
-                    rows = []
-                    for f in frames:
-                        epoch, total = counts.get(f.channel) or self._count_of(conn, f.channel)
-                        rows.append((f.channel, f.data + frames_.count(epoch, total)))
-                        counts[f.channel] = (epoch, total + f.size)
-                    conn.executemany(_INSERT, rows)
-                    # Ids of one transaction are contiguous: the last is last_insert_rowid().
-                    first = conn.execute("SELECT last_insert_rowid()").fetchone()[0] - len(rows)
-                    last_ids = {c: first + i for i, (c, _) in enumerate(rows, 1)}
-                    wall = time.time()
-                    conn.executemany(
-                        _SET_COUNT,
-                        [(c, e, n, last_ids[c], wall) for c, (e, n) in counts.items()],
-                    )
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as err:
-                raise BrokerError(f"SQLite channels {self.url!r}: {err}") from err
+            with immediate(conn, "SQLite channels", self.url):
+                if now - self._last_prune >= _PRUNE_EVERY:
+                    self._prune(conn, now)
+                counts: dict[str, tuple[int, int]] = {}
+                rows = []
+                for f in frames:
+                    epoch, total = counts.get(f.channel) or self._count_of(conn, f.channel)
+                    rows.append((f.channel, f.data + frames_.count(epoch, total)))
+                    counts[f.channel] = (epoch, total + f.size)
+                conn.executemany(_INSERT, rows)
+                # Ids of one transaction are contiguous: the last is last_insert_rowid().
+                first = conn.execute("SELECT last_insert_rowid()").fetchone()[0] - len(rows)
+                last_ids = {c: first + i for i, (c, _) in enumerate(rows, 1)}
+                wall = time.time()
+                conn.executemany(
+                    _SET_COUNT,
+                    [(c, e, n, last_ids[c], wall) for c, (e, n) in counts.items()],
+                )
 
     @staticmethod
     def _count_of(conn: sqlite3.Connection, channel: str) -> tuple[int, int]:

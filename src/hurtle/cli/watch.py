@@ -30,6 +30,7 @@ from pathlib import Path
 from types import FrameType
 
 from ..errors import ConfigurationError
+from ..worker.supervisor import catch_up
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class Reloader:
         self.command = list(command)
         self.root = root
         self.proc: subprocess.Popen[bytes] | None = None
-        self._sent = 0  # stop signals sent to the current child
+        self.sent = 0  # stop signals sent to the current child
         self._signals = 0
         self._changes: queue.SimpleQueue[set[str]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -131,13 +132,7 @@ class Reloader:
         self._wake.set()
 
     def _catch_up(self) -> None:
-        """Send the child the stop signals (at most two) it has not been sent yet."""
-        proc = self.proc
-        while proc is not None and self._sent < min(self._signals, 2):
-            self._sent += 1
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
+        catch_up(self, self._signals)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -198,7 +193,7 @@ class Reloader:
             return
         argv = [sys.executable, "-m", "hurtle", *self.command]
         self.proc = None  # a signal handled from here on is sent by the catch-up below
-        self._sent = 0
+        self.sent = 0
         self.proc = subprocess.Popen(argv, process_group=0)
         self.starts += 1
         self._catch_up()  # a signal handled while it was being started
@@ -208,8 +203,8 @@ class Reloader:
         proc = self.proc
         if proc is None:
             return 0
-        if proc.poll() is None and self._sent == 0:
-            self._sent = 1
+        if proc.poll() is None and self.sent == 0:
+            self.sent = 1
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)
         while True:

@@ -53,13 +53,11 @@ from .._text import safe_str, trace
 from ..brokers import ResultBatch, StoredResults
 from ..brokers.base import MAX_SIZE
 from ..errors import ResultError
-from ..message import Message
-from ..records import FAILED, SUCCEEDED, Record, records_in_batch
+from ..records import FAILED, SUCCEEDED, Record, records_in_batch, succeeded
 from . import Calls, Job, Middleware, Outbox, Outcome, WorkerParts
 
 if TYPE_CHECKING:
     from ..app import Hurtle
-    from ..brokers import Delivery
     from ..sealing import Keyring
     from ..task import Task
 
@@ -164,56 +162,6 @@ def encode_failure(
     return _encode(Record(state, None, fields[2], fields[3][:keep], fields[4][-keep:]))
 
 
-def _succeeded(
-    task: str,
-    now: float,
-    values: list[Any],
-    messages: list[Message],
-    deliveries: list[Delivery],
-    runtimes: list[float],
-) -> list[bytes]:
-    """The ``succeeded`` records of a batch of calls, one each (one comprehension); raises what
-    msgspec raises on a value it cannot encode."""
-    return [
-        _encode(
-            (
-                SUCCEEDED,
-                value,
-                "",
-                "",
-                "",
-                task,
-                m.queue,
-                m.attempt,
-                True,
-                m.args,
-                m.kwargs,
-                m.created,
-                now - ran,
-                now,
-            )
-            if len(d.raw) <= ARGS_KEPT_UP_TO
-            else (
-                SUCCEEDED,
-                value,
-                "",
-                "",
-                "",
-                task,
-                m.queue,
-                m.attempt,
-                False,
-                (),
-                {},
-                m.created,
-                now - ran,
-                now,
-            )
-        )
-        for value, m, d, ran in zip(values, messages, deliveries, runtimes, strict=True)
-    ]
-
-
 def _sealed(calls: Calls, keyring: Keyring) -> list[Any] | None:
     """The calls' return values sealed, or None when one cannot be encoded."""
     seal, task = keyring.seal_value, calls.task.name
@@ -303,9 +251,8 @@ class Results(Middleware):
         if values is None:  # a value that could not be sealed: its call failed
             values = [_seal_or_fail(calls, i, keyring) for i in range(len(calls))]
         try:
-            payloads = _succeeded(
-                task, now, values, calls.messages, calls.deliveries, calls.runtimes
-            )
+            kept = [len(d.raw) <= ARGS_KEPT_UP_TO for d in calls.deliveries]
+            payloads = succeeded(task, now, values, calls.messages, calls.runtimes, kept)
         except UNENCODABLE:
             payloads = [self._payload(calls, i, now, values) for i in range(len(calls))]
         if payloads and max(map(len, payloads)) > self.most:  # one pass in C per part

@@ -96,12 +96,11 @@ class JobSteps(NotRun):
         With ``state`` (the solo pool), ``state.current`` is cleared once the call returned. A
         job outside a batch whose pipeline has batch hooks is a batch of one.
         """
-        if self._alone(job):
+        if not self._begin(job, state):
             return
         result: Any = None
         error: Exception | None = None
         try:
-            self._start(job)
             if job.task.is_async:
                 result = self._run_coroutine(job)
             elif job.task.time_limit is None:
@@ -116,12 +115,11 @@ class JobSteps(NotRun):
 
     async def run_async(self, job: Job) -> None:
         """Await an ``async def`` task on the running loop (cancelled at its time limit)."""
-        if self._alone(job):
+        if not self._begin(job):
             return
         result: Any = None
         error: Exception | None = None
         try:
-            self._start(job)
             result = await _within_limit(job)
         except asyncio.CancelledError:
             if job.message.id not in self.cancels:
@@ -133,6 +131,21 @@ class JobSteps(NotRun):
         except Exception as err:
             error = err
         self.finish(job, result, error)
+
+    def _begin(self, job: Job, state: BatchState | None = None) -> bool:
+        """Whether to call ``job``'s task now, for ``run`` and ``run_async``: not if it was
+        deferred (``_alone``), nor if its ``before_process`` hooks raised (``Retry``,
+        ``Reject``, a failure): that is its outcome, settled here as the call's would be."""
+        if self._alone(job):
+            return False
+        try:
+            self._start(job)
+        except Exception as err:
+            if state is not None:
+                state.current = None
+            self.finish(job, None, err)
+            return False
+        return True
 
     def _alone(self, job: Job) -> bool:
         """Run ``before_batch`` for a batched job met on its own; True when it was deferred."""

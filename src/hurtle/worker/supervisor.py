@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Sequence
 from types import FrameType
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,26 @@ log = logging.getLogger(__name__)
 EXIT_RECYCLE = 75
 #: A configuration error (the CLI's status for errors a user can fix).
 EXIT_USAGE = 2
+
+
+class Stoppable(Protocol):
+    """A child process and the stop signals it has been sent: the supervisor's children, and
+    the worker that ``hurtle worker --watch`` runs."""
+
+    proc: subprocess.Popen[bytes] | None
+    sent: int
+
+
+def catch_up(child: Stoppable, signals: int) -> None:
+    """Send ``child`` the stop signals (SIGTERM, one per signal received, at most two) it has
+    not been sent yet, each counted before it goes: a signal handled meanwhile (this runs in
+    signal handlers) sees it counted and does not send it again."""
+    proc = child.proc
+    while proc is not None and child.sent < min(signals, 2):
+        child.sent += 1
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
 
 
 class _Child:
@@ -109,13 +130,7 @@ class Supervisor:
             self._catch_up(child)
 
     def _catch_up(self, child: _Child) -> None:
-        """Send ``child`` the stop signals (at most two) it has not been sent yet."""
-        proc = child.proc
-        while proc is not None and child.sent < min(self._signals, 2):
-            child.sent += 1
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
+        catch_up(child, self._signals)
 
     # -- children --------------------------------------------------------------------------
 

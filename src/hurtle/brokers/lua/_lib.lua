@@ -264,3 +264,19 @@ local function unindex_dead(index, changes, raw, queue, ids)
     end
   end
 end
+
+-- Delete the dead letters `ids` of `queue` (zset `dead`, hashes `raw` and `reasons`) with their
+-- index entries (unindex_dead), CHUNK ids per command; returns how many of them there were.
+local function drop_dead(index, changes, dead, raw, reasons, queue, ids)
+  unindex_dead(index, changes, raw, queue, ids)
+  local n = 0
+  local i = 1
+  while i <= #ids do
+    local j = math.min(i + CHUNK - 1, #ids)
+    n = n + redis.call('ZREM', dead, unpack(ids, i, j))
+    redis.call('HDEL', raw, unpack(ids, i, j))
+    redis.call('HDEL', reasons, unpack(ids, i, j))
+    i = j + 1
+  end
+  return n
+end

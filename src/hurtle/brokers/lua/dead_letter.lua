@@ -44,10 +44,7 @@ local TRIM_MAX = 10000
 
 local function drop(ids)
   if #ids > 0 then
-    unindex_dead(ARGV[8], changes, KEYS[3], ARGV[10], ids)
-    call_chunked('ZREM', KEYS[2], ids)
-    call_chunked('HDEL', KEYS[3], ids)
-    call_chunked('HDEL', KEYS[4], ids)
+    drop_dead(ARGV[8], changes, KEYS[2], KEYS[3], KEYS[4], ARGV[10], ids)
   end
   return #ids
 end

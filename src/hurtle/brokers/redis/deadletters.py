@@ -4,7 +4,7 @@ deleting and purging; and the index of them by message id that the scripts keep.
 The index (``keys.DEAD_INDEX``: message id -> queue and dead-letter id) lives outside every
 queue, since who looks a dead letter up knows only the message id. On one server the queue
 scripts that write or remove dead letters (``dead_letter.lua``, ``heartbeat.lua``,
-``dead_delete.lua``, ``dead_purge.lua``) keep it in the same step. On a Redis Cluster it has a
+``dead_delete.lua``) keep it in the same step. On a Redis Cluster it has a
 slot of its own, which a queue's script may not touch: the scripts hand back what they would
 have changed and ``_index_dead`` applies it right after, with ``dead_index.lua`` (one round trip
 per call that changed something). That leaves a window of a cluster: a lookup in the moment
@@ -91,7 +91,7 @@ class _DeadLetters(_ScriptRunner):
         n, *changes = self._eval(
             self._scripts.dead_delete,
             (k.dead, k.dead_raw, k.dead_reason),
-            [self._dead_index, queue, *ids],
+            [self._dead_index, queue, "", *ids],
             doing,
         )
         self._index_dead(changes, doing)
@@ -101,9 +101,9 @@ class _DeadLetters(_ScriptRunner):
         k = queue_keys(queue)
         doing = f"purging dead letters of {queue!r}"
         n, *changes = self._eval(
-            self._scripts.dead_purge,
+            self._scripts.dead_delete,
             (k.dead, k.dead_raw, k.dead_reason),
-            (self._dead_index, queue),
+            (self._dead_index, queue, "*"),
             doing,
         )
         self._index_dead(changes, doing)

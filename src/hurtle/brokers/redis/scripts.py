@@ -69,7 +69,6 @@ class _Scripts:
         self.stats = _Script("stats")
         self.dead_list = _Script("dead_list")
         self.dead_delete = _Script("dead_delete")
-        self.dead_purge = _Script("dead_purge")
         self.dead_index = _Script("dead_index")
         self.purge = _Script("purge")
         self.claim_tick = _Script("claim_tick")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import parse_qsl, quote
@@ -33,6 +33,56 @@ def _path_of(url: str) -> Path:
             "sqlite:////absolute/path.db (three slashes, then the path)"
         )
     return Path(rest[1:])
+
+
+def connect_wal(
+    target: str | Path,
+    synchronous: str,
+    prepare: Callable[[sqlite3.Connection], None],
+    *,
+    uri: bool = False,
+    cached_statements: int = 128,
+) -> sqlite3.Connection:
+    """A connection to ``target`` as the broker and the channels keep theirs: autocommit (the
+    transactions are explicit), WAL mode, a 30 s busy timeout, ``PRAGMA synchronous`` at
+    ``synchronous`` (``full`` or ``normal``), then ``prepare(conn)`` (the schema). It is closed
+    again if any of that fails; the caller says what the file was for in its error."""
+    conn = sqlite3.connect(
+        target,
+        timeout=_BUSY_TIMEOUT_MS / 1000,
+        isolation_level=None,
+        check_same_thread=False,
+        cached_statements=cached_statements,
+        uri=uri,
+    )
+    try:
+        conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
+        if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
+            raise sqlite3.OperationalError("the file cannot be put in WAL mode")
+        conn.execute(f"PRAGMA synchronous = {synchronous.upper()}")
+        prepare(conn)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection, what: str, url: str) -> Iterator[sqlite3.Connection]:
+    """One write transaction on ``conn``: ``BEGIN IMMEDIATE``, ``COMMIT`` once the block is done,
+    ``ROLLBACK`` if it raises. A ``sqlite3.Error`` is raised as ``BrokerError`` naming ``what``
+    and its ``url``."""
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+    except sqlite3.Error as err:
+        raise BrokerError(f"{what} {url!r}: {err}") from err
 
 
 def _synchronous_of(url: str) -> str:
@@ -93,24 +143,14 @@ class _Connection:
                 raise FileNotFoundError(f"no directory {str(self.path.parent.absolute())!r}")
             if not self.create and not self.path.exists():
                 raise ConfigurationError(_missing(self.url, self.path))
-            conn = sqlite3.connect(
+            conn = connect_wal(
                 # mode=rw: never create the file, even if it vanished since the check above
                 self.path if self.create else f"file:{quote(str(self.path))}?mode=rw",
-                timeout=_BUSY_TIMEOUT_MS / 1000,
-                isolation_level=None,
-                check_same_thread=False,
-                cached_statements=256,
+                self.synchronous,
+                self._migrate,
                 uri=not self.create,
+                cached_statements=256,
             )
-            try:
-                conn.execute(f"PRAGMA busy_timeout = {_BUSY_TIMEOUT_MS}")
-                if conn.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower() != "wal":
-                    raise sqlite3.OperationalError("the file cannot be put in WAL mode")
-                conn.execute(f"PRAGMA synchronous = {self.synchronous.upper()}")
-                self._migrate(conn)
-            except BaseException:
-                conn.close()
-                raise
         except (OSError, sqlite3.Error) as err:
             raise ConfigurationError(
                 f"cannot open the SQLite broker file {str(self.path)!r} (from {self.url!r}): "
@@ -171,19 +211,8 @@ class _Connection:
     def _write(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (``BEGIN IMMEDIATE`` … ``COMMIT``) on the shared connection."""
         self._after_fork_check()
-        with self._lock:
-            conn = self._connection()
-            try:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as err:
-                raise BrokerError(f"SQLite broker {self.url!r}: {err}") from err
+        with self._lock, immediate(self._connection(), "SQLite broker", self.url) as conn:
+            yield conn
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:

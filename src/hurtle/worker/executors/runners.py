@@ -39,6 +39,7 @@ from ..processor import Job
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+U = TypeVar("U")
 #: Starts ``target`` on a new runner named ``name``.
 Spawn = Callable[[Callable[[], None], str], None]
 
@@ -222,6 +223,7 @@ class RunnerPool(Generic[T]):
         buffer = self._buffer
         running = self._running
         work = self.work
+        failed = self._record_failure
         while True:
             with cond:
                 self._idle += 1
@@ -237,27 +239,23 @@ class RunnerPool(Generic[T]):
                     return
                 item = slot.item = buffer.popleft()
                 running[slot] = item
-            try:
-                work(item)
-            except _Abandoned:
-                with cond:
-                    self._abandoned -= 1
+            if not self._call(work, item, failed):
                 return
-            except BaseException as err:
-                log.exception("%s: unexpected error, the runner goes on", self.name)
-                self._record_failure(item, err)
             with cond:
-                if slot.abandoned:  # given up by abort(): the pool no longer counts it
-                    self._abandoned -= 1
+                if not self._release(slot):
                     return
-                running.pop(slot, None)
-                slot.item = None
-                cond.notify_all()
 
     def _run_chunks(self, slot: _Slot, work_many: Callable[[list[T], _Slot], None]) -> None:
         cond = self.cond
         buffer = self._buffer
         running = self._running
+
+        def run_chunk(chunk: list[T]) -> None:
+            work_many(chunk, slot)
+
+        def chunk_failed(chunk: list[T], err: BaseException) -> None:
+            self._chunk_failed(slot, err)
+
         while True:
             with cond:
                 self._idle += 1
@@ -279,27 +277,45 @@ class RunnerPool(Generic[T]):
                 slot.item = chunk[0]
                 running[slot] = chunk[0]
             started = perf_counter()
-            try:
-                work_many(chunk, slot)
-            except _Abandoned:
-                with cond:
-                    self._abandoned -= 1
+            if not self._call(run_chunk, chunk, chunk_failed):
                 return
-            except BaseException as err:
-                log.exception("%s: unexpected error, the runner goes on", self.name)
-                self._chunk_failed(slot, err)
             self.per_item = 0.5 * self.per_item + 0.5 * (perf_counter() - started) / len(chunk)
             with cond:
                 slot.current = None
                 if slot.unstarted:  # left by a stop: ``abort`` hands them back
                     buffer.extend(slot.unstarted)
                     slot.unstarted.clear()
-                if slot.abandoned:  # given up by abort(): the pool no longer counts it
-                    self._abandoned -= 1
+                if not self._release(slot):
                     return
-                running.pop(slot, None)
-                slot.item = None
-                cond.notify_all()
+
+    def _call(
+        self, work: Callable[[U], None], arg: U, failed: Callable[[U, BaseException], None]
+    ) -> bool:
+        """``work(arg)`` in this runner, for both runner loops. What it raises goes to
+        ``failed(arg, err)`` and the runner goes on; False if its call was abandoned at a time
+        limit (``limit``): its outcome is recorded already, and the runner must exit."""
+        try:
+            work(arg)
+        except _Abandoned:
+            with self.cond:
+                self._abandoned -= 1
+            return False
+        except BaseException as err:
+            log.exception("%s: unexpected error, the runner goes on", self.name)
+            failed(arg, err)
+        return True
+
+    def _release(self, slot: _Slot) -> bool:
+        """Free ``slot`` once its call is done and wake the runners waiting for one (``cond``
+        held); False if ``abort`` gave it up meanwhile: the pool no longer counts it, and its
+        runner must exit."""
+        if slot.abandoned:
+            self._abandoned -= 1
+            return False
+        self._running.pop(slot, None)
+        slot.item = None
+        self.cond.notify_all()
+        return True
 
     def _take_chunk(self) -> list[T]:
         """This runner's share of the buffer, or half of another chunk's unstarted rest (with
