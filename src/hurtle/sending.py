@@ -210,10 +210,19 @@ def publish_in(
 ) -> list[str]:
     """Publish messages with the application's ``connection``, in its open transaction
     (``Broker.publish_in``), through the app's ``before_publish`` hooks if any; per message
-    sent, the id it answers to (the holder of its unique lock with ``unique_for``)."""
+    sent, the id it answers to (the holder of its unique lock with ``unique_for``). With an
+    outbox (``outbox=``) they are written to its table instead (``brokers.postgres.outbox``),
+    which a task with ``unique_for`` refuses."""
+    outbox = app.outbox
+    if outbox is not None and unique_for is not None:
+        from .brokers.postgres.outbox import unique_refused
+
+        raise ConfigurationError(unique_refused(outbox.url))
     sent = messages
     for m in app._publish_hooks:
         messages = m.before_publish(messages)
     if not messages:
         return [m.id for m in sent]
+    if outbox is not None:  # in the caller's database; a relay publishes them once committed
+        return outbox.write(connection, messages)
     return app.broker.publish_in(connection, messages, unique_for)

@@ -105,7 +105,7 @@ import msgspec
 
 from ..errors import ConfigurationError
 from ..message import Message, check_messages, encode_many
-from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL, OUTBOX_SCHEMES
 from .common import check_dead_letter_limits, unique_key_of
 from .consumer import Consumer as Consumer  # the contract's other side, named here too
 from .records import DeadLetter, QueueStats, StoredResult
@@ -114,6 +114,9 @@ from .ticks import TickBatch, TickClaim, check_tick_claim
 
 log = logging.getLogger(__name__)
 
+
+#: Seconds ``publish_once`` remembers an id it stored, where the store keeps markers (Redis).
+ONCE_WINDOW = 24 * 3600
 
 #: The size limit hurtle keeps to where the store's own is larger (64 MiB): a runaway value fails
 #: at its call rather than filling the store, or a worker's memory when it is fetched in a batch.
@@ -197,6 +200,17 @@ class Broker(abc.ABC):
         Any other raises ``ConfigurationError``.
         """
         raise ConfigurationError(not_transactional(self.url))
+
+    def publish_once(self, messages: Sequence[Message]) -> None:
+        """``publish``, skipping each message whose id an earlier ``publish_once`` stored
+        within ``ONCE_WINDOW`` (the outbox's relay: a batch published again after the relay
+        died before deleting it is not stored twice). Redis keeps a marker per id, set in the
+        same script as the push; NATS stores each under its id as ``Nats-Msg-Id``, which
+        JetStream drops as a duplicate within the stream's duplicate window (two minutes)."""
+        raise ConfigurationError(
+            f"{type(self).__name__} cannot relay an outbox (its publish_once is missing): use "
+            "outbox= with a Redis, Redis Cluster or NATS broker"
+        )
 
     def take_tokens(
         self, requests: Sequence[tuple[str, int, float, int]]
@@ -438,12 +452,20 @@ class Broker(abc.ABC):
 def not_transactional(url: str) -> str:
     """Why a broker at ``url`` cannot write a message in the application's transaction."""
     scheme = url.partition(":")[0] or url
+    first = (
+        f"connection= writes the message in your database transaction, which the PostgreSQL "
+        f"broker (postgresql://...) does itself, and this app's broker is {url!r}"
+    )
+    if scheme in OUTBOX_SCHEMES:
+        return (
+            f"{first}: on {scheme} give the app an outbox, a table in your PostgreSQL "
+            "database that a relay moves to the broker: "
+            "Hurtle(..., outbox='postgresql://user@host/yourdb') (docs/transactions.md, "
+            '"The outbox")'
+        )
     return (
-        f"connection= writes the message in your database transaction, which only the "
-        f"PostgreSQL broker (postgresql://...) can do, and this app's broker is {url!r}: on "
-        f"{scheme} it takes an outbox (a table in your PostgreSQL database that a relay moves "
-        "to the broker), which hurtle does not have yet; until then send after the commit "
-        "(Django's transaction.on_commit, or after session.commit())"
+        f"{first}: on {scheme} send after the commit (Django's transaction.on_commit, or after "
+        "session.commit()), or use a Redis or NATS broker with outbox="
     )
 
 

@@ -44,6 +44,8 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:workers            ZSET    W, scored by W's deadline (server time)
     hurtle:{q}:wake               LIST    wake-up tokens that idle consumers BLPOP on
     hurtle:{q}:seq                STRING  counter for batch ids and delayed members
+    hurtle:{q}:sent:ID            STRING  marker: message ID was stored by ``publish_once`` (the
+                                          outbox's relay), expiring after ``ONCE_WINDOW``
     hurtle:{q}:dead               ZSET    dead-letter id, scored by failure time
     hurtle:{q}:dead:raw           HASH    dead-letter id -> raw bytes
     hurtle:{q}:dead:reason        HASH    dead-letter id -> reason
@@ -145,6 +147,7 @@ class QueueKeys:
         "probes",
         "quarantine",
         "ready",
+        "sent",
         "seq",
         "unique",
         "unique_sweep",
@@ -161,6 +164,8 @@ class QueueKeys:
         self.workers = f"{base}workers"
         self.wake = f"{base}wake"
         self.seq = f"{base}seq"
+        #: ``publish_once`` appends a message id: the marker that it was stored.
+        self.sent = f"{base}sent:"
         self.dead = f"{base}dead"
         self.dead_raw = f"{base}dead:raw"
         self.dead_reason = f"{base}dead:reason"

@@ -87,10 +87,13 @@ class NatsBroker(Broker):
 
     # -- publishing ----------------------------------------------------------------------
 
-    def _items(self, messages: Sequence[Message], payloads: Sequence[bytes]) -> list[Item]:
-        """Where each message goes: its priority's subject, or the delayed one with its eta."""
+    def _items(
+        self, messages: Sequence[Message], payloads: Sequence[bytes], call: str | None = None
+    ) -> list[Item]:
+        """Where each message goes: its priority's subject, or the delayed one with its eta;
+        each under the ``Nats-Msg-Id`` ``id.attempt.call`` (``call`` a new id unless given)."""
         now = time.time()
-        call = f"{new_id()}"
+        call = call or new_id()
         items: list[Item] = []
         for m, raw in zip(messages, payloads, strict=True):
             level = str(m.priority)
@@ -115,6 +118,15 @@ class NatsBroker(Broker):
         payloads = encode_many(list(messages), self.max_message_size)
         if messages:
             run(self._publish([m.queue for m in messages], self._items(messages, payloads)))
+
+    def publish_once(self, messages: Sequence[Message]) -> None:
+        # the same Nats-Msg-Id each time (no call of its own): JetStream stores one per id
+        # within the stream's duplicate window
+        check_messages(messages)
+        payloads = encode_many(list(messages), self.max_message_size)
+        if messages:
+            items = self._items(messages, payloads, "outbox")
+            run(self._publish([m.queue for m in messages], items))
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         items: list[Item] = [(names.subject(queue, "0"), bytes(p), None) for p in payloads]

@@ -21,7 +21,7 @@ from ...errors import BrokerError, ConfigurationError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, check_messages, encode_many
 from ...records import record_in_batch
-from ..base import Broker, BrokerOptions
+from ..base import ONCE_WINDOW, Broker, BrokerOptions
 from ..common import (
     check_queue_name,
     unique_key_of,
@@ -258,6 +258,31 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
                     holder.decode() if isinstance(holder, bytes) else str(holder)
                 )
         return out
+
+    def publish_once(self, messages: Sequence[Message]) -> None:
+        check_messages(messages)
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return
+        payloads = encode_many(batch, self.max_message_size)
+        head = [str(ONCE_WINDOW), repr(time.time())]
+        groups: dict[str, list[Any]] = {}  # queue -> the script's arguments
+        for m, raw in zip(batch, payloads, strict=True):
+            priority = _PRIORITY_ARG.get(m.priority)
+            if priority is None:
+                raise EncodeError(
+                    f"priority {m.priority!r} of task {m.task!r} is out of range: use an int "
+                    f"from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                )
+            args = groups.get(m.queue)
+            if args is None:
+                args = groups[m.queue] = list(head)
+            args.extend((m.id, priority, repr(float(m.eta)), raw))
+        commands: list[_Command] = [(("SADD", QUEUES, *groups), None)]
+        for name, args in groups.items():
+            keys = (*_publish_keys(name), queue_keys(name).sent)
+            commands.append(self._call(self._scripts.publish_once, keys, args))
+        self._publishing(commands, f"publishing {len(batch)} messages once")
 
     def take_tokens(
         self, requests: Sequence[tuple[str, int, float, int]]

@@ -1,0 +1,124 @@
+"""The outbox table: where a send with ``connection=`` writes its messages when the app's broker
+is not in the application's database (Redis, a Redis Cluster, NATS), and the statements the
+relay (``relay.py``) reads and deletes them with.
+
+``Hurtle("redis://...", outbox="postgresql://.../db")`` names the database and, with
+``?schema=``, the schema (``hurtle`` by default; the URL is parsed as a PostgreSQL broker's,
+``connection.parse_url``). The table is ``<schema>.outbox``: a sequence number and the encoded
+message, nothing else (its queue, priority, eta and id are in it). It is made on first use, on
+a connection of its own, once however many processes try at once; it shares the schema with a
+PostgreSQL broker's tables if the same schema holds them, without touching them.
+
+A write (``OutboxTable.write``) runs on the application's connection (``transactions``: psycopg
+3 or 2, SQLAlchemy, Django) in its open transaction: one ``INSERT`` of the batch and a
+``NOTIFY`` on the outbox's channel, which PostgreSQL delivers at the commit (never on a
+rollback): the relay wakes then. A message's id is fixed when it is written, so the handle the
+send returns is the message that runs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from ...errors import ConfigurationError
+from ...message import Message, encode_many
+from ..base import MAX_SIZE
+from .connection import connection_error, parse_url, public_url
+from .transactions import cursor_of
+
+#: Most messages the relay moves in one batch (one read, one publish, one delete).
+BATCH = 1000
+
+
+def unique_refused(url: str) -> str:
+    """Why a ``unique_for`` task cannot be sent through the outbox."""
+    return (
+        "a task with unique_for cannot be sent with connection= through the outbox "
+        f"({url}): its lock lives in the broker and would be taken only when the relay "
+        "publishes, after your commit, so the handle returned could name a message that never "
+        "runs; send it after the commit instead (Django's transaction.on_commit, or after "
+        "session.commit())"
+    )
+
+
+class OutboxTable:
+    """One outbox: its database, its schema, its statements; the table made on first use."""
+
+    def __init__(self, url: str) -> None:
+        self._conninfo, self.schema = parse_url(url)
+        self.url = public_url(url)
+        s = f'"{self.schema}"'
+        #: The channel a write notifies at its commit, and the relay listens on.
+        self.channel = f"{self.schema}.outbox"
+        #: The advisory lock the one relay at work holds, on its own connection.
+        self.lock_key = f"{self.schema}\noutbox relay"
+        self.INSERT = f"INSERT INTO {s}.outbox (body) SELECT unnest(%b::bytea[])"
+        self.NOTIFY = "SELECT pg_notify(%s, '')"
+        self.SELECT = f"SELECT seq, body FROM {s}.outbox ORDER BY seq LIMIT %s"
+        self.DELETE = f"DELETE FROM {s}.outbox WHERE seq = ANY(%s)"
+        self.COUNT = f"SELECT count(*) FROM {s}.outbox"
+        self._create = [
+            f"CREATE SCHEMA IF NOT EXISTS {s}",
+            f"CREATE TABLE IF NOT EXISTS {s}.outbox ("
+            "seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body bytea NOT NULL) "
+            "WITH (autovacuum_vacuum_scale_factor = 0.01, "
+            "autovacuum_vacuum_insert_scale_factor = 0.01)",
+        ]
+        self._ready = False
+        self._lock = threading.Lock()
+
+    def connect(self) -> psycopg.Connection[Any]:
+        """A connection of its own to the outbox's database, in autocommit mode; the table made
+        if missing. ``BrokerError`` (one line) when the server cannot be used."""
+        try:
+            conn = psycopg.connect(self._conninfo, autocommit=True)
+        except psycopg.Error as err:
+            raise connection_error(self.url, err, "connecting to the outbox") from err
+        try:
+            self._prepare(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def prepare(self) -> None:
+        """Make the schema and the table once per object (the first write's cost)."""
+        if self._ready:
+            return
+        with self._lock:
+            if not self._ready:
+                self.connect().close()
+
+    def _prepare(self, conn: psycopg.Connection[Any]) -> None:
+        if self._ready:
+            return
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (self.lock_key,)
+                )
+                for statement in self._create:
+                    conn.execute(statement, prepare=False)
+        except psycopg.errors.InsufficientPrivilege as err:
+            raise ConfigurationError(
+                f"the PostgreSQL user {conn.info.user!r} may not make the outbox table "
+                f"{self.schema}.outbox in {self.url}: {' '.join(str(err).split())}; make it "
+                "once as a user who may (hurtle outbox relay APP does), or grant CREATE"
+            ) from err
+        except psycopg.Error as err:
+            raise connection_error(self.url, err, "making the outbox table") from err
+        self._ready = True
+
+    def write(self, connection: object, messages: Sequence[Message]) -> list[str]:
+        """Write ``messages`` with the application's ``connection``, in its open transaction,
+        and notify the relay at the commit; their ids."""
+        self.prepare()
+        raws = encode_many(list(messages), MAX_SIZE)
+        with cursor_of(connection, self.url, f"writing {len(raws)} messages to the outbox") as cur:
+            cur.execute(self.INSERT, (raws,))
+            cur.execute(self.NOTIFY, (self.channel,))
+        return [m.id for m in messages]

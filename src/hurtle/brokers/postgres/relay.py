@@ -1,0 +1,126 @@
+"""The outbox's relay: moves committed rows of the outbox table (``outbox.py``) to the broker, in
+batches, and deletes them.
+
+One relay works at a time per outbox: it holds a session advisory lock
+(``pg_try_advisory_lock``) on its own connection for as long as it relays. Every worker of an
+app with an outbox runs one (``middleware.relay``), and so does ``hurtle outbox relay APP``; the
+others wait, trying the lock again every ``poll_interval``, and one of them takes over as soon as
+the relay at work stops or dies (PostgreSQL ends a dead client's session, and its lock with it).
+
+The loop: read up to ``BATCH`` rows, oldest first; publish them with ``Broker.publish_once``;
+delete them; again at once while batches come full, else wait for a notification (each write
+notifies the outbox's channel at its commit: ``LISTEN``) or ``poll_interval`` seconds, whichever
+comes first. The poll is only a fallback: a notification missed (a connection lost and made
+again) delays a message by at most one interval.
+
+Exactly once into the broker: a relay that dies after publishing a batch and before deleting it
+leaves the rows, and the next relay publishes them again; ``publish_once`` skips the ids it
+stored already (within ``base.ONCE_WINDOW`` on Redis, the stream's duplicate window on NATS).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import psycopg
+
+from ...errors import HurtleError
+from ...message import Message
+from ..base import Broker
+from .connection import connection_error
+from .outbox import BATCH, OutboxTable
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two looks at the outbox when no notification came, and between two tries at
+#: the lock by a relay that waits for its turn.
+POLL_INTERVAL = 1.0
+#: Seconds before a relay that failed (a server down) tries again.
+RETRY_DELAY = 1.0
+
+
+class Relay:
+    """Moves the committed messages of ``table`` to ``broker`` while it holds the outbox's
+    lock (``run``), or as a single pass (``move``)."""
+
+    def __init__(
+        self,
+        table: OutboxTable,
+        broker: Broker,
+        *,
+        poll_interval: float = POLL_INTERVAL,
+        batch: int = BATCH,
+    ) -> None:
+        self.table = table
+        self.broker = broker
+        self.poll_interval = poll_interval
+        self.batch = batch
+        #: Set while this relay holds the lock (and so is the one at work).
+        self.active = threading.Event()
+        #: Messages this relay published (``publish_once``: repeats included).
+        self.relayed = 0
+
+    def run(self, stop: threading.Event) -> None:
+        """Relay until ``stop`` is set: wait for the lock, then move rows as they commit. A
+        failure (the database or the broker unreachable) is logged, and the relay starts over
+        after ``RETRY_DELAY`` seconds."""
+        while not stop.is_set():
+            try:
+                self._session(stop)
+            except HurtleError as err:
+                log.warning("outbox relay %s: %s; trying again", self.table.url, err)
+                stop.wait(RETRY_DELAY)
+
+    def _session(self, stop: threading.Event) -> None:
+        conn = self.table.connect()
+        try:
+            if not self._lock(conn, stop):
+                return
+            log.info("relaying the outbox %s to %s", self.table.url, self.broker.url)
+            try:
+                conn.execute(f'LISTEN "{self.table.channel}"')
+                while not stop.is_set():
+                    if self.move(conn) < self.batch:
+                        self._wait(conn)
+            except psycopg.Error as err:
+                raise connection_error(self.table.url, err, "relaying the outbox") from err
+        finally:
+            self.active.clear()
+            conn.close()
+
+    def _lock(self, conn: psycopg.Connection[Any], stop: threading.Event) -> bool:
+        """Wait until this relay holds the outbox's lock (True), or ``stop`` is set."""
+        waited = False
+        while not stop.is_set():
+            try:
+                row = conn.execute(
+                    "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (self.table.lock_key,)
+                ).fetchone()
+            except psycopg.Error as err:
+                raise connection_error(self.table.url, err, "taking the relay's lock") from err
+            if row is not None and row[0]:
+                self.active.set()
+                return True
+            if not waited:
+                log.debug("another relay moves the outbox %s: waiting", self.table.url)
+                waited = True
+            stop.wait(self.poll_interval)
+        return False
+
+    def _wait(self, conn: psycopg.Connection[Any]) -> None:
+        for _ in conn.notifies(timeout=self.poll_interval, stop_after=1):
+            pass
+
+    def move(self, conn: psycopg.Connection[Any]) -> int:
+        """Publish up to ``batch`` rows, oldest first, then delete them; how many there were.
+        Only for the holder of the lock (``run``): two at once would publish rows twice."""
+        rows = conn.execute(self.table.SELECT, (self.batch,)).fetchall()
+        if not rows:
+            return 0
+        messages = [Message.decode(bytes(body)) for _, body in rows]
+        self.broker.publish_once(messages)
+        conn.execute(self.table.DELETE, ([seq for seq, _ in rows],))
+        self.relayed += len(rows)
+        return len(rows)
