@@ -115,8 +115,9 @@ from .ticks import TickBatch, TickClaim, check_tick_claim
 log = logging.getLogger(__name__)
 
 
-#: Seconds ``publish_once`` remembers an id it stored, where the store keeps markers (Redis).
-ONCE_WINDOW = 24 * 3600
+#: How many of the ids ``publish_once`` stored lately a queue remembers, at least (Redis: two
+#: generations of this many): far more than the one batch a relay that died can have left.
+ONCE_KEEP = 50_000
 
 #: The size limit hurtle keeps to where the store's own is larger (64 MiB): a runaway value fails
 #: at its call rather than filling the store, or a worker's memory when it is fetched in a batch.
@@ -202,11 +203,12 @@ class Broker(abc.ABC):
         raise ConfigurationError(not_transactional(self.url))
 
     def publish_once(self, messages: Sequence[Message]) -> None:
-        """``publish``, skipping each message whose id an earlier ``publish_once`` stored
-        within ``ONCE_WINDOW`` (the outbox's relay: a batch published again after the relay
-        died before deleting it is not stored twice). Redis keeps a marker per id, set in the
-        same script as the push; NATS stores each under its id as ``Nats-Msg-Id``, which
-        JetStream drops as a duplicate within the stream's duplicate window (two minutes)."""
+        """``publish``, skipping each message whose id an earlier ``publish_once`` stored lately
+        (the outbox's relay: a batch published again after the relay died before its commit
+        is not stored twice). Redis keeps the newest ``ONCE_KEEP`` ids or more per queue, read and
+        written in the same script as the push; NATS stores each under its id as
+        ``Nats-Msg-Id``, which JetStream drops as a duplicate within the stream's duplicate
+        window (two minutes)."""
         raise ConfigurationError(
             f"{type(self).__name__} cannot relay an outbox (its publish_once is missing): use "
             "outbox= with a Redis, Redis Cluster or NATS broker"

@@ -1,18 +1,24 @@
 --[[
-  Publish the messages of one queue whose ids this script has not stored before (the outbox's
-  relay publishing a batch again after it died before deleting it): per message, SET NX with a
-  ttl on a marker key of its id; a message whose marker was there already is skipped, the
-  others are stored as publish.lua stores them (ready ones at the tail of their priority list,
-  delayed ones into the delayed set), then idle consumers are woken.
+  Publish the messages of one queue whose ids this script has not stored lately (the outbox's
+  relay publishing a batch again after it died before its commit): the queue remembers the ids
+  it stored in two SETs, generations: new ids go to the current one, and when that holds
+  ARGV[1] ids the older one is dropped and the current becomes the older (so between ARGV[1]
+  and twice as many of the newest ids are remembered). Ids found in either (one SMISMEMBER per
+  CHUNK each) are skipped; the others are stored as publish.lua stores them (ready ones at the
+  tail of their priority list, delayed ones into the delayed set); then idle consumers are
+  woken. A handful of commands a batch, whatever its size, and bounded memory: the batch a dead
+  relay left is the last one it stored, and one relay works at a time, so its successor finds
+  those ids among the newest.
 
   Input:
     KEYS[1..10]  ready lists, priority 0..9
     KEYS[11]     delayed zset
     KEYS[12]     wake list
     KEYS[13]     seq counter
-    KEYS[14]     prefix of the markers: KEYS[14] .. id (same hash tag, so same slot)
+    KEYS[14]     prefix of the generations: KEYS[14] .. '0' and .. '1' (SETs of ids), and
+                 KEYS[14] .. 'gen' (STRING: which is current); same hash tag, same slot
 
-    ARGV[1]      seconds a marker is kept (whole seconds)
+    ARGV[1]      ids a generation holds before the older one is dropped
     ARGV[2]      now, the caller's clock (Unix seconds): an eta after it is delayed
     ARGV[3..]    per message: id, priority (0..9), eta (Unix seconds), payload
 
@@ -21,13 +27,38 @@
 ]]
 -- @include _lib
 
-local ttl = ARGV[1]
+local keep = tonumber(ARGV[1])
 local now = tonumber(ARGV[2])
+local gen = redis.call('GET', KEYS[14] .. 'gen') or '0'
+local current = KEYS[14] .. gen
+local older = KEYS[14] .. (gen == '0' and '1' or '0')
+local ids = {}
+for i = 3, #ARGV, 4 do
+  ids[#ids + 1] = ARGV[i]
+end
+local seen = {}
+local j = 1
+while j <= #ids do
+  local last = math.min(j + CHUNK - 1, #ids)
+  local a = redis.call('SMISMEMBER', current, unpack(ids, j, last))
+  local b = redis.call('SMISMEMBER', older, unpack(ids, j, last))
+  for k = 1, #a do
+    seen[j + k - 1] = a[k] == 1 or b[k] == 1
+  end
+  j = last + 1
+end
+
+local added = {}
+local taken = {}
 local ready = {}
 local readies = 0
 local later = {}
-for i = 3, #ARGV, 4 do
-  if redis.call('SET', KEYS[14] .. ARGV[i], '1', 'NX', 'EX', ttl) then
+for m = 1, #ids do
+  local id = ids[m]
+  if not seen[m] and not taken[id] then
+    taken[id] = true
+    added[#added + 1] = id
+    local i = 3 + (m - 1) * 4
     local p = tonumber(ARGV[i + 1])
     if tonumber(ARGV[i + 2]) > now then
       later[#later + 1] = i
@@ -41,6 +72,14 @@ for i = 3, #ARGV, 4 do
       readies = readies + 1
     end
   end
+end
+if #added == 0 then
+  return 0
+end
+call_chunked('SADD', current, added)
+if redis.call('SCARD', current) >= keep then
+  redis.call('DEL', older)
+  redis.call('SET', KEYS[14] .. 'gen', gen == '0' and '1' or '0')
 end
 
 for p, list in pairs(ready) do

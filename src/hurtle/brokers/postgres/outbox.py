@@ -58,8 +58,14 @@ class OutboxTable:
         self.lock_key = f"{self.schema}\noutbox relay"
         self.INSERT = f"INSERT INTO {s}.outbox (body) SELECT unnest(%b::bytea[])"
         self.NOTIFY = "SELECT pg_notify(%s, '')"
+        #: The relay's one statement per batch, in a transaction that commits only once the
+        #: batch is published: the oldest rows, deleted and returned (a relay that dies before
+        #: its commit leaves them in place).
+        self.TAKE = (
+            f"DELETE FROM {s}.outbox WHERE seq IN "
+            f"(SELECT seq FROM {s}.outbox ORDER BY seq LIMIT %s) RETURNING seq, body"
+        )
         self.SELECT = f"SELECT seq, body FROM {s}.outbox ORDER BY seq LIMIT %s"
-        self.DELETE = f"DELETE FROM {s}.outbox WHERE seq = ANY(%s)"
         self.COUNT = f"SELECT count(*) FROM {s}.outbox"
         self._create = [
             f"CREATE SCHEMA IF NOT EXISTS {s}",

@@ -7,15 +7,16 @@ app with an outbox runs one (``middleware.relay``), and so does ``hurtle outbox 
 others wait, trying the lock again every ``poll_interval``, and one of them takes over as soon as
 the relay at work stops or dies (PostgreSQL ends a dead client's session, and its lock with it).
 
-The loop: read up to ``BATCH`` rows, oldest first; publish them with ``Broker.publish_once``;
-delete them; again at once while batches come full, else wait for a notification (each write
-notifies the outbox's channel at its commit: ``LISTEN``) or ``poll_interval`` seconds, whichever
-comes first. The poll is only a fallback: a notification missed (a connection lost and made
-again) delays a message by at most one interval.
+The loop: in one transaction, delete up to ``BATCH`` rows, oldest first, returning them (one
+statement); publish them with ``Broker.publish_once``; commit. Again at once while batches come
+full, else wait for a notification (each write notifies the outbox's channel at its commit:
+``LISTEN``) or ``poll_interval`` seconds, whichever comes first. The poll is only a fallback: a
+notification missed (a connection lost and made again) delays a message by at most one interval.
 
-Exactly once into the broker: a relay that dies after publishing a batch and before deleting it
-leaves the rows, and the next relay publishes them again; ``publish_once`` skips the ids it
-stored already (within ``base.ONCE_WINDOW`` on Redis, the stream's duplicate window on NATS).
+Exactly once into the broker: a relay that dies after publishing a batch and before its commit
+leaves the rows (the server rolls its transaction back), and the next relay publishes them
+again; ``publish_once`` skips the ids it stored already (on Redis the newest ``ONCE_KEEP`` ids
+of each queue, at least, are remembered; on NATS, within the stream's duplicate window).
 """
 
 from __future__ import annotations
@@ -114,13 +115,14 @@ class Relay:
             pass
 
     def move(self, conn: psycopg.Connection[Any]) -> int:
-        """Publish up to ``batch`` rows, oldest first, then delete them; how many there were.
-        Only for the holder of the lock (``run``): two at once would publish rows twice."""
-        rows = conn.execute(self.table.SELECT, (self.batch,)).fetchall()
-        if not rows:
-            return 0
-        messages = [Message.decode(bytes(body)) for _, body in rows]
-        self.broker.publish_once(messages)
-        conn.execute(self.table.DELETE, ([seq for seq, _ in rows],))
+        """Publish up to ``batch`` rows, oldest first, and delete them: one statement, whose
+        transaction commits only after the publish; how many there were. Only for the holder
+        of the lock (``run``): two at once would publish rows twice."""
+        with conn.transaction():
+            rows = conn.execute(self.table.TAKE, (self.batch,)).fetchall()
+            if not rows:
+                return 0
+            messages = [Message.decode(bytes(body)) for _, body in rows]
+            self.broker.publish_once(messages)
         self.relayed += len(rows)
         return len(rows)

@@ -21,7 +21,7 @@ from ...errors import BrokerError, ConfigurationError, EncodeError
 from ...ids import new_id
 from ...message import MAX_PRIORITY, Message, check_messages, encode_many
 from ...records import record_in_batch
-from ..base import ONCE_WINDOW, Broker, BrokerOptions
+from ..base import ONCE_KEEP, Broker, BrokerOptions
 from ..common import (
     check_queue_name,
     unique_key_of,
@@ -265,7 +265,7 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
         if not batch:
             return
         payloads = encode_many(batch, self.max_message_size)
-        head = [str(ONCE_WINDOW), repr(time.time())]
+        head = [str(ONCE_KEEP), repr(time.time())]
         groups: dict[str, list[Any]] = {}  # queue -> the script's arguments
         for m, raw in zip(batch, payloads, strict=True):
             priority = _PRIORITY_ARG.get(m.priority)
