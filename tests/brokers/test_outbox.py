@@ -312,6 +312,34 @@ def test_publish_once_skips_ids_it_stored_on_a_cluster_too(redis_cluster_url: st
     broker.close()
 
 
+def test_publish_once_remembers_the_newest_ids_in_bounded_generations(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis
+    from hurtle.brokers import make_broker
+    from hurtle.brokers.redis import broker as redis_broker
+
+    monkeypatch.setattr(redis_broker, "ONCE_KEEP", 10)
+    broker = make_broker(redis_url)
+    batches = [
+        [Message(f"b{b}-{i}", "t", "q", (i,), {}, 0, 0, 0.0, time.time(), {}, 0) for i in range(5)]
+        for b in range(8)
+    ]
+    for batch in batches:
+        broker.publish_once(batch)
+    assert broker.stats(["q"])["q"].ready == 40
+    broker.publish_once(batches[-1])  # the newest batch again: remembered, skipped
+    broker.publish_once(batches[-2] + batches[-1][:2])
+    assert broker.stats(["q"])["q"].ready == 40
+    broker.publish_once(batches[0])  # long forgotten: the memory is bounded
+    assert broker.stats(["q"])["q"].ready == 45
+    client = redis.Redis.from_url(redis_url)
+    held = client.scard("hurtle:{q}:sent:0") + client.scard("hurtle:{q}:sent:1")
+    client.close()
+    assert held <= 2 * 10 + 5
+    broker.close()
+
+
 def test_a_worker_of_an_app_with_an_outbox_relays_one_at_a_time(
     redis_url: str, postgres_url: str
 ) -> None:

@@ -50,7 +50,7 @@ def publish(count: int, progress: Callable[[int], None]) -> dict[str, Any]:
     table = app.outbox
     assert table is not None, "HURTLE_BENCH_OUTBOX_URL is not set"
     own = table.connect()
-    own.execute(f'TRUNCATE "{table.schema}".outbox')  # type: ignore[arg-type]
+    own.execute(f'TRUNCATE "{table.schema}".outbox')
     relay = subprocess.Popen(
         [
             sys.executable,
