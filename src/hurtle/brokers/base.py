@@ -202,13 +202,16 @@ class Broker(abc.ABC):
         """
         raise ConfigurationError(not_transactional(self.url))
 
-    def publish_once(self, messages: Sequence[Message]) -> None:
+    def publish_once(
+        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+    ) -> None:
         """``publish``, skipping each message whose id an earlier ``publish_once`` stored lately
         (the outbox's relay: a batch published again after the relay died before its commit
         is not stored twice). Redis keeps the newest ``ONCE_KEEP`` ids or more per queue, read and
         written in the same script as the push; NATS stores each under its id as
         ``Nats-Msg-Id``, which JetStream drops as a duplicate within the stream's duplicate
-        window (two minutes)."""
+        window (two minutes). ``payloads``: the messages encoded already (the relay has them as
+        they were written), checked against ``max_message_size`` rather than encoded again."""
         raise ConfigurationError(
             f"{type(self).__name__} cannot relay an outbox (its publish_once is missing): use "
             "outbox= with a Redis, Redis Cluster or NATS broker"

@@ -20,7 +20,8 @@
 
     ARGV[1]      ids a generation holds before the older one is dropped
     ARGV[2]      now, the caller's clock (Unix seconds): an eta after it is delayed
-    ARGV[3..]    per message: id, priority (0..9), eta (Unix seconds), payload
+    ARGV[3..]    groups of messages with one priority and eta: priority (0..9), eta (Unix
+                 seconds), how many (n), then n pairs: id, payload
 
   Output:
     the number of messages stored (the others were stored before)
@@ -32,9 +33,20 @@ local now = tonumber(ARGV[2])
 local gen = redis.call('GET', KEYS[14] .. 'gen') or '0'
 local current = KEYS[14] .. gen
 local older = KEYS[14] .. (gen == '0' and '1' or '0')
+-- per message: its id, and where its group's priority, eta and its payload are
 local ids = {}
-for i = 3, #ARGV, 4 do
-  ids[#ids + 1] = ARGV[i]
+local group = {}
+local place = {}
+local at = 3
+while at <= #ARGV do
+  local n = tonumber(ARGV[at + 2])
+  for k = 0, n - 1 do
+    local i = at + 3 + 2 * k
+    ids[#ids + 1] = ARGV[i]
+    group[#ids] = at
+    place[#ids] = i + 1
+  end
+  at = at + 3 + 2 * n
 end
 local seen = {}
 local j = 1
@@ -58,17 +70,17 @@ for m = 1, #ids do
   if not seen[m] and not taken[id] then
     taken[id] = true
     added[#added + 1] = id
-    local i = 3 + (m - 1) * 4
-    local p = tonumber(ARGV[i + 1])
-    if tonumber(ARGV[i + 2]) > now then
-      later[#later + 1] = i
+    local g = group[m]
+    local p = tonumber(ARGV[g])
+    if tonumber(ARGV[g + 1]) > now then
+      later[#later + 1] = m
     else
       local list = ready[p]
       if list == nil then
         list = {}
         ready[p] = list
       end
-      list[#list + 1] = ARGV[i + 3]
+      list[#list + 1] = ARGV[place[m]]
       readies = readies + 1
     end
   end
@@ -91,10 +103,11 @@ if delayed > 0 then
   -- Members carry priority and a sequence number, so equal payloads stay distinct.
   local seq = redis.call('INCRBY', KEYS[13], delayed) - delayed
   local args = {}
-  for _, i in ipairs(later) do
+  for _, m in ipairs(later) do
+    local g = group[m]
     seq = seq + 1
-    args[#args + 1] = ARGV[i + 2]
-    args[#args + 1] = ARGV[i + 1] .. string.format(':%012x:', seq) .. ARGV[i + 3]
+    args[#args + 1] = ARGV[g + 1]
+    args[#args + 1] = ARGV[g] .. string.format(':%012x:', seq) .. ARGV[place[m]]
     if #args >= CHUNK then
       redis.call('ZADD', KEYS[11], unpack(args))
       args = {}

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Unpack
 
 from ...ids import new_id
-from ...message import Message, check_messages, encode_many
+from ...message import Message, check_messages, check_size, encode_many
 from ..base import Broker, BrokerOptions, Consumer
 from ..common import (
     check_cancel_ttl,
@@ -119,11 +119,16 @@ class NatsBroker(Broker):
         if messages:
             run(self._publish([m.queue for m in messages], self._items(messages, payloads)))
 
-    def publish_once(self, messages: Sequence[Message]) -> None:
+    def publish_once(
+        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+    ) -> None:
         # the same Nats-Msg-Id each time (no call of its own): JetStream stores one per id
         # within the stream's duplicate window
         check_messages(messages)
-        payloads = encode_many(list(messages), self.max_message_size)
+        if payloads is None:
+            payloads = encode_many(list(messages), self.max_message_size)
+        else:
+            check_size(messages, payloads, self.max_message_size)
         if messages:
             items = self._items(messages, payloads, "outbox")
             run(self._publish([m.queue for m in messages], items))

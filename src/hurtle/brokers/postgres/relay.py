@@ -119,10 +119,10 @@ class Relay:
         transaction commits only after the publish; how many there were. Only for the holder
         of the lock (``run``): two at once would publish rows twice."""
         with conn.transaction():
-            rows = conn.execute(self.table.TAKE, (self.batch,)).fetchall()
+            rows = conn.execute(self.table.TAKE, (self.batch,), binary=True).fetchall()
             if not rows:
                 return 0
-            messages = [Message.decode(bytes(body)) for _, body in rows]
-            self.broker.publish_once(messages)
+            payloads = [body for _, body in rows]
+            self.broker.publish_once([Message.decode(raw) for raw in payloads], payloads)
         self.relayed += len(rows)
         return len(rows)
