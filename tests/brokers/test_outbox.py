@@ -148,6 +148,23 @@ def test_a_rolled_back_send_never_runs_and_a_committed_one_runs_sqlalchemy(shop:
     assert shop.run_all() == [(2, 2), (3, 3), (4, 4)]
 
 
+def test_a_psycopg2_connection_writes_to_the_outbox_in_its_transaction(
+    redis_url: str, postgres_url: str
+) -> None:
+    psycopg2 = pytest.importorskip("psycopg2")
+    shop = Shop(redis_url, postgres_url)
+    conn = psycopg2.connect(shop.database)
+    try:
+        shop.add.options(connection=conn).send_many([(1, 1), (2, 2)])
+        conn.rollback()
+        shop.add.options(connection=conn).send_many([(3, 3), (4, 4)])
+        conn.commit()
+    finally:
+        conn.close()
+    assert shop.run_all() == [(3, 3), (4, 4)]
+    shop.app.close()
+
+
 def test_a_unique_task_is_refused_through_the_outbox(redis_url: str, postgres_url: str) -> None:
     shop = Shop(redis_url, postgres_url)
     refused = pytest.raises(ConfigurationError, match="unique_for cannot be sent with connection")
@@ -262,8 +279,10 @@ def test_a_batch_published_before_its_relay_died_is_not_published_again(shop: Sh
     table = shop.app.outbox
     assert table is not None
     with table.connect() as conn:  # what a relay does before it dies: publish, no delete
-        rows = conn.execute(table.SELECT, (200,)).fetchall()  # type: ignore[arg-type]
-    shop.app.broker.publish_once([Message.decode(bytes(body)) for _, body in rows])
+        rows = conn.execute(table.SELECT, (2,)).fetchall()  # type: ignore[arg-type]
+    payloads = [bytes(raw) for _, bodies in rows for raw in bodies]
+    assert len(payloads) == 200
+    shop.app.broker.publish_once([Message.decode(raw) for raw in payloads])
     assert shop.waiting() == 300
     assert shop.relay_all() == 300  # the next relay reads the 200 again, and 100 more
     ran = shop.run_all()

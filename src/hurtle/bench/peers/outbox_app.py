@@ -49,8 +49,9 @@ def publish(count: int, progress: Callable[[int], None]) -> dict[str, Any]:
 
     table = app.outbox
     assert table is not None, "HURTLE_BENCH_OUTBOX_URL is not set"
+    with psycopg.connect(os.environ["HURTLE_BENCH_OUTBOX_URL"].partition("?")[0]) as fresh:
+        fresh.execute(f'DROP TABLE IF EXISTS "{table.schema}".outbox')  # made anew just below
     own = table.connect()
-    own.execute(f'TRUNCATE "{table.schema}".outbox')
     relay = subprocess.Popen(
         [
             sys.executable,

@@ -4,10 +4,12 @@ relay (``relay.py``) reads and deletes them with.
 
 ``Hurtle("redis://...", outbox="postgresql://.../db")`` names the database and, with
 ``?schema=``, the schema (``hurtle`` by default; the URL is parsed as a PostgreSQL broker's,
-``connection.parse_url``). The table is ``<schema>.outbox``: a sequence number and the encoded
-message, nothing else (its queue, priority, eta and id are in it). It is made on first use, on
-a connection of its own, once however many processes try at once; it shares the schema with a
-PostgreSQL broker's tables if the same schema holds them, without touching them.
+``connection.parse_url``). The table is ``<schema>.outbox``: a sequence number, then the encoded
+messages of one write (its queue, priority, eta and id are in each), up to ``BATCH`` a row, and
+how many: a ``send_many`` of a thousand calls is one row, written and deleted once. It is made
+on first use, on a connection of its own, once however many processes try at once; it shares
+the schema with a PostgreSQL broker's tables if the same schema holds them, without touching
+them.
 
 A write (``OutboxTable.write``) runs on the application's connection (``transactions``: psycopg
 3 or 2, SQLAlchemy, Django) in its open transaction: one ``INSERT`` of the batch and a
@@ -56,22 +58,28 @@ class OutboxTable:
         self.channel = f"{self.schema}.outbox"
         #: The advisory lock the one relay at work holds, on its own connection.
         self.lock_key = f"{self.schema}\noutbox relay"
-        self.INSERT = f"INSERT INTO {s}.outbox (body) SELECT unnest(%b::bytea[])"
+        #: One row per ``BATCH`` messages of a write at most: a ``send_many`` of 1,000 is one
+        #: row to insert, and one for the relay to delete.
+        self.INSERT = f"INSERT INTO {s}.outbox (n, bodies) VALUES (%s, %b::bytea[])"
         self.NOTIFY = "SELECT pg_notify(%s, '')"
         #: The relay's one statement per batch, in a transaction that commits only once the
-        #: batch is published: the oldest rows, deleted and returned (a relay that dies before
-        #: its commit leaves them in place).
+        #: batch is published: the oldest rows that start within the first ``%s`` messages
+        #: (of at most ``%s`` rows), deleted and returned (a relay that dies before its commit
+        #: leaves them in place).
         self.TAKE = (
-            f"DELETE FROM {s}.outbox WHERE seq IN "
-            f"(SELECT seq FROM {s}.outbox ORDER BY seq LIMIT %s) RETURNING seq, body"
+            f"DELETE FROM {s}.outbox WHERE seq IN (SELECT seq FROM ("
+            f"SELECT seq, sum(n) OVER (ORDER BY seq) - n AS before FROM ("
+            f"SELECT seq, n FROM {s}.outbox ORDER BY seq LIMIT %s) AS oldest) AS w "
+            "WHERE before < %s) RETURNING seq, bodies"
         )
-        self.SELECT = f"SELECT seq, body FROM {s}.outbox ORDER BY seq LIMIT %s"
-        self.COUNT = f"SELECT count(*) FROM {s}.outbox"
+        self.SELECT = f"SELECT seq, bodies FROM {s}.outbox ORDER BY seq LIMIT %s"
+        #: How many messages wait.
+        self.COUNT = f"SELECT coalesce(sum(n), 0) FROM {s}.outbox"
         self._create = [
             f"CREATE SCHEMA IF NOT EXISTS {s}",
             f"CREATE TABLE IF NOT EXISTS {s}.outbox ("
-            "seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, body bytea NOT NULL) "
-            "WITH (autovacuum_vacuum_scale_factor = 0.01, "
+            "seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, n integer NOT NULL, "
+            "bodies bytea[] NOT NULL) WITH (autovacuum_vacuum_scale_factor = 0.01, "
             "autovacuum_vacuum_insert_scale_factor = 0.01)",
         ]
         self._ready = False
@@ -125,6 +133,8 @@ class OutboxTable:
         self.prepare()
         raws = encode_many(list(messages), MAX_SIZE)
         with cursor_of(connection, self.url, f"writing {len(raws)} messages to the outbox") as cur:
-            cur.execute(self.INSERT, (raws,))
+            for at in range(0, len(raws), BATCH):
+                part = raws[at : at + BATCH]
+                cur.execute(self.INSERT, (len(part), part))
             cur.execute(self.NOTIFY, (self.channel,))
         return [m.id for m in messages]

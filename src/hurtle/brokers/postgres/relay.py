@@ -7,11 +7,12 @@ app with an outbox runs one (``middleware.relay``), and so does ``hurtle outbox 
 others wait, trying the lock again every ``poll_interval``, and one of them takes over as soon as
 the relay at work stops or dies (PostgreSQL ends a dead client's session, and its lock with it).
 
-The loop: in one transaction, delete up to ``BATCH`` rows, oldest first, returning them (one
-statement); publish them with ``Broker.publish_once``; commit. Again at once while batches come
-full, else wait for a notification (each write notifies the outbox's channel at its commit:
-``LISTEN``) or ``poll_interval`` seconds, whichever comes first. The poll is only a fallback: a
-notification missed (a connection lost and made again) delays a message by at most one interval.
+The loop: in one transaction, delete the oldest rows, those that start within the first
+``BATCH`` messages, returning them (one statement); publish them with ``Broker.publish_once``;
+commit. Again at once while batches come full, else wait for a notification (each write notifies
+the outbox's channel at its commit: ``LISTEN``) or ``poll_interval`` seconds, whichever comes
+first. The poll is only a fallback: a notification missed (a connection lost and made again)
+delays a message by at most one interval.
 
 Exactly once into the broker: a relay that dies after publishing a batch and before its commit
 leaves the rows (the server rolls its transaction back), and the next relay publishes them
@@ -115,14 +116,16 @@ class Relay:
             pass
 
     def move(self, conn: psycopg.Connection[Any]) -> int:
-        """Publish up to ``batch`` rows, oldest first, and delete them: one statement, whose
-        transaction commits only after the publish; how many there were. Only for the holder
+        """Publish the oldest rows that start within the first ``batch`` messages, and delete
+        them: one statement, whose transaction commits only after the publish; how many
+        messages there were (fewer than twice ``batch``). Only for the holder
         of the lock (``run``): two at once would publish rows twice."""
         with conn.transaction():
-            rows = conn.execute(self.table.TAKE, (self.batch,), binary=True).fetchall()
+            rows = conn.execute(self.table.TAKE, (self.batch, self.batch), binary=True).fetchall()
             if not rows:
                 return 0
-            payloads = [body for _, body in rows]
+            rows.sort()  # oldest first: RETURNING keeps no order
+            payloads = [raw for _, bodies in rows for raw in bodies]
             self.broker.publish_once([Message.decode(raw) for raw in payloads], payloads)
-        self.relayed += len(rows)
-        return len(rows)
+        self.relayed += len(payloads)
+        return len(payloads)
