@@ -127,8 +127,8 @@ def table(runs: list[list[Row]]) -> str:
         if r.name == OUTBOX:  # about publishing: its publish/s over bare's send_many
             sends = rounds.ratios(runs, r.name, BARE.name, lambda row: row.publish_rate)
             if sends:
-                spread = f" ({min(sends):.2f}-{max(sends):.2f})" if len(sends) > 1 else ""
-                notes.insert(0, f"publish x bare {statistics.median(sends):.2f}{spread}")
+                between = f" ({min(sends):.2f}-{max(sends):.2f})" if len(sends) > 1 else ""
+                notes.insert(0, f"publish x bare {statistics.median(sends):.2f}{between}")
         lines.append(
             f"{r.name:<14} {shown:>12} {ratio:>7} {spread:>11} {sent:>12}  "
             + "; ".join([r.config, *notes])
