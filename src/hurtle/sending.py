@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .brokers.base import Broker
 from .errors import ConfigurationError
 from .handles import Handle
 from .ids import new_id
@@ -214,6 +215,9 @@ def publish_in(
     outbox (``outbox=``) they are written to its table instead (``brokers.postgres.outbox``),
     which a task with ``unique_for`` refuses."""
     outbox = app.outbox
+    broker = app._broker
+    if broker is not None and type(broker).publish_in is not Broker.publish_in:
+        outbox = None  # a broker that takes them itself (eager mode's runs them at the send)
     if outbox is not None and unique_for is not None:
         from .brokers.postgres.outbox import unique_refused
 

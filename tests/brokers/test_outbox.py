@@ -165,6 +165,20 @@ def test_a_psycopg2_connection_writes_to_the_outbox_in_its_transaction(
     shop.app.close()
 
 
+def test_eager_mode_runs_a_send_with_a_connection_at_the_send_not_through_the_outbox(
+    redis_url: str, postgres_url: str
+) -> None:
+    from hurtle.testing import eager
+
+    shop = Shop(redis_url, postgres_url)
+    with eager(shop.app), psycopg.connect(shop.database) as conn:
+        shop.add.options(connection=conn).send(1, 2)
+        conn.rollback()
+    assert shop.ran == [(1, 2)]
+    assert shop.waiting() == 0
+    shop.app.close()
+
+
 def test_a_unique_task_is_refused_through_the_outbox(redis_url: str, postgres_url: str) -> None:
     shop = Shop(redis_url, postgres_url)
     refused = pytest.raises(ConfigurationError, match="unique_for cannot be sent with connection")
