@@ -24,10 +24,11 @@ from .names import check_task_name
 from .options import CelerySendOptions, TaskKeywords, task_options
 from .sealing import Keyring, keyring_of
 from .sending import send_by_name
-from .settings import Settings, load_settings
+from .settings import Settings, check_outbox, load_settings
 from .task import Task
 
 if TYPE_CHECKING:
+    from .brokers.postgres.outbox import OutboxTable
     from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
     from .periodic import Schedule, ScheduleOptions
     from .worker import Worker
@@ -54,6 +55,11 @@ class Hurtle:
         if isinstance(broker, str):
             settings["broker_url"] = broker
         self.settings: Settings = load_settings(settings)
+        check_outbox(
+            broker.url if isinstance(broker, Broker) else self.settings.broker_url,
+            self.settings.outbox,
+        )
+        self._outbox: OutboxTable | None = None
         #: What seals and opens the arguments and results of encrypted tasks
         #: (``encryption_keys``), or None without keys.
         self.keyring: Keyring | None = keyring_of(self.settings.encryption_keys)
@@ -96,6 +102,10 @@ class Hurtle:
         fails). Results, limits and unique locks are made afresh on each call (they keep their
         worker's parts) and only when some task uses them, so that other tasks stay inline."""
         builtin: list[Middleware] = [self._retries]
+        if self.settings.outbox:  # every worker offers to relay the outbox
+            from .middleware.relay import OutboxRelay
+
+            builtin.append(OutboxRelay())
         tasks = self.tasks.values()
         if self.settings.store_results or any(t.store_result for t in tasks):
             from .middleware.results import Results
@@ -163,6 +173,16 @@ class Hurtle:
                     create=create,
                 )
             return self._broker
+
+    @property
+    def outbox(self) -> OutboxTable | None:
+        """The outbox (``outbox=``: sends with ``connection=`` write there), or None."""
+        if self._outbox is None and self.settings.outbox:
+            from .brokers.postgres.outbox import OutboxTable
+
+            with self._broker_lock:
+                self._outbox = self._outbox or OutboxTable(self.settings.outbox)
+        return self._outbox
 
     @overload
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...

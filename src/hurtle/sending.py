@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from .brokers.base import Broker
 from .errors import ConfigurationError
 from .handles import Handle
 from .ids import new_id
@@ -210,10 +211,22 @@ def publish_in(
 ) -> list[str]:
     """Publish messages with the application's ``connection``, in its open transaction
     (``Broker.publish_in``), through the app's ``before_publish`` hooks if any; per message
-    sent, the id it answers to (the holder of its unique lock with ``unique_for``)."""
+    sent, the id it answers to (the holder of its unique lock with ``unique_for``). With an
+    outbox (``outbox=``) they are written to its table instead (``brokers.postgres.outbox``),
+    which a task with ``unique_for`` refuses."""
+    outbox = app.outbox
+    broker = app._broker
+    if broker is not None and type(broker).publish_in is not Broker.publish_in:
+        outbox = None  # a broker that takes them itself (eager mode's runs them at the send)
+    if outbox is not None and unique_for is not None:
+        from .brokers.postgres.outbox import unique_refused
+
+        raise ConfigurationError(unique_refused(outbox.url))
     sent = messages
     for m in app._publish_hooks:
         messages = m.before_publish(messages)
     if not messages:
         return [m.id for m in sent]
+    if outbox is not None:  # in the caller's database; a relay publishes them once committed
+        return outbox.write(connection, messages)
     return app.broker.publish_in(connection, messages, unique_for)

@@ -25,6 +25,9 @@ DEFAULT_BROKER_URL = "sqlite:///hurtle.db"
 DEFAULT_DEAD_LETTER_MAX = 10_000
 DEFAULT_DEAD_LETTER_TTL = 180 * 24 * 3600.0
 DEFAULT_RESULT_TTL = 24 * 3600.0
+#: The brokers an outbox relays to (``outbox``): those outside the application's database that
+#: can skip a message published twice (``Broker.publish_once``).
+OUTBOX_SCHEMES = ("redis", "rediss", "redis+cluster", "rediss+cluster", "nats", "tls")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,6 +36,10 @@ class Settings:
 
     #: Where messages live: ``sqlite:///path``, ``memory://`` or ``redis://host:port/db``.
     broker_url: str = DEFAULT_BROKER_URL
+    #: A PostgreSQL URL (``postgresql://user@host/db[?schema=hurtle]``): sends with
+    #: ``connection=`` write to an outbox table there, in the caller's transaction, and a relay
+    #: moves what is committed to the broker (a Redis or NATS one). Empty: no outbox.
+    outbox: str = ""
     #: Seconds without a heartbeat after which a worker counts as dead and its tasks are handed
     #: to other workers.
     heartbeat_timeout: float = 20.0
@@ -144,6 +151,17 @@ def _keys(value: Any, source: str) -> tuple[bytes, ...]:
 
 def _problem(name: str, kind: Any, value: Any) -> str | None:
     """What is wrong with ``value`` for the setting ``name`` of type ``kind``, or None."""
+    if name == "outbox":
+        if not isinstance(value, str) or value.partition("://")[0].lower() not in (
+            "postgresql",
+            "postgres",
+        ):
+            shown = value.split("@")[-1] if isinstance(value, str) else value
+            return (
+                f"must be a PostgreSQL URL (postgresql://user@host/database, the database your "
+                f"application writes to), got {shown!r}"
+            )
+        return None
     if name == "default_queue":
         problem = queue_name_problem(value)
         return None if problem is None else f"is not a queue name: {problem}; {QUEUE_NAME_RULE}"
@@ -205,3 +223,18 @@ def load_settings(
             "hurtle.new_key()"
         )
     return Settings(**values)
+
+
+def check_outbox(broker_url: str, outbox: str) -> None:
+    """Refuse an outbox beside a broker that cannot relay from it (``OUTBOX_SCHEMES``)."""
+    scheme = broker_url.partition("://")[0].lower()
+    if not outbox or scheme in OUTBOX_SCHEMES:
+        return
+    if scheme in ("postgresql", "postgres"):
+        why = "the PostgreSQL broker writes connection= sends in your transaction itself"
+    else:
+        why = f"a {scheme} broker cannot relay one"
+    raise ConfigurationError(
+        f"outbox= is for a Redis, Redis Cluster or NATS broker, and this app's is "
+        f"{broker_url.split('@')[-1]!r}: {why}; drop outbox="
+    )

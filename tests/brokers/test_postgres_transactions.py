@@ -274,11 +274,24 @@ def test_another_broker_refuses_a_connection_naming_the_outbox() -> None:
     def add(x: int, y: int) -> int:
         return x + y
 
-    with pytest.raises(ConfigurationError, match=r"only the PostgreSQL broker .* an outbox"):
+    with pytest.raises(ConfigurationError, match=r"the PostgreSQL broker .* with outbox="):
         add.options(connection=object()).send(1, 2)
-    with pytest.raises(ConfigurationError, match="outbox"):
+    with pytest.raises(ConfigurationError, match="outbox="):
         add.apply_async((1, 2), connection=object())
     assert app.broker.stats(["default"])["default"].ready == 0
+
+
+def test_a_redis_broker_without_an_outbox_names_the_outbox_option(redis_url: str) -> None:
+    app = Hurtle(redis_url)
+
+    @app.task
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    with pytest.raises(ConfigurationError, match=r"give the app an outbox.* outbox='postgresql"):
+        add.options(connection=object()).send(1, 2)
+    assert app.broker.stats(["default"])["default"].ready == 0
+    app.close()
 
 
 def test_eager_mode_runs_a_send_with_a_connection_at_the_send() -> None:

@@ -105,7 +105,7 @@ import msgspec
 
 from ..errors import ConfigurationError
 from ..message import Message, check_messages, encode_many
-from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
+from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL, OUTBOX_SCHEMES
 from .common import check_dead_letter_limits, unique_key_of
 from .consumer import Consumer as Consumer  # the contract's other side, named here too
 from .records import DeadLetter, QueueStats, StoredResult
@@ -114,6 +114,10 @@ from .ticks import TickBatch, TickClaim, check_tick_claim
 
 log = logging.getLogger(__name__)
 
+
+#: How many of the ids ``publish_once`` stored lately a queue remembers, at least (Redis: two
+#: generations of this many): far more than the one batch a relay that died can have left.
+ONCE_KEEP = 50_000
 
 #: The size limit hurtle keeps to where the store's own is larger (64 MiB): a runaway value fails
 #: at its call rather than filling the store, or a worker's memory when it is fetched in a batch.
@@ -197,6 +201,21 @@ class Broker(abc.ABC):
         Any other raises ``ConfigurationError``.
         """
         raise ConfigurationError(not_transactional(self.url))
+
+    def publish_once(
+        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+    ) -> None:
+        """``publish``, skipping each message whose id an earlier ``publish_once`` stored lately
+        (the outbox's relay: a batch published again after the relay died before its commit
+        is not stored twice). Redis keeps the newest ``ONCE_KEEP`` ids or more per queue, read and
+        written in the same script as the push; NATS stores each under its id as
+        ``Nats-Msg-Id``, which JetStream drops as a duplicate within the stream's duplicate
+        window (two minutes). ``payloads``: the messages encoded already (the relay has them as
+        they were written), checked against ``max_message_size`` rather than encoded again."""
+        raise ConfigurationError(
+            f"{type(self).__name__} cannot relay an outbox (its publish_once is missing): use "
+            "outbox= with a Redis, Redis Cluster or NATS broker"
+        )
 
     def take_tokens(
         self, requests: Sequence[tuple[str, int, float, int]]
@@ -438,12 +457,20 @@ class Broker(abc.ABC):
 def not_transactional(url: str) -> str:
     """Why a broker at ``url`` cannot write a message in the application's transaction."""
     scheme = url.partition(":")[0] or url
+    first = (
+        f"connection= writes the message in your database transaction, which the PostgreSQL "
+        f"broker (postgresql://...) does itself, and this app's broker is {url!r}"
+    )
+    if scheme in OUTBOX_SCHEMES:
+        return (
+            f"{first}: on {scheme} give the app an outbox, a table in your PostgreSQL "
+            "database that a relay moves to the broker: "
+            "Hurtle(..., outbox='postgresql://user@host/yourdb') (docs/transactions.md, "
+            '"The outbox")'
+        )
     return (
-        f"connection= writes the message in your database transaction, which only the "
-        f"PostgreSQL broker (postgresql://...) can do, and this app's broker is {url!r}: on "
-        f"{scheme} it takes an outbox (a table in your PostgreSQL database that a relay moves "
-        "to the broker), which hurtle does not have yet; until then send after the commit "
-        "(Django's transaction.on_commit, or after session.commit())"
+        f"{first}: on {scheme} send after the commit (Django's transaction.on_commit, or after "
+        "session.commit()), or use a Redis or NATS broker with outbox="
     )
 
 

@@ -44,6 +44,9 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:workers            ZSET    W, scored by W's deadline (server time)
     hurtle:{q}:wake               LIST    wake-up tokens that idle consumers BLPOP on
     hurtle:{q}:seq                STRING  counter for batch ids and delayed members
+    hurtle:{q}:sent:0, :sent:1    SET     ids ``publish_once`` (the outbox's relay) stored lately,
+                                          two generations of at most ``ONCE_KEEP`` each
+    hurtle:{q}:sent:gen           STRING  which of the two is current
     hurtle:{q}:dead               ZSET    dead-letter id, scored by failure time
     hurtle:{q}:dead:raw           HASH    dead-letter id -> raw bytes
     hurtle:{q}:dead:reason        HASH    dead-letter id -> reason
@@ -145,6 +148,7 @@ class QueueKeys:
         "probes",
         "quarantine",
         "ready",
+        "sent",
         "seq",
         "unique",
         "unique_sweep",
@@ -161,6 +165,8 @@ class QueueKeys:
         self.workers = f"{base}workers"
         self.wake = f"{base}wake"
         self.seq = f"{base}seq"
+        #: ``publish_once``'s generations of the ids it stored: this then 0, 1 or gen.
+        self.sent = f"{base}sent:"
         self.dead = f"{base}dead"
         self.dead_raw = f"{base}dead:raw"
         self.dead_reason = f"{base}dead:reason"

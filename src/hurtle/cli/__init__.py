@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import __version__
 from ..errors import HurtleError
-from . import control, dashboard, db, dead, demo, logs, schedule, status, worker
+from . import control, dashboard, db, dead, demo, logs, outbox, schedule, status, worker
 
 EXIT_USAGE = 2
 #: Optional packages: a command that needs one that is missing says which extra installs it.
@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"hurtle {__version__}")
     logs.add_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (worker, status, dead, control, schedule, db, demo, dashboard):
+    for module in (worker, status, dead, control, schedule, db, outbox, demo, dashboard):
         module.add_parser(sub)
     try:  # the benchmark suite is optional: it lives in hurtle.bench
         from ..bench import cli as bench_cli

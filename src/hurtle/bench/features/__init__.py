@@ -11,11 +11,17 @@ ratio is to the mean of the two ``bare`` runs beside it; the table shows the med
 ratios over the rounds, and their range. A row whose option
 this hurtle does not have (registering the task raises ``TypeError``) is skipped with the note
 "option not available", so rows appear by themselves once the feature exists.
+
+The ``outbox`` row is about publishing: its calls go through the outbox (``outbox=``, in the
+PostgreSQL database of ``--outbox-url``) in transactions of 1,000, relayed to Redis by a
+``hurtle outbox relay`` process (``peers.outbox_app``); its notes give its publish rate over the
+``bare`` row's (``send_many`` straight to Redis) and the relay's lag, commit to published.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -24,7 +30,10 @@ from pathlib import Path
 from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ..harness import options, rounds
 from ..harness.scenario import Row
-from .rows import BARE, ROWS
+from .rows import BARE, OUTBOX, ROWS
+
+#: The outbox row's database unless ``--outbox-url`` says otherwise.
+OUTBOX_URL = "postgresql://postgres@127.0.0.1:5432/postgres?schema=hurtle_bench"
 
 HELP = "consume tasks/s with each feature on, as a ratio to none (Redis)"
 
@@ -49,6 +58,12 @@ def add_options(p: argparse.ArgumentParser) -> None:
         help="run every row this many times, in turn; report medians (default 3)",
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per phase of a row")
+    p.add_argument(
+        "--outbox-url",
+        default=os.environ.get("HURTLE_BENCH_OUTBOX_URL", OUTBOX_URL),
+        help="the PostgreSQL database of the outbox row (its schema is made, its outbox table "
+        f"emptied; default {OUTBOX_URL}); '' skips the row",
+    )
     add_yes(p, "flush --redis-url")
 
 
@@ -56,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from ..harness import machine, servers
     from ..harness.runner import Runner
 
+    os.environ["HURTLE_BENCH_OUTBOX_URL"] = args.outbox_url  # the outbox row's (rows.py)
     wanted = {n.strip() for n in args.only.split(",") if n.strip()}
     chosen = [r for r in ROWS if not wanted or r.name in wanted or r is BARE]
     runs: list[list[Row]] = []
@@ -108,6 +124,11 @@ def table(runs: list[list[Row]]) -> str:
         ratio = f"{statistics.median(each):.2f}" if each else "-"
         spread = f"{min(each):.2f}-{max(each):.2f}" if len(each) > 1 else ""
         notes = [n for rows in runs for row in rows if row.name == r.name for n in row.notes]
+        if r.name == OUTBOX:  # about publishing: its publish/s over bare's send_many
+            sends = rounds.ratios(runs, r.name, BARE.name, lambda row: row.publish_rate)
+            if sends:
+                between = f" ({min(sends):.2f}-{max(sends):.2f})" if len(sends) > 1 else ""
+                notes.insert(0, f"publish x bare {statistics.median(sends):.2f}{between}")
         lines.append(
             f"{r.name:<14} {shown:>12} {ratio:>7} {spread:>11} {sent:>12}  "
             + "; ".join([r.config, *notes])

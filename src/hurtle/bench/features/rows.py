@@ -33,9 +33,13 @@ class Feature:
     #: What each call does beside its work (``peers.features_app``): "" nothing, "progress" a
     #: ``hurtle.current().progress`` report.
     calls: str = ""
+    #: The publisher (``module:function``): ``send_many`` straight to Redis unless another.
+    publisher: str = "hurtle.bench.peers.features_app:publish"
 
     def unavailable(self) -> str | None:
         """Why a task cannot be registered with these options here, or None if it can."""
+        if self.name == OUTBOX:
+            return _outbox_missing()
         try:
             app = Hurtle("memory://", **self.settings)
             app.task(name="probe", **self.options)(lambda x, y: x + y)
@@ -59,12 +63,32 @@ class Feature:
             system="hurtle",
             guarantee="acknowledged",
             config=options + (f"; {' '.join(self.worker)}" if self.worker else "; solo"),
-            publisher=publisher("hurtle.bench.peers.features_app:publish"),
+            publisher=publisher(self.publisher),
             worker=hurtle_worker("hurtle.bench.peers.features_app:app", *self.worker),
             env=env,
             modules=("redis",),
             version_of="hurtle",
         )
+
+
+#: The row whose publish rate is what it is about (``x bare`` of publish/s in its notes).
+OUTBOX = "outbox"
+
+
+def _outbox_missing() -> str | None:
+    """Why the ``outbox`` row cannot run here (no PostgreSQL of ``--outbox-url``), or None."""
+    url = os.environ.get("HURTLE_BENCH_OUTBOX_URL", "")
+    if not url:
+        return "needs a PostgreSQL database: --outbox-url postgresql://user@host/database"
+    try:
+        import psycopg
+
+        psycopg.connect(url.partition("?")[0], connect_timeout=5).close()
+    except ImportError:
+        return "needs psycopg: pip install 'hurtle[postgres]'"
+    except psycopg.Error as err:
+        return f"cannot reach --outbox-url: {' '.join(str(err).split())}"
+    return None
 
 
 BARE = Feature("bare")
@@ -87,4 +111,7 @@ ROWS = [
     # with a line for every call
     Feature("log-default", worker=("--log-level", "INFO")),
     Feature("log-tasks", worker=("--log-level", "INFO", "--log-tasks")),
+    # sends through the outbox in transactions of 1000, relayed to Redis by `hurtle outbox relay`
+    # (peers.outbox_app): publish/s compared with bare's send_many, and the relay's lag
+    Feature(OUTBOX, publisher="hurtle.bench.peers.outbox_app:publish"),
 ]

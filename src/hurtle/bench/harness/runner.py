@@ -166,6 +166,7 @@ class Runner:
             row.skipped = f"the publisher failed (exit {proc.returncode}): {tail(log)}"
             return False
         row.published, row.publish_s = int(result["count"]), float(result["seconds"])
+        row.notes.extend(result.get("notes", []))
         bar.finish(row.published)
         return True
 

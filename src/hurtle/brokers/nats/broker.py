@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Unpack
 
 from ...ids import new_id
-from ...message import Message, check_messages, encode_many
+from ...message import Message, check_messages, check_size, encode_many
 from ..base import Broker, BrokerOptions, Consumer
 from ..common import (
     check_cancel_ttl,
@@ -87,10 +87,13 @@ class NatsBroker(Broker):
 
     # -- publishing ----------------------------------------------------------------------
 
-    def _items(self, messages: Sequence[Message], payloads: Sequence[bytes]) -> list[Item]:
-        """Where each message goes: its priority's subject, or the delayed one with its eta."""
+    def _items(
+        self, messages: Sequence[Message], payloads: Sequence[bytes], call: str | None = None
+    ) -> list[Item]:
+        """Where each message goes: its priority's subject, or the delayed one with its eta;
+        each under the ``Nats-Msg-Id`` ``id.attempt.call`` (``call`` a new id unless given)."""
         now = time.time()
-        call = f"{new_id()}"
+        call = call or new_id()
         items: list[Item] = []
         for m, raw in zip(messages, payloads, strict=True):
             level = str(m.priority)
@@ -115,6 +118,20 @@ class NatsBroker(Broker):
         payloads = encode_many(list(messages), self.max_message_size)
         if messages:
             run(self._publish([m.queue for m in messages], self._items(messages, payloads)))
+
+    def publish_once(
+        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+    ) -> None:
+        # the same Nats-Msg-Id each time (no call of its own): JetStream stores one per id
+        # within the stream's duplicate window
+        check_messages(messages)
+        if payloads is None:
+            payloads = encode_many(list(messages), self.max_message_size)
+        else:
+            check_size(messages, payloads, self.max_message_size)
+        if messages:
+            items = self._items(messages, payloads, "outbox")
+            run(self._publish([m.queue for m in messages], items))
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         items: list[Item] = [(names.subject(queue, "0"), bytes(p), None) for p in payloads]

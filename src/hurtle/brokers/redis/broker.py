@@ -19,9 +19,9 @@ import redis
 
 from ...errors import BrokerError, ConfigurationError, EncodeError
 from ...ids import new_id
-from ...message import MAX_PRIORITY, Message, check_messages, encode_many
+from ...message import MAX_PRIORITY, Message, check_messages, check_size, encode_many
 from ...records import record_in_batch
-from ..base import Broker, BrokerOptions
+from ..base import ONCE_KEEP, Broker, BrokerOptions
 from ..common import (
     check_queue_name,
     unique_key_of,
@@ -258,6 +258,42 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
                     holder.decode() if isinstance(holder, bytes) else str(holder)
                 )
         return out
+
+    def publish_once(
+        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+    ) -> None:
+        check_messages(messages)
+        batch = messages if isinstance(messages, list) else list(messages)
+        if not batch:
+            return
+        if payloads is None:
+            payloads = encode_many(batch, self.max_message_size)
+        else:
+            check_size(batch, payloads, self.max_message_size)
+        # queue -> (priority, eta) -> id, payload, id, payload...
+        groups: dict[str, dict[tuple[int, float], list[Any]]] = {}
+        for m, raw in zip(batch, payloads, strict=True):
+            if m.priority not in _PRIORITY_ARG:
+                raise EncodeError(
+                    f"priority {m.priority!r} of task {m.task!r} is out of range: use an int "
+                    f"from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                )
+            queue = groups.get(m.queue)
+            if queue is None:
+                queue = groups[m.queue] = {}
+            pairs = queue.get((m.priority, m.eta))
+            if pairs is None:
+                pairs = queue[(m.priority, m.eta)] = []
+            pairs += (m.id, raw)
+        commands: list[_Command] = [(("SADD", QUEUES, *groups), None)]
+        head = [str(ONCE_KEEP), repr(time.time())]
+        for name, queue in groups.items():
+            args = list(head)
+            for (priority, eta), pairs in queue.items():
+                args += (_PRIORITY_ARG[priority], repr(float(eta)), str(len(pairs) // 2), *pairs)
+            keys = (*_publish_keys(name), queue_keys(name).sent)
+            commands.append(self._call(self._scripts.publish_once, keys, args))
+        self._publishing(commands, f"publishing {len(batch)} messages once")
 
     def take_tokens(
         self, requests: Sequence[tuple[str, int, float, int]]

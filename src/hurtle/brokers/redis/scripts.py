@@ -77,6 +77,7 @@ class _Scripts:
         self.rate = _Script("rate")
         self.slots = _Script("slots")
         self.publish_unique = _Script("publish_unique")
+        self.publish_once = _Script("publish_once")
         self.unique_release = _Script("unique_release")
         self.cancel_flag = _Script("cancel_flag")
         self.chord_count = _Script("chord_count")
