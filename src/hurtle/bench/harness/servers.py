@@ -217,6 +217,9 @@ def flush_nats(url: str) -> None:
 
 #: The schema the hurtle rows on PostgreSQL use (the raw loop uses ``bench_raw``).
 POSTGRES_SCHEMA = "bench"
+#: Every schema a PostgreSQL row of ``hurtle bench tasks`` writes to, all dropped before each
+#: such row: hurtle's, the raw psycopg loop's, PgQueuer's and Procrastinate's.
+POSTGRES_SCHEMAS = (POSTGRES_SCHEMA, "bench_raw", "bench_pgqueuer", "bench_procrastinate")
 
 
 def postgres_bench_url(url: str) -> str:
@@ -225,12 +228,12 @@ def postgres_bench_url(url: str) -> str:
 
 
 def flush_postgres(url: str) -> None:
-    """Drop the benchmark's schemas (hurtle's ``bench``, the raw loop's ``bench_raw``) from the
-    database of ``url``: each row starts on new tables."""
+    """Drop the benchmark's schemas (``POSTGRES_SCHEMAS``) from the database of ``url``: each
+    row starts on new tables."""
     import psycopg
 
     from ...brokers.postgres.connection import parse_url
 
     with psycopg.connect(parse_url(url)[0], autocommit=True) as conn:
-        for schema in (POSTGRES_SCHEMA, "bench_raw"):
+        for schema in POSTGRES_SCHEMAS:
             conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -41,8 +41,9 @@ def add_options(tasks: argparse.ArgumentParser) -> None:
         "NATS server (nats://host:port) for raw-nats and hurtle-nats-solo, whose streams are "
         "DELETED before every NATS row; a Redis Cluster (redis+cluster://host:port, any node) "
         "for the hurtle-cluster-* rows, FLUSHED before every row; a PostgreSQL database "
-        "(postgresql://user@host/database) for raw-postgres and hurtle-postgres-solo, whose "
-        "schemas bench_raw and bench are DROPPED before every PostgreSQL row",
+        "(postgresql://user@host/database) for raw-postgres, hurtle-postgres-solo, pgqueuer and "
+        "procrastinate, each in a schema of its own (bench_raw, bench, bench_pgqueuer, "
+        "bench_procrastinate), all four DROPPED before every PostgreSQL row",
     )
     tasks.add_argument("--only", default="", help="comma-separated rows to run (default: all)")
     options.add_outputs(tasks)

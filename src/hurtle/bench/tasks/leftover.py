@@ -47,3 +47,18 @@ def celery(url: str) -> int | None:
         return int(client.llen("celery")) + int(client.hlen("unacked"))
     finally:
         client.close()
+
+
+def postgres_count(query: str) -> Callable[[str], int | None]:
+    """The count ``query`` reads from the database of the row's broker URL."""
+
+    def count(url: str) -> int | None:
+        import psycopg
+
+        from ...brokers.postgres.connection import parse_url
+
+        with psycopg.connect(parse_url(url)[0]) as conn:
+            row = conn.execute(query).fetchone()
+        return None if row is None else int(row[0])
+
+    return count

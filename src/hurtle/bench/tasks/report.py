@@ -89,7 +89,8 @@ ON_NATS = (
 )
 
 
-#: hurtle on PostgreSQL against the raw psycopg SKIP LOCKED loop of the same run.
+#: hurtle on PostgreSQL against the raw psycopg SKIP LOCKED loop and the PostgreSQL peers of the
+#: same run.
 ON_POSTGRES = (
     (
         "consume: hurtle on PostgreSQL solo / raw psycopg SKIP LOCKED loop",
@@ -102,6 +103,18 @@ ON_POSTGRES = (
         ("hurtle-postgres-solo", P),
         ("raw-postgres", P),
         0.8,
+    ),
+    (
+        "consume: hurtle on PostgreSQL solo / pgqueuer",
+        ("hurtle-postgres-solo", C),
+        ("pgqueuer", C),
+        5,
+    ),
+    (
+        "consume: hurtle on PostgreSQL solo / procrastinate",
+        ("hurtle-postgres-solo", C),
+        ("procrastinate", C),
+        None,
     ),
 )
 

@@ -15,6 +15,8 @@ ORDER = (
     "hurtle_nats",
     "raw_postgres",
     "hurtle_postgres",
+    "pgqueuer",
+    "procrastinate",
     "hurtle_sqlite",
     "celery",
     "rq",
