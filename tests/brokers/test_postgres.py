@@ -163,6 +163,33 @@ def test_an_unknown_url_option_is_a_configuration_error(postgres_database: str) 
         make_broker(f"{postgres_database}?no_such_option=1")
 
 
+# -- the claim's plan ------------------------------------------------------------------------
+
+
+def test_a_claim_walks_the_ready_index_when_statistics_say_the_queue_is_empty(
+    broker: PostgresBroker,
+) -> None:
+    """Analyzed while empty, then filled faster than autovacuum comes back (a burst): the claim
+    still reads ``messages_ready`` in its order and takes the rows by their key, rather than a
+    bitmap scan of the whole queue sorted for every batch, or a hash of the whole table (what
+    the planner picks here without ``PIN_CLAIM_PLAN``)."""
+    s = broker._sql
+    with psycopg.connect(broker._conninfo, autocommit=True) as conn:
+        conn.execute(f'ANALYZE "{broker.schema}".messages')  # type: ignore[arg-type]
+        broker.publish([msg() for _ in range(5000)])
+        for claim, params in (
+            (s.CLAIM_ONE, ("q", "q", 1000, "w", "w")),
+            (s.CLAIM_MANY, (["q", "r"], 1000, 1000, "w", "w")),
+        ):
+            with conn.transaction():
+                conn.execute(s.PIN_CLAIM_PLAN)  # type: ignore[arg-type]
+                rows = conn.execute("EXPLAIN " + claim, params).fetchall()  # type: ignore[arg-type]
+            plan = "\n".join(r[0] for r in rows)
+            assert "Index Scan using messages_ready" in plan, plan
+            assert "Bitmap" not in plan, plan
+            assert "Seq Scan on messages" not in plan, plan
+
+
 # -- notifications -----------------------------------------------------------------------------
 
 

@@ -111,6 +111,7 @@ class PostgresConsumer(BatchConsumer):
             # known again if declared dead meanwhile: what it takes stays recoverable
             cur.execute(sql.ADD_WORKER, (worker_id, self.heartbeat_timeout))
             cur.execute(sql.PROMOTE, (queues,))
+            cur.execute(sql.PIN_CLAIM_PLAN)
             cur.execute(self._claim_sql, params)
 
         b = self.broker

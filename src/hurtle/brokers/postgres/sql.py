@@ -185,6 +185,17 @@ class Sql:
         "SELECT * FROM unnest(%b::text[], %b::float8[], %b::int2[], %b::bytea[])) "
         "SELECT count(pg_notify(%s, p)) FROM unnest(%b::text[]) p"
     )
+    # the same when every ready row has one queue and one priority (a ``send_many``): those
+    # two go once, and only the bodies as an array
+    STORE_UNIFORM = (
+        "WITH q AS (INSERT INTO {s}.queues (name) SELECT DISTINCT unnest(%b::text[]) "
+        "ON CONFLICT DO NOTHING), "
+        "m AS (INSERT INTO {s}.messages (queue, priority, body) "
+        "SELECT %s::text, %s::int2, b FROM unnest(%b::bytea[]) b), "
+        "d AS (INSERT INTO {s}.delayed (queue, eta, priority, body) "
+        "SELECT * FROM unnest(%b::text[], %b::float8[], %b::int2[], %b::bytea[])) "
+        "SELECT count(pg_notify(%s, p)) FROM unnest(%b::text[]) p"
+    )
     INSERT = (
         "INSERT INTO {s}.messages (queue, priority, body) "
         "SELECT * FROM unnest(%b::text[], %b::int2[], %b::bytea[])"
@@ -208,9 +219,19 @@ class Sql:
         "INSERT INTO {s}.messages (queue, priority, body) "
         "SELECT queue, priority, body FROM due ORDER BY seq"
     )
+    # The claim's plan, pinned for the rest of its transaction: the ready rows are read in the
+    # order of the messages_ready index, and the held ones by their primary key. Statistics
+    # of a queue that was empty when last analyzed (a burst arrives faster than autovacuum's
+    # next visit) make the planner take a bitmap scan of the whole queue and sort it, for
+    # every batch: a claim then costs what the backlog weighs, not what the batch does.
+    PIN_CLAIM_PLAN = (
+        "SELECT set_config('enable_bitmapscan', 'off', true), "
+        "set_config('enable_seqscan', 'off', true)"
+    )
     # the claim of one queue: highest priority first, then oldest (the messages_ready index)
     _CLAIMED = (
-        "taken AS (UPDATE {s}.messages m SET worker = %s FROM picked WHERE m.id = picked.id "
+        "taken AS (UPDATE {s}.messages m SET worker = %s "
+        "WHERE m.id = ANY(ARRAY(SELECT id FROM picked)) "
         "RETURNING m.id, m.queue, m.priority, m.body), "
         "claim AS (INSERT INTO {s}.claims (worker, ids) SELECT %s, array_agg(id) FROM taken "
         "HAVING count(*) > 0) "
