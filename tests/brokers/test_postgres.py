@@ -15,7 +15,7 @@ import pytest
 from helpers import free_port
 from hurtle import Hurtle
 from hurtle.brokers import make_broker
-from hurtle.brokers.postgres import PostgresBroker, sql
+from hurtle.brokers.postgres import PostgresBroker, sql, upgrade_schema
 from hurtle.cli import main
 from hurtle.errors import BrokerError, ConfigurationError
 from hurtle.ids import new_id
@@ -78,10 +78,10 @@ def test_an_older_schema_stops_a_worker_until_hurtle_db_upgrade_brings_it_up(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    make_broker(postgres_url).close()  # version 1; this "hurtle" has a version 2
+    make_broker(postgres_url).close()  # version 2; this "hurtle" has a version 3
     schema = schema_of(postgres_url)
-    monkeypatch.setattr(sql, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(sql.UPGRADES, 1, "ALTER TABLE {s}.queues ADD COLUMN note text")
+    monkeypatch.setattr(sql, "SCHEMA_VERSION", 3)
+    monkeypatch.setitem(sql.UPGRADES, 2, "ALTER TABLE {s}.queues ADD COLUMN note text")
     (tmp_path / "pgapp.py").write_text(
         f"from hurtle import Hurtle\napp = Hurtle({postgres_url!r})\n"
         "@app.task\ndef add(x, y):\n    return x + y\n"
@@ -89,13 +89,54 @@ def test_an_older_schema_stops_a_worker_until_hurtle_db_upgrade_brings_it_up(
     monkeypatch.chdir(tmp_path)
     assert main(["worker", "pgapp:app", "--burst"]) == 2
     err = capsys.readouterr().err
-    assert "at version 1, older than this hurtle's (2): run hurtle db upgrade APP" in err
+    assert "at version 2, older than this hurtle's (3): run hurtle db upgrade APP" in err
     assert main(["db", "upgrade", "pgapp:app"]) == 0
-    assert "from version 1 to 2" in capsys.readouterr().out
+    assert "from version 2 to 3" in capsys.readouterr().out
     execute(postgres_url, f'SELECT note FROM "{schema}".queues')  # the upgrade ran
     make_broker(postgres_url).close()  # and the broker takes the schema now
     assert main(["db", "upgrade", "pgapp:app"]) == 0
     assert "nothing to do" in capsys.readouterr().out
+
+
+def test_a_version_1_schema_is_upgraded_and_a_dead_workers_batch_still_comes_back(
+    postgres_url: str,
+) -> None:
+    """Version 1 recorded each claimed batch in ``claims`` (its ids); version 2 records each
+    worker that may hold rows in ``holders``. A batch claimed under version 1 by a worker that
+    died meanwhile goes back to its queue after the upgrade."""
+    b = make_broker(postgres_url)
+    m = msg()
+    b.publish([m])
+    held = b.consumer(["q"], worker_id="old-worker").fetch(10, 0)
+    assert len(held) == 1
+    b.close()
+    s = f'"{schema_of(postgres_url)}"'
+    with psycopg.connect(postgres_url.partition("?")[0], autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {s}.holders")  # type: ignore[arg-type]
+        conn.execute(  # type: ignore[arg-type]
+            f"CREATE TABLE {s}.claims (batch bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+            "worker text NOT NULL, ids bigint[] NOT NULL)"
+        )
+        conn.execute(  # type: ignore[arg-type]
+            f"INSERT INTO {s}.claims (worker, ids) VALUES ('old-worker', %s)", ([held[0].receipt],)
+        )
+        conn.execute(f"DELETE FROM {s}.workers")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {s}.meta SET version = 1")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="at version 1, older"):
+        make_broker(postgres_url)
+    assert upgrade_schema(postgres_url) == (1, sql.SCHEMA_VERSION)
+    with psycopg.connect(postgres_url.partition("?")[0], autocommit=True) as conn:
+        assert conn.execute(f"SELECT worker FROM {s}.holders").fetchall() == [("old-worker",)]  # type: ignore[arg-type]
+        assert conn.execute("SELECT to_regclass(%s)", (f"{s}.claims",)).fetchone() == (None,)
+    b = make_broker(postgres_url)
+    try:
+        c = b.consumer(["q"])
+        c.heartbeat()  # the old worker has no row in workers: what it held goes back
+        again = c.fetch(10, 0)
+        assert [Message.decode(d.raw).id for d in again] == [m.id]
+        assert again[0].receipt != held[0].receipt
+    finally:
+        b.close()
 
 
 def test_hurtle_db_upgrade_makes_a_missing_schema(

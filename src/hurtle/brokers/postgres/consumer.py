@@ -308,7 +308,6 @@ class PostgresConsumer(BatchConsumer):
 
             def run(cur: psycopg.Cursor[Any]) -> bool:
                 cur.execute(b._sql.UPSERT_WORKER, (self.worker_id, self.heartbeat_timeout))
-                cur.execute(b._sql.DROP_SETTLED_CLAIMS, (self.worker_id,))
                 if report is not None:
                     self._store_report(cur, report)
                 _, _, pending = b._recover_in(cur)
@@ -369,9 +368,9 @@ class PostgresConsumer(BatchConsumer):
                         (self.worker_id,),
                     )
                     self._add_totals(cur, report)
-                rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id, self.worker_id)).fetchall()
+                rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id,)).fetchall()
                 b._notify_ready(cur, (r[0] for r in rows))
-                cur.execute(sql.FORGET_CLAIMS, (self.worker_id,))
+                cur.execute(sql.FORGET_HOLDER, (self.worker_id,))
                 cur.execute(
                     sql.format("DELETE FROM {s}.workers WHERE worker_id = %s"), (self.worker_id,)
                 )

@@ -9,7 +9,7 @@ import re
 from ...errors import ConfigurationError
 
 #: The version of the tables below; a database records its own in ``meta``.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_SCHEMA = "hurtle"
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
@@ -21,7 +21,8 @@ CLOCK = "extract(epoch FROM clock_timestamp())::float8"
 # The hot table keeps only what waits or is held: an acknowledgement deletes its row, so
 # autovacuum is asked to come sooner than its defaults would on a table that churns. No index
 # names ``worker`` and pages are filled to half: a claim rewrites its rows in place (a HOT
-# update, no index entry written), and ``claims`` records which rows each worker took.
+# update, no index entry written), and ``holders`` records which workers may hold rows: what
+# recovery reads, then finding a dead worker's rows by ``worker`` (a scan, once per death).
 _TABLES = """
 CREATE TABLE {s}.meta (version integer NOT NULL);
 CREATE SEQUENCE {s}.ids;
@@ -37,12 +38,7 @@ CREATE TABLE {s}.messages (
     autovacuum_vacuum_insert_scale_factor = 0.01
 );
 CREATE INDEX messages_ready ON {s}.messages (queue, priority DESC, id);
-CREATE TABLE {s}.claims (
-    batch  bigint   GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    worker text     NOT NULL,
-    ids    bigint[] NOT NULL
-);
-CREATE INDEX claims_worker ON {s}.claims (worker);
+CREATE TABLE {s}.holders (worker text PRIMARY KEY);
 CREATE TABLE {s}.delayed (
     seq      bigint   GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue    text     NOT NULL,
@@ -119,9 +115,17 @@ CREATE TABLE {s}.probes (
 );
 """
 
-#: Schema version -> the statements that turn it into the next one (none yet: version 1 is the
-#: first). ``hurtle db upgrade`` applies them in one transaction.
-UPGRADES: dict[int, str] = {}
+#: Schema version -> the statements that turn it into the next one. ``hurtle db upgrade`` applies
+#: them in one transaction.
+UPGRADES: dict[int, str] = {
+    # 1 -> 2: a row per worker that may hold messages (``holders``) instead of a row per batch
+    # with its ids (``claims``), which cost a claim an insert of an array of 1,000 ids
+    1: """
+CREATE TABLE {s}.holders (worker text PRIMARY KEY);
+INSERT INTO {s}.holders (worker) SELECT DISTINCT worker FROM {s}.claims;
+DROP TABLE {s}.claims;
+""",
+}
 
 
 def check_schema_name(name: str, url: str) -> str:
@@ -233,8 +237,8 @@ class Sql:
         "taken AS (UPDATE {s}.messages m SET worker = %s "
         "WHERE m.id = ANY(ARRAY(SELECT id FROM picked)) "
         "RETURNING m.id, m.queue, m.priority, m.body), "
-        "claim AS (INSERT INTO {s}.claims (worker, ids) SELECT %s, array_agg(id) FROM taken "
-        "HAVING count(*) > 0) "
+        "holder AS (INSERT INTO {s}.holders (worker) SELECT %s WHERE EXISTS (SELECT FROM taken) "
+        "ON CONFLICT DO NOTHING) "
         "SELECT t.queue, t.id, t.body, (SELECT EXISTS (SELECT 1 FROM {s}.cancelled "
         "WHERE until > {now})) FROM taken t "
     )
@@ -274,17 +278,12 @@ class Sql:
         "FROM {s}.messages WHERE id = ANY(%s) AND worker = %s ORDER BY id) o WHERE m.id = o.id "
         "RETURNING m.queue"
     )
+    # what a worker holds, found by a scan (no index names ``worker``): at its close only
     REQUEUE_WORKER = (
         "UPDATE {s}.messages m SET worker = NULL, id = nextval('{s}.ids') FROM (SELECT id "
-        "FROM {s}.messages WHERE id IN (SELECT unnest(ids) FROM {s}.claims WHERE worker = %s) "
-        "AND worker = %s ORDER BY id) o WHERE m.id = o.id RETURNING m.queue"
+        "FROM {s}.messages WHERE worker = %s ORDER BY id) o WHERE m.id = o.id RETURNING m.queue"
     )
-    FORGET_CLAIMS = "DELETE FROM {s}.claims WHERE worker = %s"
-    # a worker's claims whose rows it no longer holds (settled, or taken back)
-    DROP_SETTLED_CLAIMS = (
-        "DELETE FROM {s}.claims c WHERE c.worker = %s AND NOT EXISTS (SELECT 1 FROM "
-        "{s}.messages m WHERE m.id = ANY(c.ids) AND m.worker = c.worker)"
-    )
+    FORGET_HOLDER = "DELETE FROM {s}.holders WHERE worker = %s"
     PUT_RESULTS = (
         "INSERT INTO {s}.results (id, expires, body) "
         "SELECT i, {now} + %s, b FROM unnest(%b::text[], %b::bytea[]) AS r(i, b) "
