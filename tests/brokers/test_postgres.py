@@ -16,6 +16,7 @@ from helpers import free_port
 from hurtle import Hurtle
 from hurtle.brokers import make_broker
 from hurtle.brokers.postgres import PostgresBroker, sql, upgrade_schema
+from hurtle.brokers.postgres.sql import holder_key
 from hurtle.cli import main
 from hurtle.errors import BrokerError, ConfigurationError
 from hurtle.ids import new_id
@@ -202,6 +203,47 @@ def test_an_unknown_database_says_to_create_it(postgres_server_url: str) -> None
 def test_an_unknown_url_option_is_a_configuration_error(postgres_database: str) -> None:
     with pytest.raises(ConfigurationError, match=r"bad PostgreSQL URL .*invalid"):
         make_broker(f"{postgres_database}?no_such_option=1")
+
+
+def test_a_beat_waits_for_the_claim_in_flight_of_a_worker_it_takes_for_dead(
+    broker: PostgresBroker,
+) -> None:
+    """A worker taken for dead (no row in ``workers``) claims again while another worker's beat
+    recovers: the beat waits for that claim to commit, then sees the worker back, and leaves it
+    its rows and its holder row (without which its rows would not come back if it died)."""
+    s = broker._sql
+    schema = f'"{broker.schema}"'
+    broker.publish([msg(), msg()])
+    assert len(broker.consumer(["q"], worker_id="w-back").fetch(1, 0)) == 1
+    other = broker.consumer(["q"], worker_id="beater")
+    with psycopg.connect(broker._conninfo, autocommit=True) as admin:
+        admin.execute(f"DELETE FROM {schema}.workers WHERE worker_id = 'w-back'")  # type: ignore[arg-type]
+        with psycopg.connect(broker._conninfo) as claim:  # its claim, not committed yet
+            claim.execute(s.ADD_WORKER, ("w-back", 30.0))  # type: ignore[arg-type]
+            claim.execute(s.SHARE_KEY, (holder_key(broker.schema, "w-back"),))  # type: ignore[arg-type]
+            taken = claim.execute(s.CLAIM_ONE, ("q", "q", 1, "w-back", "w-back")).fetchall()  # type: ignore[arg-type]
+            assert len(taken) == 1
+            beat = threading.Thread(target=other.heartbeat)
+            beat.start()
+            deadline = time.monotonic() + 20
+            while beat.is_alive():  # until the beat waits on the worker's key
+                row = admin.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
+                    "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ).fetchone()
+                if row is not None and row[0]:
+                    break
+                assert time.monotonic() < deadline, "the beat neither waits nor ends"
+                time.sleep(0.01)
+            claim.commit()
+        beat.join(20)
+        assert not beat.is_alive()
+        holders = admin.execute(f"SELECT worker FROM {schema}.holders").fetchall()  # type: ignore[arg-type]
+        held = admin.execute(  # type: ignore[arg-type]
+            f"SELECT count(*) FROM {schema}.messages WHERE worker = 'w-back'"
+        ).fetchone()
+    assert ("w-back",) in holders
+    assert held == (2,)
 
 
 # -- the claim's plan ------------------------------------------------------------------------

@@ -16,7 +16,9 @@ Storage. Every table lives in one schema of its own (``hurtle`` unless the URL s
 * ``holders`` — one row per worker that claimed rows (written by the claim, ``ON CONFLICT DO
   NOTHING``): what recovery reads to find the dead workers that may hold rows. Their rows are then
   found by ``worker``, with a scan of ``messages`` (no index names it): once per dead worker, and
-  at a worker's ``close``, rather than a write per batch on the hot path.
+  at a worker's ``close``, rather than a write per batch on the hot path. A claim holds its
+  worker's advisory lock shared until it commits; recovery takes it alone before it takes a
+  worker's rows back, so it never drops the holder row of a claim it cannot see yet.
 * ``delayed`` — messages waiting for their ``eta``, indexed by ``(queue, eta)``: the fetch that
   finds them due moves them to ``messages``, in the order they were published.
 * ``workers`` — one row per live consumer and its deadline (the server's clock at its last beat

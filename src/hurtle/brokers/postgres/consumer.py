@@ -16,6 +16,7 @@ from ..reports import WorkerReport, encode_report
 from . import flows
 from .listener import POLL_INTERVAL
 from .publishing import store
+from .sql import holder_key
 
 if TYPE_CHECKING:
     from .broker import PostgresBroker
@@ -46,6 +47,7 @@ class PostgresConsumer(BatchConsumer):
         #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
         self.heartbeat_timeout = broker.heartbeat_timeout
         self._queue_list = list(queues)
+        self._holder_key = holder_key(broker.schema, worker_id)
         sql = broker._sql
         if len(queues) == 1:
             self._claim_sql = sql.CLAIM_ONE
@@ -110,6 +112,8 @@ class PostgresConsumer(BatchConsumer):
                 cur.execute(sql.SETTLE, (list(settle), worker_id))
             # known again if declared dead meanwhile: what it takes stays recoverable
             cur.execute(sql.ADD_WORKER, (worker_id, self.heartbeat_timeout))
+            # after the worker row (which recovery may be deleting: no lock held meanwhile)
+            cur.execute(sql.SHARE_KEY, (self._holder_key,))
             cur.execute(sql.PROMOTE, (queues,))
             cur.execute(sql.PIN_CLAIM_PLAN)
             cur.execute(self._claim_sql, params)

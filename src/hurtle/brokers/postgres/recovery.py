@@ -19,6 +19,7 @@ from ..common import DEAD, QUARANTINE, dead_ends, fate, log_trimmed, lost_reason
 from ..records import StoredResult
 from .connection import _Connection
 from .listener import payloads
+from .sql import holder_key
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,9 @@ class _Recovery(_Connection):
         woken: set[str] = set()
         if orphans:
             back: list[Row] = []
-            for worker in orphans:
+            for worker in sorted(orphans):  # their keys in one order: no deadlock
+                # waits for a claim of this worker in flight: what it took is seen once done
+                cur.execute(self._sql.LOCK_KEY, (holder_key(self.schema, worker),))
                 rows: list[Row] = cur.execute(self._q(_TAKE_BACK), (worker, worker)).fetchall()
                 cur.execute(self._q(_FORGET_ORPHAN), (worker, worker))
                 back += self._sort_out(cur, rows)

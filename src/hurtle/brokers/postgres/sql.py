@@ -128,6 +128,11 @@ DROP TABLE {s}.claims;
 }
 
 
+def holder_key(schema: str, worker: str) -> str:
+    """The advisory lock key of a worker's claims (``Sql.SHARE_KEY``, ``Sql.LOCK_KEY``)."""
+    return f"{schema}\nholder\n{worker}"
+
+
 def check_schema_name(name: str, url: str) -> str:
     """A ``?schema=`` name, checked: lower-case letters, digits and underscores."""
     if not _NAME.fullmatch(name):
@@ -315,6 +320,10 @@ class Sql:
     )
     # -- limits --------------------------------------------------------------------------------
     LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+    # a claim holds its worker's key shared until it commits, and recovery takes it alone
+    # before it takes back that worker's rows and its holder row (``holder_key``): so recovery
+    # never drops the holder row of a worker whose claim it cannot see yet
+    SHARE_KEY = "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))"
     SWEEP_UNIQUES = (
         "DELETE FROM {s}.uniques WHERE (queue, key) IN (SELECT queue, key FROM {s}.uniques "
         "WHERE expires <= {now} LIMIT 1000)"
