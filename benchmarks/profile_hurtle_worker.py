@@ -5,7 +5,10 @@ Starts its own redis-server (as ``hurtle bench tasks`` does), publishes N ``benc
 cProfile and prints the functions with the most time of their own. One line per function;
 a profile is a map of the hot path, not a timing (cProfile slows every Python call).
 
-    python benchmarks/profile_hurtle_worker.py [N] [sqlite]
+    python benchmarks/profile_hurtle_worker.py [N] [sqlite | postgresql://user@host/database]
+
+With a PostgreSQL URL the tasks go to that database (to its schema ``hurtle``, or the URL's
+``?schema=``, which should hold no other messages) and no server is started.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ def main() -> int:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     server = None
     with tempfile.TemporaryDirectory(prefix="hurtle-profile-") as tmp:
-        if len(sys.argv) > 2 and sys.argv[2] == "sqlite":
+        store = sys.argv[2] if len(sys.argv) > 2 else "redis"
+        if store == "sqlite":
             os.environ["HURTLE_BROKER_URL"] = f"sqlite:///{tmp}/profile.db"
+        elif store.startswith(("postgresql://", "postgres://")):
+            os.environ["HURTLE_BROKER_URL"] = store
         else:
             server = RedisServer()
             os.environ["HURTLE_BROKER_URL"] = server.url

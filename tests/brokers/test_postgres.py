@@ -15,7 +15,8 @@ import pytest
 from helpers import free_port
 from hurtle import Hurtle
 from hurtle.brokers import make_broker
-from hurtle.brokers.postgres import PostgresBroker, sql
+from hurtle.brokers.postgres import PostgresBroker, sql, upgrade_schema
+from hurtle.brokers.postgres.sql import holder_key
 from hurtle.cli import main
 from hurtle.errors import BrokerError, ConfigurationError
 from hurtle.ids import new_id
@@ -78,10 +79,10 @@ def test_an_older_schema_stops_a_worker_until_hurtle_db_upgrade_brings_it_up(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    make_broker(postgres_url).close()  # version 1; this "hurtle" has a version 2
+    make_broker(postgres_url).close()  # version 2; this "hurtle" has a version 3
     schema = schema_of(postgres_url)
-    monkeypatch.setattr(sql, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(sql.UPGRADES, 1, "ALTER TABLE {s}.queues ADD COLUMN note text")
+    monkeypatch.setattr(sql, "SCHEMA_VERSION", 3)
+    monkeypatch.setitem(sql.UPGRADES, 2, "ALTER TABLE {s}.queues ADD COLUMN note text")
     (tmp_path / "pgapp.py").write_text(
         f"from hurtle import Hurtle\napp = Hurtle({postgres_url!r})\n"
         "@app.task\ndef add(x, y):\n    return x + y\n"
@@ -89,13 +90,54 @@ def test_an_older_schema_stops_a_worker_until_hurtle_db_upgrade_brings_it_up(
     monkeypatch.chdir(tmp_path)
     assert main(["worker", "pgapp:app", "--burst"]) == 2
     err = capsys.readouterr().err
-    assert "at version 1, older than this hurtle's (2): run hurtle db upgrade APP" in err
+    assert "at version 2, older than this hurtle's (3): run hurtle db upgrade APP" in err
     assert main(["db", "upgrade", "pgapp:app"]) == 0
-    assert "from version 1 to 2" in capsys.readouterr().out
+    assert "from version 2 to 3" in capsys.readouterr().out
     execute(postgres_url, f'SELECT note FROM "{schema}".queues')  # the upgrade ran
     make_broker(postgres_url).close()  # and the broker takes the schema now
     assert main(["db", "upgrade", "pgapp:app"]) == 0
     assert "nothing to do" in capsys.readouterr().out
+
+
+def test_a_version_1_schema_is_upgraded_and_a_dead_workers_batch_still_comes_back(
+    postgres_url: str,
+) -> None:
+    """Version 1 recorded each claimed batch in ``claims`` (its ids); version 2 records each
+    worker that may hold rows in ``holders``. A batch claimed under version 1 by a worker that
+    died meanwhile goes back to its queue after the upgrade."""
+    b = make_broker(postgres_url)
+    m = msg()
+    b.publish([m])
+    held = b.consumer(["q"], worker_id="old-worker").fetch(10, 0)
+    assert len(held) == 1
+    b.close()
+    s = f'"{schema_of(postgres_url)}"'
+    with psycopg.connect(postgres_url.partition("?")[0], autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {s}.holders")  # type: ignore[arg-type]
+        conn.execute(  # type: ignore[arg-type]
+            f"CREATE TABLE {s}.claims (batch bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, "
+            "worker text NOT NULL, ids bigint[] NOT NULL)"
+        )
+        conn.execute(  # type: ignore[arg-type]
+            f"INSERT INTO {s}.claims (worker, ids) VALUES ('old-worker', %s)", ([held[0].receipt],)
+        )
+        conn.execute(f"DELETE FROM {s}.workers")  # type: ignore[arg-type]
+        conn.execute(f"UPDATE {s}.meta SET version = 1")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="at version 1, older"):
+        make_broker(postgres_url)
+    assert upgrade_schema(postgres_url) == (1, sql.SCHEMA_VERSION)
+    with psycopg.connect(postgres_url.partition("?")[0], autocommit=True) as conn:
+        assert conn.execute(f"SELECT worker FROM {s}.holders").fetchall() == [("old-worker",)]  # type: ignore[arg-type]
+        assert conn.execute("SELECT to_regclass(%s)", (f"{s}.claims",)).fetchone() == (None,)
+    b = make_broker(postgres_url)
+    try:
+        c = b.consumer(["q"])
+        c.heartbeat()  # the old worker has no row in workers: what it held goes back
+        again = c.fetch(10, 0)
+        assert [Message.decode(d.raw).id for d in again] == [m.id]
+        assert again[0].receipt != held[0].receipt
+    finally:
+        b.close()
 
 
 def test_hurtle_db_upgrade_makes_a_missing_schema(
@@ -161,6 +203,74 @@ def test_an_unknown_database_says_to_create_it(postgres_server_url: str) -> None
 def test_an_unknown_url_option_is_a_configuration_error(postgres_database: str) -> None:
     with pytest.raises(ConfigurationError, match=r"bad PostgreSQL URL .*invalid"):
         make_broker(f"{postgres_database}?no_such_option=1")
+
+
+def test_a_beat_waits_for_the_claim_in_flight_of_a_worker_it_takes_for_dead(
+    broker: PostgresBroker,
+) -> None:
+    """A worker taken for dead (no row in ``workers``) claims again while another worker's beat
+    recovers: the beat waits for that claim to commit, then sees the worker back, and leaves it
+    its rows and its holder row (without which its rows would not come back if it died)."""
+    s = broker._sql
+    schema = f'"{broker.schema}"'
+    broker.publish([msg(), msg()])
+    assert len(broker.consumer(["q"], worker_id="w-back").fetch(1, 0)) == 1
+    other = broker.consumer(["q"], worker_id="beater")
+    with psycopg.connect(broker._conninfo, autocommit=True) as admin:
+        admin.execute(f"DELETE FROM {schema}.workers WHERE worker_id = 'w-back'")  # type: ignore[arg-type]
+        with psycopg.connect(broker._conninfo) as claim:  # its claim, not committed yet
+            claim.execute(s.ADD_WORKER, ("w-back", 30.0))  # type: ignore[arg-type]
+            claim.execute(s.SHARE_KEY, (holder_key(broker.schema, "w-back"),))  # type: ignore[arg-type]
+            taken = claim.execute(s.CLAIM_ONE, ("q", "q", 1, "w-back", "w-back")).fetchall()  # type: ignore[arg-type]
+            assert len(taken) == 1
+            beat = threading.Thread(target=other.heartbeat)
+            beat.start()
+            deadline = time.monotonic() + 20
+            while beat.is_alive():  # until the beat waits on the worker's key
+                row = admin.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND "
+                    "database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+                ).fetchone()
+                if row is not None and row[0]:
+                    break
+                assert time.monotonic() < deadline, "the beat neither waits nor ends"
+                time.sleep(0.01)
+            claim.commit()
+        beat.join(20)
+        assert not beat.is_alive()
+        holders = admin.execute(f"SELECT worker FROM {schema}.holders").fetchall()  # type: ignore[arg-type]
+        held = admin.execute(  # type: ignore[arg-type]
+            f"SELECT count(*) FROM {schema}.messages WHERE worker = 'w-back'"
+        ).fetchone()
+    assert ("w-back",) in holders
+    assert held == (2,)
+
+
+# -- the claim's plan ------------------------------------------------------------------------
+
+
+def test_a_claim_walks_the_ready_index_when_statistics_say_the_queue_is_empty(
+    broker: PostgresBroker,
+) -> None:
+    """Analyzed while empty, then filled faster than autovacuum comes back (a burst): the claim
+    still reads ``messages_ready`` in its order and takes the rows by their key, rather than a
+    bitmap scan of the whole queue sorted for every batch, or a hash of the whole table (what
+    the planner picks here without ``PIN_CLAIM_PLAN``)."""
+    s = broker._sql
+    with psycopg.connect(broker._conninfo, autocommit=True) as conn:
+        conn.execute(f'ANALYZE "{broker.schema}".messages')  # type: ignore[arg-type]
+        broker.publish([msg() for _ in range(5000)])
+        for claim, params in (
+            (s.CLAIM_ONE, ("q", "q", 1000, "w", "w")),
+            (s.CLAIM_MANY, (["q", "r"], 1000, 1000, "w", "w")),
+        ):
+            with conn.transaction():
+                conn.execute(s.PIN_CLAIM_PLAN)  # type: ignore[arg-type]
+                rows = conn.execute("EXPLAIN " + claim, params).fetchall()  # type: ignore[arg-type]
+            plan = "\n".join(r[0] for r in rows)
+            assert "Index Scan using messages_ready" in plan, plan
+            assert "Bitmap" not in plan, plan
+            assert "Seq Scan on messages" not in plan, plan
 
 
 # -- notifications -----------------------------------------------------------------------------

@@ -13,13 +13,17 @@ Storage. Every table lives in one schema of its own (``hurtle`` unless the URL s
   touching an index (a HOT update: two WAL records a row, as many as a plain ``DELETE …
   SKIP LOCKED`` takes). Finished messages leave the table: it holds the backlog and what is in
   flight, nothing more, and autovacuum is asked to visit it after 1% of it changed.
-* ``claims`` — one row per batch a worker claimed, with its ids: what recovery and ``close``
-  read to find a worker's rows. A worker's beat drops its claims whose rows it no longer holds.
+* ``holders`` — one row per worker that claimed rows (written by the claim, ``ON CONFLICT DO
+  NOTHING``): what recovery reads to find the dead workers that may hold rows. Their rows are then
+  found by ``worker``, with a scan of ``messages`` (no index names it): once per dead worker, and
+  at a worker's ``close``, rather than a write per batch on the hot path. A claim holds its
+  worker's advisory lock shared until it commits; recovery takes it alone before it takes a
+  worker's rows back, so it never drops the holder row of a claim it cannot see yet.
 * ``delayed`` — messages waiting for their ``eta``, indexed by ``(queue, eta)``: the fetch that
   finds them due moves them to ``messages``, in the order they were published.
 * ``workers`` — one row per live consumer and its deadline (the server's clock at its last beat
   plus its own timeout). A beat forgets workers past their deadline and takes back what every
-  worker with claims and without a row holds. Taken back, released and recovered messages go
+  holder without a row holds. Taken back, released and recovered messages go
   back under new ids, at the back of their priority: a late acknowledgement of the old delivery
   finds nothing.
 * ``dead`` — dead letters, with their message's id indexed (``find_dead``), trimmed per queue

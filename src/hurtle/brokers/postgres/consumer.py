@@ -16,6 +16,7 @@ from ..reports import WorkerReport, encode_report
 from . import flows
 from .listener import POLL_INTERVAL
 from .publishing import store
+from .sql import holder_key
 
 if TYPE_CHECKING:
     from .broker import PostgresBroker
@@ -46,6 +47,7 @@ class PostgresConsumer(BatchConsumer):
         #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
         self.heartbeat_timeout = broker.heartbeat_timeout
         self._queue_list = list(queues)
+        self._holder_key = holder_key(broker.schema, worker_id)
         sql = broker._sql
         if len(queues) == 1:
             self._claim_sql = sql.CLAIM_ONE
@@ -110,7 +112,10 @@ class PostgresConsumer(BatchConsumer):
                 cur.execute(sql.SETTLE, (list(settle), worker_id))
             # known again if declared dead meanwhile: what it takes stays recoverable
             cur.execute(sql.ADD_WORKER, (worker_id, self.heartbeat_timeout))
+            # after the worker row (which recovery may be deleting: no lock held meanwhile)
+            cur.execute(sql.SHARE_KEY, (self._holder_key,))
             cur.execute(sql.PROMOTE, (queues,))
+            cur.execute(sql.PIN_CLAIM_PLAN)
             cur.execute(self._claim_sql, params)
 
         b = self.broker
@@ -307,7 +312,6 @@ class PostgresConsumer(BatchConsumer):
 
             def run(cur: psycopg.Cursor[Any]) -> bool:
                 cur.execute(b._sql.UPSERT_WORKER, (self.worker_id, self.heartbeat_timeout))
-                cur.execute(b._sql.DROP_SETTLED_CLAIMS, (self.worker_id,))
                 if report is not None:
                     self._store_report(cur, report)
                 _, _, pending = b._recover_in(cur)
@@ -368,9 +372,9 @@ class PostgresConsumer(BatchConsumer):
                         (self.worker_id,),
                     )
                     self._add_totals(cur, report)
-                rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id, self.worker_id)).fetchall()
+                rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id,)).fetchall()
                 b._notify_ready(cur, (r[0] for r in rows))
-                cur.execute(sql.FORGET_CLAIMS, (self.worker_id,))
+                cur.execute(sql.FORGET_HOLDER, (self.worker_id,))
                 cur.execute(
                     sql.format("DELETE FROM {s}.workers WHERE worker_id = %s"), (self.worker_id,)
                 )

@@ -40,21 +40,15 @@ def store(cur: Statements, sql: Sql, items: Iterable[Item], now: float) -> set[s
             queues.append(queue)
             priorities.append(priority)
             bodies.append(raw)
-    names = set(queues).union(later[0])
+    ready = set(queues)
+    names = ready.union(later[0])
     if not names:
         return names
-    cur.execute(
-        sql.STORE,
-        (
-            list(names),
-            queues,
-            priorities,
-            bodies,
-            *later,
-            sql.ready_channel,
-            payloads(sorted(names)),
-        ),
-    )
+    tail = (*later, sql.ready_channel, payloads(sorted(names)))
+    if len(ready) == 1 and len(set(priorities)) == 1:  # each column dumped once, not per row
+        cur.execute(sql.STORE_UNIFORM, (list(names), queues[0], priorities[0], bodies, *tail))
+    else:
+        cur.execute(sql.STORE, (list(names), queues, priorities, bodies, *tail))
     return names
 
 

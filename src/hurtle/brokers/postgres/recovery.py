@@ -19,6 +19,7 @@ from ..common import DEAD, QUARANTINE, dead_ends, fate, log_trimmed, lost_reason
 from ..records import StoredResult
 from .connection import _Connection
 from .listener import payloads
+from .sql import holder_key
 
 log = logging.getLogger(__name__)
 
@@ -29,15 +30,23 @@ MAX_DEATHS = 10_000
 Row = tuple[str, int, int, bytes]
 
 _FORGET_DEAD = "DELETE FROM {s}.workers WHERE deadline < {now}"
-# Workers with claims and no row in ``workers``: a read of ``claims`` (a row per batch).
+# Workers that may hold rows and have no row in ``workers``: a read of ``holders`` (a row per
+# worker).
 _ORPHANED = (
-    "SELECT DISTINCT worker FROM {s}.claims c WHERE NOT EXISTS "
-    "(SELECT 1 FROM {s}.workers w WHERE w.worker_id = c.worker)"
+    "SELECT worker FROM {s}.holders h WHERE NOT EXISTS "
+    "(SELECT 1 FROM {s}.workers w WHERE w.worker_id = h.worker)"
 )
+# what one of them holds, found by a scan of the table (no index names ``worker``, so that a
+# claim is a HOT update): once per dead worker
 _TAKE_BACK = (
-    "DELETE FROM {s}.messages WHERE id IN (SELECT unnest(ids) FROM {s}.claims WHERE worker = %s) "
-    "AND worker = %s AND NOT EXISTS (SELECT 1 FROM {s}.workers WHERE worker_id = %s) "
+    "DELETE FROM {s}.messages WHERE worker = %s "
+    "AND NOT EXISTS (SELECT 1 FROM {s}.workers WHERE worker_id = %s) "
     "RETURNING queue, priority, id, body"
+)
+# unless it came back meanwhile (a claim registers its worker again)
+_FORGET_ORPHAN = (
+    "DELETE FROM {s}.holders WHERE worker = %s "
+    "AND NOT EXISTS (SELECT 1 FROM {s}.workers WHERE worker_id = %s)"
 )
 _COUNT_DEATH = (
     "INSERT INTO {s}.deaths AS d (queue, digest, n) VALUES (%s, %s, 1) "
@@ -99,11 +108,11 @@ class _Recovery(_Connection):
         woken: set[str] = set()
         if orphans:
             back: list[Row] = []
-            for worker in orphans:
-                rows: list[Row] = cur.execute(
-                    self._q(_TAKE_BACK), (worker, worker, worker)
-                ).fetchall()
-                cur.execute(self._sql.FORGET_CLAIMS, (worker,))
+            for worker in sorted(orphans):  # their keys in one order: no deadlock
+                # waits for a claim of this worker in flight: what it took is seen once done
+                cur.execute(self._sql.LOCK_KEY, (holder_key(self.schema, worker),))
+                rows: list[Row] = cur.execute(self._q(_TAKE_BACK), (worker, worker)).fetchall()
+                cur.execute(self._q(_FORGET_ORPHAN), (worker, worker))
                 back += self._sort_out(cur, rows)
                 moved += len(rows)
             if back:

@@ -9,7 +9,7 @@ import re
 from ...errors import ConfigurationError
 
 #: The version of the tables below; a database records its own in ``meta``.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_SCHEMA = "hurtle"
 _NAME = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
@@ -21,7 +21,8 @@ CLOCK = "extract(epoch FROM clock_timestamp())::float8"
 # The hot table keeps only what waits or is held: an acknowledgement deletes its row, so
 # autovacuum is asked to come sooner than its defaults would on a table that churns. No index
 # names ``worker`` and pages are filled to half: a claim rewrites its rows in place (a HOT
-# update, no index entry written), and ``claims`` records which rows each worker took.
+# update, no index entry written), and ``holders`` records which workers may hold rows: what
+# recovery reads, then finding a dead worker's rows by ``worker`` (a scan, once per death).
 _TABLES = """
 CREATE TABLE {s}.meta (version integer NOT NULL);
 CREATE SEQUENCE {s}.ids;
@@ -37,12 +38,7 @@ CREATE TABLE {s}.messages (
     autovacuum_vacuum_insert_scale_factor = 0.01
 );
 CREATE INDEX messages_ready ON {s}.messages (queue, priority DESC, id);
-CREATE TABLE {s}.claims (
-    batch  bigint   GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    worker text     NOT NULL,
-    ids    bigint[] NOT NULL
-);
-CREATE INDEX claims_worker ON {s}.claims (worker);
+CREATE TABLE {s}.holders (worker text PRIMARY KEY);
 CREATE TABLE {s}.delayed (
     seq      bigint   GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     queue    text     NOT NULL,
@@ -119,9 +115,22 @@ CREATE TABLE {s}.probes (
 );
 """
 
-#: Schema version -> the statements that turn it into the next one (none yet: version 1 is the
-#: first). ``hurtle db upgrade`` applies them in one transaction.
-UPGRADES: dict[int, str] = {}
+#: Schema version -> the statements that turn it into the next one. ``hurtle db upgrade`` applies
+#: them in one transaction.
+UPGRADES: dict[int, str] = {
+    # 1 -> 2: a row per worker that may hold messages (``holders``) instead of a row per batch
+    # with its ids (``claims``), which cost a claim an insert of an array of 1,000 ids
+    1: """
+CREATE TABLE {s}.holders (worker text PRIMARY KEY);
+INSERT INTO {s}.holders (worker) SELECT DISTINCT worker FROM {s}.claims;
+DROP TABLE {s}.claims;
+""",
+}
+
+
+def holder_key(schema: str, worker: str) -> str:
+    """The advisory lock key of a worker's claims (``Sql.SHARE_KEY``, ``Sql.LOCK_KEY``)."""
+    return f"{schema}\nholder\n{worker}"
 
 
 def check_schema_name(name: str, url: str) -> str:
@@ -185,6 +194,17 @@ class Sql:
         "SELECT * FROM unnest(%b::text[], %b::float8[], %b::int2[], %b::bytea[])) "
         "SELECT count(pg_notify(%s, p)) FROM unnest(%b::text[]) p"
     )
+    # the same when every ready row has one queue and one priority (a ``send_many``): those
+    # two go once, and only the bodies as an array
+    STORE_UNIFORM = (
+        "WITH q AS (INSERT INTO {s}.queues (name) SELECT DISTINCT unnest(%b::text[]) "
+        "ON CONFLICT DO NOTHING), "
+        "m AS (INSERT INTO {s}.messages (queue, priority, body) "
+        "SELECT %s::text, %s::int2, b FROM unnest(%b::bytea[]) b), "
+        "d AS (INSERT INTO {s}.delayed (queue, eta, priority, body) "
+        "SELECT * FROM unnest(%b::text[], %b::float8[], %b::int2[], %b::bytea[])) "
+        "SELECT count(pg_notify(%s, p)) FROM unnest(%b::text[]) p"
+    )
     INSERT = (
         "INSERT INTO {s}.messages (queue, priority, body) "
         "SELECT * FROM unnest(%b::text[], %b::int2[], %b::bytea[])"
@@ -208,12 +228,22 @@ class Sql:
         "INSERT INTO {s}.messages (queue, priority, body) "
         "SELECT queue, priority, body FROM due ORDER BY seq"
     )
+    # The claim's plan, pinned for the rest of its transaction: the ready rows are read in the
+    # order of the messages_ready index, and the held ones by their primary key. Statistics
+    # of a queue that was empty when last analyzed (a burst arrives faster than autovacuum's
+    # next visit) make the planner take a bitmap scan of the whole queue and sort it, for
+    # every batch: a claim then costs what the backlog weighs, not what the batch does.
+    PIN_CLAIM_PLAN = (
+        "SELECT set_config('enable_bitmapscan', 'off', true), "
+        "set_config('enable_seqscan', 'off', true)"
+    )
     # the claim of one queue: highest priority first, then oldest (the messages_ready index)
     _CLAIMED = (
-        "taken AS (UPDATE {s}.messages m SET worker = %s FROM picked WHERE m.id = picked.id "
+        "taken AS (UPDATE {s}.messages m SET worker = %s "
+        "WHERE m.id = ANY(ARRAY(SELECT id FROM picked)) "
         "RETURNING m.id, m.queue, m.priority, m.body), "
-        "claim AS (INSERT INTO {s}.claims (worker, ids) SELECT %s, array_agg(id) FROM taken "
-        "HAVING count(*) > 0) "
+        "holder AS (INSERT INTO {s}.holders (worker) SELECT %s WHERE EXISTS (SELECT FROM taken) "
+        "ON CONFLICT DO NOTHING) "
         "SELECT t.queue, t.id, t.body, (SELECT EXISTS (SELECT 1 FROM {s}.cancelled "
         "WHERE until > {now})) FROM taken t "
     )
@@ -253,17 +283,12 @@ class Sql:
         "FROM {s}.messages WHERE id = ANY(%s) AND worker = %s ORDER BY id) o WHERE m.id = o.id "
         "RETURNING m.queue"
     )
+    # what a worker holds, found by a scan (no index names ``worker``): at its close only
     REQUEUE_WORKER = (
         "UPDATE {s}.messages m SET worker = NULL, id = nextval('{s}.ids') FROM (SELECT id "
-        "FROM {s}.messages WHERE id IN (SELECT unnest(ids) FROM {s}.claims WHERE worker = %s) "
-        "AND worker = %s ORDER BY id) o WHERE m.id = o.id RETURNING m.queue"
+        "FROM {s}.messages WHERE worker = %s ORDER BY id) o WHERE m.id = o.id RETURNING m.queue"
     )
-    FORGET_CLAIMS = "DELETE FROM {s}.claims WHERE worker = %s"
-    # a worker's claims whose rows it no longer holds (settled, or taken back)
-    DROP_SETTLED_CLAIMS = (
-        "DELETE FROM {s}.claims c WHERE c.worker = %s AND NOT EXISTS (SELECT 1 FROM "
-        "{s}.messages m WHERE m.id = ANY(c.ids) AND m.worker = c.worker)"
-    )
+    FORGET_HOLDER = "DELETE FROM {s}.holders WHERE worker = %s"
     PUT_RESULTS = (
         "INSERT INTO {s}.results (id, expires, body) "
         "SELECT i, {now} + %s, b FROM unnest(%b::text[], %b::bytea[]) AS r(i, b) "
@@ -295,6 +320,10 @@ class Sql:
     )
     # -- limits --------------------------------------------------------------------------------
     LOCK_KEY = "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))"
+    # a claim holds its worker's key shared until it commits, and recovery takes it alone
+    # before it takes back that worker's rows and its holder row (``holder_key``): so recovery
+    # never drops the holder row of a worker whose claim it cannot see yet
+    SHARE_KEY = "SELECT pg_advisory_xact_lock_shared(hashtextextended(%s, 0))"
     SWEEP_UNIQUES = (
         "DELETE FROM {s}.uniques WHERE (queue, key) IN (SELECT queue, key FROM {s}.uniques "
         "WHERE expires <= {now} LIMIT 1000)"
