@@ -16,6 +16,7 @@ from chaos_support import RESULTS, TASK_NAMES, TASKS, TRIALS, Fleet
 from helpers import Project
 from postgres_server import (  # noqa: F401 - fixtures
     postgres_database,
+    postgres_private,
     postgres_server_url,
     postgres_url,
 )
