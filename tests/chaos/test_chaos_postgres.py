@@ -116,10 +116,19 @@ def test_postgres_stopped_at_once_under_load_loses_no_publish_that_returned(
         publisher.stop()
 
     sent = {str(i) for i in returned}
-    wait_until(
-        lambda: sent <= set(project.lines("done")) or any(w.poll() is not None for w in workers),
-        "the workers to run every publish that returned",
-    )
+    try:
+        wait_until(
+            lambda: (
+                sent <= set(project.lines("done")) or any(w.poll() is not None for w in workers)
+            ),
+            "the workers to run every publish that returned",
+        )
+    except AssertionError as err:  # say what was left, and where, for the next look
+        left = sorted(sent - set(project.lines("done")), key=int)
+        logs = "\n".join(project.output(w)[-3000:] for w in workers)
+        raise AssertionError(
+            f"{err}: {len(left)} not run {left[:20]}, {project.stats()}\n{logs}"
+        ) from None
     for w in workers:
         w.send_signal(signal.SIGTERM)
     codes = [fleet.wait(w) for w in workers]
