@@ -56,6 +56,36 @@ def test_the_schema_is_made_on_first_use_in_the_schema_the_url_names(postgres_ur
     assert row == (sql.SCHEMA_VERSION,)
 
 
+def test_processes_that_open_a_new_schema_at_once_make_it_once_and_all_open(
+    postgres_url: str,
+) -> None:
+    """Workers started together on a database without the schema: each opens its broker. One
+    makes the schema; those that waited for it on the lock see it made (the catalog lookups of
+    their transaction are not the ones from before the wait: they failed with ``relation "meta"
+    already exists``). Five new schemas, eight brokers at once on each."""
+    errors: list[Exception] = []
+
+    def open_one(url: str, start: threading.Barrier) -> None:
+        start.wait()
+        try:
+            make_broker(url).close()
+        except Exception as err:
+            errors.append(err)
+
+    for round_ in range(5):
+        url = f"{postgres_url}_{round_}"
+        start = threading.Barrier(8)
+        threads = [threading.Thread(target=open_one, args=(url, start)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        with psycopg.connect(url.partition("?")[0]) as conn:
+            rows = conn.execute(f'SELECT version FROM "{schema_of(url)}".meta').fetchall()  # type: ignore[arg-type]
+        assert rows == [(sql.SCHEMA_VERSION,)]
+
+
 def test_a_reader_does_not_make_the_schema_and_says_what_does(postgres_url: str) -> None:
     with pytest.raises(ConfigurationError, match=r"has no hurtle schema .* a worker or a send"):
         make_broker(postgres_url, create=False)

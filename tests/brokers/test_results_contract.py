@@ -68,6 +68,27 @@ def test_results_without_deliveries_are_stored_and_a_later_record_replaces_an_ea
     assert b.get_result("never-stored") is None
 
 
+def test_records_of_one_call_under_one_id_keep_the_later_and_store_the_rest(
+    make: MakeBroker,
+) -> None:
+    """Two records under one id in one call (the failures of two members of one chord that
+    went to dead letters in the same batch, both recorded under the chord's id): the later one
+    is kept, as if they came one call after the other, and the rest of the call is stored."""
+    a, b = make(), make()
+    c = a.consumer(["q"])
+    c.ack(
+        (),
+        [
+            StoredResult("m1", b"first", 60.0),
+            StoredResult("m2", b"other", 60.0),
+            StoredResult("m1", b"second", 60.0),
+        ],
+    )
+    assert (b.get_result("m1"), b.get_result("m2")) == (b"second", b"other")
+    c.ack((), StoredResults(["m3", "m4", "m3"], [b"first", b"other", b"second"], 60.0))
+    assert (b.get_result("m3"), b.get_result("m4")) == (b"second", b"other")
+
+
 def test_plain_acks_store_no_result(broker: Broker) -> None:
     m = msg()
     broker.publish([m])

@@ -232,6 +232,28 @@ def test_every_road_to_a_dead_letter_of_a_chord_member_ends_its_chord(broker_url
         app.close()
 
 
+def test_a_chord_whose_members_all_go_bad_in_one_batch_ends_with_one_of_their_failures(
+    broker_url: str,
+) -> None:
+    """Every member of a chord fails, reject or expires, all taken in one fetch: each records
+    the chord's failure under the chord's id, in the same write of the batch's records. The
+    chord's handle ends with one of them (the later replaces the earlier)."""
+    app = dead_app(broker_url)
+    boom, reject, total = (app.tasks[f"dead.{n}"] for n in ("boom", "reject", "total"))
+    stale = app.task(name="dead.stale", expires=0.001)(lambda x: x)
+    try:
+        h = chord([boom.s(1), reject.s(2), stale.s(3), boom.s(4)], total.s()).send()
+        time.sleep(0.01)  # the stale member's expiry (1 ms after its send) passes
+        drain(app)
+        with pytest.raises(TaskFailed) as info:
+            h.result(timeout=10)
+        assert info.value.type in ("ValueError", "Reject", "Expired"), info.value
+        stats = app.broker.stats([QUEUE])[QUEUE]
+        assert (stats.ready, stats.dead) == (0, 4)
+    finally:
+        app.close()
+
+
 def test_cancelled_and_expired_members_and_handles_end_their_workflows(broker_url: str) -> None:
     """A cancelled group member, chord handle and chain handle; an expired group member and
     chord member: every handle ends, with the state the member ended in."""

@@ -1,4 +1,5 @@
-"""Fixtures of the chaos tests: a project per trial on SQLite or Redis, and its fleet of workers.
+"""Fixtures of the chaos tests: a project per trial on SQLite, Redis or PostgreSQL (a schema of
+its own per trial), and its fleet of workers.
 
 At the end of a session that ran chaos trials, a table of their figures is printed (what
 docs/reliability.md records).
@@ -13,16 +14,26 @@ import pytest
 from chaos_support import RESULTS, TASK_NAMES, TASKS, TRIALS, Fleet
 
 from helpers import Project
+from postgres_server import (  # noqa: F401 - fixtures
+    postgres_database,
+    postgres_private,
+    postgres_server_url,
+    postgres_url,
+)
+
+#: The fixture that gives each broker's URL (SQLite: none, a file in the trial's directory).
+URL_FIXTURES = {"sqlite": None, "redis": "redis_url", "postgres": "postgres_url"}
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=list(URL_FIXTURES))
 def broker(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
 @pytest.fixture
 def project(broker: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Project]:
-    url = str(request.getfixturevalue("redis_url")) if broker == "redis" else None
+    fixture = URL_FIXTURES[broker]
+    url = None if fixture is None else str(request.getfixturevalue(fixture))
     p = Project(tmp_path, TASKS, TASK_NAMES, url)
     yield p
     p.app.close()

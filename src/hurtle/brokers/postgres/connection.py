@@ -267,11 +267,25 @@ def prepare_schema(conn: psycopg.Connection[Any], schema: str, url: str, *, crea
         )
 
 
+@contextmanager
+def _schema_lock(conn: psycopg.Connection[Any], schema: str) -> Iterator[None]:
+    """Hold the schema's advisory lock (``conn`` in autocommit mode) around a transaction that
+    begins once it is taken. Taken inside the transaction, the lock would leave it the catalog
+    lookups of before the wait: a schema made meanwhile by the process it waited for would
+    still look missing (to ``to_regclass``), and making it again would fail (``relation "meta"
+    already exists``); a transaction begun after the wait sees it."""
+    conn.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", (schema,))
+    try:
+        yield
+    finally:
+        with contextlib.suppress(psycopg.Error):  # a lost connection took the lock with it
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (schema,))
+
+
 def _create(conn: psycopg.Connection[Any], schema: str, url: str) -> int:
     """Make the schema at ``sql.SCHEMA_VERSION``, once however many processes try at once."""
     try:
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (schema,))
+        with _schema_lock(conn, schema), conn.transaction():
             version = schema_version(conn, schema)
             if version is not None:  # another process made it meanwhile
                 return version
@@ -303,8 +317,7 @@ def upgrade_schema(url: str) -> tuple[int | None, int]:
                 return None, _create(conn, schema, public)
             if before > sql.SCHEMA_VERSION:
                 prepare_schema(conn, schema, public, create=False)  # says what to do
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (schema,))
+            with _schema_lock(conn, schema), conn.transaction():
                 version = schema_version(conn, schema) or before
                 while version < sql.SCHEMA_VERSION:
                     for statement in upgrade(schema, version):

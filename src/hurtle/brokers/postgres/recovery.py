@@ -229,12 +229,23 @@ class _Recovery(_Connection):
         sql = self._sql
         cur.execute(sql.EXPIRE_RESULTS)
         if isinstance(records, StoredResults):
-            ids = records.ids
-            cur.execute(sql.PUT_RESULTS, (records.ttl, ids, records.payloads))
+            ids, bodies = _last_of_each(records.ids, records.payloads)
+            cur.execute(sql.PUT_RESULTS, (records.ttl, ids, bodies))
         else:
-            ids = [r.id for r in records]
+            ids, rows = _last_of_each([r.id for r in records], records)
             cur.execute(
-                sql.PUT_RESULTS_TTL,
-                (ids, [float(r.ttl) for r in records], [r.payload for r in records]),
+                sql.PUT_RESULTS_TTL, (ids, [float(r.ttl) for r in rows], [r.payload for r in rows])
             )
         cur.execute(sql.NOTIFY_MANY, (sql.results_channel, payloads(ids)))
+
+
+def _last_of_each(ids: list[str], rows: Sequence[Any]) -> tuple[list[str], Sequence[Any]]:
+    """``ids`` and their ``rows`` with only the last row of each id: one ``INSERT ... ON
+    CONFLICT DO UPDATE`` may not touch a row twice, and a later record under an id replaces an
+    earlier one (two members of one chord dead-lettered in one batch record the chord's failure
+    twice)."""
+    last = {id_: n for n, id_ in enumerate(ids)}
+    if len(last) == len(ids):
+        return ids, rows
+    kept = sorted(last.values())
+    return [ids[n] for n in kept], [rows[n] for n in kept]
