@@ -109,10 +109,15 @@ class Hurtle:
     def _builtin_middleware(self) -> list[Middleware]:
         """The built-in middleware switched on by this app's tasks and settings. Retries decides
         every failed call's outcome, so it is always in use (it costs nothing until a call
-        fails). Results, limits and unique locks are made afresh on each call (they keep their
-        worker's parts) and only when some task uses them, so that other tasks stay inline."""
+        fails). Debounce, results, limits and unique locks are made afresh on each call (they
+        keep their worker's parts) and only when some task uses them, so that other tasks stay
+        inline."""
         builtin: list[Middleware] = [self._retries]
         tasks = self.tasks.values()
+        if any(t.debounce is not None for t in tasks):  # first: a call replaced takes no limit
+            from .middleware.debounce import DebounceMiddleware
+
+            builtin.append(DebounceMiddleware())
         if self.settings.store_results or any(t.store_result for t in tasks):
             from .middleware.results import Results
 
@@ -205,6 +210,8 @@ class Hurtle:
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
         encrypt: bool | None = None,
+        debounce: float | None = None,
+        debounce_key: KeyFunction | str | None = None,
         **celery: Unpack[CeleryTaskOptions],
     ) -> Callable[[Callable[P, R]], Task[P, R]]: ...
 
@@ -230,6 +237,8 @@ class Hurtle:
         unique_key: KeyFunction | None = None,
         expires: float | None = None,
         encrypt: bool | None = None,
+        debounce: float | None = None,
+        debounce_key: KeyFunction | str | None = None,
         **celery: Any,
     ) -> Any:
         """Register a function as a task: ``@app.task`` or ``@app.task(retries=3, ...)``.
@@ -240,6 +249,11 @@ class Hurtle:
         Limits and uniqueness (``hurtle.limits``): ``rate_limit="50/s"`` (``/m``, ``/h``),
         ``rate_limit_key=``, ``concurrency_limit=N``, ``concurrency_key=``, ``unique_for=``
         seconds, ``unique_key=``; each key option is a callable of the task's arguments.
+
+        ``debounce=`` seconds (``hurtle.debounce``): of the calls of one key sent within that
+        many seconds of each other, only the last runs, ``debounce`` seconds after it was
+        sent; ``debounce_key=`` is the name of a parameter whose value is the key, or a
+        callable of the task's arguments returning it (without one, every call shares a key).
 
         ``expires=`` seconds: a message not started that long after its send is not run; it
         becomes a dead letter with the reason ``expired`` (its handle's state: ``expired``).
@@ -274,6 +288,8 @@ class Hurtle:
                 unique_key=unique_key,
                 expires=expires,
                 encrypt=encrypt,
+                debounce=debounce,
+                debounce_key=debounce_key,
             )
             options = celery_task(task_name, celery, given) if celery else given
             if task_name in self.tasks and self.tasks[task_name].fn is not func:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 import msgspec
 
-from .errors import ConfigurationError, ResultError, ResultTimeout, TaskFailed
+from .errors import ConfigurationError, ResultError, ResultTimeout, Superseded, TaskFailed
 from .progress import Progress, decode_progress
 from .records import (
     CANCELLED,
@@ -58,6 +58,7 @@ from .records import (
     PENDING,
     RUNNING,
     SUCCEEDED,
+    SUPERSEDED,
     Record,
     decode,
 )
@@ -87,6 +88,7 @@ CELERY_STATES = {
     DEAD: "FAILURE",
     EXPIRED: "REVOKED",
     CANCELLED: "REVOKED",
+    SUPERSEDED: "REVOKED",
 }
 
 
@@ -308,6 +310,8 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
         if record.state == SUCCEEDED:
             return self._value(record)
         name = self._name() or "?"
+        if record.state == SUPERSEDED:
+            raise Superseded(self.id, name, record.error_message, str(record.value))
         raise TaskFailed(self.id, name, record.error_type, record.error_message, record.traceback)
 
     def _value(self, record: Record) -> R:

@@ -90,6 +90,11 @@ message id for its ttl, in one call for a worker's whole interval of reports;
 ``Broker.get_progress`` reads several in one call. They live apart from result records: a
 report never replaces a result, nor a result a report.
 
+Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``):
+``Broker.put_latest`` records the latest message id of debounce keys for a ttl, in one call per
+published batch; ``Broker.get_latest`` reads several in one call, once per fetched batch that
+holds debounced messages. Both are written once, here, over the progress store.
+
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
 
@@ -229,6 +234,20 @@ class Broker(abc.ABC):
         """The progress report last stored for each of ``ids`` (None where there is none or
         it expired), in one call."""
         raise NotImplementedError(f"{type(self).__name__} does not store progress reports")
+
+    def put_latest(self, latest: Sequence[tuple[str, str]], ttl: float) -> None:
+        """Record, for each ``(name, message id)``, that id as the latest message of ``name``
+        (a debounce key: ``hurtle.debounce.latest_name``) for ``ttl`` seconds, in one step: a
+        later record of a name replaces the earlier one (the last writer wins).
+
+        Kept in the progress store under the name, which message ids never collide with: a
+        broker whose progress store works has this too."""
+        self.put_progress([StoredResult(name, id_.encode(), ttl) for name, id_ in latest])
+
+    def get_latest(self, names: Sequence[str]) -> list[str | None]:
+        """The message id last recorded for each of ``names`` (None where there is none or it
+        expired), in one call."""
+        return [None if f is None else bytes(f).decode() for f in self.get_progress(names)]
 
     def pause(self, queue: str) -> None:
         """Stop every worker from fetching ``queue`` until ``resume``; what it holds finishes."""

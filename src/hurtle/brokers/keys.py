@@ -33,6 +33,8 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:progress:{BUCKET}      HASH    message id -> its latest progress report's expiry (13
                                           digits, ms) then the report (msgpack); BUCKET as for
                                           results; the hash expires with its latest report
+    hurtle:latest:debounce:q:K    STRING  the id of the latest message of debounce key K of q,
+                                          expiring with the record (``latest_key``)
     hurtle:dead:index             HASH    message id -> q \x1f id of its latest dead letter
     hurtle:{q}:ready:P            LIST    raw messages of priority P; head = next to run
     hurtle:{q}:delayed            ZSET    "P:SEQ:" .. raw, scored by eta (Unix seconds)
@@ -95,6 +97,14 @@ CANCELLED = f"{PREFIX}:cancelled"
 #: The prefix of the hashes of running tasks' progress reports, bucketed by id as results are
 #: (``progress_key``).
 PROGRESS = f"{PREFIX}:progress:"
+#: The prefix of the keys of debounce keys' latest message ids (``latest_key``).
+LATEST = f"{PREFIX}:latest:"
+
+
+def latest_key(name: str) -> str:
+    """The key holding the latest message id of the debounce key ``name``
+    (``hurtle.debounce.latest_name``): a STRING of its own, so that it expires on its own."""
+    return LATEST + name
 
 
 #: Results are kept in hashes, one per run of ids that differ only in their last

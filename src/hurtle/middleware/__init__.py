@@ -166,7 +166,9 @@ class Middleware:
         """Called with the decoded jobs of a fetched batch whose task this middleware applies to,
         before any of them runs. Mark a job ``job.defer(delay, reason)`` to put it back in its
         queue after ``delay`` seconds without running it and without spending an attempt
-        (throttled by a rate or concurrency limit); ``job.deferred`` tells whether it is."""
+        (throttled by a rate or concurrency limit); ``job.deferred`` tells whether it is. Mark
+        it ``job.supersede(by)`` to settle it without running it (a debounced call replaced by
+        the later call ``by``)."""
 
     def admit(self, counts: dict[Task[Any, Any], int]) -> dict[str, tuple[int, float, float, str]]:
         """``before_batch`` for a middleware that decides from how many messages of each task
@@ -327,7 +329,11 @@ class Job(msgspec.Struct, eq=False):
     stored: StoredResult | None = None
     #: The workflow header (``hurtle.flow.Flow``) of a chain link or chord member.
     flow: Any = None
-    #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
+    #: The id of the later call of its debounce key that replaced this one (``supersede``),
+    #: else "".
+    superseded: str = ""
+    #: Jobs set aside so far in this process, deferred or superseded: a batch whose count did
+    #: not move set none aside.
     deferrals: ClassVar[int] = 0
 
     def defer(self, delay: float, reason: str = "") -> None:
@@ -336,6 +342,13 @@ class Job(msgspec.Struct, eq=False):
         self.deferred = True
         self.defer_delay = max(float(delay), 0.0)
         self.defer_reason = reason
+        Job.deferrals += 1
+
+    def supersede(self, by: str) -> None:
+        """Settle the message without running it: the later call ``by`` of its debounce key
+        replaced it (from ``before_batch``; ``middleware.debounce``). It is acknowledged, its
+        unique lock released, and a task that keeps results stores a ``superseded`` record."""
+        self.superseded = by
         Job.deferrals += 1
 
     def call(self) -> Any:

@@ -115,11 +115,16 @@ class BatchPath(NotRun):
             for m in pipeline.grouped:
                 groups.setdefault(m, []).extend(jobs)
         self._before_batch(groups)
-        if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
-            kept = [i for i, it in enumerate(items) if not (type(it) is Job and it.deferred)]
+        if Job.deferrals != deferrals:  # some jobs were set aside: they do not run
+            kept = [i for i, it in enumerate(items) if not _set_aside(it)]
+            superseded: list[Job] = []
             for it in items:
                 if type(it) is Job and it.deferred:
                     self._defer(it)  # not counted: it comes back to run later
+                elif type(it) is Job and it.superseded:
+                    superseded.append(it)
+            if superseded:
+                self.superseded(superseded)
             runnable = [runnable[i] for i in kept]
             items = [items[i] for i in kept]
         try:
@@ -409,6 +414,11 @@ class BatchPath(NotRun):
 
 def _deferred(item: Message | Job) -> bool:
     return type(item) is Job and item.deferred
+
+
+def _set_aside(item: Message | Job) -> bool:
+    """True for a job deferred or superseded by ``before_batch``: it does not run now."""
+    return type(item) is Job and (item.deferred or bool(item.superseded))
 
 
 def _after_calls_one_by_one(m: Middleware, calls: Calls, err: Exception) -> None:

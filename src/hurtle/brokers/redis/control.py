@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..common import check_cancel_ttl, check_queue_name
-from ..keys import CANCELLED, QUEUES, progress_key, queue_keys
+from ..keys import CANCELLED, QUEUES, latest_key, progress_key, queue_keys
 from ..records import QueueStats, StoredResult
 from .scripts import _ScriptRunner, _Scripts
 
@@ -56,6 +56,26 @@ class _Control(_ScriptRunner):
         )
         now_ms = int(time.time() * 1000)
         return [bytes(f[13:]) if f is not None and int(f[:13]) > now_ms else None for f in found]
+
+    def put_latest(self, latest: Sequence[tuple[str, str]], ttl: float) -> None:
+        """One ``SET ... PX`` per debounce key, in one pipeline (a round trip per node of a
+        cluster): a key of its own for each, so that each expires on its own."""
+        if not latest:
+            return
+        ttl_ms = max(int(ttl * 1000), 1)
+        self._pipeline_raw(
+            [(("SET", latest_key(name), id_, "PX", ttl_ms), None) for name, id_ in latest],
+            f"recording the latest calls of {len(latest)} debounce keys",
+        )
+
+    def get_latest(self, names: Sequence[str]) -> list[str | None]:
+        if not names:
+            return []
+        found = self._pipeline(
+            [(("GET", latest_key(n)), None) for n in names],
+            f"reading the latest calls of {len(names)} debounce keys",
+        )
+        return [None if f is None else bytes(f).decode() for f in found]
 
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then
