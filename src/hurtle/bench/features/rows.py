@@ -17,6 +17,8 @@ from ..harness.scenario import Scenario, hurtle_worker, publisher
 #: A rate that never binds at bench speed, and a uniqueness window longer than any run.
 _RATE = "10000000/s"
 _UNIQUE = 3600
+#: A debounce window shorter than the publish of a row: its calls are due when the worker starts.
+_DEBOUNCE = 0.001
 #: The key of the ``encrypt`` row, new for each run.
 _KEY = base64.urlsafe_b64encode(os.urandom(32)).decode("ascii")
 
@@ -74,6 +76,10 @@ ROWS = [
     Feature("rate_limit", {"rate_limit": _RATE}),
     Feature("unique_for", {"unique_for": _UNIQUE}),
     Feature("time_limit", {"time_limit": 10}),
+    # each call its own key (``add(i, 6)`` keyed by ``x``), so none is superseded: what a
+    # debounced call costs, its latest record written per batch sent and read per batch fetched;
+    # a window short enough that every call is due by the time the worker starts
+    Feature("debounce", {"debounce": _DEBOUNCE, "debounce_key": "x"}),
     # arguments opened in the worker, one AES-GCM per message
     Feature("encrypt", {"encrypt": True}, settings={"encryption_keys": [_KEY]}),
     Feature(
