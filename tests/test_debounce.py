@@ -107,3 +107,21 @@ def test_a_sealed_task_keys_its_calls_without_telling_the_arguments() -> None:
 
 def test_latest_names_are_per_queue() -> None:
     assert latest_name("a", "t:k") != latest_name("b", "t:k")
+
+
+@pytest.mark.parametrize("pool", ["solo", "threads", "asyncio"])
+def test_every_pool_runs_only_the_last_call_of_a_key(pool: str) -> None:
+    # the solo pool reads the keys in columns (``superseded``), the others may meet a job on
+    # its own (``before_batch``): the same outcome
+    a = Hurtle("memory://")
+    ran: list[int] = []
+
+    @a.task(name="t.touch", debounce=0.2, debounce_key="key", store_result=True)
+    def touch(key: str, n: int) -> int:
+        ran.append(n)
+        return n
+
+    handles = [touch.send("k", n) for n in range(4)]
+    a.worker(pool=pool, burst=True).run()
+    assert ran == [3]
+    assert [h.state() for h in handles] == ["superseded"] * 3 + ["succeeded"]

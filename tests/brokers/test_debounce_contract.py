@@ -12,7 +12,6 @@ import pytest
 
 from hurtle import Hurtle, Superseded
 from hurtle.brokers import Broker
-from hurtle.debounce import latest_name
 from hurtle.ids import new_id
 
 MakeBroker = Callable[..., Broker]
@@ -26,31 +25,37 @@ WINDOW = 1.0
 
 def test_the_latest_id_of_each_key_is_read_by_every_client(make: MakeBroker) -> None:
     a, b = make(), make()
-    x, y, none = latest_name("q", "t:x"), latest_name("q", "t:y"), latest_name("q", "t:none")
+    x, y, none, elsewhere = ("q", "t:x"), ("q", "t:y"), ("q", "t:none"), ("other", "t:x")
     first, second, other = new_id(), new_id(), new_id()
     assert b.get_latest([x, y]) == [None, None]
-    a.put_latest([(x, first), (y, other)], 60)
-    b.put_latest([(x, second)], 60)  # another publisher, later: the last writer wins
-    assert a.get_latest([x, none, y]) == [second, None, other]
+    a.put_latest([(*x, first), (*y, other)], 60)
+    b.put_latest([(*x, second)], 60)  # another publisher, later: the last writer wins
+    assert a.get_latest([x, none, y, elsewhere]) == [second, None, other, None]
     assert b.get_latest([]) == []
     a.put_latest([], 60)  # nothing to record: no error
 
 
+def test_keys_of_several_queues_are_recorded_and_read_in_one_call(broker: Broker) -> None:
+    ids = {(f"q{n % 3}", f"t:{n}"): new_id() for n in range(30)}
+    broker.put_latest([(q, k, i) for (q, k), i in ids.items()], 60)
+    wanted = [*ids, ("q0", "t:missing")]
+    assert broker.get_latest(wanted) == [*ids.values(), None]
+
+
 def test_a_latest_record_is_gone_once_its_ttl_passed(broker: Broker) -> None:
-    short, kept = latest_name("q", "t:short"), latest_name("q", "t:kept")
-    broker.put_latest([(short, new_id()), (kept, "kept-id")], 60)
-    broker.put_latest([(short, new_id())], 0.2)
+    short, kept = ("q", "t:short"), ("q", "t:kept")
+    broker.put_latest([(*short, new_id()), (*kept, "kept-id")], 60)
+    broker.put_latest([(*short, new_id())], 0.2)
     time.sleep(0.5)
     assert broker.get_latest([short, kept]) == [None, "kept-id"]
 
 
 def test_latest_records_are_kept_apart_from_progress_and_results(broker: Broker) -> None:
     id_ = new_id()
-    name = latest_name("q", id_)  # a key that happens to be a message id
-    broker.put_latest([(name, "the-latest")], 60)
+    broker.put_latest([("q", id_, "the-latest")], 60)  # a key that happens to be a message id
     assert broker.get_progress([id_]) == [None]
     assert broker.get_result(id_) is None
-    assert broker.get_latest([name]) == ["the-latest"]
+    assert broker.get_latest([("q", id_)]) == ["the-latest"]
 
 
 # -- on a worker -------------------------------------------------------------------------------

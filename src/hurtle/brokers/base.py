@@ -108,6 +108,7 @@ from typing import TypedDict
 
 import msgspec
 
+from ..debounce import latest_name
 from ..errors import ConfigurationError
 from ..message import Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL
@@ -235,19 +236,22 @@ class Broker(abc.ABC):
         it expired), in one call."""
         raise NotImplementedError(f"{type(self).__name__} does not store progress reports")
 
-    def put_latest(self, latest: Sequence[tuple[str, str]], ttl: float) -> None:
-        """Record, for each ``(name, message id)``, that id as the latest message of ``name``
-        (a debounce key: ``hurtle.debounce.latest_name``) for ``ttl`` seconds, in one step: a
-        later record of a name replaces the earlier one (the last writer wins).
+    def put_latest(self, latest: Sequence[tuple[str, str, str]], ttl: float) -> None:
+        """Record, for each ``(queue, key, message id)``, that id as the latest call of the
+        debounce ``key`` sent to ``queue``, for ``ttl`` seconds, in one step: a later record of
+        a key replaces the earlier one (the last writer wins).
 
-        Kept in the progress store under the name, which message ids never collide with: a
-        broker whose progress store works has this too."""
-        self.put_progress([StoredResult(name, id_.encode(), ttl) for name, id_ in latest])
+        Kept in the progress store under ``debounce.latest_name`` (which message ids never
+        collide with): a broker whose progress store works has this too."""
+        self.put_progress(
+            [StoredResult(latest_name(q, key), id_.encode(), ttl) for q, key, id_ in latest]
+        )
 
-    def get_latest(self, names: Sequence[str]) -> list[str | None]:
-        """The message id last recorded for each of ``names`` (None where there is none or it
-        expired), in one call."""
-        return [None if f is None else bytes(f).decode() for f in self.get_progress(names)]
+    def get_latest(self, keys: Sequence[tuple[str, str]]) -> list[str | None]:
+        """The message id last recorded for each ``(queue, key)`` (None where there is none or
+        it expired), in one call."""
+        found = self.get_progress([latest_name(q, key) for q, key in keys])
+        return [None if f is None else bytes(f).decode() for f in found]
 
     def pause(self, queue: str) -> None:
         """Stop every worker from fetching ``queue`` until ``resume``; what it holds finishes."""

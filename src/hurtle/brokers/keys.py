@@ -33,8 +33,6 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:progress:{BUCKET}      HASH    message id -> its latest progress report's expiry (13
                                           digits, ms) then the report (msgpack); BUCKET as for
                                           results; the hash expires with its latest report
-    hurtle:latest:debounce:q:K    STRING  the id of the latest message of debounce key K of q,
-                                          expiring with the record (``latest_key``)
     hurtle:dead:index             HASH    message id -> q \x1f id of its latest dead letter
     hurtle:{q}:ready:P            LIST    raw messages of priority P; head = next to run
     hurtle:{q}:delayed            ZSET    "P:SEQ:" .. raw, scored by eta (Unix seconds)
@@ -58,6 +56,8 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
                                           END (server seconds)
     hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
+    hurtle:{q}:latest:K           STRING  the id of the latest call of debounce key K sent to q,
+                                          expiring on its own (``latest_put.lua``)
     hurtle:{q}:paused             STRING  present while q is paused: fetches take nothing from q
     hurtle:{q}:cancels            STRING  present while some cancellation may be live (its value:
                                           the latest end of one, in ms; it expires then)
@@ -97,14 +97,6 @@ CANCELLED = f"{PREFIX}:cancelled"
 #: The prefix of the hashes of running tasks' progress reports, bucketed by id as results are
 #: (``progress_key``).
 PROGRESS = f"{PREFIX}:progress:"
-#: The prefix of the keys of debounce keys' latest message ids (``latest_key``).
-LATEST = f"{PREFIX}:latest:"
-
-
-def latest_key(name: str) -> str:
-    """The key holding the latest message id of the debounce key ``name``
-    (``hurtle.debounce.latest_name``): a STRING of its own, so that it expires on its own."""
-    return LATEST + name
 
 
 #: Results are kept in hashes, one per run of ids that differ only in their last
@@ -149,6 +141,7 @@ class QueueKeys:
         "deaths",
         "delayed",
         "inflight_prefix",
+        "latest_prefix",
         "name",
         "paused",
         "probe",
@@ -184,6 +177,11 @@ class QueueKeys:
         self.cancels = f"{base}cancels"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
+        self.latest_prefix = f"{base}latest:"
+
+    def latest(self, key: str) -> str:
+        """The record of the latest call of the debounce key ``key`` sent to this queue."""
+        return f"{self.latest_prefix}{key}"
 
     def inflight(self, worker_id: str) -> str:
         """The index of the batches ``worker_id`` holds from this queue."""

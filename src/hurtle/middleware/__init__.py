@@ -181,6 +181,16 @@ class Middleware:
         it serves a job met outside a batch."""
         return {}
 
+    def superseded(self, messages: list[Message]) -> dict[int, str]:
+        """``before_batch`` for a middleware that settles calls replaced by later ones
+        (``debounce``) and decides from the messages alone: the processor's batch path calls
+        this instead, with no ``Job`` made per message, once per batch with the messages of the
+        tasks this middleware applies to. Return, by index into ``messages``, the id of the
+        later call that replaced each superseded one: those are settled without running
+        (``job.supersede``). ``before_batch`` must still be defined: it serves a job met
+        outside a batch."""
+        return {}
+
     def before_process(self, job: Job) -> None:
         """Just before the call; raising Retry/Reject skips it (as today)."""
 
@@ -254,6 +264,7 @@ class Pipeline:
         "inline",
         "middleware",
         "per_call",
+        "screens",
         "task",
     )
 
@@ -284,11 +295,15 @@ class Pipeline:
         #: The ``before_batch`` middleware that decide from counts (``admit``): in a batch they
         #: need no ``Job`` per message.
         self.admits = [m for m in self.before_batch if overrides(m, "admit")]
+        #: The ``before_batch`` middleware that decide from the messages (``superseded``): in a
+        #: batch they need no ``Job`` per message either.
+        self.screens = [m for m in self.before_batch if overrides(m, "superseded")]
         #: The middleware a batch shows its jobs of this task to (``before/after_batch``).
         self.grouped = [
             m
             for m in used
-            if (m in self.before_batch and m not in self.admits) or m in self.after_batch
+            if (m in self.before_batch and m not in self.admits and m not in self.screens)
+            or m in self.after_batch
         ]
         #: False when only batch hooks (and ``after_calls``, and ``after_outcome`` beside it)
         #: apply: the batch path then calls the task inline too.

@@ -2,21 +2,24 @@
 
 A debounced call is published due ``debounce`` seconds after its send and recorded as the
 latest of its key (``hurtle.debounce``, ``sending.publish_latest``). Before a fetched batch
-runs (``before_batch``), the latest ids of the keys its debounced messages name are read in one
-``Broker.get_latest`` call; a message that is not the latest of its key was replaced by a later
-call and is settled without running (``Job.supersede``: acknowledged, its unique lock released,
-a ``superseded`` record for a task that keeps results). A key with no record (it expired, or
-the send that published the message failed before recording it) runs its message.
+runs (``superseded``: read in columns, no ``Job`` per message), the latest ids of the keys its
+debounced messages name are read in one ``Broker.get_latest`` call; a message that is not the
+latest of its key was replaced by a later call and is settled without running
+(``Job.supersede``: acknowledged, its unique lock released, a ``superseded`` record for a task
+that keeps results). A key with no record (it expired, or the send that published the message
+failed before recording it) runs its message.
 
 Only tasks registered with ``debounce=`` get this middleware: a batch without their messages
-makes no call, and their calls cost a ``Job`` each and a share of one read per batch.
+makes no call, and their calls cost a look at their headers and a share of one read per batch
+(a ``Job`` only for a call superseded, or met outside a batch: ``before_batch``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..debounce import DEBOUNCE, latest_name
+from ..debounce import DEBOUNCE
+from ..message import Message
 from . import Job, Middleware, WorkerParts
 
 if TYPE_CHECKING:
@@ -36,19 +39,28 @@ class DebounceMiddleware(Middleware):
     def worker_start(self, worker: WorkerParts) -> None:
         self._broker = worker.app.broker
 
-    def before_batch(self, jobs: list[Job]) -> None:
-        keyed: list[tuple[Job, str]] = []
-        for job in jobs:
-            headers = job.message.headers
-            key = headers.get(DEBOUNCE) if headers else None
-            if isinstance(key, str) and not job.deferred:
-                keyed.append((job, latest_name(job.message.queue, key)))
-        if not keyed:
-            return
-        names = list(dict.fromkeys(name for _, name in keyed))
+    def superseded(self, messages: list[Message]) -> dict[int, str]:
+        """The batch path's check, in columns: no ``Job`` per message."""
+        at: list[int] = []
+        keys: list[tuple[str, str]] = []  # per debounced message (a key twice is read twice)
+        for i, message in enumerate(messages):
+            headers = message.headers
+            if headers:
+                key = headers.get(DEBOUNCE)
+                if type(key) is str:
+                    at.append(i)
+                    keys.append((message.queue, key))
+        if not keys:
+            return {}
         assert self._broker is not None, "worker_start first"
-        latest = dict(zip(names, self._broker.get_latest(names), strict=True))
-        for job, name in keyed:
-            by = latest[name]
-            if by is not None and by != job.message.id:
-                job.supersede(by)
+        return {
+            i: by
+            for i, by in zip(at, self._broker.get_latest(keys), strict=True)
+            if by is not None and by != messages[i].id
+        }
+
+    def before_batch(self, jobs: list[Job]) -> None:
+        """A job met outside a batch (``superseded`` serves batches)."""
+        live = [job for job in jobs if not job.deferred]
+        for i, by in self.superseded([job.message for job in live]).items():
+            live[i].supersede(by)

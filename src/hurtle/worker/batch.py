@@ -67,6 +67,7 @@ class BatchPath(NotRun):
         items: list[Message | Job] = []  # per runnable delivery: a Message or a Job
         batched: list[Job] = []  # the jobs whose middleware have batch hooks
         counted: dict[Pipeline, list[int]] = {}  # tasks with ``admit``: where their items are
+        screened: dict[Pipeline, list[int]] = {}  # tasks with ``superseded``: likewise
         pipelines = self._pipelines
         decode = decode_unchecked
         late: list[tuple[Delivery, str]] = []
@@ -74,6 +75,7 @@ class BatchPath(NotRun):
         run_task = ""
         pipeline: Pipeline | None = None
         where: list[int] | None = None  # where the run's items are, when ``admit`` counts them
+        seen: list[int] | None = None  # where they are, when ``superseded`` reads them
         plain = False  # the run's messages go as they are (no ``Job``) unless a workflow's
         for delivery in deliveries:
             try:
@@ -93,9 +95,12 @@ class BatchPath(NotRun):
                 run_task = message.task
                 # counted: ``admit`` decides by task, on counts
                 where = counted.setdefault(pipeline, []) if pipeline.admits else None
+                seen = screened.setdefault(pipeline, []) if pipeline.screens else None
                 plain = pipeline.inline or not (pipeline.grouped or pipeline.per_call)
             if where is not None:
                 where.append(len(items))
+            if seen is not None:
+                seen.append(len(items))
             if plain and not (message.headers and off_path(pipeline.task, message.headers)):
                 items.append(message)
             else:
@@ -107,6 +112,8 @@ class BatchPath(NotRun):
         if late:
             self.acker.dead_letter_many(late)
         deferrals = Job.deferrals
+        if screened:
+            self._screen(screened, runnable, items)
         if counted:
             self._admit(counted, runnable, items)
         groups: dict[Middleware, list[Job]] = {}
@@ -169,6 +176,52 @@ class BatchPath(NotRun):
                     )
                     job.defer(wait + i * step, reason)
                     items[at] = job
+
+    def _screen(
+        self,
+        screened: dict[Pipeline, list[int]],
+        runnable: list[Delivery],
+        items: list[Message | Job],
+    ) -> None:
+        """Show each ``superseded`` middleware the messages of its tasks, once for the batch,
+        and mark the calls it says were replaced (a ``Job`` made for those only); when it
+        fails, its messages go back to their queue for a while, as with ``before_batch``."""
+        by_middleware: dict[Middleware, list[int]] = {}
+        for pipeline, where in screened.items():
+            for m in pipeline.screens:
+                by_middleware.setdefault(m, []).extend(where)
+        for m, where in by_middleware.items():
+            messages = [_message_of(items[at]) for at in where]
+            try:
+                verdicts = m.superseded(messages)
+            except Exception as err:  # (the broker is unreachable...) run none of them now
+                log.error(
+                    "middleware %s failed in superseded: %s; its %d jobs go back to their "
+                    "queue for %gs",
+                    safe_repr(m),
+                    describe(err),
+                    len(where),
+                    BEFORE_BATCH_PAUSE,
+                )
+                for at in where:
+                    job = self._job_at(items, runnable, at)
+                    if not (job.deferred or job.superseded):
+                        job.defer(BEFORE_BATCH_PAUSE, "superseded failed")
+                continue
+            for i, by in verdicts.items():
+                job = self._job_at(items, runnable, where[i])
+                if not (job.deferred or job.superseded):
+                    job.supersede(by)
+
+    def _job_at(self, items: list[Message | Job], runnable: list[Delivery], at: int) -> Job:
+        """The ``Job`` of item ``at``, made (and put in its place) if it is a plain message."""
+        item = items[at]
+        if type(item) is Job:
+            return item
+        message: Message = item  # type: ignore[assignment]
+        pipeline = self._pipelines[message.task]
+        job = items[at] = Job(runnable[at], message, pipeline.task, pipeline, batch=True)
+        return job
 
     def _run_items(
         self, runnable: list[Delivery], items: list[Message | Job], state: BatchState
@@ -410,6 +463,10 @@ class BatchPath(NotRun):
                 m.after_batch(settled)
             except Exception as err:
                 log.error("middleware %s failed in after_batch: %s", safe_repr(m), describe(err))
+
+
+def _message_of(item: Message | Job) -> Message:
+    return item.message if type(item) is Job else item  # type: ignore[return-value]
 
 
 def _deferred(item: Message | Job) -> bool:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..common import check_cancel_ttl, check_queue_name
-from ..keys import CANCELLED, QUEUES, latest_key, progress_key, queue_keys
+from ..keys import CANCELLED, QUEUES, progress_key, queue_keys
 from ..records import QueueStats, StoredResult
 from .scripts import _ScriptRunner, _Scripts
 
@@ -57,25 +57,46 @@ class _Control(_ScriptRunner):
         now_ms = int(time.time() * 1000)
         return [bytes(f[13:]) if f is not None and int(f[:13]) > now_ms else None for f in found]
 
-    def put_latest(self, latest: Sequence[tuple[str, str]], ttl: float) -> None:
-        """One ``SET ... PX`` per debounce key, in one pipeline (a round trip per node of a
-        cluster): a key of its own for each, so that each expires on its own."""
+    def put_latest(self, latest: Sequence[tuple[str, str, str]], ttl: float) -> None:
+        """One ``latest_put.lua`` per queue (its keys share the queue's hash tag), all in one
+        pipeline: a key of its own for each debounce key, so that each expires on its own."""
         if not latest:
             return
+        by_queue: dict[str, tuple[list[str], list[str]]] = {}
+        for queue, key, id_ in latest:
+            keys, ids = by_queue.setdefault(queue, ([], []))
+            keys.append(queue_keys(queue).latest(key))
+            ids.append(id_)
         ttl_ms = max(int(ttl * 1000), 1)
+        script = self._scripts.latest_put
         self._pipeline_raw(
-            [(("SET", latest_key(name), id_, "PX", ttl_ms), None) for name, id_ in latest],
+            [self._call(script, keys, (ttl_ms, *ids)) for keys, ids in by_queue.values()],
             f"recording the latest calls of {len(latest)} debounce keys",
         )
 
-    def get_latest(self, names: Sequence[str]) -> list[str | None]:
-        if not names:
+    def get_latest(self, keys: Sequence[tuple[str, str]]) -> list[str | None]:
+        """One ``MGET`` per queue (its keys share the queue's hash tag), in one pipeline."""
+        if not keys:
             return []
-        found = self._pipeline(
-            [(("GET", latest_key(n)), None) for n in names],
-            f"reading the latest calls of {len(names)} debounce keys",
-        )
-        return [None if f is None else bytes(f).decode() for f in found]
+        doing = f"reading the latest calls of {len(keys)} debounce keys"
+        queues = {q for q, _ in keys}
+        if len(queues) == 1:  # the usual batch: one queue
+            prefix = queue_keys(keys[0][0]).latest_prefix
+            [values] = self._pipeline_raw([(("MGET", *[prefix + k for _, k in keys]), None)], doing)
+            return [None if v is None else v.decode() for v in values]
+        by_queue: dict[str, list[int]] = {}
+        for i, (queue, _) in enumerate(keys):
+            by_queue.setdefault(queue, []).append(i)
+        commands: list[Any] = []
+        for queue, at in by_queue.items():
+            prefix = queue_keys(queue).latest_prefix
+            commands.append((("MGET", *[prefix + keys[i][1] for i in at]), None))
+        found: list[str | None] = [None] * len(keys)
+        for at, values in zip(by_queue.values(), self._pipeline_raw(commands, doing), strict=True):
+            for i, value in zip(at, values, strict=True):
+                if value is not None:
+                    found[i] = bytes(value).decode()
+        return found
 
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then
