@@ -125,3 +125,21 @@ def test_every_pool_runs_only_the_last_call_of_a_key(pool: str) -> None:
     a.worker(pool=pool, burst=True).run()
     assert ran == [3]
     assert [h.state() for h in handles] == ["superseded"] * 3 + ["succeeded"]
+
+
+def test_calls_of_several_queues_in_one_batch_are_kept_apart() -> None:
+    a = Hurtle("memory://")
+    ran: list[tuple[str, int]] = []
+
+    @a.task(name="t.left", queue="left", debounce=0.2)
+    def left(n: int) -> None:
+        ran.append(("left", n))
+
+    @a.task(name="t.right", queue="right", debounce=0.2)
+    def right(n: int) -> None:
+        ran.append(("right", n))
+
+    left.send_many([(1,), (2,)])
+    right.send_many([(3,), (4,)])
+    a.worker(burst=True, queues=["left", "right"]).run()
+    assert sorted(ran) == [("left", 2), ("right", 4)]

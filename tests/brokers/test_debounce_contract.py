@@ -25,29 +25,32 @@ WINDOW = 1.0
 
 def test_the_latest_id_of_each_key_is_read_by_every_client(make: MakeBroker) -> None:
     a, b = make(), make()
-    x, y, none, elsewhere = ("q", "t:x"), ("q", "t:y"), ("q", "t:none"), ("other", "t:x")
     first, second, other = new_id(), new_id(), new_id()
-    assert b.get_latest([x, y]) == [None, None]
-    a.put_latest([(*x, first), (*y, other)], 60)
-    b.put_latest([(*x, second)], 60)  # another publisher, later: the last writer wins
-    assert a.get_latest([x, none, y, elsewhere]) == [second, None, other, None]
-    assert b.get_latest([]) == []
+    assert b.get_latest("q", ["t:x", "t:y"]) == [None, None]
+    a.put_latest([("q", "t:x", first), ("q", "t:y", other)], 60)
+    b.put_latest([("q", "t:x", second)], 60)  # another publisher, later: the last writer wins
+    assert a.get_latest("q", ["t:x", "t:none", "t:y", "t:x"]) == [second, None, other, second]
+    assert a.get_latest("other", ["t:x"]) == [None]  # keys are per queue
+    assert b.get_latest("q", []) == []
     a.put_latest([], 60)  # nothing to record: no error
 
 
-def test_keys_of_several_queues_are_recorded_and_read_in_one_call(broker: Broker) -> None:
+def test_keys_of_several_queues_are_recorded_in_one_call(broker: Broker) -> None:
     ids = {(f"q{n % 3}", f"t:{n}"): new_id() for n in range(30)}
     broker.put_latest([(q, k, i) for (q, k), i in ids.items()], 60)
-    wanted = [*ids, ("q0", "t:missing")]
-    assert broker.get_latest(wanted) == [*ids.values(), None]
+    for queue in ("q0", "q1", "q2"):
+        keys = [k for q, k in ids if q == queue]
+        assert broker.get_latest(queue, [*keys, "t:missing"]) == [
+            *(ids[queue, k] for k in keys),
+            None,
+        ]
 
 
 def test_a_latest_record_is_gone_once_its_ttl_passed(broker: Broker) -> None:
-    short, kept = ("q", "t:short"), ("q", "t:kept")
-    broker.put_latest([(*short, new_id()), (*kept, "kept-id")], 60)
-    broker.put_latest([(*short, new_id())], 0.2)
+    broker.put_latest([("q", "t:short", new_id()), ("q", "t:kept", "kept-id")], 60)
+    broker.put_latest([("q", "t:short", new_id())], 0.2)
     time.sleep(0.5)
-    assert broker.get_latest([short, kept]) == [None, "kept-id"]
+    assert broker.get_latest("q", ["t:short", "t:kept"]) == [None, "kept-id"]
 
 
 def test_latest_records_are_kept_apart_from_progress_and_results(broker: Broker) -> None:
@@ -55,7 +58,7 @@ def test_latest_records_are_kept_apart_from_progress_and_results(broker: Broker)
     broker.put_latest([("q", id_, "the-latest")], 60)  # a key that happens to be a message id
     assert broker.get_progress([id_]) == [None]
     assert broker.get_result(id_) is None
-    assert broker.get_latest([("q", id_)]) == ["the-latest"]
+    assert broker.get_latest("q", [id_]) == ["the-latest"]
 
 
 # -- on a worker -------------------------------------------------------------------------------

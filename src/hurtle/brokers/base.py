@@ -92,8 +92,9 @@ report never replaces a result, nor a result a report.
 
 Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``):
 ``Broker.put_latest`` records the latest message id of debounce keys for a ttl, in one call per
-published batch; ``Broker.get_latest`` reads several in one call, once per fetched batch that
-holds debounced messages. Both are written once, here, over the progress store.
+published batch; ``Broker.get_latest`` reads several keys of a queue in one call, once per
+queue of a fetched batch that holds debounced messages. Both are written once, here, over the
+progress store.
 
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
@@ -247,10 +248,10 @@ class Broker(abc.ABC):
             [StoredResult(latest_name(q, key), id_.encode(), ttl) for q, key, id_ in latest]
         )
 
-    def get_latest(self, keys: Sequence[tuple[str, str]]) -> list[str | None]:
-        """The message id last recorded for each ``(queue, key)`` (None where there is none or
-        it expired), in one call."""
-        found = self.get_progress([latest_name(q, key) for q, key in keys])
+    def get_latest(self, queue: str, keys: Sequence[str]) -> list[str | None]:
+        """The message id last recorded for each debounce key of ``queue`` (None where there
+        is none or it expired), in one call."""
+        found = self.get_progress([latest_name(queue, key) for key in keys])
         return [None if f is None else bytes(f).decode() for f in found]
 
     def pause(self, queue: str) -> None:

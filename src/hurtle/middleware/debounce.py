@@ -40,24 +40,33 @@ class DebounceMiddleware(Middleware):
         self._broker = worker.app.broker
 
     def superseded(self, messages: list[Message]) -> dict[int, str]:
-        """The batch path's check, in columns: no ``Job`` per message."""
-        at: list[int] = []
-        keys: list[tuple[str, str]] = []  # per debounced message (a key twice is read twice)
-        for i, message in enumerate(messages):
-            headers = message.headers
-            if headers:
-                key = headers.get(DEBOUNCE)
-                if type(key) is str:
-                    at.append(i)
-                    keys.append((message.queue, key))
-        if not keys:
-            return {}
+        """The batch path's check, in columns: no ``Job`` per message, one ``get_latest`` per
+        queue (a batch is mostly one), and a batch none of whose calls was replaced is told
+        by one compare of two lists."""
+        keys = [h.get(DEBOUNCE) if (h := m.headers) else None for m in messages]
+        queues = {m.queue for m in messages}
         assert self._broker is not None, "worker_start first"
-        return {
-            i: by
-            for i, by in zip(at, self._broker.get_latest(keys), strict=True)
-            if by is not None and by != messages[i].id
-        }
+        if len(queues) == 1 and None not in keys:  # the usual batch
+            found = self._broker.get_latest(messages[0].queue, keys)  # type: ignore[arg-type]
+            ids = [m.id for m in messages]
+            if found == ids:
+                return {}
+            pairs = enumerate(zip(found, ids, strict=True))
+            return {i: by for i, (by, id_) in pairs if by is not None and by != id_}
+        out: dict[int, str] = {}
+        for queue in queues:
+            at = [
+                i
+                for i, (m, key) in enumerate(zip(messages, keys, strict=True))
+                if m.queue == queue and type(key) is str
+            ]
+            if not at:
+                continue
+            found = self._broker.get_latest(queue, [keys[i] for i in at])  # type: ignore[misc]
+            for i, by in zip(at, found, strict=True):
+                if by is not None and by != messages[i].id:
+                    out[i] = by
+        return out
 
     def before_batch(self, jobs: list[Job]) -> None:
         """A job met outside a batch (``superseded`` serves batches)."""

@@ -35,6 +35,8 @@ class Feature:
     #: What each call does beside its work (``peers.features_app``): "" nothing, "progress" a
     #: ``hurtle.current().progress`` report.
     calls: str = ""
+    #: Per-call options the calls are sent with (``Task.options``), such as a ``delay``.
+    send: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def unavailable(self) -> str | None:
         """Why a task cannot be registered with these options here, or None if it can."""
@@ -47,7 +49,11 @@ class Feature:
 
     def scenario(self) -> Scenario:
         """The publish-then-consume row the harness runs, on ``peers.features_app``."""
-        env = {"HURTLE_BENCH_OPTIONS": json.dumps(self.options), "HURTLE_BENCH_CALLS": self.calls}
+        env = {
+            "HURTLE_BENCH_OPTIONS": json.dumps(self.options),
+            "HURTLE_BENCH_CALLS": self.calls,
+            "HURTLE_BENCH_SEND": json.dumps(self.send),
+        }
         for name, value in self.settings.items():
             text = ",".join(value) if isinstance(value, list | tuple) else str(value)
             env[f"HURTLE_{name.upper()}"] = text
@@ -56,6 +62,9 @@ class Feature:
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "no option"
         if self.calls == "progress":
             options += "; hurtle.current().progress() in every call"
+        if self.send:
+            sent = "sent with options(" + ", ".join(f"{k}={v!r}" for k, v in self.send.items())
+            options = (f"{options}; " if self.options else "") + sent + ")"
         return Scenario(
             name=self.name,
             system="hurtle",
@@ -80,6 +89,9 @@ ROWS = [
     # debounced call costs, its latest record written per batch sent and read per batch fetched;
     # a window short enough that every call is due by the time the worker starts
     Feature("debounce", {"debounce": _DEBOUNCE, "debounce_key": "x"}),
+    # what the debounce window's delay costs by itself: the calls wait in the delayed set and
+    # each fetch moves them to the ready lists first
+    Feature("delay", send={"delay": _DEBOUNCE}),
     # arguments opened in the worker, one AES-GCM per message
     Feature("encrypt", {"encrypt": True}, settings={"encryption_keys": [_KEY]}),
     Feature(

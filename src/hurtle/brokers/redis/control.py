@@ -74,29 +74,16 @@ class _Control(_ScriptRunner):
             f"recording the latest calls of {len(latest)} debounce keys",
         )
 
-    def get_latest(self, keys: Sequence[tuple[str, str]]) -> list[str | None]:
-        """One ``MGET`` per queue (its keys share the queue's hash tag), in one pipeline."""
+    def get_latest(self, queue: str, keys: Sequence[str]) -> list[str | None]:
+        """One ``MGET`` (the keys share the queue's hash tag: one slot of a cluster)."""
         if not keys:
             return []
-        doing = f"reading the latest calls of {len(keys)} debounce keys"
-        queues = {q for q, _ in keys}
-        if len(queues) == 1:  # the usual batch: one queue
-            prefix = queue_keys(keys[0][0]).latest_prefix
-            [values] = self._pipeline_raw([(("MGET", *[prefix + k for _, k in keys]), None)], doing)
-            return [None if v is None else v.decode() for v in values]
-        by_queue: dict[str, list[int]] = {}
-        for i, (queue, _) in enumerate(keys):
-            by_queue.setdefault(queue, []).append(i)
-        commands: list[Any] = []
-        for queue, at in by_queue.items():
-            prefix = queue_keys(queue).latest_prefix
-            commands.append((("MGET", *[prefix + keys[i][1] for i in at]), None))
-        found: list[str | None] = [None] * len(keys)
-        for at, values in zip(by_queue.values(), self._pipeline_raw(commands, doing), strict=True):
-            for i, value in zip(at, values, strict=True):
-                if value is not None:
-                    found[i] = bytes(value).decode()
-        return found
+        prefix = queue_keys(queue).latest_prefix
+        [values] = self._pipeline_raw(
+            [(("MGET", *[prefix + k for k in keys]), None)],
+            f"reading the latest calls of {len(keys)} debounce keys",
+        )
+        return [None if v is None else bytes(v).decode() for v in values]
 
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then
