@@ -191,7 +191,10 @@ class BatchPath(NotRun):
             for m in pipeline.screens:
                 by_middleware.setdefault(m, []).extend(where)
         for m, where in by_middleware.items():
-            messages = [_message_of(items[at]) for at in where]
+            messages: list[Message] = [
+                it.message if type(it) is Job else it  # type: ignore[misc]
+                for it in map(items.__getitem__, where)
+            ]
             try:
                 verdicts = m.superseded(messages)
             except Exception as err:  # (the broker is unreachable...) run none of them now
@@ -463,10 +466,6 @@ class BatchPath(NotRun):
                 m.after_batch(settled)
             except Exception as err:
                 log.error("middleware %s failed in after_batch: %s", safe_repr(m), describe(err))
-
-
-def _message_of(item: Message | Job) -> Message:
-    return item.message if type(item) is Job else item  # type: ignore[return-value]
 
 
 def _deferred(item: Message | Job) -> bool:
