@@ -143,3 +143,33 @@ def test_calls_of_several_queues_in_one_batch_are_kept_apart() -> None:
     right.send_many([(3,), (4,)])
     a.worker(burst=True, queues=["left", "right"]).run()
     assert sorted(ran) == [("left", 2), ("right", 4)]
+
+
+def test_only_a_record_of_a_call_made_no_earlier_supersedes() -> None:
+    from hurtle.debounce import latest_value, superseded_by
+
+    assert superseded_by(None, "a", 10.0) is None  # no record: it runs
+    assert superseded_by(latest_value("a", 10.0), "a", 10.0) is None  # its own
+    assert superseded_by(latest_value("b", 11.0), "a", 10.0) == "b"  # a later call
+    assert superseded_by(latest_value("b", 10.0), "a", 10.0) == "b"  # later in its batch
+    # the record of an earlier call: this call's own record had not landed when it was
+    # fetched; it runs rather than be dropped for an older call
+    assert superseded_by(latest_value("b", 9.0), "a", 10.0) is None
+
+
+def test_a_call_fetched_before_its_record_lands_still_runs() -> None:
+    # eager mode runs each call inside its publish, before its send records it: every call
+    # finds the record of the one before, older than itself, and runs
+    from hurtle.testing import eager
+
+    a = Hurtle("memory://")
+    ran: list[int] = []
+
+    @a.task(name="t.eager", debounce=0.05, debounce_key="key")
+    def touch(key: str, n: int) -> None:
+        ran.append(n)
+
+    with eager(a):
+        for n in range(3):
+            touch.send("k", n)
+    assert ran == [0, 1, 2]

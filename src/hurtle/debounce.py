@@ -5,9 +5,13 @@ Of the calls of one key sent within ``debounce`` seconds of each other, only the
 call is sent due ``debounce`` seconds later (as a ``delay``), naming its key in the header
 ``DEBOUNCE``; its publisher then records it as the latest message of that key in the broker
 (``Broker.put_latest``, one call per batch; the last writer wins) for ``debounce`` plus
-``LATEST_MARGIN`` seconds. When a worker fetches debounced messages it reads the latest ids of
-their keys in one call per batch (``Broker.get_latest``); one that is not the latest of its key
-was superseded: it is acknowledged without running (``middleware.debounce``). A key whose
+``LATEST_MARGIN`` seconds: its id and when it was made (``latest_value``). When a worker
+fetches debounced messages it reads the latest records of their keys in one call per batch
+(``Broker.get_latest``); one whose key's record names another call made no earlier than itself
+was superseded: it is acknowledged without running (``middleware.debounce``). A record of an
+earlier call (the call's own record not written yet when it was fetched: a window shorter than
+the time between its publish and its record) lets it run: the last call is never dropped for
+an older one. A key whose
 record is missing (expired, or never written because the send failed after its publish) runs
 every call that reaches the worker: a call is never lost to a missing record.
 
@@ -32,6 +36,30 @@ DEBOUNCE = "debounce"
 #: that much later than it was due still tells the latest from the superseded.
 LATEST_MARGIN = 3600.0
 _NO_VALUE = object()
+
+
+def latest_value(id: str, created: float) -> str:
+    """What the broker keeps as the latest call of a key: its message id and when it was made
+    (``Message.created``), as text. A call is superseded only by a record of another call made
+    no earlier than itself (``superseded_by``)."""
+    return f"{id}@{created!r}"
+
+
+def superseded_by(value: str | None, id: str, created: float) -> str | None:
+    """The id of the call that replaced the call ``id`` made at ``created``, by the latest
+    record of its key (``latest_value``), or None when it was not replaced: no record, its own,
+    or one of a call made before it (its publisher's record landed after this call was
+    fetched: this call runs, the record's own call was or will be settled by then)."""
+    if value is None:
+        return None
+    by, _, at = value.partition("@")
+    if by == id:
+        return None
+    try:
+        made = float(at)
+    except ValueError:  # not a record of this version: the id alone decides
+        return by
+    return by if made >= created else None
 
 
 def latest_name(queue: str, key: str) -> str:

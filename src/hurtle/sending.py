@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .debounce import DEBOUNCE, LATEST_MARGIN
+from .debounce import DEBOUNCE, LATEST_MARGIN, latest_value
 from .errors import ConfigurationError
 from .handles import Handle
 from .ids import new_id
@@ -220,7 +220,7 @@ def publish_latest(broker: Broker, messages: list[Message], unique_for: float | 
     for m, id_ in zip(messages, ids, strict=True):
         key = m.headers.get(DEBOUNCE) if m.headers else None
         if isinstance(key, str) and id_ == m.id:  # enqueued (a unique call may not be)
-            latest[m.queue, key] = m.id
+            latest[m.queue, key] = latest_value(m.id, m.created)
             window = max(window, m.eta - m.created)
     if latest:
         broker.put_latest([(q, k, i) for (q, k), i in latest.items()], window + LATEST_MARGIN)

@@ -238,19 +238,19 @@ class Broker(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not store progress reports")
 
     def put_latest(self, latest: Sequence[tuple[str, str, str]], ttl: float) -> None:
-        """Record, for each ``(queue, key, message id)``, that id as the latest call of the
-        debounce ``key`` sent to ``queue``, for ``ttl`` seconds, in one step: a later record of
-        a key replaces the earlier one (the last writer wins).
+        """Record, for each ``(queue, key, value)``, ``value`` (the latest call of the debounce
+        ``key`` sent to ``queue``: ``debounce.latest_value``, opaque here) for ``ttl`` seconds,
+        in one step: a later record of a key replaces the earlier one (the last writer wins).
 
         Kept in the progress store under ``debounce.latest_name`` (which message ids never
         collide with): a broker whose progress store works has this too."""
         self.put_progress(
-            [StoredResult(latest_name(q, key), id_.encode(), ttl) for q, key, id_ in latest]
+            [StoredResult(latest_name(q, key), value.encode(), ttl) for q, key, value in latest]
         )
 
     def get_latest(self, queue: str, keys: Sequence[str]) -> list[str | None]:
-        """The message id last recorded for each debounce key of ``queue`` (None where there
-        is none or it expired), in one call."""
+        """The value last recorded for each debounce key of ``queue`` (None where there is
+        none or it expired), in one call."""
         found = self.get_progress([latest_name(queue, key) for key in keys])
         return [None if f is None else bytes(f).decode() for f in found]
 

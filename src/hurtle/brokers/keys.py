@@ -56,8 +56,8 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
                                           END (server seconds)
     hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
-    hurtle:{q}:latest:K           STRING  the id of the latest call of debounce key K sent to q,
-                                          expiring on its own (``latest_put.lua``)
+    hurtle:{q}:latest:K           STRING  the latest call of debounce key K sent to q (its id
+                                          '@' when it was made), expiring on its own
     hurtle:{q}:paused             STRING  present while q is paused: fetches take nothing from q
     hurtle:{q}:cancels            STRING  present while some cancellation may be live (its value:
                                           the latest end of one, in ms; it expires then)

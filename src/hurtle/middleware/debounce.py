@@ -3,8 +3,9 @@
 A debounced call is published due ``debounce`` seconds after its send and recorded as the
 latest of its key (``hurtle.debounce``, ``sending.publish_latest``). Before a fetched batch
 runs (``superseded``: read in columns, no ``Job`` per message), the latest ids of the keys its
-debounced messages name are read in one ``Broker.get_latest`` call; a message that is not the
-latest of its key was replaced by a later call and is settled without running
+debounced messages name are read in one ``Broker.get_latest`` call; a message whose key's
+record names another call made no earlier than itself (``debounce.superseded_by``) was
+replaced by a later call and is settled without running
 (``Job.supersede``: acknowledged, its unique lock released, a ``superseded`` record for a task
 that keeps results). A key with no record (it expired, or the send that published the message
 failed before recording it) runs its message.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..debounce import DEBOUNCE
+from ..debounce import DEBOUNCE, latest_value, superseded_by
 from ..message import Message
 from . import Job, Middleware, WorkerParts
 
@@ -46,26 +47,28 @@ class DebounceMiddleware(Middleware):
         keys = [h.get(DEBOUNCE) if (h := m.headers) else None for m in messages]
         queues = {m.queue for m in messages}
         assert self._broker is not None, "worker_start first"
+        out: dict[int, str] = {}
         if len(queues) == 1 and None not in keys:  # the usual batch
             found = self._broker.get_latest(messages[0].queue, keys)  # type: ignore[arg-type]
-            ids = [m.id for m in messages]
-            if found == ids:
-                return {}
-            pairs = enumerate(zip(found, ids, strict=True))
-            return {i: by for i, (by, id_) in pairs if by is not None and by != id_}
-        out: dict[int, str] = {}
-        for queue in queues:
-            at = [
-                i
-                for i, (m, key) in enumerate(zip(messages, keys, strict=True))
-                if m.queue == queue and type(key) is str
-            ]
-            if not at:
-                continue
-            found = self._broker.get_latest(queue, [keys[i] for i in at])  # type: ignore[misc]
-            for i, by in zip(at, found, strict=True):
-                if by is not None and by != messages[i].id:
-                    out[i] = by
+            if found == [latest_value(m.id, m.created) for m in messages]:
+                return out
+            at: list[int] = list(range(len(messages)))
+        else:
+            found, at = [], []
+            for queue in queues:
+                mine = [
+                    i
+                    for i, (m, key) in enumerate(zip(messages, keys, strict=True))
+                    if m.queue == queue and type(key) is str
+                ]
+                if mine:
+                    found += self._broker.get_latest(queue, [keys[i] for i in mine])  # type: ignore[misc]
+                    at += mine
+        for i, value in zip(at, found, strict=True):
+            m = messages[i]
+            by = superseded_by(value, m.id, m.created)
+            if by is not None:
+                out[i] = by
         return out
 
     def before_batch(self, jobs: list[Job]) -> None:

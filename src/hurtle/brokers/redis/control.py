@@ -63,14 +63,14 @@ class _Control(_ScriptRunner):
         if not latest:
             return
         by_queue: dict[str, tuple[list[str], list[str]]] = {}
-        for queue, key, id_ in latest:
-            keys, ids = by_queue.setdefault(queue, ([], []))
+        for queue, key, value in latest:
+            keys, values = by_queue.setdefault(queue, ([], []))
             keys.append(queue_keys(queue).latest(key))
-            ids.append(id_)
+            values.append(value)
         ttl_ms = max(int(ttl * 1000), 1)
         script = self._scripts.latest_put
         self._pipeline_raw(
-            [self._call(script, keys, (ttl_ms, *ids)) for keys, ids in by_queue.values()],
+            [self._call(script, keys, (ttl_ms, *values)) for keys, values in by_queue.values()],
             f"recording the latest calls of {len(latest)} debounce keys",
         )
 
