@@ -17,6 +17,7 @@ makes no call, and their calls cost a look at their headers and a share of one r
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ..debounce import DEBOUNCE, latest_value, superseded_by
@@ -26,6 +27,10 @@ from . import Job, Middleware, WorkerParts
 if TYPE_CHECKING:
     from ..brokers import Broker
     from ..task import Task
+
+
+_ID = attrgetter("id")
+_CREATED = attrgetter("created")
 
 
 class DebounceMiddleware(Middleware):
@@ -50,7 +55,7 @@ class DebounceMiddleware(Middleware):
         out: dict[int, str] = {}
         if len(queues) == 1 and None not in keys:  # the usual batch
             found = self._broker.get_latest(messages[0].queue, keys)  # type: ignore[arg-type]
-            if found == [latest_value(m.id, m.created) for m in messages]:
+            if found == list(map(latest_value, map(_ID, messages), map(_CREATED, messages))):
                 return out
             at: list[int] = list(range(len(messages)))
         else:
