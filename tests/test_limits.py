@@ -315,7 +315,7 @@ def test_an_unreachable_limit_puts_the_batch_back_instead_of_stopping_the_worker
     app: Hurtle, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hurtle.errors import BrokerError
-    from hurtle.worker import batch
+    from hurtle.worker import admission
 
     ran: list[int] = []
     failures = [2]
@@ -328,7 +328,7 @@ def test_an_unreachable_limit_puts_the_batch_back_instead_of_stopping_the_worker
         return take(requests)
 
     monkeypatch.setattr(app.broker, "take_tokens", flaky)
-    monkeypatch.setattr(batch, "BEFORE_BATCH_PAUSE", 0.05)
+    monkeypatch.setattr(admission, "BEFORE_BATCH_PAUSE", 0.05)
 
     @app.task(rate_limit="1000/s", retries=0)
     def f(i: int) -> None:

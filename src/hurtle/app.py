@@ -99,14 +99,19 @@ class Hurtle:
     def _builtin_middleware(self) -> list[Middleware]:
         """The built-in middleware switched on by this app's tasks and settings. Retries decides
         every failed call's outcome, so it is always in use (it costs nothing until a call
-        fails). Results, limits and unique locks are made afresh on each call (they keep their
-        worker's parts) and only when some task uses them, so that other tasks stay inline."""
+        fails). Debounce, results, limits and unique locks are made afresh on each call (they
+        keep their worker's parts) and only when some task uses them, so that other tasks stay
+        inline."""
         builtin: list[Middleware] = [self._retries]
         if self.settings.outbox:  # every worker offers to relay the outbox
             from .middleware.relay import OutboxRelay
 
             builtin.append(OutboxRelay())
         tasks = self.tasks.values()
+        if any(t.debounce is not None for t in tasks):  # first: a call replaced takes no limit
+            from .middleware.debounce import DebounceMiddleware
+
+            builtin.append(DebounceMiddleware())
         if self.settings.store_results or any(t.store_result for t in tasks):
             from .middleware.results import Results
 
@@ -202,6 +207,11 @@ class Hurtle:
         Limits and uniqueness (``hurtle.limits``): ``rate_limit="50/s"`` (``/m``, ``/h``),
         ``rate_limit_key=``, ``concurrency_limit=N``, ``concurrency_key=``, ``unique_for=``
         seconds, ``unique_key=``; each key option is a callable of the task's arguments.
+
+        ``debounce=`` seconds (``hurtle.debounce``): of the calls of one key sent within that
+        many seconds of each other, only the last runs, ``debounce`` seconds after it was
+        sent; ``debounce_key=`` is the name of a parameter whose value is the key, or a
+        callable of the task's arguments returning it (without one, every call shares a key).
 
         ``expires=`` seconds: a message not started that long after its send is not run; it
         becomes a dead letter with the reason ``expired`` (its handle's state: ``expired``).

@@ -74,6 +74,16 @@ class TaskFailed(HurtleError):
         self.traceback = traceback
 
 
+class Superseded(TaskFailed):
+    """The call of a result handle was debounced away: a later call of its debounce key
+    (``superseded_by``, its message id) replaced it, and it never ran
+    (``@app.task(debounce=...)``). A ``TaskFailed`` of ``type`` ``Superseded``."""
+
+    def __init__(self, id: str, task: str, message: str, superseded_by: str) -> None:
+        super().__init__(id, task, "Superseded", message, "")
+        self.superseded_by = superseded_by
+
+
 class ResultError(HurtleError):
     """A task's result cannot be stored (its value cannot be encoded), or a handle cannot have
     one (its task does not keep results)."""

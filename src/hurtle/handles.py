@@ -16,7 +16,9 @@ States (``hurtle.middleware.results`` writes the records; ``hurtle.records`` is 
 * ``dead`` — failed for good (dead-lettered); ``result()`` raises ``TaskFailed`` at once;
 * ``expired`` — not started before its expiry time (``expires=``), so never run;
   ``result()`` raises ``TaskFailed`` at once;
-* ``cancelled`` — cancelled before it started (``Hurtle.cancel``), so never run; likewise.
+* ``cancelled`` — cancelled before it started (``Hurtle.cancel``), so never run; likewise;
+* ``superseded`` — a debounced call that a later call of its key replaced (``hurtle.debounce``),
+  so never run; ``result()`` raises ``Superseded`` (a ``TaskFailed``) naming that call.
 
 Waiting costs no polling loop on Redis: the broker's one listener thread wakes the waiters of the
 ids each batch of results announces, however many threads wait. The SQLite broker cannot notify
@@ -47,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 import msgspec
 
-from .errors import ConfigurationError, ResultError, ResultTimeout, TaskFailed
+from .errors import ConfigurationError, ResultError, ResultTimeout, Superseded, TaskFailed
 from .progress import Progress, decode_progress
 from .records import (
     CANCELLED,
@@ -58,6 +60,7 @@ from .records import (
     PENDING,
     RUNNING,
     SUCCEEDED,
+    SUPERSEDED,
     Record,
     decode,
 )
@@ -87,6 +90,7 @@ CELERY_STATES = {
     DEAD: "FAILURE",
     EXPIRED: "REVOKED",
     CANCELLED: "REVOKED",
+    SUPERSEDED: "REVOKED",
 }
 
 
@@ -103,7 +107,7 @@ class State(str):
 
     def __call__(self) -> str:
         """hurtle's name of this state: ``pending``, ``succeeded``, ``failed``, ``dead``,
-        ``expired`` or ``cancelled``."""
+        ``expired``, ``cancelled`` or ``superseded``."""
         return self.hurtle
 
     def __getnewargs__(self) -> tuple[str]:
@@ -168,9 +172,9 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
     @property
     def state(self) -> State:
         """The state, read now: ``h.state()`` is hurtle's name (``pending``, ``succeeded``,
-        ``failed``, ``dead``, ``expired`` or ``cancelled``: module docstring), and ``h.state``
-        itself a str holding Celery's (``PENDING``, ``SUCCESS``, ``RETRY``, ``FAILURE``,
-        ``REVOKED``)."""
+        ``failed``, ``dead``, ``expired``, ``cancelled`` or ``superseded``: module docstring),
+        and ``h.state`` itself a str holding Celery's (``PENDING``, ``SUCCESS``, ``RETRY``,
+        ``FAILURE``, ``REVOKED``)."""
         self._check()
         payload = self.app.broker.get_result(self.id)
         return State(PENDING if payload is None else self._read(decode(payload)).state)
@@ -308,6 +312,8 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
         if record.state == SUCCEEDED:
             return self._value(record)
         name = self._name() or "?"
+        if record.state == SUPERSEDED:
+            raise Superseded(self.id, name, record.error_message, str(record.value))
         raise TaskFailed(self.id, name, record.error_type, record.error_message, record.traceback)
 
     def _value(self, record: Record) -> R:

@@ -18,6 +18,7 @@ from typing import Any, Concatenate, Literal, NoReturn, ParamSpec, TypedDict, Ty
 
 import msgspec
 
+from .debounce import check_debounce
 from .errors import ConfigurationError
 from .limits import KeyFunction
 from .message import priority_problem
@@ -40,6 +41,8 @@ class SendOptions:
     headers: Mapping[str, Any] | None = None
     #: Seconds from the send after which the message is no longer started.
     expires: float | None = None
+    #: The window of a debounced task's call (``hurtle.debounce``), instead of the task's.
+    debounce: float | None = None
 
     def __post_init__(self) -> None:  # checked once per options, never per message
         problem = None
@@ -57,6 +60,13 @@ class SendOptions:
             problem = seconds_problem(self.eta, "eta", "a Unix time in seconds (time.time() + s)")
         if problem is None and self.expires is not None:
             problem = seconds_problem(self.expires, "expires")
+        if problem is None and self.debounce is not None:
+            try:
+                check_debounce("", self.debounce)
+            except ConfigurationError:
+                problem = (
+                    f"debounce must be a finite number of seconds > 0, got {self.debounce!r:.60}"
+                )
         if problem is not None:
             raise ConfigurationError(problem)
 
@@ -249,6 +259,8 @@ class TaskOptions(TypedDict, total=False):
     unique_key: KeyFunction | None
     expires: float | None
     encrypt: bool | None
+    debounce: float | None
+    debounce_key: KeyFunction | str | None
 
 
 class TaskKeywords(TaskOptions, CeleryTaskOptions, total=False):

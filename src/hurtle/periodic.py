@@ -169,6 +169,11 @@ def make_schedule(task: Task[Any, Any], options: ScheduleOptions) -> Schedule:
     if not isinstance(label, str) or not label:
         raise ConfigurationError(f"a schedule name must be a non-empty str, got {name!r}")
     where = f"schedule {label!r}"
+    if task.debounce is not None:
+        raise ConfigurationError(
+            f"{where}: task {task.name} is debounced (debounce=): a schedule's ticks are not "
+            "debounced; schedule a task without debounce= (it may send the debounced one)"
+        )
     if (cron is None) == (every is None):
         raise ConfigurationError(
             f"{where}: give exactly one of cron='*/5 * * * *' or every=SECONDS "

@@ -27,10 +27,12 @@ FAILED = "failed"
 DEAD = "dead"
 EXPIRED = "expired"
 CANCELLED = "cancelled"
+#: A debounced call that a later call of its key replaced (``hurtle.debounce``): not run.
+SUPERSEDED = "superseded"
 #: Every state ``Handle.state`` may return.
-STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD, EXPIRED, CANCELLED)
+STATES = (PENDING, RUNNING, SUCCEEDED, FAILED, DEAD, EXPIRED, CANCELLED, SUPERSEDED)
 #: The states after which nothing more happens to a message.
-FINAL = frozenset((SUCCEEDED, DEAD, EXPIRED, CANCELLED))
+FINAL = frozenset((SUCCEEDED, DEAD, EXPIRED, CANCELLED, SUPERSEDED))
 
 
 class Record(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -71,6 +73,24 @@ def encode_skipped(state: str, why: str, message: Message) -> bytes:
             state,
             error_type=dead_kind(state),
             error_message=why,
+            task=message.task,
+            queue=message.queue,
+            attempt=message.attempt,
+            enqueued=message.created,
+            finished=time.time(),
+        )
+    )
+
+
+def encode_superseded(message: Message, by: str, key: str) -> bytes:
+    """The record of a debounced call that the later call ``by`` of its ``key`` replaced: its
+    ``value`` is ``by``'s id (``Handle.result`` raises ``Superseded`` naming it)."""
+    return _encode(
+        Record(
+            SUPERSEDED,
+            value=by,
+            error_type="Superseded",
+            error_message=f"superseded by the later call {by} of its debounce key {key!r}",
             task=message.task,
             queue=message.queue,
             attempt=message.attempt,

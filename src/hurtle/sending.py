@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .brokers.base import Broker
+from .debounce import DEBOUNCE, LATEST_MARGIN, latest_value
 from .errors import ConfigurationError
 from .handles import Handle
 from .ids import new_id
@@ -23,6 +24,7 @@ from .options import SendOptions, call_args, celery_send, check_priority
 
 if TYPE_CHECKING:
     from .app import Hurtle
+    from .brokers import Broker
     from .task import Task
 
 R = TypeVar("R")
@@ -101,6 +103,9 @@ def send_batch(
     unique = limits.unique_key_of if limits is not None and limits.unique_for else None
     # each lock ends at the latest unique_for after the call was made (``publish_unique``)
     until = now + float(limits.unique_for) if limits is not None and limits.unique_for else 0.0
+    debounce = task.debounce
+    if debounce is not None:  # each call names its key, and waits out the window
+        eta = max(eta, now + debounce_seconds(task, options))
     for call in calls:
         if type(call) is tuple:
             args, kwargs = call, empty
@@ -122,13 +127,13 @@ def send_batch(
                 shape_n, shape_names = len(args), frozenset(kwargs)
         elif not lo <= len(args) <= hi:
             task._unfit(args, kwargs)
-        if unique is None:
+        if unique is None and debounce is None:
             append(
                 Message(
                     new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers, expires
                 )
             )
-        else:  # each names its lock
+        else:  # each names its lock, or its debounce key
             append(
                 Message(
                     new_id(),
@@ -140,9 +145,11 @@ def send_batch(
                     priority,
                     eta,
                     now,
-                    headers,
+                    headers
+                    if debounce is None
+                    else {**headers, DEBOUNCE: debounce.key_of(args, kwargs)},
                     expires,
-                    unique(args, kwargs),
+                    "" if unique is None else unique(args, kwargs),
                     until,
                 )
             )
@@ -159,6 +166,10 @@ def send_batch(
             published = list(messages)  # hooks may change it: checked again
             for m in hooks:
                 published = m.before_publish(published)
+        if debounce is not None:
+            unique_for = None if limits is None else limits.unique_for
+            ids = publish_latest(app.broker, published, unique_for)
+            return [Handle(id_, app, task) for id_ in ids]
         if unique is not None:
             assert task.limits is not None and task.limits.unique_for is not None
             ids = app.broker.publish_unique(published, task.limits.unique_for)
@@ -166,6 +177,55 @@ def send_batch(
         app.broker.publish(published)
         return [Handle(m.id, app, task) for m in published]
     return []
+
+
+def debounce_seconds(task: Task[Any, Any], options: SendOptions | None) -> float:
+    """The window of a call of the debounced ``task`` with ``options``."""
+    assert task.debounce is not None
+    if options is None or options.debounce is None:
+        return task.debounce.seconds
+    return float(options.debounce)
+
+
+def publish_debounced(task: Task[Any, Any], messages: list[Message]) -> list[str]:
+    """Publish calls of a debounced task through the app's ``before_publish`` hooks, then
+    record each as the latest of its key (``publish_latest``); per published call, the id it
+    answers to."""
+    sent: list[Message] = CheckedBatch(messages)
+    hooks = task.app._publish_hooks
+    if hooks:
+        sent = list(sent)  # hooks may change it: checked again
+        for hook in hooks:
+            sent = hook.before_publish(sent)
+        if not sent:
+            return [m.id for m in messages]
+    limits = task.limits
+    return publish_latest(task.app.broker, sent, None if limits is None else limits.unique_for)
+
+
+def publish_latest(broker: Broker, messages: list[Message], unique_for: float | None) -> list[str]:
+    """Publish debounced calls (with their unique locks when ``unique_for``), then record,
+    in one broker call, each enqueued call that names a key (``DEBOUNCE``) as the latest of
+    that key in its queue: the last of a key in the batch wins, as a later publish wins over
+    an earlier one. Per call, the id it answers to (``publish_unique``'s, else its own).
+
+    The record comes after the publish: a send that fails in between leaves its call
+    enqueued, and the key's older calls run, none lost."""
+    if unique_for is not None:
+        ids = broker.publish_unique(messages, unique_for)
+    else:
+        broker.publish(messages)
+        ids = [m.id for m in messages]
+    latest: dict[tuple[str, str], str] = {}
+    window = 0.0
+    for m, id_ in zip(messages, ids, strict=True):
+        key = m.headers.get(DEBOUNCE) if m.headers else None
+        if isinstance(key, str) and id_ == m.id:  # enqueued (a unique call may not be)
+            latest[m.queue, key] = latest_value(m.id, m.created)
+            window = max(window, m.eta - m.created)
+    if latest:
+        broker.put_latest([(q, k, i) for (q, k), i in latest.items()], window + LATEST_MARGIN)
+    return ids
 
 
 def publish_with(task: Task[Any, Any], messages: list[Message], connection: object) -> list[str]:

@@ -238,3 +238,23 @@ def check_outbox(broker_url: str, outbox: str) -> None:
         f"outbox= is for a Redis, Redis Cluster or NATS broker, and this app's is "
         f"{broker_url.split('@')[-1]!r}: {why}; drop outbox="
     )
+
+
+def not_transactional(url: str) -> str:
+    """Why a broker at ``url`` cannot write a message in the application's transaction."""
+    scheme = url.partition(":")[0] or url
+    first = (
+        f"connection= writes the message in your database transaction, which the PostgreSQL "
+        f"broker (postgresql://...) does itself, and this app's broker is {url!r}"
+    )
+    if scheme in OUTBOX_SCHEMES:
+        return (
+            f"{first}: on {scheme} give the app an outbox, a table in your PostgreSQL "
+            "database that a relay moves to the broker: "
+            "Hurtle(..., outbox='postgresql://user@host/yourdb') (docs/transactions.md, "
+            '"The outbox")'
+        )
+    return (
+        f"{first}: on {scheme} send after the commit (Django's transaction.on_commit, or after "
+        "session.commit()), or use a Redis or NATS broker with outbox="
+    )

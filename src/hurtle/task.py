@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, Unpack
 
 from .arity import arity_of
+from .debounce import DEBOUNCE, Debounce
 from .errors import ArgumentError, ConfigurationError, Retry
 from .handles import Handle
 from .ids import new_id
@@ -45,7 +46,15 @@ from .options import (
     exception_classes,
 )
 from .sealing import keyring_for
-from .sending import Args, publish, publish_unique, publish_with, send_batch
+from .sending import (
+    Args,
+    debounce_seconds,
+    publish,
+    publish_debounced,
+    publish_unique,
+    publish_with,
+    send_batch,
+)
 from .workflows import Signature
 
 if TYPE_CHECKING:
@@ -122,6 +131,26 @@ class Task(Generic[P, R]):
         #: app's keyring that seals them (None when they are not).
         self.encrypt = keyring is not None
         self.keyring = keyring
+        window, debounce_key = options.get("debounce"), options.get("debounce_key")
+        if window is not None:
+            debounce = Debounce(name, fn, window, debounce_key)
+            if keyring is not None:  # its keys tell nothing of sealed arguments
+                debounce.keyed = keyring.digest
+        elif debounce_key is not None:
+            raise ConfigurationError(f"task {name!r}: debounce_key needs debounce as well")
+        else:
+            debounce = None
+        #: The ``debounce`` option (``hurtle.debounce``), or None.
+        self.debounce: Debounce | None = debounce
+        #: How a send of this task publishes when it is not a plain publish (unique locks, a
+        #: debounce key), else None: one compare per send.
+        self._publisher: Callable[[Task[Any, Any], list[Message]], list[str]] | None = (
+            publish_debounced
+            if debounce is not None
+            else publish_unique
+            if limits.unique_for is not None
+            else None
+        )
         if keyring is not None:
             limits.keyed = keyring.digest
         #: What the worker calls with a message's arguments: the function itself, or for an
@@ -158,6 +187,9 @@ class Task(Generic[P, R]):
             # the lock is named from the arguments before they are sealed, and ends at the
             # latest unique_for after the call was made
             unique, until = limits.unique_key_of(args, kwargs), now + limits.unique_for
+        if self.debounce is not None:  # named from the arguments before they are sealed
+            headers[DEBOUNCE] = self.debounce.key_of(args, kwargs)
+            eta = max(eta, now + debounce_seconds(self, options))
         message = Message(
             id=new_id(),
             task=self.name,
@@ -207,8 +239,8 @@ class Task(Generic[P, R]):
         returns the handle of that one.
         """
         message = self.message(args, kwargs)
-        if self.limits is not None and self.limits.unique_for is not None:
-            return Handle(publish_unique(self, [message])[0], self.app, self)
+        if self._publisher is not None:  # unique locks, a debounce key
+            return Handle(self._publisher(self, [message])[0], self.app, self)
         return Handle(publish(self.app, [message]), self.app, self)
 
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
@@ -282,6 +314,7 @@ class Task(Generic[P, R]):
         priority: int | None = None,
         headers: Mapping[str, Any] | None = None,
         expires: float | None = None,
+        debounce: float | None = None,
         connection: object = None,
     ) -> BoundTask[P, R]:
         """This task with per-call options: ``add.options(delay=30, priority=9).send(1, 2)``.
@@ -289,7 +322,8 @@ class Task(Generic[P, R]):
         ``delay`` is seconds from the send, ``eta`` a Unix time (it wins over ``delay``); both
         must be finite and >= 0. ``priority`` is an int from 0 to 9. ``expires`` is seconds
         from the send after which the message is no longer started (the task's own
-        ``expires`` otherwise).
+        ``expires`` otherwise). ``debounce`` is this call's window, for a task registered
+        with ``debounce=`` (``hurtle.debounce``).
 
         ``connection`` (PostgreSQL broker only) is the application's own connection to the
         broker's database — psycopg's, a SQLAlchemy ``Connection`` or ``Session``, Django's
@@ -304,10 +338,23 @@ class Task(Generic[P, R]):
                 priority=priority,
                 headers=headers,
                 expires=expires,
+                debounce=debounce,
             )
         except ConfigurationError as err:
             raise ConfigurationError(f"task {self.name!r}: {err}") from None
+        if debounce is not None and self.debounce is None:
+            raise ConfigurationError(
+                f"task {self.name!r}: options(debounce=...) sets the window of a debounced "
+                "task's call; register the task with @app.task(debounce=N) (and debounce_key=)"
+            )
         if connection is not None:
+            if self.debounce is not None:
+                raise ConfigurationError(
+                    f"task {self.name!r} is debounced: its calls cannot be sent in your "
+                    "transaction (the record of the latest call of a key is not part of it, so "
+                    "a rollback would leave older calls superseded by one that never was); "
+                    "send after the commit"
+                )
             return InTransaction(self, opts, connection)
         return BoundTask(self, opts)
 
@@ -328,9 +375,8 @@ class BoundTask(Generic[P, R]):
     def send(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:
         task = self.task
         message = task.message(args, kwargs, self.opts)
-        limits = task.limits
-        if limits is not None and limits.unique_for is not None:
-            return Handle(publish_unique(task, [message])[0], task.app, task)
+        if task._publisher is not None:  # unique locks, a debounce key
+            return Handle(task._publisher(task, [message])[0], task.app, task)
         return Handle(publish(task.app, [message]), task.app, task)
 
     def delay(self, *args: P.args, **kwargs: P.kwargs) -> Handle[R]:

@@ -207,6 +207,11 @@ def _check_member(task: Task[Any, Any]) -> None:
             f"task {task.name} has unique_for: it cannot be part of a workflow (a link "
             "published by a worker takes no unique lock); send it on its own"
         )
+    if task.debounce is not None:
+        raise ConfigurationError(
+            f"task {task.name} is debounced (debounce=): it cannot be part of a workflow (a "
+            "superseded call would end it); send it on its own"
+        )
 
 
 def _signatures(items: Iterable[Any], what: str) -> list[Signature[Any]]:

@@ -90,6 +90,12 @@ message id for its ttl, in one call for a worker's whole interval of reports;
 ``Broker.get_progress`` reads several in one call. They live apart from result records: a
 report never replaces a result, nor a result a report.
 
+Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``):
+``Broker.put_latest`` records the latest message id of debounce keys for a ttl, in one call per
+published batch; ``Broker.get_latest`` reads several keys of a queue in one call, once per
+queue of a fetched batch that holds debounced messages. Both are written once, here, over the
+progress store.
+
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
 
@@ -103,9 +109,10 @@ from typing import TypedDict
 
 import msgspec
 
+from ..debounce import latest_name
 from ..errors import ConfigurationError
 from ..message import Message, check_messages, encode_many
-from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL, OUTBOX_SCHEMES
+from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL, not_transactional
 from .common import check_dead_letter_limits, unique_key_of
 from .consumer import Consumer as Consumer  # the contract's other side, named here too
 from .records import DeadLetter, QueueStats, StoredResult
@@ -248,6 +255,23 @@ class Broker(abc.ABC):
         """The progress report last stored for each of ``ids`` (None where there is none or
         it expired), in one call."""
         raise NotImplementedError(f"{type(self).__name__} does not store progress reports")
+
+    def put_latest(self, latest: Sequence[tuple[str, str, str]], ttl: float) -> None:
+        """Record, for each ``(queue, key, value)``, ``value`` (the latest call of the debounce
+        ``key`` sent to ``queue``: ``debounce.latest_value``, opaque here) for ``ttl`` seconds,
+        in one step: a later record of a key replaces the earlier one (the last writer wins).
+
+        Kept in the progress store under ``debounce.latest_name`` (which message ids never
+        collide with): a broker whose progress store works has this too."""
+        self.put_progress(
+            [StoredResult(latest_name(q, key), value.encode(), ttl) for q, key, value in latest]
+        )
+
+    def get_latest(self, queue: str, keys: Sequence[str]) -> list[str | None]:
+        """The value last recorded for each debounce key of ``queue`` (None where there is
+        none or it expired), in one call."""
+        found = self.get_progress([latest_name(queue, key) for key in keys])
+        return [None if f is None else bytes(f).decode() for f in found]
 
     def pause(self, queue: str) -> None:
         """Stop every worker from fetching ``queue`` until ``resume``; what it holds finishes."""
@@ -452,26 +476,6 @@ class Broker(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def not_transactional(url: str) -> str:
-    """Why a broker at ``url`` cannot write a message in the application's transaction."""
-    scheme = url.partition(":")[0] or url
-    first = (
-        f"connection= writes the message in your database transaction, which the PostgreSQL "
-        f"broker (postgresql://...) does itself, and this app's broker is {url!r}"
-    )
-    if scheme in OUTBOX_SCHEMES:
-        return (
-            f"{first}: on {scheme} give the app an outbox, a table in your PostgreSQL "
-            "database that a relay moves to the broker: "
-            "Hurtle(..., outbox='postgresql://user@host/yourdb') (docs/transactions.md, "
-            '"The outbox")'
-        )
-    return (
-        f"{first}: on {scheme} send after the commit (Django's transaction.on_commit, or after "
-        "session.commit()), or use a Redis or NATS broker with outbox="
-    )
 
 
 def now() -> float:

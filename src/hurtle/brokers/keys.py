@@ -59,6 +59,8 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until
                                           END (server seconds)
     hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
+    hurtle:{q}:latest:K           STRING  the latest call of debounce key K sent to q (its id
+                                          '@' when it was made), expiring on its own
     hurtle:{q}:paused             STRING  present while q is paused: fetches take nothing from q
     hurtle:{q}:cancels            STRING  present while some cancellation may be live (its value:
                                           the latest end of one, in ms; it expires then)
@@ -142,6 +144,7 @@ class QueueKeys:
         "deaths",
         "delayed",
         "inflight_prefix",
+        "latest_prefix",
         "name",
         "paused",
         "probe",
@@ -180,6 +183,11 @@ class QueueKeys:
         self.cancels = f"{base}cancels"
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
+        self.latest_prefix = f"{base}latest:"
+
+    def latest(self, key: str) -> str:
+        """The record of the latest call of the debounce key ``key`` sent to this queue."""
+        return f"{self.latest_prefix}{key}"
 
     def inflight(self, worker_id: str) -> str:
         """The index of the batches ``worker_id`` holds from this queue."""

@@ -124,6 +124,7 @@ OPENAPI: dict[str, Any] = {
                             "dead",
                             "expired",
                             "cancelled",
+                            "superseded",
                         ],
                     },
                     "source": {"type": "string", "enum": ["result", "dead_letter"]},

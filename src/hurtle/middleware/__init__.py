@@ -166,7 +166,9 @@ class Middleware:
         """Called with the decoded jobs of a fetched batch whose task this middleware applies to,
         before any of them runs. Mark a job ``job.defer(delay, reason)`` to put it back in its
         queue after ``delay`` seconds without running it and without spending an attempt
-        (throttled by a rate or concurrency limit); ``job.deferred`` tells whether it is."""
+        (throttled by a rate or concurrency limit); ``job.deferred`` tells whether it is. Mark
+        it ``job.supersede(by)`` to settle it without running it (a debounced call replaced by
+        the later call ``by``)."""
 
     def admit(self, counts: dict[Task[Any, Any], int]) -> dict[str, tuple[int, float, float, str]]:
         """``before_batch`` for a middleware that decides from how many messages of each task
@@ -177,6 +179,16 @@ class Middleware:
         added for each next one, reason)``: the rest of that task's messages in the batch (the
         last ones) are deferred as ``job.defer`` would. ``before_batch`` must still be defined:
         it serves a job met outside a batch."""
+        return {}
+
+    def superseded(self, messages: list[Message]) -> dict[int, str]:
+        """``before_batch`` for a middleware that settles calls replaced by later ones
+        (``debounce``) and decides from the messages alone: the processor's batch path calls
+        this instead, with no ``Job`` made per message, once per batch with the messages of the
+        tasks this middleware applies to. Return, by index into ``messages``, the id of the
+        later call that replaced each superseded one: those are settled without running
+        (``job.supersede``). ``before_batch`` must still be defined: it serves a job met
+        outside a batch."""
         return {}
 
     def before_process(self, job: Job) -> None:
@@ -252,6 +264,7 @@ class Pipeline:
         "inline",
         "middleware",
         "per_call",
+        "screens",
         "task",
     )
 
@@ -282,11 +295,15 @@ class Pipeline:
         #: The ``before_batch`` middleware that decide from counts (``admit``): in a batch they
         #: need no ``Job`` per message.
         self.admits = [m for m in self.before_batch if overrides(m, "admit")]
+        #: The ``before_batch`` middleware that decide from the messages (``superseded``): in a
+        #: batch they need no ``Job`` per message either.
+        self.screens = [m for m in self.before_batch if overrides(m, "superseded")]
         #: The middleware a batch shows its jobs of this task to (``before/after_batch``).
         self.grouped = [
             m
             for m in used
-            if (m in self.before_batch and m not in self.admits) or m in self.after_batch
+            if (m in self.before_batch and m not in self.admits and m not in self.screens)
+            or m in self.after_batch
         ]
         #: False when only batch hooks (and ``after_calls``, and ``after_outcome`` beside it)
         #: apply: the batch path then calls the task inline too.
@@ -327,7 +344,11 @@ class Job(msgspec.Struct, eq=False):
     stored: StoredResult | None = None
     #: The workflow header (``hurtle.flow.Flow``) of a chain link or chord member.
     flow: Any = None
-    #: Deferrals so far in this process: a batch whose count did not move deferred nothing.
+    #: The id of the later call of its debounce key that replaced this one (``supersede``),
+    #: else "".
+    superseded: str = ""
+    #: Jobs set aside so far in this process, deferred or superseded: a batch whose count did
+    #: not move set none aside.
     deferrals: ClassVar[int] = 0
 
     def defer(self, delay: float, reason: str = "") -> None:
@@ -336,6 +357,13 @@ class Job(msgspec.Struct, eq=False):
         self.deferred = True
         self.defer_delay = max(float(delay), 0.0)
         self.defer_reason = reason
+        Job.deferrals += 1
+
+    def supersede(self, by: str) -> None:
+        """Settle the message without running it: the later call ``by`` of its debounce key
+        replaced it (from ``before_batch``; ``middleware.debounce``). It is acknowledged, its
+        unique lock released, and a task that keeps results stores a ``superseded`` record."""
+        self.superseded = by
         Job.deferrals += 1
 
     def call(self) -> Any:

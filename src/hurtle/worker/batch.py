@@ -2,7 +2,7 @@
 ``after_calls``) is decoded whole, ``before_batch`` sees its jobs and may defer some, the rest run
 in one loop, ``after_calls`` settles the calls that returned as columns, then ``after_batch``.
 A mixin of ``Processor`` (its methods read the processor's state), kept apart from the inline
-path and the per-call steps in ``processor``."""
+path and the per-call steps in ``processor``; what the batch hooks decide is ``admission``."""
 
 from __future__ import annotations
 
@@ -13,19 +13,18 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._text import describe, safe_repr
 from ..brokers import Delivery, StoredResult
 from ..errors import HurtleError, TimeLimitExceeded
 from ..message import Message, decode_unchecked
-from ..middleware import Calls, Job, Middleware, Outcome, Pipeline, overrides
+from ..middleware import Calls, Job, Middleware, Outcome, Pipeline
+from .admission import Admission, _set_aside
 from .jobs import BatchState, off_path, take_all
-from .unrun import NotRun
 
 if TYPE_CHECKING:
     from ..brokers.reports import Timings
-    from ..task import Task
     from .log import CallLog
     from .screen import Screen
 
@@ -34,11 +33,9 @@ _clock = time.perf_counter
 _PIPELINE_OF = attrgetter("pipeline")
 #: The skip set of a processor without a ``Screen``: always empty.
 _NO_SKIP: set[int] = set()
-#: Seconds the jobs of a batch wait in their queue when a ``before_batch`` hook failed.
-BEFORE_BATCH_PAUSE = 1.0
 
 
-class BatchPath(NotRun):
+class BatchPath(Admission):
     if TYPE_CHECKING:  # what the batch path uses of the ``Processor`` it is mixed into
         call_log: CallLog
         log_calls: bool
@@ -67,6 +64,7 @@ class BatchPath(NotRun):
         items: list[Message | Job] = []  # per runnable delivery: a Message or a Job
         batched: list[Job] = []  # the jobs whose middleware have batch hooks
         counted: dict[Pipeline, list[int]] = {}  # tasks with ``admit``: where their items are
+        screened: dict[Pipeline, list[int]] = {}  # tasks with ``superseded``: likewise
         pipelines = self._pipelines
         decode = decode_unchecked
         late: list[tuple[Delivery, str]] = []
@@ -74,6 +72,7 @@ class BatchPath(NotRun):
         run_task = ""
         pipeline: Pipeline | None = None
         where: list[int] | None = None  # where the run's items are, when ``admit`` counts them
+        seen: list[int] | None = None  # where they are, when ``superseded`` reads them
         plain = False  # the run's messages go as they are (no ``Job``) unless a workflow's
         for delivery in deliveries:
             try:
@@ -93,9 +92,12 @@ class BatchPath(NotRun):
                 run_task = message.task
                 # counted: ``admit`` decides by task, on counts
                 where = counted.setdefault(pipeline, []) if pipeline.admits else None
+                seen = screened.setdefault(pipeline, []) if pipeline.screens else None
                 plain = pipeline.inline or not (pipeline.grouped or pipeline.per_call)
             if where is not None:
                 where.append(len(items))
+            if seen is not None:
+                seen.append(len(items))
             if plain and not (message.headers and off_path(pipeline.task, message.headers)):
                 items.append(message)
             else:
@@ -107,6 +109,8 @@ class BatchPath(NotRun):
         if late:
             self.acker.dead_letter_many(late)
         deferrals = Job.deferrals
+        if screened:
+            self._screen(screened, runnable, items)
         if counted:
             self._admit(counted, runnable, items)
         groups: dict[Middleware, list[Job]] = {}
@@ -115,55 +119,22 @@ class BatchPath(NotRun):
             for m in pipeline.grouped:
                 groups.setdefault(m, []).extend(jobs)
         self._before_batch(groups)
-        if Job.deferrals != deferrals:  # some jobs were deferred: they do not run
-            kept = [i for i, it in enumerate(items) if not (type(it) is Job and it.deferred)]
+        if Job.deferrals != deferrals:  # some jobs were set aside: they do not run
+            kept = [i for i, it in enumerate(items) if not _set_aside(it)]
+            superseded: list[Job] = []
             for it in items:
                 if type(it) is Job and it.deferred:
                     self._defer(it)  # not counted: it comes back to run later
+                elif type(it) is Job and it.superseded:
+                    superseded.append(it)
+            if superseded:
+                self.superseded(superseded)
             runnable = [runnable[i] for i in kept]
             items = [items[i] for i in kept]
         try:
             self._run_items(runnable, items, state)
         finally:
             self._after_batch(groups)
-
-    def _admit(
-        self,
-        counted: dict[Pipeline, list[int]],
-        runnable: list[Delivery],
-        items: list[Message | Job],
-    ) -> None:
-        """Ask each ``admit`` middleware about its tasks' counts, once for the batch, and
-        mark for deferral the items beyond what it admits (a ``Job`` made for those only)."""
-        by_middleware: dict[Middleware, dict[Task[Any, Any], int]] = {}
-        for pipeline, where in counted.items():
-            for m in pipeline.admits:
-                by_middleware.setdefault(m, {})[pipeline.task] = len(where)
-        pipelines = {p.task.name: p for p in counted}
-        for m, counts in by_middleware.items():
-            try:
-                verdicts = m.admit(counts)
-            except Exception as err:  # (the broker is unreachable...) run none of them now
-                log.error(
-                    "middleware %s failed in admit: %s; its %d jobs go back to their queue for %gs",
-                    safe_repr(m),
-                    describe(err),
-                    sum(counts.values()),
-                    BEFORE_BATCH_PAUSE,
-                )
-                verdicts = {t.name: (0, BEFORE_BATCH_PAUSE, 0.0, "admit failed") for t in counts}
-            for name, (admitted, wait, step, reason) in verdicts.items():
-                pipeline = pipelines[name]
-                left = [at for at in counted[pipeline] if not _deferred(items[at])]
-                for i, at in enumerate(left[max(admitted, 0) :]):  # in the order they came
-                    item = items[at]
-                    job = (
-                        item
-                        if isinstance(item, Job)
-                        else Job(runnable[at], item, pipeline.task, pipeline, batch=True)
-                    )
-                    job.defer(wait + i * step, reason)
-                    items[at] = job
 
     def _run_items(
         self, runnable: list[Delivery], items: list[Message | Job], state: BatchState
@@ -374,41 +345,6 @@ class BatchPath(NotRun):
         if job is not None:
             job.outcome = Outcome("ack", calls.results[0])
             self._after_outcome(job)
-
-    def _before_batch(self, groups: dict[Middleware, list[Job]]) -> None:
-        for m, jobs in groups.items():
-            if not overrides(m, "before_batch"):
-                continue
-            try:
-                m.before_batch(jobs)
-            except Exception as err:  # (the broker is unreachable...) run none of them now
-                log.error(
-                    "middleware %s failed in before_batch: %s; its %d jobs go back to "
-                    "their queue for %gs",
-                    safe_repr(m),
-                    describe(err),
-                    len(jobs),
-                    BEFORE_BATCH_PAUSE,
-                )
-                for job in jobs:
-                    if not job.deferred:
-                        job.defer(BEFORE_BATCH_PAUSE, "before_batch failed")
-
-    def _after_batch(self, groups: dict[Middleware, list[Job]]) -> None:
-        for m, jobs in groups.items():
-            if not overrides(m, "after_batch"):
-                continue
-            settled = [j for j in jobs if j.outcome is not None]
-            if not settled:
-                continue
-            try:
-                m.after_batch(settled)
-            except Exception as err:
-                log.error("middleware %s failed in after_batch: %s", safe_repr(m), describe(err))
-
-
-def _deferred(item: Message | Job) -> bool:
-    return type(item) is Job and item.deferred
 
 
 def _after_calls_one_by_one(m: Middleware, calls: Calls, err: Exception) -> None:

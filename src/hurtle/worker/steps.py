@@ -159,6 +159,10 @@ class JobSteps(NotRun):
             self._defer(job)
             self._after_batch({m: [job] for m in pipeline.after_batch})
             return True
+        if job.superseded:  # a later call of its debounce key replaced it: settled, not run
+            self.processed -= 1  # counted there
+            self.superseded([job])
+            return True
         self.tally.add(job.delivery.queue, job.task.name, PROCESSED)
         return False
 

@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING, Any
 from .._text import describe, trace
 from ..brokers import Delivery, Lock, StoredResult
 from ..brokers.reports import UNDECODABLE, Tally
+from ..debounce import DEBOUNCE
 from ..errors import DecodeError
-from ..message import Message, salvage
-from ..records import CANCELLED, DEAD, EXPIRED
+from ..message import Message, lock_of, salvage
+from ..records import CANCELLED, DEAD, EXPIRED, encode_superseded
 from .ends import ending
 
 if TYPE_CHECKING:
@@ -179,6 +180,46 @@ class NotRun:
             )
         log.info("%d cancelled messages not run", len(deliveries))
         self.acker.dead_letter_many(late)
+
+    #: Debounced messages settled without running: a later call of their key replaced them.
+    debounced = 0
+
+    def superseded(self, jobs: list[Job]) -> None:
+        """Settle debounced jobs that later calls of their keys replaced (``Job.supersede``),
+        without running them: acknowledged (each with a ``superseded`` record, naming the call
+        that replaced it, when its task keeps results), their unique locks released; counted as
+        processed, and in ``debounced``."""
+        plain: list[Delivery] = []
+        kept: list[Delivery] = []
+        records: list[StoredResult] = []
+        locks: list[Lock] = []
+        for job in jobs:
+            delivery, message, task = job.delivery, job.message, job.task
+            self.processed += 1
+            self.tally.add(delivery.queue, task.name, PROCESSED)
+            if task.store_result:
+                key = str(message.headers.get(DEBOUNCE, "")) if message.headers else ""
+                kept.append(delivery)
+                records.append(
+                    StoredResult(
+                        message.id,
+                        encode_superseded(message, job.superseded, key),
+                        task.result_ttl,
+                    )
+                )
+            else:
+                plain.append(delivery)
+            lock = lock_of(message)
+            if lock is not None:
+                locks.append((delivery.queue, lock[0], message.id, lock[1]))
+        self.debounced += len(jobs)
+        log.debug("%d debounced calls superseded by later ones: not run", len(jobs))
+        if plain:
+            self.acker.ack_many(plain)
+        if kept:
+            self.acker.ack_many_with_results(kept, records)
+        if locks:
+            self.acker.release_uniques(locks)
 
     def _unknown(self, delivery: Delivery, message: Message) -> None:
         self.failed += 1

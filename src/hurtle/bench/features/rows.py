@@ -17,6 +17,8 @@ from ..harness.scenario import Scenario, hurtle_worker, publisher
 #: A rate that never binds at bench speed, and a uniqueness window longer than any run.
 _RATE = "10000000/s"
 _UNIQUE = 3600
+#: A debounce window shorter than the publish of a row: its calls are due when the worker starts.
+_DEBOUNCE = 0.001
 #: The key of the ``encrypt`` row, new for each run.
 _KEY = base64.urlsafe_b64encode(os.urandom(32)).decode("ascii")
 
@@ -35,6 +37,8 @@ class Feature:
     calls: str = ""
     #: The publisher (``module:function``): ``send_many`` straight to Redis unless another.
     publisher: str = "hurtle.bench.peers.features_app:publish"
+    #: Per-call options the calls are sent with (``Task.options``), such as a ``delay``.
+    send: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def unavailable(self) -> str | None:
         """Why a task cannot be registered with these options here, or None if it can."""
@@ -49,7 +53,11 @@ class Feature:
 
     def scenario(self) -> Scenario:
         """The publish-then-consume row the harness runs, on ``peers.features_app``."""
-        env = {"HURTLE_BENCH_OPTIONS": json.dumps(self.options), "HURTLE_BENCH_CALLS": self.calls}
+        env = {
+            "HURTLE_BENCH_OPTIONS": json.dumps(self.options),
+            "HURTLE_BENCH_CALLS": self.calls,
+            "HURTLE_BENCH_SEND": json.dumps(self.send),
+        }
         for name, value in self.settings.items():
             text = ",".join(value) if isinstance(value, list | tuple) else str(value)
             env[f"HURTLE_{name.upper()}"] = text
@@ -58,6 +66,9 @@ class Feature:
         options = ", ".join(f"{k}={v!r}" for k, v in self.options.items()) or "no option"
         if self.calls == "progress":
             options += "; hurtle.current().progress() in every call"
+        if self.send:
+            sent = "sent with options(" + ", ".join(f"{k}={v!r}" for k, v in self.send.items())
+            options = (f"{options}; " if self.options else "") + sent + ")"
         return Scenario(
             name=self.name,
             system="hurtle",
@@ -98,6 +109,13 @@ ROWS = [
     Feature("rate_limit", {"rate_limit": _RATE}),
     Feature("unique_for", {"unique_for": _UNIQUE}),
     Feature("time_limit", {"time_limit": 10}),
+    # each call its own key (``add(i, 6)`` keyed by ``x``), so none is superseded: what a
+    # debounced call costs, its latest record written per batch sent and read per batch fetched;
+    # a window short enough that every call is due by the time the worker starts
+    Feature("debounce", {"debounce": _DEBOUNCE, "debounce_key": "x"}),
+    # what the debounce window's delay costs by itself: the calls wait in the delayed set and
+    # each fetch moves them to the ready lists first
+    Feature("delay", send={"delay": _DEBOUNCE}),
     # arguments opened in the worker, one AES-GCM per message
     Feature("encrypt", {"encrypt": True}, settings={"encryption_keys": [_KEY]}),
     Feature(

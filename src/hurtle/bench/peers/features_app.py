@@ -1,6 +1,7 @@
 """The app of ``hurtle bench features``: ``bench.add`` registered with the task options in
-``$HURTLE_BENCH_OPTIONS`` (JSON), published with ``send_many`` in batches of ``BATCH``. Calls
-have distinct arguments (``add(i, 6)``), so that ``unique_for`` keeps every one of them."""
+``$HURTLE_BENCH_OPTIONS`` (JSON), published with ``send_many`` in batches of ``BATCH`` (with
+the per-call options of ``$HURTLE_BENCH_SEND``, if any). Calls have distinct arguments
+(``add(i, 6)``), so that ``unique_for`` keeps every one of them."""
 
 from __future__ import annotations
 
@@ -34,11 +35,16 @@ task = app.task(name="bench.add", **json.loads(os.environ.get("HURTLE_BENCH_OPTI
 )
 
 
+#: Per-call options of the sends (``$HURTLE_BENCH_SEND``, JSON), such as a ``delay``.
+SEND = json.loads(os.environ.get("HURTLE_BENCH_SEND") or "{}")
+
+
 def publish(count: int, progress: Callable[[int], None]) -> int:
+    sender = task.options(**SEND) if SEND else task
     sent = 0
     while sent < count:
         n = min(BATCH, count - sent)
-        task.send_many([(i, 6) for i in range(sent, sent + n)])
+        sender.send_many([(i, 6) for i in range(sent, sent + n)])
         sent += n
         progress(sent)
     app.close()

@@ -57,6 +57,34 @@ class _Control(_ScriptRunner):
         now_ms = int(time.time() * 1000)
         return [bytes(f[13:]) if f is not None and int(f[:13]) > now_ms else None for f in found]
 
+    def put_latest(self, latest: Sequence[tuple[str, str, str]], ttl: float) -> None:
+        """One ``latest_put.lua`` per queue (its keys share the queue's hash tag), all in one
+        pipeline: a key of its own for each debounce key, so that each expires on its own."""
+        if not latest:
+            return
+        by_queue: dict[str, tuple[list[str], list[str]]] = {}
+        for queue, key, value in latest:
+            keys, values = by_queue.setdefault(queue, ([], []))
+            keys.append(queue_keys(queue).latest(key))
+            values.append(value)
+        ttl_ms = max(int(ttl * 1000), 1)
+        script = self._scripts.latest_put
+        self._pipeline_raw(
+            [self._call(script, keys, (ttl_ms, *values)) for keys, values in by_queue.values()],
+            f"recording the latest calls of {len(latest)} debounce keys",
+        )
+
+    def get_latest(self, queue: str, keys: Sequence[str]) -> list[str | None]:
+        """One ``MGET`` (the keys share the queue's hash tag: one slot of a cluster)."""
+        if not keys:
+            return []
+        prefix = queue_keys(queue).latest_prefix
+        [values] = self._pipeline_raw(
+            [(("MGET", *[prefix + k for k in keys]), None)],
+            f"reading the latest calls of {len(keys)} debounce keys",
+        )
+        return [None if v is None else bytes(v).decode() for v in values]
+
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then
         raise the cancels flag of every known queue until this one ends: two round trips."""

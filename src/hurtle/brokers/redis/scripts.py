@@ -81,6 +81,7 @@ class _Scripts:
         self.unique_release = _Script("unique_release")
         self.cancel_flag = _Script("cancel_flag")
         self.chord_count = _Script("chord_count")
+        self.latest_put = _Script("latest_put")
 
     def all(self) -> list[_Script]:
         return [v for v in vars(self).values() if isinstance(v, _Script)]

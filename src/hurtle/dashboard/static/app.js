@@ -383,7 +383,7 @@ async function loadTask() {
     { title: "", value: (f) => f[0] }, { title: "", value: (f) => f[1] },
   ], fields);
   // a message with no outcome yet (waiting, running, reporting progress) is followed live
-  taskLive = !["succeeded", "dead", "expired", "cancelled"].includes(row.state);
+  taskLive = !["succeeded", "dead", "expired", "cancelled", "superseded"].includes(row.state);
 }
 let taskLive = false;
 

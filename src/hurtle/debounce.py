@@ -1,0 +1,161 @@
+"""Debounced tasks (``@app.task(debounce=5, debounce_key=...)``): the option, checked once at
+registration, and what a call carries and leaves in the broker.
+
+Of the calls of one key sent within ``debounce`` seconds of each other, only the last runs. A
+call is sent due ``debounce`` seconds later (as a ``delay``), naming its key in the header
+``DEBOUNCE``; its publisher then records it as the latest message of that key in the broker
+(``Broker.put_latest``, one call per batch; the last writer wins) for ``debounce`` plus
+``LATEST_MARGIN`` seconds: its id and when it was made (``latest_value``). When a worker
+fetches debounced messages it reads the latest records of their keys in one call per batch
+(``Broker.get_latest``); one whose key's record names another call made no earlier than itself
+was superseded: it is acknowledged without running (``middleware.debounce``). A record of an
+earlier call (the call's own record not written yet when it was fetched: a window shorter than
+the time between its publish and its record) lets it run: the last call is never dropped for
+an older one. A key whose
+record is missing (expired, or never written because the send failed after its publish) runs
+every call that reaches the worker: a call is never lost to a missing record.
+
+The key is ``debounce_key=``: a callable of the task's arguments returning the key, or the name
+of one of its parameters (its value is the key). Without one, all calls of the task share one
+key. Keys are per task and per queue.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import ConfigurationError
+
+#: The header naming a debounced call's key (the task's name, ``:`` and the key).
+DEBOUNCE = "debounce"
+#: Seconds a key's latest record is kept beyond the window: a worker that fetches a message
+#: that much later than it was due still tells the latest from the superseded.
+LATEST_MARGIN = 3600.0
+_NO_VALUE = object()
+
+
+#: What the broker keeps as the latest call of a key, ``latest_value(id, created)``: its message
+#: id and when it was made (``Message.created``), as text. A call is superseded only by a record
+#: of another call made no earlier than itself (``superseded_by``). A method of ``str`` (no
+#: Python frame): ``map`` makes a batch's values in C.
+latest_value: Callable[[str, float], str] = "{}@{!r}".format
+
+
+def superseded_by(value: str | None, id: str, created: float) -> str | None:
+    """The id of the call that replaced the call ``id`` made at ``created``, by the latest
+    record of its key (``latest_value``), or None when it was not replaced: no record, its own,
+    or one of a call made before it (its publisher's record landed after this call was
+    fetched: this call runs, the record's own call was or will be settled by then)."""
+    if value is None:
+        return None
+    by, _, at = value.partition("@")
+    if by == id:
+        return None
+    try:
+        made = float(at)
+    except ValueError:  # not a record of this version: the id alone decides
+        return by
+    return by if made >= created else None
+
+
+def latest_name(queue: str, key: str) -> str:
+    """The name under which the broker keeps the latest message id of ``key`` in ``queue``."""
+    return f"debounce:{queue}:{key}"
+
+
+class Debounce:
+    """A task's checked ``debounce`` option: the window and how a call's key is made."""
+
+    __slots__ = ("_default", "_fn", "_index", "_name", "keyed", "seconds", "task")
+
+    def __init__(self, task: str, fn: Callable[..., Any], seconds: object, key: object) -> None:
+        self.task = task
+        self.seconds = check_debounce(task, seconds)
+        self._fn: Callable[..., Any] | None = None
+        self._name: str | None = None
+        self._index = -1
+        self._default: Any = None
+        #: A keyed hash of key values for a task whose arguments are sealed (set by the task).
+        self.keyed: Callable[[bytes], str] | None = None
+        if key is None:
+            return
+        if isinstance(key, str):
+            self._name = key
+            self._index, self._default = _parameter(task, fn, key)
+        elif callable(key):
+            self._fn = key
+        else:
+            raise ConfigurationError(
+                f"task {task!r}: debounce_key must be the name of one of its parameters "
+                f"(debounce_key='user_id') or a callable of its arguments returning a key "
+                f"(lambda user_id, **_: user_id), got {key!r:.60} ({type(key).__name__})"
+            )
+
+    @property
+    def ttl(self) -> float:
+        """Seconds a key's latest record is kept: the window and ``LATEST_MARGIN``."""
+        return self.seconds + LATEST_MARGIN
+
+    def key_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        """The debounce key of a call with these arguments: the task's name, then ``:`` and
+        the key the option makes of them (none without ``debounce_key``)."""
+        if self._fn is not None:
+            value: Any = self._fn(*args, **kwargs)
+        elif self._name is not None:
+            value = kwargs.get(self._name, _NO_VALUE)
+            if value is _NO_VALUE:
+                value = args[self._index] if 0 <= self._index < len(args) else _NO_VALUE
+            if value is _NO_VALUE:  # left to its default
+                value = self._default
+        else:
+            return self.task
+        text = str(value)
+        if self.keyed is not None:
+            text = self.keyed(text.encode())
+        return f"{self.task}:{text}"
+
+
+def check_debounce(task: str, seconds: object) -> float:
+    """``debounce=`` as a number of seconds: finite and > 0."""
+    if (
+        not isinstance(seconds, int | float)
+        or isinstance(seconds, bool)
+        or not 0 < seconds <= sys.float_info.max  # False for NaN, inf and 10**400
+        or not math.isfinite(seconds)
+    ):
+        raise ConfigurationError(
+            f"task {task!r}: debounce must be a finite number of seconds > 0 (of the calls of "
+            f"one key sent within that many seconds of each other, only the last runs), got "
+            f"{seconds!r:.60}"
+        )
+    return float(seconds)
+
+
+def _parameter(task: str, fn: Callable[..., Any], name: str) -> tuple[int, Any]:
+    """The position of the parameter ``name`` of ``fn`` (-1 for a keyword-only one) and its
+    default (None for none); ``ConfigurationError`` when ``fn`` has no such parameter."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"task {task!r}: debounce_key={name!r} names a parameter, but the function's "
+            "signature cannot be read: give a callable of its arguments instead"
+        ) from None
+    kinds = inspect.Parameter
+    param = params.get(name)
+    if param is None or param.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD):
+        named = ", ".join(
+            p for p, v in params.items() if v.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+        )
+        raise ConfigurationError(
+            f"task {task!r}: debounce_key={name!r} is not one of its parameters "
+            f"({named or 'it has none'}): name one, or give a callable of its arguments"
+        )
+    default = None if param.default is param.empty else param.default
+    if param.kind is kinds.KEYWORD_ONLY:
+        return -1, default
+    return list(params).index(name), default

@@ -1,0 +1,83 @@
+"""Debounced tasks (``debounce=``): the worker's side, one broker read per batch.
+
+A debounced call is published due ``debounce`` seconds after its send and recorded as the
+latest of its key (``hurtle.debounce``, ``sending.publish_latest``). Before a fetched batch
+runs (``superseded``: read in columns, no ``Job`` per message), the latest ids of the keys its
+debounced messages name are read in one ``Broker.get_latest`` call; a message whose key's
+record names another call made no earlier than itself (``debounce.superseded_by``) was
+replaced by a later call and is settled without running
+(``Job.supersede``: acknowledged, its unique lock released, a ``superseded`` record for a task
+that keeps results). A key with no record (it expired, or the send that published the message
+failed before recording it) runs its message.
+
+Only tasks registered with ``debounce=`` get this middleware: a batch without their messages
+makes no call, and their calls cost a look at their headers and a share of one read per batch
+(a ``Job`` only for a call superseded, or met outside a batch: ``before_batch``).
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any
+
+from ..debounce import DEBOUNCE, latest_value, superseded_by
+from ..message import Message
+from . import Job, Middleware, WorkerParts
+
+if TYPE_CHECKING:
+    from ..brokers import Broker
+    from ..task import Task
+
+
+_ID = attrgetter("id")
+_CREATED = attrgetter("created")
+
+
+class DebounceMiddleware(Middleware):
+    """Settles, unrun, the debounced calls that later calls of their keys replaced."""
+
+    def __init__(self) -> None:
+        self._broker: Broker | None = None
+
+    def applies_to(self, task: Task[Any, Any]) -> bool:
+        return task.debounce is not None
+
+    def worker_start(self, worker: WorkerParts) -> None:
+        self._broker = worker.app.broker
+
+    def superseded(self, messages: list[Message]) -> dict[int, str]:
+        """The batch path's check, in columns: no ``Job`` per message, one ``get_latest`` per
+        queue (a batch is mostly one), and a batch none of whose calls was replaced is told
+        by one compare of two lists."""
+        keys = [h.get(DEBOUNCE) if (h := m.headers) else None for m in messages]
+        queues = {m.queue for m in messages}
+        assert self._broker is not None, "worker_start first"
+        out: dict[int, str] = {}
+        if len(queues) == 1 and None not in keys:  # the usual batch
+            found = self._broker.get_latest(messages[0].queue, keys)  # type: ignore[arg-type]
+            if found == list(map(latest_value, map(_ID, messages), map(_CREATED, messages))):
+                return out
+            at: list[int] = list(range(len(messages)))
+        else:
+            found, at = [], []
+            for queue in queues:
+                mine = [
+                    i
+                    for i, (m, key) in enumerate(zip(messages, keys, strict=True))
+                    if m.queue == queue and type(key) is str
+                ]
+                if mine:
+                    found += self._broker.get_latest(queue, [keys[i] for i in mine])  # type: ignore[misc]
+                    at += mine
+        for i, value in zip(at, found, strict=True):
+            m = messages[i]
+            by = superseded_by(value, m.id, m.created)
+            if by is not None:
+                out[i] = by
+        return out
+
+    def before_batch(self, jobs: list[Job]) -> None:
+        """A job met outside a batch (``superseded`` serves batches)."""
+        live = [job for job in jobs if not job.deferred]
+        for i, by in self.superseded([job.message for job in live]).items():
+            live[i].supersede(by)
