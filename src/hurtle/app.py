@@ -60,7 +60,14 @@ class Hurtle:
     ) -> None:
         #: The sharded queues and their numbers of shards (``ShardedBroker``), checked.
         self.shards: dict[str, int] = check_shards(shards) if shards is not None else {}
-        if isinstance(broker, Broker) and self.shards:
+        if isinstance(broker, ShardedBroker):
+            if shards is not None and self.shards != broker.shards:
+                raise ConfigurationError(
+                    f"shards={self.shards!r} disagrees with the shards of the ShardedBroker "
+                    f"given ({broker.shards!r}): name the shards once, in one of them"
+                )
+            self.shards = broker.shards
+        elif isinstance(broker, Broker) and self.shards:
             broker = ShardedBroker(broker, self.shards)
         if isinstance(broker, str):
             settings["broker_url"] = broker

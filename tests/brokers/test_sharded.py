@@ -161,3 +161,32 @@ def test_dead_letters_of_every_shard_are_merged_and_paged(tmp_path: Path) -> Non
 def test_bad_shards_are_refused_when_the_app_is_made(shards: object, named: str) -> None:
     with pytest.raises(ConfigurationError, match=named.replace("[", r"\[").replace("]", r"\]")):
         Hurtle("memory://", shards=shards)  # type: ignore[arg-type]
+
+
+def test_what_was_sent_unsharded_is_counted_read_and_retried_into_the_shards(
+    tmp_path: Path,
+) -> None:
+    inner = make_broker(f"sqlite:///{tmp_path / 'h.db'}")
+    broker = ShardedBroker(inner, {"emails": 4})
+    try:
+        old = msg("emails", 1)
+        inner.publish([old])  # a sender that was not told of the shards
+        broker.publish([msg("emails", i) for i in range(8)])
+        assert broker.stats(["emails"])["emails"].ready == 9
+        consumer = broker.consumer(["emails"])
+        got = consumer.fetch(20, 0)
+        assert len(got) == 9 and got[-1].raw == old.encode()  # the plain queue is read last
+        consumer.retry(got[-1], Message.decode(got[-1].raw))
+        assert inner.stats(["emails"])["emails"].ready == 0  # retried into a shard
+        assert sum(s.ready for s in inner.stats(shard_names("emails", 4)).values()) == 1
+        assert broker.purge("emails") == 1
+    finally:
+        broker.close()
+
+
+def test_shards_named_twice_must_agree() -> None:
+    given = ShardedBroker(make_broker("memory://"), {"emails": 4})
+    assert Hurtle(given, shards={"emails": 4}).broker is given
+    assert Hurtle(given).shards == {"emails": 4}
+    with pytest.raises(ConfigurationError, match="disagrees with the shards"):
+        Hurtle(given, shards={"emails": 8})

@@ -16,10 +16,12 @@ What this layer does, and only this:
   and a schedule's ticks go to the queue's first shard, so that one key always meets one lock
   and one record dedups a schedule's ticks, whatever the key or the schedule;
 * fetch: a consumer of ``q`` is one consumer of ``inner`` on all of ``q``'s shards, starting at
-  a random one (each worker favours another shard), priorities honoured within each shard; its
-  deliveries name ``q`` and hold the bytes published (``ShardedConsumer``);
+  a random one (each worker favours another shard), then on ``q`` itself (what a sender not
+  told of the shards sent), priorities honoured within each; its deliveries name ``q`` and hold
+  the bytes published (``ShardedConsumer``);
 * admin: pause, resume, purge, forget, stats, queues, dead letters and the workers' figures act
-  on ``q`` as a whole (sums, merged lists) and name ``q``, never a shard;
+  on ``q`` as a whole, shards and ``q`` itself (sums, merged lists), and name ``q``, never a
+  shard;
 * everything keyed by message id (results, progress, cancellation, rate limits) passes through.
 
 Order holds within a shard only: two messages of ``q`` published one after the other may run in
@@ -172,14 +174,23 @@ class ShardedBroker(Broker):
 
     # -- names ----------------------------------------------------------------------------
 
-    def stored(self, queue: str) -> tuple[str, ...]:
-        """The queues of ``inner`` that store ``queue``: its shards, or itself."""
+    def shards_of(self, queue: str) -> tuple[str, ...]:
+        """The queues of ``inner`` that messages of ``queue`` are sent to: its shards, or
+        itself when it is not sharded."""
         count = self.shards.get(queue)
         return (queue,) if count is None else shard_names(queue, count)
 
+    def stored(self, queue: str) -> tuple[str, ...]:
+        """The queues of ``inner`` that may hold messages of ``queue``: its shards and, for a
+        sharded queue, the queue of its own name too (what a sender that was not told of the
+        shards, or that ran before they were set, sent), which workers read after the shards
+        and every count and action includes: nothing sent there is left behind."""
+        shards = self.shards_of(queue)
+        return shards if queue not in self.shards else (*shards, queue)
+
     def lock_shard(self, queue: str) -> str:
         """The stored queue where the unique locks of ``queue`` live: its first shard."""
-        return self.stored(queue)[0]
+        return self.shards_of(queue)[0]
 
     def route(self, messages: Sequence[Message]) -> list[Message]:
         """``messages`` with each message of a sharded queue given a shard: the first when it
@@ -187,10 +198,10 @@ class ShardedBroker(Broker):
         turns: dict[str, int] = {}
         routed: list[Message] = []
         for m in messages:
-            names = self.stored(m.queue)
-            if len(names) == 1 and names[0] == m.queue:
+            if m.queue not in self.shards:
                 routed.append(m)  # not sharded, or a shard's name already (a retried message)
                 continue
+            names = self.shards_of(m.queue)
             if lock_of(m) is not None:
                 shard = names[0]  # where the queue's unique locks live
             else:
@@ -238,7 +249,7 @@ class ShardedBroker(Broker):
         return self.inner.publish_in(connection, self._checked(messages), unique_for)
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
-        names = self.stored(queue)
+        names = self.shards_of(queue)
         start = random.randrange(len(names))
         for i, name in enumerate(names):
             part = payloads[(i - start) % len(names) :: len(names)]
@@ -256,7 +267,7 @@ class ShardedBroker(Broker):
         check_tick_claim(queue, tick, messages, unique_for)
         check_messages(messages)
         encode_many(list(messages), self.max_message_size)
-        shard = self.stored(queue)[0]  # a queue's schedules live with its unique locks
+        shard = self.lock_shard(queue)  # a queue's schedules live with its unique locks
         shifted = [msgspec.structs.replace(m, queue=shard) for m in messages]
         return self.inner.claim_tick(shard, name, tick, shifted, unique_for)
 
@@ -264,7 +275,7 @@ class ShardedBroker(Broker):
         raise AssertionError("ShardedBroker.claim_tick hands ticks to its inner broker whole")
 
     def last_tick(self, queue: str, name: str) -> float | None:
-        return self.inner.last_tick(self.stored(queue)[0], name)
+        return self.inner.last_tick(self.lock_shard(queue), name)
 
     # -- control --------------------------------------------------------------------------
 
@@ -347,9 +358,11 @@ class ShardedBroker(Broker):
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> ShardedConsumer:
         stored: list[str] = []
         for queue in queues:
-            names = self.stored(queue)
+            names = self.shards_of(queue)
             start = random.randrange(len(names))
             stored.extend(names[start:] + names[:start])
+            if queue in self.shards:
+                stored.append(queue)  # what was sent unsharded: read last
         return ShardedConsumer(self, tuple(queues), self.inner.consumer(stored, worker_id))
 
     def recover(self) -> int:
