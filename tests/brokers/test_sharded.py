@@ -44,7 +44,7 @@ def test_the_four_shards_of_a_queue_land_on_more_than_one_master(redis_cluster_u
             (node,) = masters_of(client, [slot])
             host = redis.Redis(port=node_port(client, node))
             assert host.llen(f"hurtle:{{{name}}}:ready:0") == 10
-        assert len(masters) == 3, (names, slots)
+        assert len(masters) >= 2, (names, slots)
         assert broker.stats(["emails"])["emails"].ready == 40
     finally:
         broker.close()

@@ -7,7 +7,8 @@ A queue ``q`` given ``n`` shards (``ShardedBroker(inner, {"q": n})``, or
 user queue is ever one of them. On Redis each has a hash tag of its own; ``K`` is chosen so that
 the ``n`` tags fall in ``n`` different stretches of Redis Cluster's 16384 slots, so that a
 cluster whose masters hold stretches of slots, as ``redis-cli --cluster create`` makes them,
-puts them on different masters.
+puts them on more than one master (the first and the last shard never share one when ``n``
+shards meet at most ``n`` masters of equal stretches).
 
 What this layer does, and only this:
 
