@@ -190,3 +190,18 @@ def test_shards_named_twice_must_agree() -> None:
     assert Hurtle(given).shards == {"emails": 4}
     with pytest.raises(ConfigurationError, match="disagrees with the shards"):
         Hurtle(given, shards={"emails": 8})
+
+
+def test_publish_once_of_a_sharded_queue_skips_ids_it_stored(redis_cluster_url: str) -> None:
+    broker = ShardedBroker(make_broker(redis_cluster_url), {"emails": 4})
+    try:
+        messages = [msg("emails", i) for i in range(30)]
+        broker.publish_once(messages[:20])
+        broker.publish_once(messages)  # the first 20 again (the relay), and 10 new
+        assert broker.stats(["emails"])["emails"].ready == 30
+        per_shard = broker.inner.stats(shard_names("emails", 4))
+        assert sum(1 for s in per_shard.values() if s.ready) > 1  # spread by id
+        got = broker.consumer(["emails"]).fetch(50, 0)
+        assert sorted(d.raw for d in got) == sorted(m.encode() for m in messages)
+    finally:
+        broker.close()

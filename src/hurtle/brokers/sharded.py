@@ -34,6 +34,7 @@ higher priority in another shard may wait for that batch. Only the stored copy n
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 
@@ -248,6 +249,26 @@ class ShardedBroker(Broker):
         self, connection: object, messages: Sequence[Message], unique_for: float | None = None
     ) -> list[str]:
         return self.inner.publish_in(connection, self._checked(messages), unique_for)
+
+    def publish_once(
+        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+    ) -> None:
+        """``publish_once`` of ``inner``, each message of a sharded queue in the shard its id
+        picks: a batch published again (the outbox's relay) meets the ids it stored before, in
+        the same shard."""
+        if payloads is None:
+            check_messages(messages)
+            payloads = encode_many(list(messages), self.max_message_size)
+        routed: list[Message] = []
+        stored: list[bytes] = []
+        for m, raw in zip(messages, payloads, strict=True):
+            if m.queue in self.shards:
+                names = self.shards_of(m.queue)
+                shard = names[zlib.crc32(m.id.encode()) % len(names)]
+                m, raw = msgspec.structs.replace(m, queue=shard), requeued(raw, shard)
+            routed.append(m)
+            stored.append(raw)
+        self.inner.publish_once(routed, stored)
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         names = self.shards_of(queue)
