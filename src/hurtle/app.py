@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, Unpack, overload
 
 from .brokers import Broker, make_broker
+from .brokers.sharded import ShardedBroker, check_shards
 from .cancels import CANCEL_MARGIN, CANCEL_TTL, WINDOW
 from .errors import ConfigurationError
 from .handles import Handle
@@ -43,6 +44,10 @@ class Hurtle:
     ``broker`` is a URL or a ``Broker``; without one, ``HURTLE_BROKER_URL`` is used, else the
     embedded ``sqlite:///hurtle.db``. Keyword arguments override any other setting (see
     ``hurtle.settings.Settings``). The broker is connected on first use.
+
+    ``shards`` ({queue: number of shards}) stores each of those queues as that many queues of
+    the broker, spread over a Redis Cluster's masters (``brokers/sharded.py``, "Sharded
+    queues" in docs/brokers.md): every process of the application must name the same.
     """
 
     def __init__(
@@ -50,8 +55,20 @@ class Hurtle:
         broker: str | Broker | None = None,
         *,
         middleware: Iterable[Middleware] = (),
+        shards: Mapping[str, int] | None = None,
         **settings: Any,
     ) -> None:
+        #: The sharded queues and their numbers of shards (``ShardedBroker``), checked.
+        self.shards: dict[str, int] = check_shards(shards) if shards is not None else {}
+        if isinstance(broker, ShardedBroker):
+            if shards is not None and self.shards != broker.shards:
+                raise ConfigurationError(
+                    f"shards={self.shards!r} disagrees with the shards of the ShardedBroker "
+                    f"given ({broker.shards!r}): name the shards once, in one of them"
+                )
+            self.shards = broker.shards
+        elif isinstance(broker, Broker) and self.shards:
+            broker = ShardedBroker(broker, self.shards)
         if isinstance(broker, str):
             settings["broker_url"] = broker
         self.settings: Settings = load_settings(settings)
@@ -169,7 +186,7 @@ class Hurtle:
         what only reads, such as ``hurtle status``, never leaves an empty file behind."""
         with self._broker_lock:
             if self._broker is None:
-                self._broker = make_broker(
+                broker = make_broker(
                     self.settings.broker_url,
                     heartbeat_timeout=self.settings.heartbeat_timeout,
                     dead_letter_max=self.settings.dead_letter_max,
@@ -177,6 +194,7 @@ class Hurtle:
                     max_recoveries=self.settings.max_recoveries,
                     create=create,
                 )
+                self._broker = ShardedBroker(broker, self.shards) if self.shards else broker
             return self._broker
 
     @property

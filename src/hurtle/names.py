@@ -5,7 +5,12 @@ can carry such a name as it is: Redis (and Redis Cluster) put it in a hash tag `
 a ``{`` or ``}`` would break; NATS makes subject tokens and stream names of it, where a space,
 ``*`` or ``>`` mean something else. So a name is checked where it comes in (``@app.task(queue=)``,
 ``.options(queue=)``, ``Hurtle(default_queue=)``, a worker's queues, ``hurtle queue``, the HTTP
-API, ``Broker.pause``/``resume``/``purge``), never per message.
+API), never per message.
+
+A sharded queue (``brokers/sharded.py``) is stored as several queues named ``q~N``: ``~``
+(``SHARD_MARK``) is outside the alphabet of a user's queue name, so none of them can be a
+user's queue; brokers take such names too (``stored_queue_name_problem``, what
+``Broker.pause``/``resume``/``purge`` check).
 
 A task name is a non-empty str of at most ``MAX_TASK_NAME`` (200) characters: it travels in
 every message and names the task in logs, metrics and the dashboard.
@@ -29,6 +34,9 @@ QUEUE_NAME_RULE = (
     "(e.g. 'emails' or 'reports.daily')"
 )
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9._:-]+")
+#: What separates a sharded queue's name from its shard's number in the queues that store it.
+SHARD_MARK = "~"
+_SHARD_NUMBER = re.compile(r"[0-9]{1,6}")
 
 
 def queue_name_problem(queue: object) -> str | None:
@@ -46,6 +54,24 @@ def queue_name_problem(queue: object) -> str | None:
         bad = sorted({c for c in queue if not _QUEUE_NAME.fullmatch(c)})
         return f"queue name {_shown(queue)} has characters not allowed: {' '.join(map(repr, bad))}"
     return None
+
+
+def stored_queue_name_problem(queue: object) -> str | None:
+    """What is wrong with ``queue`` as the name of a queue a broker stores, or None: a queue
+    name, or a shard's (``q~N``: a queue name, ``SHARD_MARK`` and a number)."""
+    if isinstance(queue, str) and SHARD_MARK in queue:
+        logical, _, number = queue.rpartition(SHARD_MARK)
+        if _SHARD_NUMBER.fullmatch(number):
+            return queue_name_problem(logical)
+    return queue_name_problem(queue)
+
+
+def check_stored_queue_name(queue: object) -> str:
+    """``queue``, checked as ``stored_queue_name_problem`` does; else a ``ConfigurationError``."""
+    problem = stored_queue_name_problem(queue)
+    if problem is not None:
+        raise ConfigurationError(f"{problem}; {QUEUE_NAME_RULE}")
+    return queue  # type: ignore[return-value]
 
 
 def check_queue_name(queue: object) -> str:

@@ -1,8 +1,8 @@
 """What the brokers share beyond their contract (``base``): the checks of arguments every store
-makes the same way (a queue name's is ``hurtle.names.check_queue_name``, also importable from
-here), the rate-limit arithmetic (GCRA) of the stores that do it in Python, lock keys, the log
-line of trimmed dead letters, and what a message a store dead-letters itself ends
-(``dead_ends``)."""
+makes the same way (a queue name's is ``hurtle.names.check_stored_queue_name``, importable
+from here as ``check_queue_name``: a broker takes the names of a sharded queue's shards too),
+the rate-limit arithmetic (GCRA) of the stores that do it in Python, lock keys, the log line
+of trimmed dead letters, and what a message a store dead-letters itself ends (``dead_ends``)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from typing import TYPE_CHECKING, NamedTuple, TypeVar
 from ..errors import ConfigurationError
 from ..flow import FLOW, read_flow
 from ..message import Message, check_messages, lock_of, salvage
-from ..names import check_queue_name as check_queue_name  # the one check, for every broker
+from ..names import check_stored_queue_name
 from ..records import member_record
 from .records import FlowStep, StoredResult
 
 if TYPE_CHECKING:
     from .base import Broker
+
+#: The one check of a queue name, for every broker: a user's queue name or a shard's.
+check_queue_name = check_stored_queue_name
 
 log = logging.getLogger("hurtle.brokers.base")  # the name these lines were always logged under
 

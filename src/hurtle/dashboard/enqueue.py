@@ -27,11 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ..brokers.common import check_queue_name
 from ..errors import ArgumentError, ConfigurationError
 from ..ids import new_id
 from ..message import Message
-from ..names import task_name_problem
+from ..names import check_queue_name, task_name_problem
 from ..options import SendOptions
 
 if TYPE_CHECKING:
