@@ -26,7 +26,7 @@ import subprocess
 import textwrap
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -342,6 +342,28 @@ def done_by(project: Project) -> dict[str, set[int]]:
         if len(parts) == 3 and parts[0] == "done":
             by[parts[2]].add(int(parts[1]))
     return by
+
+
+def both_carry_on(
+    project: Project,
+    workers: Sequence[subprocess.Popen[str]],
+    returned: Sequence[int],
+    after: int,
+    more: int,
+    event: str,
+) -> None:
+    """Wait until every worker ran a task numbered ``after`` or later (published after
+    ``event``; a worker that exited ends the wait, for the caller to report), then until ``more``
+    further sends returned."""
+
+    def carried_on() -> bool:
+        pids = {str(w.pid) for w in workers}
+        later = {pid for pid, ns in done_by(project).items() if max(ns) >= after}
+        return pids <= later or any(w.poll() is not None for w in workers)
+
+    wait_until(carried_on, f"both workers to run tasks published after the {event}")
+    wanted = len(returned) + more
+    wait_until(lambda: len(returned) >= wanted, f"publishing to carry on after the {event}")
 
 
 class Publisher:

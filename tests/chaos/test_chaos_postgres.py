@@ -29,6 +29,7 @@ from chaos_support import (
     Fleet,
     Publisher,
     Tally,
+    both_carry_on,
     burst,
     done_by,
     trial_rng,
@@ -114,14 +115,7 @@ def test_postgres_stopped_at_once_under_load_loses_no_publish_that_returned(
         # what is published from now on went to the restarted server
         after = publisher.next_number()
 
-        def both_carried_on() -> bool:
-            pids = {str(w.pid) for w in workers}
-            later = {pid for pid, ns in done_by(project).items() if max(ns) >= after}
-            return pids <= later or any(w.poll() is not None for w in workers)
-
-        wait_until(both_carried_on, "both workers to run tasks published after the restart")
-        more = len(returned) + rng.randrange(1, 500)
-        wait_until(lambda: len(returned) >= more, "publishing to carry on after the restart")
+        both_carry_on(project, workers, returned, after, rng.randrange(1, 500), "restart")
     finally:
         publisher.stop()
 
