@@ -46,14 +46,8 @@ if delayed > 0 then
     seq = seq + 1
     args[#args + 1] = ARGV[k]
     args[#args + 1] = ARGV[k + 1] .. string.format(':%012x:', seq) .. ARGV[k + 2]
-    if #args >= CHUNK then
-      redis.call('ZADD', KEYS[11], unpack(args))
-      args = {}
-    end
   end
-  if #args > 0 then
-    redis.call('ZADD', KEYS[11], unpack(args))
-  end
+  call_chunked('ZADD', KEYS[11], args)
 end
 
 wake_for(KEYS[12], ready, delayed)

@@ -108,14 +108,8 @@ if delayed > 0 then
     seq = seq + 1
     args[#args + 1] = ARGV[g + 1]
     args[#args + 1] = ARGV[g] .. string.format(':%012x:', seq) .. ARGV[place[m]]
-    if #args >= CHUNK then
-      redis.call('ZADD', KEYS[11], unpack(args))
-      args = {}
-    end
   end
-  if #args > 0 then
-    redis.call('ZADD', KEYS[11], unpack(args))
-  end
+  call_chunked('ZADD', KEYS[11], args)
 end
 
 wake_for(KEYS[12], readies, delayed)
