@@ -77,7 +77,8 @@ APP = textwrap.dedent(
             while True:
                 time.sleep(15)
                 with open(base + ".tsv", "a") as f:
-                    f.write(f"{time.time() - started:.0f}\\t{tracemalloc.get_traced_memory()[0]}\\n")
+                    heap = tracemalloc.get_traced_memory()[0]
+                    f.write(f"{time.time() - started:.0f}\\t{heap}\\n")
                 if first and time.time() - started >= 120:
                     tracemalloc.take_snapshot().dump(base + ".early")
                     first = False

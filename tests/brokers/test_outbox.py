@@ -447,3 +447,44 @@ def test_the_outbox_relays_in_a_subprocess_from_the_cli_until_stopped(
     assert "stopped: 10 messages relayed" in out
     assert sorted(_ids_in_redis(redis_url)) == sorted(ids)
     shop.app.close()
+
+
+def test_a_message_too_large_for_nats_is_kept_in_the_outbox_dead_table_and_the_rest_relayed(
+    nats_url: str, postgres_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NATS stores 1 MiB a message (its default ``max_payload``); the outbox takes more. The
+    large one must neither block the relay nor be dropped: it ends in ``outbox_dead``."""
+    shop = Shop(nats_url, postgres_url)
+    with psycopg.connect(shop.database) as conn:
+        shop.add.options(connection=conn).send_many([(1, 1), (2, 2)])
+        big = shop.add.options(connection=conn).send("x" * 2_000_000, "y")
+        shop.add.options(connection=conn).send(3, 3)
+        conn.commit()
+    assert shop.app.broker.max_message_size < 2_000_000
+    with caplog.at_level("ERROR", logger="hurtle.brokers.postgres.relay"):
+        ran = shop.run_all()
+    assert ran == [(1, 1), (2, 2), (3, 3)]
+    assert shop.waiting() == 0
+    assert big.id in caplog.text and "shop.add" in caplog.text
+    table = shop.app.outbox
+    assert table is not None
+    with table.connect() as conn:
+        [(id_, queue, reason, _)] = conn.execute(table.DEAD, (10,)).fetchall()  # type: ignore[arg-type]
+    assert (id_, queue) == (big.id, "default")
+    assert "larger than the" in reason and "never published" in reason
+    (tmp_path / "big_app.py").write_text(
+        f"from hurtle import Hurtle\napp = Hurtle({nats_url!r}, outbox={postgres_url!r})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{tmp_path}"}
+    count = subprocess.run(
+        [sys.executable, "-m", "hurtle", "outbox", "count", "big_app:app"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert count.returncode == 0, count.stderr
+    assert "0 messages wait" in count.stdout
+    assert "1 messages were too large" in count.stdout and big.id in count.stdout
+    shop.app.close()
