@@ -302,26 +302,51 @@ def lose_the_next_reply(broker: PostgresBroker, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(broker, "_send", send)
 
 
+@pytest.mark.parametrize("holding", [0, 2])
 def test_a_claim_committed_whose_reply_was_lost_is_run_by_the_next_fetch(
-    broker: PostgresBroker, monkeypatch: pytest.MonkeyPatch
+    broker: PostgresBroker, monkeypatch: pytest.MonkeyPatch, holding: int
 ) -> None:
     """The claim committed in the worker's name, its reply lost: the fetch failed, and the next
     one hands over those rows (once each, and none the worker already holds)."""
     sent = [msg() for _ in range(5)]
     broker.publish(sent)
     c = broker.consumer(["q"])
-    held = c.fetch(2, 0)
+    held = c.fetch(holding, 0) if holding else []
+    assert len(held) == holding
     lose_the_next_reply(broker, monkeypatch)
     with pytest.raises(BrokerError):
         c.fetch(3, 0)
-    assert broker.stats(["q"])["q"].in_flight == 5  # claimed in its name all the same
+    assert broker.stats(["q"])["q"].in_flight == holding + 3  # in its name all the same
     again = c.fetch(10, 0)
-    assert [Message.decode(d.raw).id for d in held + again] == [m.id for m in sent]
+    assert [Message.decode(d.raw).id for d in held + again] == [m.id for m in sent[: holding + 3]]
     c.ack(held + again)
-    assert broker.stats(["q"])["q"] == QueueStats()
+    assert broker.stats(["q"])["q"] == QueueStats(ready=2 - holding)
+    c.ack(c.fetch(10, 0))
     late = msg()
     broker.publish([late])
     assert [Message.decode(d.raw).id for d in c.fetch(10, 0)] == [late.id]
+
+
+def test_what_a_lost_claim_took_comes_a_fetch_at_a_time_within_its_room(
+    broker: PostgresBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetches after the failure have less room than the lost claim took: each hands over
+    what fits, in the order of the queue, until none is left; then claims go on as before."""
+    sent = [msg() for _ in range(4)]
+    broker.publish(sent)
+    c = broker.consumer(["q"])
+    lose_the_next_reply(broker, monkeypatch)
+    with pytest.raises(BrokerError):
+        c.fetch(3, 0)
+    got = [c.fetch(2, 0), c.fetch(2, 0), c.fetch(2, 0)]
+    assert [[Message.decode(d.raw).id for d in batch] for batch in got] == [
+        [m.id for m in sent[:2]],
+        [sent[2].id],
+        [sent[3].id],
+    ]
+    for batch in got:
+        c.ack(batch)
+    assert broker.stats(["q"])["q"] == QueueStats()
 
 
 def test_an_ack_and_fetch_committed_whose_reply_was_lost_is_sent_again_harmlessly(
