@@ -168,3 +168,71 @@ def test_a_task_without_a_rate_limit_that_throttles_is_only_put_back() -> None:
 def test_throttle_refuses_a_retry_after_that_is_not_seconds(bad: Any) -> None:
     with pytest.raises(ConfigurationError, match="retry_after"):
         Throttle(retry_after=bad)
+
+
+def test_on_429_makes_an_http_429_raised_by_the_task_a_throttle(
+    service: RateLimitedService,
+) -> None:
+    app = Hurtle("memory://")
+    finished: dict[int, int] = {}
+
+    @app.task(rate_limit="100/s", on_429=True, retries=0)
+    def fetch(i: int) -> None:
+        with urllib.request.urlopen(service.url, timeout=10):  # HTTPError on a 429
+            finished[i] = hurtle.current().attempt
+
+    total = 3 * service.rate
+    fetch.send_many([(i,) for i in range(total)])
+    _run_workers(app, lambda: len(finished) == total, n=1, timeout=60)
+    assert sorted(finished) == list(range(total)) and set(finished.values()) == {0}
+    assert any(status == 429 for _, status in service.log)  # some were throttled
+    assert app.broker.dead_letters("default") == []
+    assert decode(app.broker.get_rate_cuts([fetch.name])[0]) is not None
+
+
+class _Response:
+    def __init__(self, status_code: int, headers: dict[str, str]) -> None:
+        self.status_code = status_code
+        self.headers = headers
+
+
+class _ClientError(Exception):  # the shape of requests' and httpx's HTTP errors
+    def __init__(self, status_code: int, headers: dict[str, str]) -> None:
+        super().__init__(f"{status_code}")
+        self.response = _Response(status_code, headers)
+
+
+def test_http_429_reads_the_status_and_retry_after_of_common_http_errors() -> None:
+    from email.message import Message as Headers
+
+    from hurtle.adaptive import http_429
+
+    headers = Headers()
+    headers["Retry-After"] = "7"
+    urllib_429 = urllib.error.HTTPError("http://x/", 429, "Too Many", headers, None)
+    found = http_429(urllib_429)
+    assert found is not None and found.retry_after == 7.0
+    found = http_429(_ClientError(429, {"Retry-After": "2.5"}))
+    assert found is not None and found.retry_after == 2.5
+    found = http_429(_ClientError(429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}))
+    assert found is not None and found.retry_after == 0.0  # a date long past
+    found = http_429(_ClientError(429, {}))
+    assert found is not None and found.retry_after is None
+    assert http_429(_ClientError(503, {"Retry-After": "2"})) is None
+    assert http_429(ValueError("429")) is None
+
+
+def test_on_429_takes_a_callable_and_is_checked_at_registration() -> None:
+    app = Hurtle("memory://")
+
+    @app.task(rate_limit="5/s", on_429=lambda err: 3 if isinstance(err, KeyError) else None)
+    def f() -> None: ...
+
+    assert f.limits is not None
+    throttle = f.limits.throttle_of(KeyError("x"))
+    assert throttle is not None and throttle.retry_after == 3
+    assert f.limits.throttle_of(ValueError("x")) is None
+    with pytest.raises(ConfigurationError, match="on_429 needs rate_limit"):
+        app.task(on_429=True)(lambda: None)
+    with pytest.raises(ConfigurationError, match="on_429 must be True"):
+        app.task(rate_limit="5/s", on_429=429)(lambda: None)  # type: ignore[call-overload]

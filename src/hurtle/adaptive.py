@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from email.utils import parsedate_to_datetime
+from typing import Any, NamedTuple, Protocol
+
+from .errors import Throttle
 
 #: A cut leaves this share of the key's rate at the time of the cut.
 DECREASE = 0.5
@@ -91,6 +95,54 @@ def retry_delay(retry_after: float | None) -> float:
     if retry_after is not None:
         return retry_after
     return RETRY_AFTER * random.uniform(0.5, 1.5)
+
+
+def http_429(err: BaseException) -> Throttle | None:
+    """The ``Throttle`` an exception that carries an HTTP 429 stands for, with its response's
+    ``Retry-After`` (seconds or a date), or None for any other exception. The status is read
+    from ``err.response.status_code`` (requests, httpx), or ``status_code``, ``status`` or
+    ``code`` of the exception or its response (urllib's ``HTTPError``, aiohttp)."""
+    response = _attr(err, "response")
+    status = None
+    for holder in (response, err):
+        if holder is None:
+            continue
+        for name in ("status_code", "status", "code"):
+            value = _attr(holder, name)
+            if type(value) is int:
+                status = value
+                break
+        if status is not None:
+            break
+    if status != 429:
+        return None
+    headers = _attr(response, "headers") if response is not None else None
+    if headers is None:
+        headers = _attr(err, "headers")
+    return Throttle(_retry_after(headers), f"HTTP 429 ({type(err).__name__})")
+
+
+def _attr(obj: object, name: str) -> Any:
+    try:
+        return getattr(obj, name, None)
+    except Exception:  # a property that fails: as if it were not there
+        return None
+
+
+def _retry_after(headers: Any) -> float | None:
+    """Seconds a ``Retry-After`` header asks for (a number or an HTTP date), or None."""
+    try:
+        text = str(headers.get("Retry-After")).strip() if headers is not None else "None"
+    except Exception:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            seconds = parsedate_to_datetime(text).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError):
+            return None
+    return min(max(seconds, 0.0), 86400.0) if math.isfinite(seconds) else None
 
 
 class CutStore(Protocol):

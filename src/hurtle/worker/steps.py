@@ -280,6 +280,13 @@ class JobSteps(NotRun):
         if isinstance(err, Throttle):
             self._throttled(job, err, ran)
             return
+        limits = job.task.limits
+        if limits is not None and limits.on_429 is not None:
+            throttle = limits.throttle_of(err)
+            if throttle is not None:
+                throttle.__cause__ = err
+                self._throttled(job, throttle, ran)
+                return
         self.failed += 1
         self.tally.add(job.delivery.queue, job.task.name, FAILED)
         if self.cancels and job.message.id in self.cancels:
