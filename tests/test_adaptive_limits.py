@@ -120,7 +120,7 @@ def test_429s_stop_and_the_rate_settles_near_the_service_rate(
     achieved = sum(1 for _, s in steady if s == 200) / (steady[-1][0] - steady[0][0])
     first = [(t, s) for t, s in log if t <= start + 1.0]
     # the first second, at the configured rate, meets many 429s; later they are rare
-    assert sum(1 for _, s in first if s == 429) >= 20
+    assert sum(1 for _, s in first if s == 429) >= 5
     assert throttled <= 0.15 * len(steady), (throttled, len(steady))
     # the rate settles near the service's 40/s, far below the configured 400/s
     assert 0.3 * service.rate <= achieved <= 1.25 * service.rate, achieved
