@@ -73,6 +73,7 @@ def _call(url: str) -> None:
         with urllib.request.urlopen(url, timeout=10):
             pass
     except urllib.error.HTTPError as err:
+        err.close()  # its connection; its status and headers stay readable
         if err.code == 429:
             raise Throttle(retry_after=float(err.headers.get("Retry-After", "1"))) from err
         raise
@@ -92,15 +93,19 @@ def _run_workers(app: Hurtle, done: Any, n: int, timeout: float) -> None:
         t.join(20)
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["task-limit", "keyed-limit"])
 def test_429s_stop_and_the_rate_settles_near_the_service_rate(
-    service: RateLimitedService,
+    service: RateLimitedService, keyed: bool
 ) -> None:
     app = Hurtle("memory://")
     total = 600
     finished: dict[int, int] = {}  # call -> the attempt it ended on
     lock = threading.Lock()
+    # ten times what the service takes; keyed, one key for all calls (the per-job path)
+    options: dict[str, Any] = {"rate_key": lambda i: "svc"} if keyed else {}
+    key_suffix = ":svc" if keyed else ""
 
-    @app.task(rate_limit="400/s", retries=0)  # ten times what the service takes
+    @app.task(rate_limit="400/s", retries=0, rate_limit_key=options.get("rate_key"))
     def fetch(i: int) -> None:
         _call(service.url)
         with lock:
@@ -124,7 +129,8 @@ def test_429s_stop_and_the_rate_settles_near_the_service_rate(
     assert throttled <= 0.15 * len(steady), (throttled, len(steady))
     # the rate settles near the service's 40/s, far below the configured 400/s
     assert 0.3 * service.rate <= achieved <= 1.25 * service.rate, achieved
-    assert decode(app.broker.get_rate_cuts([fetch.name])[0]) is not None  # shared, in the broker
+    found = app.broker.get_rate_cuts([fetch.name + key_suffix])[0]
+    assert decode(found) is not None  # shared, in the broker
 
 
 def test_a_throttle_cuts_the_rate_recorded_in_the_broker_for_its_key_only() -> None:
@@ -178,8 +184,12 @@ def test_on_429_makes_an_http_429_raised_by_the_task_a_throttle(
 
     @app.task(rate_limit="100/s", on_429=True, retries=0)
     def fetch(i: int) -> None:
-        with urllib.request.urlopen(service.url, timeout=10):  # HTTPError on a 429
-            finished[i] = hurtle.current().attempt
+        try:
+            with urllib.request.urlopen(service.url, timeout=10):
+                finished[i] = hurtle.current().attempt
+        except urllib.error.HTTPError as err:  # a 429: on_429 makes it a Throttle
+            err.close()  # its connection; its status and headers stay readable
+            raise
 
     total = 3 * service.rate
     fetch.send_many([(i,) for i in range(total)])
