@@ -57,6 +57,7 @@ class _Target:
             k.dead_reason,
             k.paused,
             k.cancels,
+            k.probe,
         )
         #: The token of the next fetch from this queue: a new one once a reply has been read.
         self.token = new_id()
@@ -210,8 +211,8 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             if len(res) > 2:
                 cancellations = cancellations or bool(res[1])
                 out += self._deliveries(target.name, res)
-                if len(out) >= max_count:
-                    break
+                if len(out) >= max_count or res[0] == 1:
+                    break  # full, or it holds a message let out of quarantine: alone of those
             elif res[0] >= 0 and (wait_ms < 0 or res[0] < wait_ms):
                 wait_ms = res[0]
         if out:
