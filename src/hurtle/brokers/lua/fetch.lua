@@ -19,8 +19,9 @@
     KEYS[19]     dead reason hash (id -> reason)
     KEYS[20]     paused flag: while it exists, nothing is promoted or taken
     KEYS[21]     cancels flag: whether some cancellation may be live (returned, not changed)
-    KEYS[22]     last probe (STRING: priority digit .. payload), the last message heartbeat.lua
-                 let out of quarantine; it exists only while that one may still be ready
+    KEYS[22]     (only from a worker that reads several queues) last probe (STRING: priority
+                 digit .. payload), the last message heartbeat.lua let out of quarantine; it
+                 exists only while that one may still be ready
 
     ARGV[1]      max count N (below 2^20)
     ARGV[2]      worker id
@@ -144,7 +145,7 @@ for p = 9, 0, -1 do
 end
 if got > 0 then
   redis.call('SET', KEYS[16], table.concat(taken, ' '), 'PX', RECORD_TTL_MS)
-  local probe = redis.call('GET', KEYS[22])
+  local probe = KEYS[22] and redis.call('GET', KEYS[22])
   if probe then
     local p = string.byte(probe, 1) - 48
     local payload = string.sub(probe, 2)

@@ -38,7 +38,7 @@ class _Target:
 
     __slots__ = ("fetch_keys", "fetched", "inflight", "keys", "name", "token")
 
-    def __init__(self, name: str, worker_id: str) -> None:
+    def __init__(self, name: str, worker_id: str, probes: bool = False) -> None:
         self.name = name
         self.keys: QueueKeys = queue_keys(name)
         k = self.keys
@@ -57,7 +57,8 @@ class _Target:
             k.dead_reason,
             k.paused,
             k.cancels,
-            k.probe,
+            # one queue holds one probe ready at most: only a fetch over several looks for them
+            *((k.probe,) if probes else ()),
         )
         #: The token of the next fetch from this queue: a new one once a reply has been read.
         self.token = new_id()
@@ -73,7 +74,8 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
         self.heartbeat_timeout = broker.heartbeat_timeout
         self._timeout_arg = repr(float(broker.heartbeat_timeout))
-        self._targets = {name: _Target(name, worker_id) for name in dict.fromkeys(queues)}
+        reading = dict.fromkeys(queues)
+        self._targets = {name: _Target(name, worker_id, len(reading) > 1) for name in reading}
         self._reading = list(self._targets.values())
         self._wake_keys = [t.keys.wake for t in self._reading]
         self._fetch = broker._scripts.fetch
