@@ -801,7 +801,6 @@ def test_a_consumer_with_a_short_timeout_is_recovered_by_a_patient_peer(
     assert len(drain(patient)) == 3
 
 
-@pytest.mark.quarantine
 def test_a_message_whose_workers_keep_dying_becomes_a_dead_letter_and_innocents_run(
     make: MakeBroker,
 ) -> None:

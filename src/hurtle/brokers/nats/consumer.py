@@ -5,9 +5,9 @@ priority 0 (only the levels that may hold messages, ``Store.levels``), skipping 
 control record says are paused (read once per fetch, ``control.py``), and no further queue once
 one's quarantine gave its message (a fetch holds one such message at most); then it writes the
 worker's record (its deadline and the ack subjects it holds) with a compare-and-set on the
-revision it wrote last. A record gone or changed means a recoverer declared this worker dead: what it held
-went back, so it forgets it (settling it later does nothing) and starts a fresh record with
-what it took since.
+revision it wrote last. A record gone or changed means a recoverer declared this worker dead:
+what it held went back, so it forgets it (settling it later does nothing) and starts a fresh
+record with what it took since.
 
 Acknowledgements are pipelined per batch (``Store.settle``); workflow steps are settled by
 ``flows.py``. An acknowledgement that carries records first writes the worker's record (one
