@@ -78,8 +78,6 @@ def make(broker_url: str, request: pytest.FixtureRequest) -> Iterator[MakeBroker
     wrap = sharded(request)
     if wrap and request.node.get_closest_marker("ordered") is not None:
         pytest.skip("a sharded queue keeps order within each shard only (docs/brokers.md)")
-    if wrap and request.node.get_closest_marker("quarantine") is not None:
-        pytest.skip("a sharded queue lets out recovered messages one per shard (docs/brokers.md)")
 
     def factory(heartbeat_timeout: float = 20.0, max_recoveries: int = 3) -> Broker:
         inner = plain(heartbeat_timeout, max_recoveries)

@@ -804,7 +804,6 @@ def test_a_consumer_with_a_short_timeout_is_recovered_by_a_patient_peer(
     assert len(drain(patient)) == 3
 
 
-@pytest.mark.quarantine
 def test_a_message_whose_workers_keep_dying_becomes_a_dead_letter_and_innocents_run(
     make: MakeBroker,
 ) -> None:
@@ -835,3 +834,23 @@ def test_a_message_whose_workers_keep_dying_becomes_a_dead_letter_and_innocents_
     assert runs[poison.id] <= broker.max_recoveries + 1
     assert acked == {m.id for m in innocent}
     assert broker.stats(["q"])["q"] == QueueStats(dead=1)
+
+
+def test_a_fetch_over_several_queues_takes_one_message_let_out_of_quarantine(
+    make: MakeBroker,
+) -> None:
+    # on the sharded kinds, each queue is several shards that each let one out
+    broker = make(heartbeat_timeout=0.2)
+    sent = [msg(queue, i) for queue in ("q", "p") for i in range(8)]
+    broker.publish(sent)
+    for _ in range(2):  # their workers die twice holding them all: all wait in quarantine
+        assert len(drain(broker.consumer(["q", "p"]))) == len(sent)
+        time.sleep(0.3)
+        broker.recover()
+    assert broker.stats(["q", "p"])["q"].ready == 8
+    consumer = broker.consumer(["q", "p"])
+    fetches = []
+    while batch := consumer.fetch(100, 0):
+        fetches.append(len(batch))
+    # one let out by each queue (each shard), one a fetch: a killer among them dies alone
+    assert fetches and set(fetches) == {1}

@@ -48,6 +48,11 @@ class Consumer(abc.ABC):
 
         Blocks up to ``timeout`` seconds while nothing is ready, without a busy loop, and returns
         an empty list then. Delayed messages whose time has come count as ready.
+
+        A queue lets the messages recovered from dead workers out of quarantine one at a time;
+        a fetch over several queues (a sharded queue's shards) reads no further queue once it
+        took one of those, so that it holds one at most: a message that kills its worker is
+        blamed alone.
         """
 
     def ack_and_fetch(

@@ -53,7 +53,8 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:quarantine         LIST    P .. raw: messages recovered twice, let out one at a time
     hurtle:{q}:deaths             ZSET    sha1 of a recovered raw message, scored by its deaths
     hurtle:{q}:probes             ZSET    sha1 of a quarantined message let out, scored by when
-    hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out
+    hurtle:{q}:probe              STRING  P .. raw of the last quarantined message let out, kept
+                                          until it was fetched and none waits (fetch.lua)
     hurtle:{q}:sched:N            STRING  the last tick claimed by schedule N, whose task runs on q
     hurtle:{q}:ticks:N            ZSET    the latest ticks claimed by schedule N, scored by tick
     hurtle:{q}:unique             HASH    unique lock -> "ID@END": the message holding it, until

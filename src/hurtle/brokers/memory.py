@@ -300,10 +300,15 @@ class MemoryBroker(MemoryResults, MemoryDeadLetters, _Ticks, Broker):
 
     @staticmethod
     def _let_one_out_locked(q: _Queue) -> bool:
-        """Let one quarantined message out, unless the last one is still waiting to be taken."""
-        if not q.quarantine:
+        """Let one quarantined message out, unless the last one is still waiting to be taken.
+        The last one is forgotten once taken (fetches look for it while it is known)."""
+        probe = q.last_probe
+        if probe is None and not q.quarantine:
             return False
-        if q.last_probe is not None and q.last_probe[1] in q.ready[q.last_probe[0]]:
+        if probe is not None and probe[1] in q.ready[probe[0]]:
+            return False
+        q.last_probe = None
+        if not q.quarantine:
             return False
         priority, raw = q.last_probe = q.quarantine.popleft()
         q.ready[priority].appendleft(raw)

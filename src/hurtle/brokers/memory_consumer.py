@@ -57,6 +57,7 @@ class MemoryConsumer(Consumer):
                     if q is None or (paused and name in paused):
                         continue
                     b._promote_locked(q, now)
+                    start = len(out)
                     for priority in range(MAX_PRIORITY, -1, -1):
                         level = q.ready[priority]
                         while level and len(out) < max_count:
@@ -64,8 +65,8 @@ class MemoryConsumer(Consumer):
                             receipt = next(b._seq)
                             held[receipt] = (name, raw, priority)
                             out.append(Delivery(name, raw, receipt))
-                    if len(out) >= max_count:
-                        break
+                    if len(out) >= max_count or _took_probe(q.last_probe, out, start):
+                        break  # full, or one let out of quarantine: no other queue's with it
                 if out:
                     self.cancellations = b._cancel_until > now
                     return out
@@ -257,3 +258,9 @@ class MemoryConsumer(Consumer):
                 if report.delta:
                     b._totals = merge([*b._totals, *report.delta])
             b._wake.notify_all()
+
+
+def _took_probe(probe: tuple[int, bytes] | None, out: list[Delivery], start: int) -> bool:
+    """Whether ``out[start:]``, taken from one queue, holds ``probe``, the last message its
+    queue let out of quarantine (None once that one was taken: the common case, no search)."""
+    return probe is not None and any(d.raw is probe[1] for d in out[start:])

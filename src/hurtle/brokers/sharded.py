@@ -18,8 +18,9 @@ What this layer does, and only this:
   and one record dedups a schedule's ticks, whatever the key or the schedule;
 * fetch: a consumer of ``q`` is one consumer of ``inner`` on all of ``q``'s shards, starting at
   a random one (each worker favours another shard), then on ``q`` itself (what a sender not
-  told of the shards sent), priorities honoured within each; its deliveries name ``q`` and hold
-  the bytes published (``ShardedConsumer``);
+  told of the shards sent), priorities honoured within each, and no further shard once it took
+  a message a shard let out of quarantine (``Consumer.fetch``: one a fetch, as for ``q`` alone);
+  its deliveries name ``q`` and hold the bytes published (``ShardedConsumer``);
 * admin: pause, resume, purge, forget, stats, queues, dead letters and the workers' figures act
   on ``q`` as a whole, shards and ``q`` itself (sums, merged lists), and name ``q``, never a
   shard;

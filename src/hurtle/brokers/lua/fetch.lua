@@ -19,6 +19,9 @@
     KEYS[19]     dead reason hash (id -> reason)
     KEYS[20]     paused flag: while it exists, nothing is promoted or taken
     KEYS[21]     cancels flag: whether some cancellation may be live (returned, not changed)
+    KEYS[22]     (only from a worker that reads several queues) last probe (STRING: priority
+                 digit .. payload), the last message heartbeat.lua let out of quarantine; it
+                 exists only while that one may still be ready
 
     ARGV[1]      max count N (below 2^20)
     ARGV[2]      worker id
@@ -31,7 +34,10 @@
     { wait_ms, cancels, batch1, { payloads of batch1 }, batch2, { payloads of batch2 }, ... }
     (one batch per priority taken; message i of a batch, from 0, has receipt batch << 20 | i)
     wait_ms: when nothing was taken, milliseconds until the next delayed message is due
-             (-1: none is delayed, or the queue is paused); 0 otherwise.
+             (-1: none is delayed, or the queue is paused); when something was, 1 if it holds
+             the last probe (the worker then reads no other queue in this fetch, so that a
+             fetch over several queues, or a sharded queue's shards, holds one probe at most:
+             a message that kills its worker is blamed alone), else 0.
     cancels: 1 when the cancels flag exists (the worker then screens the batch), else 0.
 
   A fetch whose reply was lost: the batches it took are held by this worker, which never learnt
@@ -139,6 +145,21 @@ for p = 9, 0, -1 do
 end
 if got > 0 then
   redis.call('SET', KEYS[16], table.concat(taken, ' '), 'PX', RECORD_TTL_MS)
+  local probe = KEYS[22] and redis.call('GET', KEYS[22])
+  if probe then
+    local p = string.byte(probe, 1) - 48
+    local payload = string.sub(probe, 2)
+    for at = 3, #out, 2 do
+      if out[at] % 10 == p then
+        for _, item in ipairs(out[at + 1]) do
+          if item == payload then
+            out[1] = 1
+            break
+          end
+        end
+      end
+    end
+  end
 elseif record then
   redis.call('DEL', KEYS[16])
 end

@@ -31,7 +31,8 @@
     KEYS[13]     quarantine list (priority digit .. payload)
     KEYS[14]     deaths zset (sha1 of the payload, scored by deaths)
     KEYS[15]     probes zset (sha1 of a quarantined message let out, scored by when)
-    KEYS[16]     last probe (STRING: priority digit .. payload)
+    KEYS[16]     last probe (STRING: priority digit .. payload; deleted once it was fetched
+                 and none waits in quarantine)
     KEYS[17]     dead zset (id scored by failure time)
     KEYS[18]     dead raw hash (id -> payload)
     KEYS[19]     dead reason hash (id -> reason)
@@ -179,16 +180,17 @@ if #dead > 0 then
 end
 
 -- Let one quarantined message out, unless the last one let out is still waiting to be fetched.
+-- Once it was fetched and none waits, the last probe is forgotten: fetch.lua looks for it in
+-- what it takes while it is known.
 local released = false
-if redis.call('LLEN', KEYS[13]) > 0 then
-  local last = redis.call('GET', KEYS[16])
-  local waiting = false
-  if last then
-    local p = string.byte(last, 1) - 48
-    waiting = redis.call('LPOS', KEYS[p + 1], string.sub(last, 2), 'MAXLEN', PROBE_SCAN)
-      ~= false
-  end
-  if not waiting then
+local last = redis.call('GET', KEYS[16])
+local waiting = false
+if last then
+  local p = string.byte(last, 1) - 48
+  waiting = redis.call('LPOS', KEYS[p + 1], string.sub(last, 2), 'MAXLEN', PROBE_SCAN) ~= false
+end
+if not waiting then
+  if redis.call('LLEN', KEYS[13]) > 0 then
     local entry = redis.call('LPOP', KEYS[13])
     local payload = string.sub(entry, 2)
     redis.call('LPUSH', KEYS[string.byte(entry, 1) - 48 + 1], payload)
@@ -199,6 +201,8 @@ if redis.call('LLEN', KEYS[13]) > 0 then
       redis.call('ZREMRANGEBYRANK', KEYS[15], 0, extra - 1)
     end
     released = true
+  elseif last then
+    redis.call('DEL', KEYS[16])
   end
 end
 if #back > 0 or released then

@@ -2,11 +2,12 @@
 
 A fetch pulls the queues in the order given and each queue's levels from quarantine down to
 priority 0 (only the levels that may hold messages, ``Store.levels``), skipping the queues the
-control record says are paused (read once per fetch, ``control.py``), then writes the worker's
-record (its deadline and the ack subjects it holds) with a compare-and-set on the revision it
-wrote last. A record gone or changed means a recoverer declared this worker dead: what it held
-went back, so it forgets it (settling it later does nothing) and starts a fresh record with
-what it took since.
+control record says are paused (read once per fetch, ``control.py``), and no further queue once
+one's quarantine gave its message (a fetch holds one such message at most); then it writes the
+worker's record (its deadline and the ack subjects it holds) with a compare-and-set on the
+revision it wrote last. A record gone or changed means a recoverer declared this worker dead:
+what it held went back, so it forgets it (settling it later does nothing) and starts a fresh
+record with what it took since.
 
 Acknowledgements are pipelined per batch (``Store.settle``); workflow steps are settled by
 ``flows.py``. An acknowledgement that carries records first writes the worker's record (one
@@ -188,6 +189,8 @@ class NatsConsumer(Consumer):
         for queue, queue_levels in zip(self.queues, levels, strict=True):
             if queue in paused:
                 continue
+            start = len(out)
+            probed = False  # took its quarantine's one message let out
             for level in queue_levels:
                 want = max_count - len(out)
                 if want <= 0:
@@ -209,8 +212,9 @@ class NatsConsumer(Consumer):
                         self._held[reply] = _Held(queue, level, deaths, msg.data)
                     fresh.append(reply)
                     out.append(Delivery(queue, msg.data, reply))
-            if len(out) >= max_count:
-                break
+                probed = probed or (level == names.QUARANTINE and len(out) > start)
+            if len(out) >= max_count or probed:
+                break  # full, or it holds a message let out of quarantine: alone of those
 
     # -- settling --------------------------------------------------------------------------
 

@@ -254,13 +254,17 @@ class Sql:
         + _CLAIMED
         + "ORDER BY t.priority DESC, t.id"
     )
-    # several queues, in the order given
+    # several queues, in the order given, and none after one whose probe (the message it let
+    # out of quarantine) was picked: a fetch holds one probe at most
     CLAIM_MANY = (
-        "WITH picked AS (SELECT m.id, q.ord FROM unnest(%b::text[]) WITH ORDINALITY q(name, ord) "
+        "WITH first AS (SELECT m.id, q.name, q.ord "
+        "FROM unnest(%b::text[]) WITH ORDINALITY q(name, ord) "
         "CROSS JOIN LATERAL (SELECT id, priority FROM {s}.messages WHERE queue = q.name "
         "AND worker IS NULL ORDER BY priority DESC, id LIMIT %s FOR UPDATE SKIP LOCKED) m "
         "WHERE q.name NOT IN (SELECT queue FROM {s}.paused) "
         "ORDER BY q.ord, m.priority DESC, m.id LIMIT %s), "
+        "picked AS (SELECT id, ord FROM first WHERE ord <= coalesce((SELECT min(f.ord) "
+        "FROM first f JOIN {s}.probes pr ON pr.queue = f.name AND pr.id = f.id), ord)), "
         + _CLAIMED
         + "JOIN picked p ON p.id = t.id ORDER BY p.ord, t.priority DESC, t.id"
     )

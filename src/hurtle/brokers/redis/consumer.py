@@ -38,7 +38,7 @@ class _Target:
 
     __slots__ = ("fetch_keys", "fetched", "inflight", "keys", "name", "token")
 
-    def __init__(self, name: str, worker_id: str) -> None:
+    def __init__(self, name: str, worker_id: str, probes: bool = False) -> None:
         self.name = name
         self.keys: QueueKeys = queue_keys(name)
         k = self.keys
@@ -57,6 +57,8 @@ class _Target:
             k.dead_reason,
             k.paused,
             k.cancels,
+            # one queue holds one probe ready at most: only a fetch over several looks for them
+            *((k.probe,) if probes else ()),
         )
         #: The token of the next fetch from this queue: a new one once a reply has been read.
         self.token = new_id()
@@ -72,7 +74,8 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         #: This worker's own timeout: its deadline, as other workers see it, is a beat plus this.
         self.heartbeat_timeout = broker.heartbeat_timeout
         self._timeout_arg = repr(float(broker.heartbeat_timeout))
-        self._targets = {name: _Target(name, worker_id) for name in dict.fromkeys(queues)}
+        reading = dict.fromkeys(queues)
+        self._targets = {name: _Target(name, worker_id, len(reading) > 1) for name in reading}
         self._reading = list(self._targets.values())
         self._wake_keys = [t.keys.wake for t in self._reading]
         self._fetch = broker._scripts.fetch
@@ -238,8 +241,8 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             if len(res) > 2:
                 cancellations = cancellations or bool(res[1])
                 out += self._deliveries(target.name, res)
-                if len(out) >= max_count:
-                    break
+                if len(out) >= max_count or res[0] == 1:
+                    break  # full, or it holds a message let out of quarantine: alone of those
             elif res[0] >= 0 and (wait_ms < 0 or res[0] < wait_ms):
                 wait_ms = res[0]
         if out:

@@ -21,6 +21,7 @@ from .schema import (
     _ADD_TOTALS,
     _CANCELS_LIVE,
     _CURSORS,
+    _CURSORS_PROBES,
     _DROP_EMPTY,
     _DROP_REACHED,
     _EXPIRE_RESULTS,
@@ -72,6 +73,8 @@ class _SQLiteConsumer(BatchConsumer):
             "RETURNING seq, queue, priority, body"
         )
         self._paused_sql = f"SELECT queue FROM paused WHERE queue IN ({marks})"
+        # one queue holds one probe ready at most: only a fetch over several looks for them
+        self._cursors_sql = _CURSORS_PROBES if len(queues) > 1 else _CURSORS
         self._probe_sql = "SELECT " + ", ".join(
             [
                 f"EXISTS (SELECT 1 FROM cursors c WHERE c.queue IN ({marks}) "
@@ -137,13 +140,15 @@ class _SQLiteConsumer(BatchConsumer):
             for queue in self.queues:
                 if queue in paused:
                     continue
-                for priority, last in conn.execute(_CURSORS, (queue,)).fetchall():
+                probed = False
+                for priority, last, probe in conn.execute(self._cursors_sql, (queue,)).fetchall():
                     rows = conn.execute(
                         _TAKE, (queue, priority, last, max_count - len(out))
                     ).fetchall()
                     if not rows:
                         continue
                     hi = rows[-1][0]
+                    probed = probed or (probe is not None and probe <= hi)
                     conn.execute(_MOVE_CURSOR, (hi, queue, priority))
                     conn.execute(_ADD_CLAIM, (worker_id, queue, priority, rows[0][0], hi))
                     out += [
@@ -152,8 +157,8 @@ class _SQLiteConsumer(BatchConsumer):
                     ]
                     if len(out) >= max_count:
                         break
-                if len(out) >= max_count:
-                    break
+                if len(out) >= max_count or probed:
+                    break  # full, or it holds a message let out of quarantine: alone of those
             if out:  # read in the same transaction: no extra step for the worker's screen
                 self.cancellations = conn.execute(_CANCELS_LIVE, (now,)).fetchone() is not None
         return out

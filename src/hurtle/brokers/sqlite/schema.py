@@ -162,7 +162,14 @@ _UPSERT_WORKER = (
     "INSERT INTO workers (worker_id, deadline) VALUES (?, ?) "
     "ON CONFLICT (worker_id) DO UPDATE SET deadline = excluded.deadline"
 )
-_CURSORS = "SELECT priority, last FROM cursors WHERE queue = ? ORDER BY priority DESC"
+_CURSORS = "SELECT priority, last, NULL FROM cursors WHERE queue = ? ORDER BY priority DESC"
+#: ``_CURSORS`` with, per priority, the id of a probe (a message let out of quarantine) still
+#: ready there: a consumer of several queues reads no further queue once it took one.
+_CURSORS_PROBES = (
+    "SELECT c.priority, c.last, (SELECT min(p.id) FROM probes p WHERE p.queue = c.queue "
+    "AND p.priority = c.priority AND p.id > c.last) FROM cursors c WHERE c.queue = ? "
+    "ORDER BY c.priority DESC"
+)
 _TAKE = (
     "SELECT id, body FROM messages WHERE queue = ? AND priority = ? AND id > ? ORDER BY id LIMIT ?"
 )
