@@ -41,15 +41,9 @@ _SHARD_NUMBER = re.compile(r"[0-9]{1,6}")
 
 def queue_name_problem(queue: object) -> str | None:
     """What is wrong with ``queue`` as a queue name, or None."""
-    if not isinstance(queue, str):
-        return f"a queue name must be a str, got {_shown(queue)} ({type(queue).__name__})"
-    if not queue:
-        return "a queue name must not be empty"
-    if len(queue) > MAX_QUEUE_NAME:
-        return (
-            f"queue name {_shown(queue)} is {len(queue)} characters long: at most "
-            f"{MAX_QUEUE_NAME} are allowed"
-        )
+    problem = _length_problem("queue name", queue, MAX_QUEUE_NAME)
+    if problem is not None or not isinstance(queue, str):
+        return problem
     if not _QUEUE_NAME.fullmatch(queue):
         bad = sorted({c for c in queue if not _QUEUE_NAME.fullmatch(c)})
         return f"queue name {_shown(queue)} has characters not allowed: {' '.join(map(repr, bad))}"
@@ -85,16 +79,7 @@ def check_queue_name(queue: object) -> str:
 
 def task_name_problem(name: object) -> str | None:
     """What is wrong with ``name`` as a task name, or None."""
-    if not isinstance(name, str):
-        return f"a task name must be a str, got {_shown(name)} ({type(name).__name__})"
-    if not name:
-        return "a task name must not be empty"
-    if len(name) > MAX_TASK_NAME:
-        return (
-            f"task name {_shown(name)} is {len(name)} characters long: at most "
-            f"{MAX_TASK_NAME} are allowed; give a shorter name=..."
-        )
-    return None
+    return _length_problem("task name", name, MAX_TASK_NAME, "; give a shorter name=...")
 
 
 def check_task_name(name: object) -> str:
@@ -103,6 +88,21 @@ def check_task_name(name: object) -> str:
     if problem is not None:
         raise ConfigurationError(problem)
     return name  # type: ignore[return-value]
+
+
+def _length_problem(kind: str, value: object, longest: int, hint: str = "") -> str | None:
+    """What is wrong with ``value`` as a ``kind`` (a str of 1 to ``longest`` characters), or None;
+    ``hint`` ends the message of one too long."""
+    if not isinstance(value, str):
+        return f"a {kind} must be a str, got {_shown(value)} ({type(value).__name__})"
+    if not value:
+        return f"a {kind} must not be empty"
+    if len(value) > longest:
+        return (
+            f"{kind} {_shown(value)} is {len(value)} characters long: at most {longest} are "
+            f"allowed{hint}"
+        )
+    return None
 
 
 def _shown(value: object) -> str:

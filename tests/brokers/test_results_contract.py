@@ -235,6 +235,26 @@ def test_watchers_of_an_id_are_woken_when_its_result_is_stored(make: MakeBroker)
         stop()
 
 
+def test_stopping_a_watcher_twice_leaves_the_other_watchers_of_its_id(make: MakeBroker) -> None:
+    waiter, worker = make(), make()
+    woken = threading.Event()
+    stop = waiter.watch_results(["m1"], lambda: None)
+    if stop is None:
+        pytest.skip("this broker cannot notify: its waiters re-read with short sleeps")
+    stop_other = waiter.watch_results(["m1"], woken.set)
+    assert stop_other is not None
+    try:
+        stop()
+        stop()
+        c = worker.consumer(["q"])
+        deadline = time.monotonic() + 10
+        while not woken.wait(0.05):
+            assert time.monotonic() < deadline, "the other watcher was never woken"
+            c.ack((), [StoredResult("m1", b"done", 60.0)])
+    finally:
+        stop_other()
+
+
 # -- handles and states, with a real worker ------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeGuard, TypeVar
 
 from ..errors import ConfigurationError
 from ..flow import FLOW, read_flow
@@ -38,12 +38,7 @@ def check_dead_letter_limits(dead_letter_max: int, dead_letter_ttl: float) -> tu
             f"dead_letter_max must be a whole number >= 0 (0: keep every dead letter), "
             f"got {dead_letter_max!r}"
         )
-    if (
-        isinstance(dead_letter_ttl, bool)
-        or not isinstance(dead_letter_ttl, int | float)
-        or not math.isfinite(dead_letter_ttl)
-        or dead_letter_ttl < 0
-    ):
+    if not is_seconds(dead_letter_ttl):
         raise ConfigurationError(
             f"dead_letter_ttl must be a finite number of seconds >= 0 (0: keep dead letters "
             f"until purged), got {dead_letter_ttl!r}"
@@ -70,14 +65,19 @@ def log_trimmed(broker: Broker, queue: str, expired: int, dropped: int) -> None:
         )
 
 
+def is_seconds(value: object, *, positive: bool = False) -> TypeGuard[int | float]:
+    """Whether ``value`` is a finite int or float (not a bool) >= 0, or > 0 with ``positive``."""
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value > 0 if positive else value >= 0)
+    )
+
+
 def check_cancel_ttl(ttl: object) -> float:
     """A cancellation's ttl, checked: a finite number of seconds > 0."""
-    if (
-        isinstance(ttl, bool)
-        or not isinstance(ttl, int | float)
-        or not math.isfinite(ttl)
-        or ttl <= 0
-    ):
+    if not is_seconds(ttl, positive=True):
         raise ConfigurationError(
             f"a cancellation's ttl must be a finite number of seconds > 0, got {ttl!r}"
         )

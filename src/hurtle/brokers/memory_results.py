@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from .records import ChordStep, StoredResult
+from .waiters import watch
 
 
 class MemoryResults:
@@ -66,20 +67,7 @@ class MemoryResults:
     def watch_results(
         self, ids: Sequence[str], wake: Callable[[], None]
     ) -> Callable[[], None] | None:
-        with self._lock:
-            for id_ in ids:
-                self._watchers.setdefault(id_, []).append(wake)
-
-        def stop() -> None:
-            with self._lock:
-                for id_ in ids:
-                    watchers = self._watchers.get(id_)
-                    if watchers is not None:
-                        watchers.remove(wake)
-                        if not watchers:
-                            del self._watchers[id_]
-
-        return stop
+        return watch(self._lock, self._watchers, ids, wake)
 
     def chord_results(self, id: str, total: int) -> list[bytes] | None:
         with self._lock:

@@ -25,6 +25,7 @@ import msgspec
 
 from ..errors import ConfigurationError
 from ..message import Message
+from .common import is_seconds
 
 #: How many of a schedule's latest claimed ticks a broker keeps (``claimable``).
 RECENT_TICKS = 256
@@ -112,12 +113,7 @@ def check_tick_claim(
                 f"a tick claim of queue {queue!r} holds a message of queue {m.queue!r}: the "
                 "schedule's record and its messages must share one queue"
             )
-    if unique_for is not None and (
-        isinstance(unique_for, bool)
-        or not isinstance(unique_for, int | float)
-        or not math.isfinite(unique_for)
-        or unique_for <= 0
-    ):
+    if unique_for is not None and not is_seconds(unique_for, positive=True):
         raise ConfigurationError(
             f"unique_for of a tick claim must be a finite number of seconds > 0, got {unique_for!r}"
         )

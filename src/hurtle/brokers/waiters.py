@@ -1,7 +1,8 @@
 """Result waiters by message id, for the brokers that can notify (``Broker.watch_results``): a
 listener thread of the broker's calls ``wake`` with the ids a notification names (or ``None``
 for every waiter, after it (re)subscribed). Safe across threads; a forked child starts empty
-(the parent's listener and waiters stayed behind)."""
+(the parent's listener and waiters stayed behind). ``watch`` is how a waiter is added, also by
+the memory broker, which keeps its waiters under its own lock."""
 
 from __future__ import annotations
 
@@ -9,6 +10,31 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable, Iterable, Sequence
+
+
+def watch(
+    lock: threading.Lock,
+    by_id: dict[str, list[Callable[[], None]]],
+    ids: Sequence[str],
+    wake: Callable[[], None],
+) -> Callable[[], None]:
+    """Add ``wake`` to the waiters of each of ``ids`` in ``by_id``, which ``lock`` guards;
+    returns the function that removes it again (a second call removes nothing)."""
+    with lock:
+        for id_ in ids:
+            by_id.setdefault(id_, []).append(wake)
+
+    def stop() -> None:
+        with lock:
+            for id_ in ids:
+                watchers = by_id.get(id_)
+                if watchers is not None:
+                    with contextlib.suppress(ValueError):
+                        watchers.remove(wake)
+                    if not watchers:
+                        del by_id[id_]
+
+    return stop
 
 
 class Waiters:
@@ -24,21 +50,7 @@ class Waiters:
             self._pid = os.getpid()
             self._lock = threading.Lock()
             self._by_id = {}
-        with self._lock:
-            for id_ in ids:
-                self._by_id.setdefault(id_, []).append(wake)
-
-        def stop() -> None:
-            with self._lock:
-                for id_ in ids:
-                    watchers = self._by_id.get(id_)
-                    if watchers is not None:
-                        with contextlib.suppress(ValueError):
-                            watchers.remove(wake)
-                        if not watchers:
-                            del self._by_id[id_]
-
-        return stop
+        return watch(self._lock, self._by_id, ids, wake)
 
     def wake(self, ids: Iterable[str] | None) -> None:
         """Call the waiters of ``ids`` (of every id when None), outside the lock."""

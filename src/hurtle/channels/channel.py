@@ -29,6 +29,7 @@ of a burst, or its failed flush, finds out even if the publisher falls silent.
 from __future__ import annotations
 
 import atexit
+import importlib
 import logging
 import os
 import secrets
@@ -399,45 +400,41 @@ class ChannelHub:
         self._reset_threads()
 
 
+#: Each URL scheme's backend: its module in this package, its class, and what a failed import
+#: of it lacks (what, package, extra) for the hint, or None for one that needs nothing more.
+_REDIS = ("Redis", "redis", "redis")
+_POSTGRES = ("PostgreSQL", "psycopg", "postgres")
+_BACKENDS: dict[str, tuple[str, str, tuple[str, str, str] | None]] = {
+    "memory": ("memory", "MemoryBackend", None),
+    "sqlite": ("sqlite", "SQLiteBackend", None),
+    "redis": ("redis", "RedisBackend", _REDIS),
+    "rediss": ("redis", "RedisBackend", _REDIS),
+    "redis+cluster": ("redis", "RedisClusterBackend", _REDIS),
+    "rediss+cluster": ("redis", "RedisClusterBackend", _REDIS),
+    "postgresql": ("postgres", "PostgresBackend", _POSTGRES),
+    "postgres": ("postgres", "PostgresBackend", _POSTGRES),
+}
+
+
 def make_backend(url: str) -> Backend:
     """The channel backend for a broker URL: ``memory://``, ``sqlite:///path``, ``redis://``,
     ``redis+cluster://``, ``postgresql://``."""
     scheme = urlsplit(url).scheme.lower() if "://" in url else ""
-    if scheme == "memory":
-        from .memory import MemoryBackend
-
-        return MemoryBackend(url)
-    if scheme == "sqlite":
-        from .sqlite import SQLiteBackend
-
-        return SQLiteBackend(url)
-    if scheme in ("redis", "rediss"):
-        try:
-            from .redis import RedisBackend
-        except ImportError as err:
-            raise ConfigurationError(
-                f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
-            ) from err
-        return RedisBackend(url)
-    if scheme in ("redis+cluster", "rediss+cluster"):
-        try:
-            from .redis import RedisClusterBackend
-        except ImportError as err:
-            raise ConfigurationError(
-                f"Redis channels need the redis package ({err}): pip install 'hurtle[redis]'"
-            ) from err
-        return RedisClusterBackend(url)
-    if scheme in ("postgresql", "postgres"):
-        try:
-            from .postgres import PostgresBackend
-        except ImportError as err:
-            raise ConfigurationError(
-                f"PostgreSQL channels need the psycopg package ({err}): "
-                "pip install 'hurtle[postgres]'"
-            ) from err
-        return PostgresBackend(url)
-    raise ConfigurationError(
-        f"channels are not available for the broker URL {url!r}: use memory://, "
-        "sqlite:///path/to/file.db, redis://host:port/db, redis+cluster://host:port or "
-        "postgresql://user@host/database"
-    )
+    if scheme not in _BACKENDS:
+        raise ConfigurationError(
+            f"channels are not available for the broker URL {url!r}: use memory://, "
+            "sqlite:///path/to/file.db, redis://host:port/db, redis+cluster://host:port or "
+            "postgresql://user@host/database"
+        )
+    module, name, needs = _BACKENDS[scheme]
+    try:
+        backend_class = getattr(importlib.import_module(f".{module}", __package__), name)
+    except ImportError as err:
+        if needs is None:
+            raise
+        what, package, extra = needs
+        raise ConfigurationError(
+            f"{what} channels need the {package} package ({err}): pip install 'hurtle[{extra}]'"
+        ) from err
+    backend: Backend = backend_class(url)
+    return backend

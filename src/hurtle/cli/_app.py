@@ -1,4 +1,5 @@
-"""Finding the user's app from ``module:attribute`` on the command line, and its broker.
+"""Finding the user's app from ``module:attribute`` on the command line, and its broker, for
+the sub-commands that take APP (``app_command``).
 
 Only ``hurtle worker`` creates a SQLite file; every other command opens an existing one only
 (``open_broker``), so that one run from the wrong directory says so instead of showing the
@@ -6,14 +7,49 @@ zeros of a new empty file, and each says which file it uses (``describe``)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..app import Hurtle
 from ..brokers import Broker
 from ..errors import ConfigurationError
+
+#: How a sub-command's APP argument is described in its help.
+APP_HELP = "the app, as module:attribute"
+
+
+def app_command(
+    sub: Any,
+    name: str,
+    handler: Callable[[argparse.Namespace], int],
+    *,
+    actions: Sequence[str] = (),
+    action_help: str | None = None,
+    action_first: bool = False,
+    app_help: str = APP_HELP,
+    **about: Any,
+) -> argparse.ArgumentParser:
+    """The sub-command ``hurtle NAME APP`` run by ``handler``, for the caller to add its options
+    to; with ``actions``, an ACTION chosen from them follows APP (precedes it with
+    ``action_first``: ``hurtle db upgrade APP``). ``about`` is its help, description and epilog."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, **about)
+    if actions and action_first:
+        parser.add_argument("action", choices=actions, help=action_help)
+    parser.add_argument("app", help=app_help)
+    if actions and not action_first:
+        parser.add_argument("action", choices=actions, help=action_help)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
+def add_seconds(parser: argparse.ArgumentParser, flag: str, default: float, help: str) -> None:
+    """An option ``flag S`` of a number of seconds, ``default`` when not given."""
+    parser.add_argument(flag, type=float, default=default, metavar="S", help=help)
 
 
 def load_app(path: str) -> Hurtle:

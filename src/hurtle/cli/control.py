@@ -23,13 +23,15 @@ from typing import Any
 from ..cancels import CANCEL_TTL
 from ..ids import check_message_ids
 from ..names import check_queue_name
-from ._app import announce, load_app, open_broker
+from ._app import add_seconds, announce, app_command, load_app, open_broker
 from ._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm
 
 
 def add_parser(sub: Any) -> None:
-    c: argparse.ArgumentParser = sub.add_parser(
+    c = app_command(
+        sub,
         "cancel",
+        run_cancel,
         help="cancel messages: not run if not started, stopped or told if running",
         description="Cancel messages by id (what send() returned): one not started yet is "
         "never run; it becomes a dead letter with the reason 'cancelled'. A task already "
@@ -37,30 +39,24 @@ def add_parser(sub: Any) -> None:
         "a process's main thread, async def tasks of the asyncio pool), told through "
         "hurtle.current().cancelled elsewhere, and recorded 'cancelled' either way.",
     )
-    c.add_argument("app", help="the app, as module:attribute")
     c.add_argument("ids", nargs="+", metavar="ID", help="message ids")
-    c.add_argument(
-        "--ttl",
-        type=float,
-        default=CANCEL_TTL,
-        metavar="S",
-        help=f"seconds the cancellation is kept (default {CANCEL_TTL:g}, a week)",
+    add_seconds(
+        c, "--ttl", CANCEL_TTL, f"seconds the cancellation is kept (default {CANCEL_TTL:g}, a week)"
     )
-    c.set_defaults(handler=run_cancel)
 
-    q: argparse.ArgumentParser = sub.add_parser(
+    q = app_command(
+        sub,
         "queue",
+        run_queue,
+        actions=("pause", "resume", "purge", "forget"),
         help="pause, resume, purge or forget a queue",
         description="Pause a queue (no worker fetches from it; tasks already fetched finish), "
         "resume it, or purge it: drop its waiting messages, ready and delayed (those workers "
         "hold finish, dead letters stay). Forget an empty queue: its name leaves the known "
         "queues until a message is published to it again.",
     )
-    q.add_argument("app", help="the app, as module:attribute")
-    q.add_argument("action", choices=("pause", "resume", "purge", "forget"))
     q.add_argument("queue", help="the queue's name")
     add_yes(q, "purge")
-    q.set_defaults(handler=run_queue)
 
 
 def run_cancel(args: argparse.Namespace) -> int:

@@ -16,14 +16,11 @@ import sys
 from typing import Any
 
 from ..dashboard.names import FORGET_AFTER
-from ._app import describe, load_app, open_broker
+from ._app import add_seconds, app_command, describe, load_app, open_broker
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "dashboard", help="serve the web dashboard, JSON API and /metrics"
-    )
-    p.add_argument("app", help="the app, as module:attribute")
+    p = app_command(sub, "dashboard", run, help="serve the web dashboard, JSON API and /metrics")
     p.add_argument(
         "--host",
         default="127.0.0.1",
@@ -44,14 +41,12 @@ def add_parser(sub: Any) -> None:
         help="let POST /api/queues/Q/messages enqueue task names the app does not register "
         "(tasks of another program's workers); by default they are refused with 400",
     )
-    p.add_argument(
+    add_seconds(
+        p,
         "--forget-after",
-        type=float,
-        default=FORGET_AFTER,
-        metavar="S",
-        help=f"forget queues empty and unused for S seconds (default {FORGET_AFTER:g}; 0: never)",
+        FORGET_AFTER,
+        f"forget queues empty and unused for S seconds (default {FORGET_AFTER:g}; 0: never)",
     )
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -13,19 +13,21 @@ import argparse
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._app import load_app
+from ._app import app_command, load_app
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
+    app_command(
+        sub,
         "db",
+        run,
+        actions=["upgrade"],
+        action_help="upgrade: make or upgrade the schema",
+        action_first=True,
         help="the broker's database schema",
         description="The schema of APP's PostgreSQL broker: upgrade makes it, or brings it to "
         "this hurtle's version (stop the workers first).",
     )
-    p.add_argument("action", choices=["upgrade"], help="upgrade: make or upgrade the schema")
-    p.add_argument("app", help="the app, as module:attribute")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

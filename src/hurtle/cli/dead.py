@@ -24,7 +24,7 @@ from ..brokers import Broker, DeadLetter
 from ..errors import ConfigurationError, DecodeError
 from ..message import Message
 from ..sealing import Keyring, readable_call
-from ._app import announce, load_app, open_broker
+from ._app import announce, app_command, load_app, open_broker
 from ._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm
 
 #: Dead letters read per round trip when looking for ids.
@@ -33,8 +33,11 @@ EXIT_NOT_FOUND = 1
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
+    p = app_command(
+        sub,
         "dead",
+        run,
+        actions=("list", "show", "retry", "purge"),
         help="dead letters",
         description="List, show, retry or purge dead letters: every one of the queues, or "
         "those named by ID (show needs at least one).",
@@ -42,8 +45,6 @@ def add_parser(sub: Any) -> None:
         "message it holds (what send() returned, shown as 'message' by 'list'). An ID that "
         "names no dead letter is reported and the command exits 1, after handling the others.",
     )
-    p.add_argument("app", help="the app, as module:attribute")
-    p.add_argument("action", choices=("list", "show", "retry", "purge"))
     p.add_argument("ids", nargs="*", metavar="ID", help="only these dead letters (see below)")
     p.add_argument("--queue", "-q", default=None, help="one queue (default: every queue)")
     p.add_argument(
@@ -54,7 +55,6 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--json", action="store_true", help="list or show as JSON")
     add_yes(p, "purge")
-    p.set_defaults(handler=run)
 
 
 def _reason_line(reason: str) -> str:

@@ -16,20 +16,23 @@ import threading
 from typing import Any
 
 from ..errors import ConfigurationError
-from ._app import load_app
+from ._app import app_command, load_app
 
 log = logging.getLogger(__name__)
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
+    p = app_command(
+        sub,
         "outbox",
+        run,
+        actions=["relay", "count"],
+        action_help="relay, or count what waits",
+        action_first=True,
         help="the outbox of sends made in a transaction (outbox=)",
         description="relay: move APP's outbox (outbox=) to its broker until stopped, one relay "
         "at a time however many run; count: how many messages wait in it.",
     )
-    p.add_argument("action", choices=["relay", "count"], help="relay, or count what waits")
-    p.add_argument("app", help="the app, as module:attribute")
     p.add_argument(
         "--poll-interval",
         type=float,
@@ -37,7 +40,6 @@ def add_parser(sub: Any) -> None:
         help="seconds between looks at the outbox without a notification, and between tries "
         "at the relay's lock while another relay works (default 1)",
     )
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

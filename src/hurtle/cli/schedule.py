@@ -13,17 +13,20 @@ from datetime import datetime
 from typing import Any
 
 from ..dashboard.queries import schedule_rows
-from ._app import describe, file_of, load_app, open_broker
+from ._app import app_command, describe, file_of, load_app, open_broker
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "schedule", help="periodic tasks", description="The periodic tasks of APP."
+    p = app_command(
+        sub,
+        "schedule",
+        run,
+        actions=["list"],
+        action_help="list: each schedule, its last and next run",
+        help="periodic tasks",
+        description="The periodic tasks of APP.",
     )
-    p.add_argument("app", help="the app, as module:attribute")
-    p.add_argument("action", choices=["list"], help="list: each schedule, its last and next run")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,14 +10,12 @@ import time
 from typing import Any
 
 from ..dashboard.queries import queue_counts, queue_stats
-from ._app import describe, file_of, load_app, open_broker
+from ._app import app_command, describe, file_of, load_app, open_broker
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser("status", help="queue counts")
-    p.add_argument("app", help="the app, as module:attribute")
+    p = app_command(sub, "status", run, help="queue counts")
     p.add_argument("--json", action="store_true", help="print JSON for scripts")
-    p.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:

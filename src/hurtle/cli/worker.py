@@ -21,7 +21,7 @@ from ..names import check_queue_name
 from ..worker.executors import POOLS
 from ..worker.log import BURST, LINES_PER_SECOND, SUMMARY_EVERY
 from ..worker.supervisor import EXIT_RECYCLE, Supervisor
-from ._app import load_app
+from ._app import APP_HELP, app_command, load_app
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,14 @@ DEFAULT_CONCURRENCY = {"solo": 1, "threads": 10, "asyncio": 100, "gevent": 100, 
 
 
 def add_parser(sub: Any) -> None:
-    p: argparse.ArgumentParser = sub.add_parser(
-        "worker", help="consume tasks", description="Run a worker for APP (module:attribute)."
+    p = app_command(
+        sub,
+        "worker",
+        run,
+        app_help=f"{APP_HELP} (e.g. tasks:app)",
+        help="consume tasks",
+        description="Run a worker for APP (module:attribute).",
     )
-    p.add_argument("app", help="the app, as module:attribute (e.g. tasks:app)")
     p.add_argument(
         "--queues",
         "-Q",
@@ -97,7 +101,6 @@ def add_parser(sub: Any) -> None:
         "current directory) changes; put it after APP or give PATH",
     )
     p.add_argument("--supervised-by", type=int, default=None, help=argparse.SUPPRESS)
-    p.set_defaults(handler=run)
 
 
 def _seconds(text: str) -> float:

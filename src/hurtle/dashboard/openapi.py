@@ -24,6 +24,15 @@ def _ok(schema: dict[str, Any], status: str = "200", text: str = "OK") -> dict[s
     return {status: {"description": text, "content": {"application/json": {"schema": schema}}}}
 
 
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def _get(summary: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """A path with one GET answering 200 with ``schema``."""
+    return {"get": {"summary": summary, "responses": _ok(schema)}}
+
+
 _ERROR = {"description": "Refused", "content": {"application/json": {"schema": _ref("Error")}}}
 _QUEUE = {
     "name": "queue",
@@ -57,10 +66,28 @@ def _obj(props: dict[str, Any], nullable: tuple[str, ...] = ()) -> dict[str, Any
 
 _SELECTION = {
     "oneOf": [
-        _obj({"ids": {"type": "array", "items": _STR}}),
+        _obj({"ids": _array(_STR)}),
         _obj({"all": {"type": "boolean", "enum": [True]}}),
     ]
 }
+
+
+def _on_selection(summary: str, counted: str) -> dict[str, Any]:
+    """A path with one POST acting on a selection of a queue's dead letters (``_SELECTION``),
+    answering how many it ``counted``."""
+    return {
+        "post": {
+            "summary": summary,
+            "parameters": [_QUEUE],
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": _SELECTION}},
+            },
+            "responses": {**_ok(_obj({counted: _INT})), "400": _ERROR},
+        }
+    }
+
+
 _MESSAGE_IN = {
     "type": "object",
     "required": ["task"],
@@ -102,7 +129,7 @@ OPENAPI: dict[str, Any] = {
                     "pid": _INT,
                     "pool": _STR,
                     "concurrency": _INT,
-                    "queues": {"type": "array", "items": _STR},
+                    "queues": _array(_STR),
                     "started_at": _NUM,
                     "last_heartbeat": _NUM,
                     "deadline": _NUM,
@@ -179,12 +206,9 @@ OPENAPI: dict[str, Any] = {
                     "queue": _STR,
                     "delayed": _INT,
                     "listed": {"type": "boolean"},
-                    "next": {
-                        "type": "array",
-                        "items": _obj(
-                            {"eta": _NUM, "id": _STR, "task": _STR}, nullable=("id", "task")
-                        ),
-                    },
+                    "next": _array(
+                        _obj({"eta": _NUM, "id": _STR, "task": _STR}, nullable=("id", "task"))
+                    ),
                 }
             ),
             "DeadLetter": _obj(
@@ -220,7 +244,7 @@ OPENAPI: dict[str, Any] = {
                     "totals": _ref("Counts"),
                     "throughput": _ref("Point"),
                     "workers_alive": _INT,
-                    "queues": {"type": "array", "items": _ref("Queue")},
+                    "queues": _array(_ref("Queue")),
                 }
             ),
         },
@@ -233,20 +257,11 @@ OPENAPI: dict[str, Any] = {
                 "responses": {"307": {"description": "Location: /api/openapi.json"}},
             }
         },
-        "/api/overview": {
-            "get": {
-                "summary": "Totals, throughput, queue depths, workers alive",
-                "responses": _ok(_ref("Overview")),
-            }
-        },
-        "/api/throughput": {
-            "get": {
-                "summary": "Recent throughput points (tasks per second)",
-                "responses": _ok(
-                    _obj({"every": _NUM, "points": {"type": "array", "items": _ref("Point")}})
-                ),
-            }
-        },
+        "/api/overview": _get("Totals, throughput, queue depths, workers alive", _ref("Overview")),
+        "/api/throughput": _get(
+            "Recent throughput points (tasks per second)",
+            _obj({"every": _NUM, "points": _array(_ref("Point"))}),
+        ),
         "/api/throughput/stream": {
             "get": {
                 "summary": "Throughput points as server-sent events (event: throughput)",
@@ -258,18 +273,8 @@ OPENAPI: dict[str, Any] = {
                 },
             }
         },
-        "/api/queues": {
-            "get": {
-                "summary": "Messages per queue and state",
-                "responses": _ok({"type": "array", "items": _ref("Queue")}),
-            }
-        },
-        "/api/tasks": {
-            "get": {
-                "summary": "The cluster's counters per queue and task",
-                "responses": _ok({"type": "array", "items": _ref("TaskCounts")}),
-            }
-        },
+        "/api/queues": _get("Messages per queue and state", _array(_ref("Queue"))),
+        "/api/tasks": _get("The cluster's counters per queue and task", _array(_ref("TaskCounts"))),
         "/api/tasks/{id}": {
             "get": {
                 "summary": "Look a message up by id: state, arguments, result or error, timings",
@@ -295,7 +300,7 @@ OPENAPI: dict[str, Any] = {
                         {
                             "time": _NUM,
                             "known": {"type": "boolean"},
-                            "schedules": {"type": "array", "items": _ref("Schedule")},
+                            "schedules": _array(_ref("Schedule")),
                         }
                     )
                 ),
@@ -306,15 +311,10 @@ OPENAPI: dict[str, Any] = {
                 "summary": "Delayed messages per queue, and the next few ETAs where listed",
                 "description": "listed is false when the broker cannot list delayed messages "
                 "cheaply: then only their count is known.",
-                "responses": _ok({"type": "array", "items": _ref("Delayed")}),
+                "responses": _ok(_array(_ref("Delayed"))),
             }
         },
-        "/api/workers": {
-            "get": {
-                "summary": "Live workers, as of their last heartbeat",
-                "responses": _ok({"type": "array", "items": _ref("Worker")}),
-            }
-        },
+        "/api/workers": _get("Live workers, as of their last heartbeat", _array(_ref("Worker"))),
         "/api/queues/{queue}/messages": {
             "post": {
                 "summary": "Enqueue one message or a list of them; answers with their ids",
@@ -337,7 +337,7 @@ OPENAPI: dict[str, Any] = {
                         {
                             "type": "object",
                             "required": ["ids"],
-                            "properties": {"id": _STR, "ids": {"type": "array", "items": _STR}},
+                            "properties": {"id": _STR, "ids": _array(_STR)},
                         },
                         "201",
                         "Enqueued",
@@ -382,7 +382,7 @@ OPENAPI: dict[str, Any] = {
                     {"name": "offset", "in": "query", "schema": {"type": "integer", "minimum": 0}},
                 ],
                 "responses": {
-                    **_ok({"type": "array", "items": _ref("DeadLetter")}),
+                    **_ok(_array(_ref("DeadLetter"))),
                     "400": _ERROR,
                 },
             },
@@ -392,28 +392,12 @@ OPENAPI: dict[str, Any] = {
                 "responses": {**_ok(_obj({"purged": _INT})), "400": _ERROR},
             },
         },
-        "/api/queues/{queue}/dead/retry": {
-            "post": {
-                "summary": "Put dead letters back in their queue (a selection, or all)",
-                "parameters": [_QUEUE],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _SELECTION}},
-                },
-                "responses": {**_ok(_obj({"retried": _INT})), "400": _ERROR},
-            }
-        },
-        "/api/queues/{queue}/dead/delete": {
-            "post": {
-                "summary": "Delete dead letters (a selection, or all)",
-                "parameters": [_QUEUE],
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": _SELECTION}},
-                },
-                "responses": {**_ok(_obj({"deleted": _INT})), "400": _ERROR},
-            }
-        },
+        "/api/queues/{queue}/dead/retry": _on_selection(
+            "Put dead letters back in their queue (a selection, or all)", "retried"
+        ),
+        "/api/queues/{queue}/dead/delete": _on_selection(
+            "Delete dead letters (a selection, or all)", "deleted"
+        ),
     },
 }
 

@@ -1,12 +1,14 @@
 """What the rows of ``hurtle bench tasks`` declare alike: a hurtle row with the batch settings
-every hurtle row reports, a row of a raw client loop of ``peers``, how to install each broker,
-the machine's cores, and the environment flag for pools that finish tasks on several threads."""
+every hurtle row reports, a row of another task queue or of a raw client loop of ``peers``, how
+to install each broker, the machine's cores, and the environment flag for pools that finish
+tasks on several threads."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
 from types import ModuleType
+from typing import Any
 
 from ...settings import Settings
 from ..harness.scenario import PY, Scenario, hurtle_worker, publisher
@@ -54,6 +56,33 @@ def hurtle_row(
         env=env or {},
         store=store,
         url_query=url_query,
+    )
+
+
+def peer_row(
+    peer: str,
+    name: str,
+    system: str,
+    guarantee: str,
+    config: str,
+    *,
+    worker: tuple[str, ...],
+    modules: tuple[str, ...] = (),
+    **more: Any,
+) -> Scenario:
+    """A row of the Python task queue ``peer`` on Redis, its app in ``peers.<peer>_app``:
+    published by that app's ``publish``, consumed by ``python -m`` ``worker``; it needs ``peer``,
+    redis and ``modules``, and shows ``peer``'s version. ``more`` are the row's other fields."""
+    return Scenario(
+        name=name,
+        system=system,
+        guarantee=guarantee,
+        config=config,
+        publisher=publisher(f"hurtle.bench.peers.{peer}_app:publish"),
+        worker=(PY, "-m", *worker),
+        modules=(peer, "redis", *modules),
+        version_of=peer,
+        **more,
     )
 
 

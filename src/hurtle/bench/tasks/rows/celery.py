@@ -3,23 +3,21 @@ threads pool and its gevent pool; acknowledged on receipt."""
 
 from __future__ import annotations
 
-from ...harness.scenario import PY, Scenario, publisher
-from ..common import CORES, LOCK
+from ...harness.scenario import Scenario
+from ..common import CORES, LOCK, peer_row
 from ..leftover import celery
 
 
 def _celery(
     name: str, config: str, *options: str, modules: tuple[str, ...] = (), locked: bool = False
 ) -> Scenario:
-    return Scenario(
-        name=name,
-        system="Celery",
-        guarantee="ack on receipt",
-        config=f"{config}, prefetch multiplier 4",
-        publisher=publisher("hurtle.bench.peers.celery_app:publish"),
+    return peer_row(
+        "celery",
+        name,
+        "Celery",
+        "ack on receipt",
+        f"{config}, prefetch multiplier 4",
         worker=(
-            PY,
-            "-m",
             "celery",
             "-A",
             "hurtle.bench.peers.celery_app",
@@ -28,9 +26,8 @@ def _celery(
             "WARNING",
             *options,
         ),
+        modules=modules,
         env=LOCK if locked else {},
-        modules=("celery", "redis", *modules),
-        version_of="celery",
         leftover=celery,
     )
 

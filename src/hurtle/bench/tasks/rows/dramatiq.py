@@ -3,21 +3,18 @@ threads and middleware; acknowledged."""
 
 from __future__ import annotations
 
-from ...harness.scenario import PY, Scenario, publisher
-from ..common import CORES, LOCK
+from ..common import CORES, LOCK, peer_row
 from ..leftover import llen
 
 ROWS = [
-    Scenario(
-        name="dramatiq",
-        system="Dramatiq",
-        guarantee="acknowledged",
-        config=f"Redis broker, {CORES} processes x 8 threads (defaults), default middleware",
-        publisher=publisher("hurtle.bench.peers.dramatiq_app:publish"),
-        worker=(PY, "-m", "dramatiq", "hurtle.bench.peers.dramatiq_app"),
+    peer_row(
+        "dramatiq",
+        "dramatiq",
+        "Dramatiq",
+        "acknowledged",
+        f"Redis broker, {CORES} processes x 8 threads (defaults), default middleware",
+        worker=("dramatiq", "hurtle.bench.peers.dramatiq_app"),
         env=LOCK,
-        modules=("dramatiq", "redis"),
-        version_of="dramatiq",
         leftover=llen("dramatiq:bench"),
     ),
 ]

@@ -15,7 +15,8 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ...harness.scenario import PY, Scenario, publisher
+from ...harness.scenario import Scenario
+from ..common import peer_row
 
 
 def _package_file(package: str, name: str) -> Path:
@@ -48,16 +49,14 @@ def prepare(workdir: Path, redis_url: str) -> dict[str, str]:
 
 
 def _row(kind: str, name: str, guarantee: str) -> Scenario:
-    return Scenario(
-        name=name,
-        system="funboost",
-        guarantee=guarantee,
-        config=f"broker kind {kind}, SINGLE_THREAD concurrent mode, 1 process",
-        publisher=publisher("hurtle.bench.peers.funboost_app:publish"),
-        worker=(PY, "-m", "hurtle.bench.peers.funboost_app"),
+    return peer_row(
+        "funboost",
+        name,
+        "funboost",
+        guarantee,
+        f"broker kind {kind}, SINGLE_THREAD concurrent mode, 1 process",
+        worker=("hurtle.bench.peers.funboost_app",),
         env={"HURTLE_BENCH_FUNBOOST_KIND": kind},
-        modules=("funboost", "redis"),
-        version_of="funboost",
         prepare=prepare,
     )
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...harness.scenario import PY, Scenario, publisher
+from ...harness.scenario import Scenario
+from ..common import peer_row
 from ..leftover import llen
 
 #: RQ's default worker forks per job (~30 jobs/s on 2 cores): 100,000 would take an hour.
@@ -13,15 +14,13 @@ RQ_FORK_MAX = 2000
 
 
 def _rq(name: str, config: str, *options: str) -> Scenario:
-    return Scenario(
-        name=name,
-        system="RQ",
-        guarantee="not acknowledged",
-        config=config,
-        publisher=publisher("hurtle.bench.peers.rq_app:publish"),
-        worker=(PY, "-m", "rq.cli", "worker", "--url", "{redis_url}", "--quiet", *options, "bench"),
-        modules=("rq", "redis"),
-        version_of="rq",
+    return peer_row(
+        "rq",
+        name,
+        "RQ",
+        "not acknowledged",
+        config,
+        worker=("rq.cli", "worker", "--url", "{redis_url}", "--quiet", *options, "bench"),
         leftover=llen("rq:queue:bench"),
     )
 
