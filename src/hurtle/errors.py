@@ -94,18 +94,21 @@ class ResultTimeout(HurtleError, TimeoutError):
     """No result arrived within the time a ``Handle.result`` call was given."""
 
 
+def _check_seconds(value: object, where: str, otherwise: str) -> None:
+    """``ConfigurationError`` unless ``value`` is None or a finite number of seconds >= 0."""
+    if value is not None and (
+        type(value) not in (int, float) or not 0 <= value <= sys.float_info.max  # type: ignore[operator]
+    ):
+        problem = seconds_problem(value, where)
+        if problem is not None:
+            raise ConfigurationError(f"{problem}; pass seconds >= 0{otherwise}")
+
+
 class Retry(Exception):
     """Raised by a task to ask for another attempt, optionally after ``delay`` seconds."""
 
     def __init__(self, delay: float | None = None, reason: str = "") -> None:
-        if delay is not None and (
-            type(delay) not in (int, float) or not 0 <= delay <= sys.float_info.max
-        ):
-            problem = seconds_problem(delay, "Retry(delay=...)")
-            if problem is not None:
-                raise ConfigurationError(
-                    f"{problem}; pass seconds >= 0, or no delay for the task's backoff"
-                )
+        _check_seconds(delay, "Retry(delay=...)", ", or no delay for the task's backoff")
         super().__init__(reason or "retry requested")
         self.delay = delay
         self.reason = reason
@@ -118,15 +121,11 @@ class Throttle(Exception):
     until the service recovers (``hurtle.adaptive``)."""
 
     def __init__(self, retry_after: float | None = None, reason: str = "") -> None:
-        if retry_after is not None and (
-            type(retry_after) not in (int, float) or not 0 <= retry_after <= sys.float_info.max
-        ):
-            problem = seconds_problem(retry_after, "Throttle(retry_after=...)")
-            if problem is not None:
-                raise ConfigurationError(
-                    f"{problem}; pass seconds >= 0 (a 429's Retry-After), or None for about "
-                    "a second"
-                )
+        _check_seconds(
+            retry_after,
+            "Throttle(retry_after=...)",
+            " (a 429's Retry-After), or None for about a second",
+        )
         super().__init__(reason or "throttled by the service it calls")
         self.retry_after = retry_after
         self.reason = reason
