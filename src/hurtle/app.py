@@ -348,6 +348,15 @@ class Hurtle:
         names.add(self.settings.default_queue)
         return sorted(names)
 
+    def fair_weights(self, queues: Sequence[str]) -> dict[str, int] | None:
+        """None when no task of this app has a ``fair_key`` (``hurtle.fair``); else the weights
+        of the weighted keys, by their sub-queues of ``queues`` (every queue a worker reads is
+        then read by turns: a fair task may be sent to any queue)."""
+        fair = [t.fair for t in self.tasks.values() if t.fair is not None]
+        if not fair:
+            return None
+        return {name: w for f in fair for q in queues for name, w in f.weights_in(q).items()}
+
     def worker(self, **options: Any) -> Worker:
         """A worker for this app; see ``hurtle.worker.Worker`` for the options."""
         from .worker import Worker

@@ -184,6 +184,11 @@ class Signature(Generic[R]):
         queue, priority, _, headers, expires = task._resolve(self.opts, 0.0)  # relative expiry
         opts = self.opts
         args, kwargs = self.args, self.kwargs
+        if task.fair is not None:  # keyed by its own arguments (not the result put first)
+            try:
+                queue = task.fair.queue_of(queue, args, kwargs)
+            except (TypeError, IndexError, KeyError):
+                pass  # a key of arguments it gets later: the queue's own turn
         if task.keyring is not None:  # sealed as it travels in a header, until it is sent
             args, kwargs = (task.keyring.seal_call(task.name, args, kwargs),), {}
             headers = {**headers, SEALED: task.keyring.id}
