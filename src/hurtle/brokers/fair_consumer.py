@@ -16,8 +16,9 @@ queue ``q``. This consumer wraps ``main``, the worker's usual consumer of its qu
   (acknowledgements, retries back to the sub-queue, dead letters in it, recovery of a dead
   worker's deliveries, unique locks, results), and each delivery is settled by the session
   that fetched it. The heartbeat beats every session;
-* hands a key's deliveries out as the queue's (``Delivery.queue`` is ``q``: the worker's
-  counts and logs name the queue), their bytes unchanged (the message names its sub-queue);
+* hands a key's deliveries out as its session gave them (``Delivery.queue`` is the
+  sub-queue: what the worker settles, unique locks included, goes there); the worker's counts
+  sum a queue's keys as the queue's own (``reports.Tally.snapshot``);
 * forgets a sub-queue found empty for ``FORGET_AFTER`` seconds (``Broker.forget``, which
   leaves one that holds anything) and closes its session once it holds nothing.
 
@@ -32,8 +33,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
-
-import msgspec
 
 from ..message import Message
 from ..names import FAIR_MARK
@@ -76,6 +75,10 @@ class FairConsumer(Consumer):
 
     def __init__(self, broker: Broker, main: Consumer, weights: Mapping[str, int]) -> None:
         self.broker = broker
+        #: Where the sub-queues are listed, read and forgotten: ``broker``, or the broker a
+        #: sharded one stores its shards in (keys' sub-queues are not sharded, and it would
+        #: name them as their queues).
+        self._store = broker.inner if isinstance(broker, ShardedBroker) else broker
         self.main = main
         self.queues = main.queues
         self.worker_id = main.worker_id
@@ -105,10 +108,7 @@ class FairConsumer(Consumer):
         """Find the live sub-queues; forget those empty long enough; drop those gone."""
         self._listed_at = now
         found: set[str] = set()
-        broker = self.broker
-        # a sharded broker names its queues' sub-queues as the queues themselves
-        listed = broker.inner.queues() if isinstance(broker, ShardedBroker) else broker.queues()
-        for name in listed:
+        for name in self._store.queues():
             mark = name.rfind(FAIR_MARK)
             queue = self._prefixes.get(name[: mark + len(FAIR_MARK)]) if mark > 0 else None
             if queue is None:
@@ -122,7 +122,7 @@ class FairConsumer(Consumer):
                 continue
             gone = key.name not in found
             if not gone and key.empty_since is not None and now - key.empty_since > FORGET_AFTER:
-                gone = self.broker.forget(key.name)  # False when it holds anything
+                gone = self._store.forget(key.name)  # False when it holds anything
             if gone:
                 self._drop(key)
         self._main_idle = False
@@ -138,7 +138,7 @@ class FairConsumer(Consumer):
         session = key.session
         if session is None:
             self._made += 1
-            session = self.broker.consumer((key.name,), f"{self.worker_id}~{self._made}")
+            session = self._store.consumer((key.name,), f"{self.worker_id}~{self._made}")
             with self._lock:
                 key.session = session
         return session
@@ -223,10 +223,9 @@ class FairConsumer(Consumer):
         return self._outward(member, got)
 
     def _outward(self, key: _Key, got: list[Delivery]) -> list[Delivery]:
-        """A key's deliveries as this consumer hands them out: the queue's."""
+        """A key's deliveries, counted as held by its session."""
         key.held += len(got)
-        queue = key.queue
-        return [Delivery(queue, d.raw, d) for d in got]
+        return got
 
     def prefetch(self, max_count: int) -> None:
         """Prefetch from the one member with work, when only one has (one key: no turns)."""
@@ -248,33 +247,32 @@ class FairConsumer(Consumer):
 
     # -- settling -------------------------------------------------------------------------
 
-    def _owner(self, delivery: Delivery) -> tuple[Consumer, Delivery, _Key | None]:
-        """The session that fetched ``delivery``, the delivery it gave, and its key."""
-        receipt = delivery.receipt
-        if type(receipt) is Delivery:
-            key = self._keys.get(receipt.queue)
-            if key is not None and key.session is not None:
-                key.held -= 1
-                return key.session, receipt, key
-        return self.main, delivery, None
+    def _owner(self, delivery: Delivery) -> Consumer:
+        """The session that fetched ``delivery`` (which settles it)."""
+        key = self._keys.get(delivery.queue)
+        if key is not None and key.session is not None:
+            key.held -= 1
+            return key.session
+        return self.main
 
     def _settle(
         self,
         deliveries: Sequence[Delivery],
         results: Sequence[StoredResult],
-        last: Callable[[Consumer, list[Delivery], list[StoredResult]], None],
+        last: Callable[[Consumer, Sequence[Delivery], Sequence[StoredResult]], None],
     ) -> None:
         """``ack`` split per session: each delivery's result with it, results that ride with
         none to ``main``; ``last`` settles ``main``'s part (always called)."""
-        if not any(type(d.receipt) is Delivery for d in deliveries):
-            last(self.main, list(deliveries), list(results))
+        keys = self._keys
+        if not keys or not any(d.queue in keys for d in deliveries):
+            last(self.main, deliveries, results)
             return
         n = len(deliveries)
         parts: dict[int, tuple[Consumer, list[Delivery], list[StoredResult]]] = {}
         for i, d in enumerate(deliveries):
-            session, held, _ = self._owner(d)
+            session = self._owner(d)
             part = parts.setdefault(id(session), (session, [], []))
-            part[1].append(held)
+            part[1].append(d)
             if i < len(results):
                 part[2].append(results[i])
         for session, held, res in parts.values():
@@ -297,32 +295,33 @@ class FairConsumer(Consumer):
         results: Sequence[StoredResult],
         locks: Sequence[Lock],
     ) -> None:
-        self._settle(deliveries, results, lambda main, d, r: main.ack_and_release(d, r, locks))
+        def last(main: Consumer, d: Sequence[Delivery], r: Sequence[StoredResult]) -> None:
+            if d or r:
+                main.ack_and_release(d, r, locks)
+            elif locks:
+                main.release_unique(locks)
+
+        self._settle(deliveries, results, last)
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         parts: dict[int, tuple[Consumer, list[FlowStep]]] = {}
         for step in steps:
-            session, held, key = self._owner(step.delivery)
-            if key is not None:
-                step = msgspec.structs.replace(step, delivery=held)
+            session = self._owner(step.delivery)
             parts.setdefault(id(session), (session, []))[1].append(step)
         for session, part in parts.values():
             session.ack_flow(part)
 
     def retry(self, delivery: Delivery, message: Message) -> None:
-        session, held, _ = self._owner(delivery)
-        session.retry(held, message)
+        self._owner(delivery).retry(delivery, message)
 
     def defer(self, delivery: Delivery, eta: float) -> None:
-        session, held, _ = self._owner(delivery)
-        session.defer(held, eta)
+        self._owner(delivery).defer(delivery, eta)
 
     def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
         self._each(items, lambda session, part: session.defer_many(part))
 
     def dead_letter(self, delivery: Delivery, reason: str) -> None:
-        session, held, _ = self._owner(delivery)
-        session.dead_letter(held, reason)
+        self._owner(delivery).dead_letter(delivery, reason)
 
     def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
         self._each(items, lambda session, part: session.dead_letter_many(part))
@@ -340,8 +339,8 @@ class FairConsumer(Consumer):
     ) -> None:
         parts: dict[int, tuple[Consumer, list[tuple[Delivery, T]]]] = {}
         for delivery, value in items:
-            session, held, _ = self._owner(delivery)
-            parts.setdefault(id(session), (session, []))[1].append((held, value))
+            session = self._owner(delivery)
+            parts.setdefault(id(session), (session, []))[1].append((delivery, value))
         for session, part in parts.values():
             settle(session, part)
 
