@@ -174,3 +174,21 @@ def test_a_sub_queue_empty_long_enough_is_forgotten(
         consumer.ack(got)
     finally:
         consumer.close()
+
+
+def test_a_paused_queues_keys_wait_with_it(
+    make: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fair_module, "REFRESH", 0.0)
+    broker = make()
+    broker.publish([msg(A)])
+    broker.pause("q")
+    consumer = fair(broker)
+    try:
+        assert consumer.fetch(10, 0.3) == []
+        broker.resume("q")
+        got = consumer.fetch(10, 2.0)
+        assert keys_of(got) == [A]
+        consumer.ack(got)
+    finally:
+        consumer.close()

@@ -4,7 +4,8 @@ sub-queue of the queues it reads in turn, beside the queues themselves.
 A fair task's call of key ``k`` is stored in the sub-queue ``names.fair_queue(q, k)`` of its
 queue ``q``. This consumer wraps ``main``, the worker's usual consumer of its queues, and:
 
-* lists the sub-queues of its queues (``Broker.queues``) at most every ``REFRESH`` seconds;
+* lists the sub-queues of its queues (``Broker.queues``) at most every ``REFRESH`` seconds,
+  and the paused queues (``Broker.paused``): a paused queue's keys are not read either;
 * fetches by turns: each fetch visits up to ``VISITS`` members (each live key, and ``main``
   for what was sent to the queues themselves), from where the last fetch stopped, asking each
   for ``weight`` shares of the batch (a key's weight is ``fair_weights``', else 1), then gives
@@ -32,6 +33,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, TypeVar
 
 from ..message import Message
@@ -45,6 +47,7 @@ if TYPE_CHECKING:
     from .base import Broker
 
 T = TypeVar("T")
+_QUEUE = attrgetter("queue")
 
 #: Seconds between two listings of the sub-queues (and longest block of an idle fetch).
 REFRESH = 0.25
@@ -116,8 +119,9 @@ class FairConsumer(Consumer):
             found.add(name)
             if name not in self._keys:
                 self._keys[name] = _Key(name, queue, self.weights.get(name, 1))
+        paused = self._paused() if self._keys else set()
         for key in list(self._keys.values()):
-            key.idle = False
+            key.idle = key.queue in paused  # a paused queue's keys wait with it
             if key.held:
                 continue
             gone = key.name not in found
@@ -126,6 +130,12 @@ class FairConsumer(Consumer):
             if gone:
                 self._drop(key)
         self._main_idle = False
+
+    def _paused(self) -> set[str]:
+        try:
+            return self._store.paused()
+        except NotImplementedError:
+            return set()
 
     def _drop(self, key: _Key) -> None:
         with self._lock:
@@ -264,10 +274,17 @@ class FairConsumer(Consumer):
         """``ack`` split per session: each delivery's result with it, results that ride with
         none to ``main``; ``last`` settles ``main``'s part (always called)."""
         keys = self._keys
-        if not keys or not any(d.queue in keys for d in deliveries):
-            last(self.main, deliveries, results)
-            return
         n = len(deliveries)
+        queues = set(map(_QUEUE, deliveries)) if keys else ()
+        if len(queues) <= 1 and len(results) <= n:  # the usual batch: of one key, or none
+            key = keys.get(next(iter(queues))) if queues else None
+            if key is None or key.session is None:
+                last(self.main, deliveries, results)
+                return
+            key.held -= n
+            key.session.ack(deliveries, results)
+            last(self.main, (), ())
+            return
         parts: dict[int, tuple[Consumer, list[Delivery], list[StoredResult]]] = {}
         for i, d in enumerate(deliveries):
             session = self._owner(d)
