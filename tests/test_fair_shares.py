@@ -173,3 +173,22 @@ def test_retries_dead_letters_unique_locks_and_results_hold_per_call() -> None:
     assert [(c.queue, c.processed, c.retried, c.dead_lettered) for c in app.broker.totals()] == [
         ("default", 4, 2, 1)
     ]
+
+
+def test_status_and_the_dashboard_count_a_queues_keys_in_it() -> None:
+    from hurtle.dashboard.queries import queue_stats
+
+    app = Hurtle("memory://")
+
+    @app.task(fair_key="tenant", queue="work")
+    def work(tenant: str) -> None: ...
+
+    @app.task(queue="work")
+    def plain() -> None: ...
+
+    work.send_many([("a",), ("a",), ("b",)])
+    plain.send()
+    app.pause("work")
+    stats = queue_stats(app.broker, app.queues())
+    assert set(stats) == {"default", "work"}
+    assert stats["work"].ready == 4 and stats["work"].paused

@@ -419,3 +419,12 @@ class FairConsumer(Consumer):
         with self._lock:
             self._keys.clear()
         self.main.close()
+
+
+def consumer_of(
+    broker: Broker, queues: Sequence[str], worker_id: str, weights: Mapping[str, int] | None
+) -> Consumer:
+    """``broker.consumer(queues, worker_id)``, reading the queues' fair keys by turns
+    (``FairConsumer``, with ``weights``) unless ``weights`` is None (no task is fair)."""
+    consumer = broker.consumer(queues, worker_id)
+    return consumer if weights is None else FairConsumer(broker, consumer, weights)
