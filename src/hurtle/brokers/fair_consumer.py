@@ -95,6 +95,8 @@ class FairConsumer(Consumer):
         self._made = 0
         # sessions are made and closed on the fetching thread, beaten on the heartbeat's
         self._lock = threading.Lock()
+        # ``held`` counts move on the fetching thread and on the threads that settle
+        self._counting = threading.Lock()
         self._prefetched: _Key | None = None
 
     @property
@@ -118,7 +120,8 @@ class FairConsumer(Consumer):
                 continue
             found.add(name)
             if name not in self._keys:
-                self._keys[name] = _Key(name, queue, self.weights.get(name, 1))
+                with self._lock:  # the heartbeat's thread goes through the keys
+                    self._keys[name] = _Key(name, queue, self.weights.get(name, 1))
         paused = self._paused() if self._keys else set()
         for key in list(self._keys.values()):
             key.idle = key.queue in paused  # a paused queue's keys wait with it
@@ -234,7 +237,8 @@ class FairConsumer(Consumer):
 
     def _outward(self, key: _Key, got: list[Delivery]) -> list[Delivery]:
         """A key's deliveries, counted as held by its session."""
-        key.held += len(got)
+        with self._counting:
+            key.held += len(got)
         return got
 
     def prefetch(self, max_count: int) -> None:
@@ -261,7 +265,8 @@ class FairConsumer(Consumer):
         """The session that fetched ``delivery`` (which settles it)."""
         key = self._keys.get(delivery.queue)
         if key is not None and key.session is not None:
-            key.held -= 1
+            with self._counting:  # settled on the acker's thread
+                key.held -= 1
             return key.session
         return self.main
 
@@ -281,7 +286,8 @@ class FairConsumer(Consumer):
             if key is None or key.session is None:
                 last(self.main, deliveries, results)
                 return
-            key.held -= n
+            with self._counting:
+                key.held -= n
             key.session.ack(deliveries, results)
             last(self.main, (), ())
             return
