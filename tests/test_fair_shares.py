@@ -1,20 +1,28 @@
 """Fair shares per key (``fair_key=``, ``fair_weights=``): checked at registration with errors
 that name the value; where a call goes (its key's sub-queue); and a real worker that takes the
 keys in turn, so that a tenant's 100 calls queued behind another's 20,000 finish within the first
-5 % of the run, on the memory broker and on a private Redis. The broker-level runs on every broker
-are in ``tests/brokers/test_fair_contract.py``."""
+5 % of the run, on the memory broker, SQLite and private Redis, NATS and PostgreSQL servers. The
+broker-level runs on every broker are in ``tests/brokers/test_fair_contract.py``."""
 
 from __future__ import annotations
 
 import base64
 import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from hurtle import ConfigurationError, Hurtle
 from hurtle.names import fair_queue, stored_queue_name_problem
+from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
+from postgres_server import (  # noqa: F401 - fixtures
+    postgres_database,
+    postgres_private,
+    postgres_server_url,
+    postgres_url,
+)
 
 BIG, SMALL = 20_000, 100
 #: B's last call must be among the first 5 % of the completions.
@@ -53,8 +61,16 @@ def test_a_small_tenant_finishes_within_the_first_5_percent_on_memory(pool: str)
     assert last_of("B", done) < WITHIN, f"B's last call finished {last_of('B', done)}th"
 
 
-def test_a_small_tenant_finishes_within_the_first_5_percent_on_redis(redis_url: str) -> None:
-    done = order_of_completion(redis_url, fair=True)
+@pytest.mark.parametrize("kind", ["redis", "sqlite", "nats", "postgres"])
+def test_a_small_tenant_finishes_within_the_first_5_percent_on_a_server(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    url = (
+        f"sqlite:///{tmp_path / 'hurtle.db'}"
+        if kind == "sqlite"
+        else str(request.getfixturevalue(f"{kind}_url"))
+    )
+    done = order_of_completion(url, fair=True)
     assert last_of("B", done) < WITHIN, f"B's last call finished {last_of('B', done)}th"
 
 
