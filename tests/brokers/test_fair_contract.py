@@ -192,3 +192,28 @@ def test_a_paused_queues_keys_wait_with_it(
         consumer.ack(got)
     finally:
         consumer.close()
+
+
+def test_a_key_that_comes_while_one_key_is_prefetched_gets_its_turn(
+    make: MakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One key alone is prefetched as a queue is; a listing falls due all the same."""
+    monkeypatch.setattr(fair_module, "REFRESH", 0.05)
+    broker = make()
+    broker.publish([msg(A, i) for i in range(200)])
+    consumer = fair(broker)
+    try:
+        taken = consumer.fetch(10, 2.0)
+        consumer.prefetch(10)
+        broker.publish([msg(B)])
+        time.sleep(0.1)
+        for _ in range(3):
+            got = consumer.fetch(10, 2.0)
+            taken += got
+            if B in keys_of(got):
+                break
+            consumer.prefetch(10)
+        assert B in keys_of(taken), "the new key was not served within three batches"
+        consumer.release(taken)
+    finally:
+        consumer.close()

@@ -129,10 +129,17 @@ class FairConsumer(Consumer):
                 continue
             gone = key.name not in found
             if not gone and key.empty_since is not None and now - key.empty_since > FORGET_AFTER:
-                gone = self._store.forget(key.name)  # False when it holds anything
+                gone = self._forget(key.name)
             if gone:
                 self._drop(key)
         self._main_idle = False
+
+    def _forget(self, name: str) -> bool:
+        """``Broker.forget``: False when the sub-queue holds anything (or cannot be forgotten)."""
+        try:
+            return self._store.forget(name)
+        except NotImplementedError:
+            return False
 
     def _paused(self) -> set[str]:
         try:
@@ -242,8 +249,11 @@ class FairConsumer(Consumer):
         return got
 
     def prefetch(self, max_count: int) -> None:
-        """Prefetch from the one member with work, when only one has (one key: no turns)."""
+        """Prefetch from the one member with work, when only one has (one key: no turns) and
+        no listing is due: the fetch after a listing's time lists, and sees a new key."""
         if self._prefetched is not None or not self._main_idle:
+            return
+        if time.monotonic() - self._listed_at >= REFRESH:
             return
         busy = [k for k in self._keys.values() if not k.idle]
         if len(busy) == 1 and busy[0].session is not None:
