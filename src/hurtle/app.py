@@ -231,6 +231,11 @@ class Hurtle:
         sent; ``debounce_key=`` is the name of a parameter whose value is the key, or a
         callable of the task's arguments returning it (without one, every call shares a key).
 
+        ``fair_key=`` (``hurtle.fair``): the name of a parameter whose value is the call's key
+        (a tenant), or a callable of the task's arguments returning it; each key's calls wait
+        apart and workers take the keys of a queue in turn, ``fair_weights={key: shares}``
+        giving some more of each batch.
+
         ``expires=`` seconds: a message not started that long after its send is not run; it
         becomes a dead letter with the reason ``expired`` (its handle's state: ``expired``).
 
