@@ -217,3 +217,19 @@ def test_a_key_that_comes_while_one_key_is_prefetched_gets_its_turn(
         consumer.release(taken)
     finally:
         consumer.close()
+
+
+def test_what_a_dead_workers_key_sessions_held_is_recovered(make: MakeBroker) -> None:
+    broker = make(heartbeat_timeout=0.3)
+    broker.publish([msg(A, 1), msg(A, 2), msg(B, 3)])
+    dead = fair(broker)
+    assert len(dead.fetch(10, 2.0)) == 3  # then it dies: no beat, no close
+    time.sleep(0.6)
+    assert make(heartbeat_timeout=0.3).recover() == 3
+    again = fair(make())
+    try:
+        got = again.fetch(10, 2.0)
+        assert sorted(keys_of(got)) == sorted([A, A, B])
+        again.ack(got)
+    finally:
+        again.close()
