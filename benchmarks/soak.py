@@ -62,6 +62,33 @@ APP = textwrap.dedent(
             f.write(bytes(_twice))
         os.replace(out + ".tmp", out)
 
+    def _trace():
+        """With SOAK_TRACEMALLOC=1 (workers only): Python's traced heap every 15 s, a snapshot
+        at 120 s and one at exit, for the soak to compare."""
+        import threading
+        import tracemalloc
+
+        tracemalloc.start(6)
+        base = os.path.join(os.environ["SOAK_DIR"], f"trace-{os.getpid()}")
+        started = time.time()
+
+        def sample():
+            first = True
+            while True:
+                time.sleep(15)
+                with open(base + ".tsv", "a") as f:
+                    heap = tracemalloc.get_traced_memory()[0]
+                    f.write(f"{time.time() - started:.0f}\\t{heap}\\n")
+                if first and time.time() - started >= 120:
+                    tracemalloc.take_snapshot().dump(base + ".early")
+                    first = False
+
+        threading.Thread(target=sample, daemon=True).start()
+        atexit.register(lambda: tracemalloc.take_snapshot().dump(base + ".late"))
+
+    if os.environ.get("SOAK_TRACEMALLOC") == "1":
+        _trace()
+
     @app.task(name="soak.add", store_result=os.environ["SOAK_RESULTS"] == "1")
     def add(i, y):
         global _seen, _twice
@@ -143,7 +170,9 @@ def _tree_rss(pid: int) -> int:
         return 0
 
 
-def soak(kind: str, count: int, interval: float, results: bool = True) -> dict[str, Any]:
+def soak(
+    kind: str, count: int, interval: float, results: bool = True, trace: bool = False
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"hurtle-soak-{kind}-"))
     server = Server(kind, workdir)
     (workdir / "soak_app.py").write_text(APP)
@@ -155,6 +184,7 @@ def soak(kind: str, count: int, interval: float, results: bool = True) -> dict[s
         "SOAK_RESULT_TTL": str(RESULT_TTL),
         "SOAK_RESULTS": "1" if results else "0",
         "PYTHONPATH": f"{workdir}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "SOAK_TRACEMALLOC": "1" if trace else "0",
     }
     os.environ.update({k: env[k] for k in ("SOAK_URL", "SOAK_DIR", "SOAK_COUNT")})
     os.environ["SOAK_RESULT_TTL"] = str(RESULT_TTL)
@@ -246,6 +276,7 @@ def soak(kind: str, count: int, interval: float, results: bool = True) -> dict[s
     ticks = (workdir / "ticks").read_text().split("\n") if (workdir / "ticks").exists() else []
     tick_ids = [line.split()[0] for line in ticks if line]
     dead = len(app.broker.dead_letters(queue, limit=1000))
+    traced = _traced(workdir) if trace else None
     app.close()
     server.stop()
     shutil.rmtree(workdir, ignore_errors=True)
@@ -265,7 +296,33 @@ def soak(kind: str, count: int, interval: float, results: bool = True) -> dict[s
         "server_rss_mib": _span(samples, lambda s: s["server_rss"]),
         "used_memory_mib": _span(samples, lambda s: s["used_memory"] or 0),
         "samples": samples,
+        **({"traced": traced} if traced is not None else {}),
     }
+
+
+def _traced(workdir: Path) -> dict[str, Any]:
+    """Per worker: its traced Python heap over time (MiB) and the 10 places whose allocations
+    grew most between the snapshot at 120 s and the one at exit."""
+    import tracemalloc
+
+    out: dict[str, Any] = {}
+    for tsv in sorted(workdir.glob("trace-*.tsv")):
+        pid = tsv.stem.split("-")[1]
+        series = [line.split("\t") for line in tsv.read_text().splitlines() if line]
+        worker: dict[str, Any] = {
+            "heap_mib": [[int(t), round(int(b) / 2**20, 2)] for t, b in series],
+        }
+        early, late = workdir / f"trace-{pid}.early", workdir / f"trace-{pid}.late"
+        if early.exists() and late.exists():
+            diff = tracemalloc.Snapshot.load(str(late)).compare_to(
+                tracemalloc.Snapshot.load(str(early)), "lineno"
+            )
+            worker["grew_most"] = [
+                f"{d.size_diff / 1024:+.1f} KiB {d.count_diff:+d} objects at {d.traceback[0]}"
+                for d in diff[:10]
+            ]
+        out[pid] = worker
+    return out
 
 
 def _span(samples: list[dict[str, Any]], read: Any) -> dict[str, float]:
@@ -322,10 +379,17 @@ def main() -> None:
     parser.add_argument(
         "--no-results", action="store_true", help="the task keeps no result (default: 60 s)"
     )
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace the workers' Python heap (slower): its size over time and where it grew",
+    )
     parser.add_argument("--json")
     parser.add_argument("--plot")
     args = parser.parse_args()
-    report = soak(args.broker, args.count, args.interval, results=not args.no_results)
+    report = soak(
+        args.broker, args.count, args.interval, results=not args.no_results, trace=args.tracemalloc
+    )
     summary = {k: v for k, v in report.items() if k != "samples"}
     print(json.dumps(summary, indent=2))
     if args.json:

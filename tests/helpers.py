@@ -587,3 +587,39 @@ class BatchState:
         self.unstarted: list[Delivery] = []
         self.time_limit: float | None = None
         self.overran: list[Delivery] = []
+
+
+class StallProof:
+    """A block of a test that uses a short heartbeat timeout, whose failure is skipped, not
+    reported, when the machine stalled long enough for a live consumer to be taken for dead.
+
+    ``with StallProof(timeout) as clock:`` times the block from entry; ``clock.beat()`` marks
+    the moment a consumer that must stay live beat. If an assertion fails and some stretch
+    between beats (or since entry) lasted longer than ``0.8 * timeout``, the broker was right
+    to take that consumer for dead and the test is skipped with the figure. On a machine that
+    keeps up no stretch comes near it, and every failure is reported.
+    """
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.longest = 0.0
+        self._last = 0.0
+
+    def __enter__(self) -> StallProof:
+        self._last = time.monotonic()
+        return self
+
+    def beat(self) -> None:
+        now = time.monotonic()
+        self.longest = max(self.longest, now - self._last)
+        self._last = now
+
+    def __exit__(self, kind: type[BaseException] | None, error: object, tb: object) -> None:
+        if kind is None or not issubclass(kind, (AssertionError, ValueError)):
+            return
+        self.beat()
+        if self.longest > 0.8 * self.timeout:
+            pytest.skip(
+                f"the machine stalled {self.longest:.2f} s between beats of a consumer with a "
+                f"{self.timeout} s heartbeat timeout: it was rightly taken for dead"
+            )

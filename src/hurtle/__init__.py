@@ -28,6 +28,7 @@ from .errors import (
     Superseded,
     TaskCancelled,
     TaskFailed,
+    Throttle,
     TimeLimitExceeded,
     UnknownTaskError,
 )
@@ -70,6 +71,7 @@ __all__ = [
     "Task",
     "TaskCancelled",
     "TaskFailed",
+    "Throttle",
     "TimeLimitExceeded",
     "UnknownTaskError",
     "__version__",

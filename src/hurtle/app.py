@@ -224,7 +224,10 @@ class Hurtle:
 
         Limits and uniqueness (``hurtle.limits``): ``rate_limit="50/s"`` (``/m``, ``/h``),
         ``rate_limit_key=``, ``concurrency_limit=N``, ``concurrency_key=``, ``unique_for=``
-        seconds, ``unique_key=``; each key option is a callable of the task's arguments.
+        seconds, ``unique_key=``; each key option is a callable of the task's arguments. A
+        call that raises ``hurtle.Throttle`` cuts its rate limit for every worker, which then
+        climbs back (``hurtle.adaptive``); ``on_429=True`` makes an exception carrying an HTTP
+        429 a ``Throttle`` (or a callable of the exception decides).
 
         ``debounce=`` seconds (``hurtle.debounce``): of the calls of one key sent within that
         many seconds of each other, only the last runs, ``debounce`` seconds after it was

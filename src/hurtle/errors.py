@@ -1,6 +1,7 @@
 """The exception tree: every error hurtle raises is a ``HurtleError``.
 
-Control-flow signals that a task may raise on purpose (``Retry``, ``Reject``) are separate classes
+Control-flow signals that a task may raise on purpose (``Retry``, ``Reject``, ``Throttle``) are
+separate classes
 so that they are never confused with failures.
 """
 
@@ -107,6 +108,27 @@ class Retry(Exception):
                 )
         super().__init__(reason or "retry requested")
         self.delay = delay
+        self.reason = reason
+
+
+class Throttle(Exception):
+    """Raised by a task when the service it calls says "too many requests" (an HTTP 429): the
+    call is put back, due in ``retry_after`` seconds (about a second when None), without
+    spending an attempt, and the task's rate limit, if it has one, is cut for every worker
+    until the service recovers (``hurtle.adaptive``)."""
+
+    def __init__(self, retry_after: float | None = None, reason: str = "") -> None:
+        if retry_after is not None and (
+            type(retry_after) not in (int, float) or not 0 <= retry_after <= sys.float_info.max
+        ):
+            problem = seconds_problem(retry_after, "Throttle(retry_after=...)")
+            if problem is not None:
+                raise ConfigurationError(
+                    f"{problem}; pass seconds >= 0 (a 429's Retry-After), or None for about "
+                    "a second"
+                )
+        super().__init__(reason or "throttled by the service it calls")
+        self.retry_after = retry_after
         self.reason = reason
 
 

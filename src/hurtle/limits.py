@@ -2,7 +2,9 @@
 
 ``rate_limit="50/s"`` (also ``/m``, ``/h``): at most that many starts per period across every
 worker that shares the broker; ``rate_limit_key=`` a callable of the task's arguments giving a
-key, each key with a limit of its own. ``concurrency_limit=N`` (``concurrency_key=`` likewise):
+key, each key with a limit of its own; ``on_429=True`` (or a callable of the exception) makes
+an exception that carries an HTTP 429 count as ``Throttle`` (``hurtle.adaptive``).
+``concurrency_limit=N`` (``concurrency_key=`` likewise):
 at most N running at once. ``unique_for=S`` seconds: while a message with the same task and
 arguments (or the same ``unique_key=`` of them) is waiting or running, sending another enqueues
 nothing and returns the id of the one waiting. The worker side is ``middleware/limits.py`` and
@@ -19,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from .errors import ConfigurationError
+from .adaptive import http_429
+from .errors import ConfigurationError, Throttle
 
 if TYPE_CHECKING:
     from .options import TaskOptions
@@ -50,6 +53,7 @@ class Limits:
         "concurrency_key",
         "keyed",
         "name",
+        "on_429",
         "rate",
         "rate_key",
         "rate_text",
@@ -67,6 +71,18 @@ class Limits:
         self.rate_key = _key_function(
             name, "rate_limit_key", options.get("rate_limit_key"), "rate_limit", rate_limit
         )
+        on_429 = options.get("on_429")
+        if on_429 is not None and on_429 is not False:
+            if on_429 is not True and not callable(on_429):
+                raise ConfigurationError(
+                    f"task {name!r}: on_429 must be True (an exception carrying an HTTP 429 "
+                    f"throttles) or a callable of the exception returning True, a "
+                    f"retry_after in seconds, or False/None, got {on_429!r}"
+                )
+            if rate_limit is None:
+                raise ConfigurationError(f"task {name!r}: on_429 needs rate_limit as well")
+        #: ``on_429``: True, a callable of a raised exception, or None.
+        self.on_429: Callable[[Exception], object] | bool | None = on_429 or None
         if concurrency_limit is not None and (
             not isinstance(concurrency_limit, int)
             or isinstance(concurrency_limit, bool)
@@ -100,6 +116,27 @@ class Limits:
         #: A keyed hash for the default unique lock of a task whose arguments are sealed
         #: (``Keyring.digest``), set by the task: its locks then tell nothing of them.
         self.keyed: Callable[[bytes], str] | None = None
+
+    def throttle_of(self, err: Exception) -> Throttle | None:
+        """The ``Throttle`` that ``err`` counts as under ``on_429``, or None (a failure)."""
+        on_429 = self.on_429
+        if on_429 is None:
+            return None
+        if on_429 is True:
+            return http_429(err)
+        assert callable(on_429)
+        try:
+            said = on_429(err)
+        except Exception:  # a predicate that fails cannot turn a failure into a throttle
+            return None
+        if said is None or said is False:
+            return None
+        if said is True:
+            return Throttle(reason=f"on_429 of task {self.name} ({type(err).__name__})")
+        try:
+            return Throttle(said, f"on_429 of task {self.name} ({type(err).__name__})")  # type: ignore[arg-type]
+        except ConfigurationError:  # not seconds: throttled all the same
+            return Throttle(reason=f"on_429 of task {self.name} ({type(err).__name__})")
 
     def rate_key_of(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The broker key of this call's rate limit."""

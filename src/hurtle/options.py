@@ -253,6 +253,7 @@ class TaskOptions(TypedDict, total=False):
     result_ttl: float | None
     rate_limit: str | None
     rate_limit_key: KeyFunction | None
+    on_429: bool | Callable[[Exception], bool | float | None] | None
     concurrency_limit: int | None
     concurrency_key: KeyFunction | None
     unique_for: float | None

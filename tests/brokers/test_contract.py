@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from helpers import StallProof
 from hurtle.brokers import Broker, Consumer, Delivery, QueueStats, make_broker
 from hurtle.brokers.base import MAX_SIZE
 from hurtle.errors import ConfigurationError, EncodeError
@@ -481,13 +482,15 @@ def test_ack_from_a_consumer_declared_dead_leaves_the_redelivered_message(
     stale = a.fetch(1, 1)
     time.sleep(0.5)
     b = b_side.consumer(["q"])
-    b.heartbeat()
-    [d] = b.fetch(1, 1)
-    a.heartbeat()  # a comes back to life: too late for what it held
-    a.ack(stale)
-    assert b_side.stats(["q"])["q"] == QueueStats(in_flight=1)
-    b.ack([d])
-    assert b_side.stats(["q"])["q"] == QueueStats()
+    with StallProof(0.3) as clock:  # b must stay live to the end
+        b.heartbeat()
+        clock.beat()
+        [d] = b.fetch(1, 1)
+        a.heartbeat()  # a comes back to life: too late for what it held
+        a.ack(stale)
+        assert b_side.stats(["q"])["q"] == QueueStats(in_flight=1)
+        b.ack([d])
+        assert b_side.stats(["q"])["q"] == QueueStats()
 
 
 def test_what_a_consumer_takes_after_being_declared_dead_is_still_recovered(

@@ -374,11 +374,11 @@ def test_publish_once_remembers_the_newest_ids_in_bounded_generations(
 
 
 def test_a_worker_of_an_app_with_an_outbox_relays_one_at_a_time(
-    redis_url: str, postgres_url: str
+    broker_url: str, postgres_url: str
 ) -> None:
     from hurtle.middleware.relay import OutboxRelay
 
-    shop = Shop(redis_url, postgres_url)
+    shop = Shop(broker_url, postgres_url)
     workers = [shop.app.worker(pool="threads", concurrency=2) for _ in range(2)]
     threads = [w.run_in_thread() for w in workers]
     relays = [next(m for m in w.middleware if isinstance(m, OutboxRelay)) for w in workers]
@@ -446,4 +446,131 @@ def test_the_outbox_relays_in_a_subprocess_from_the_cli_until_stopped(
     assert proc.returncode == 0
     assert "stopped: 10 messages relayed" in out
     assert sorted(_ids_in_redis(redis_url)) == sorted(ids)
+    shop.app.close()
+
+
+def test_a_message_too_large_for_nats_is_kept_in_the_outbox_dead_table_and_the_rest_relayed(
+    nats_url: str, postgres_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NATS stores 1 MiB a message (its default ``max_payload``); the outbox takes more. The
+    large one must neither block the relay nor be dropped: it ends in ``outbox_dead``."""
+    shop = Shop(nats_url, postgres_url)
+    with psycopg.connect(shop.database) as conn:
+        shop.add.options(connection=conn).send_many([(1, 1), (2, 2)])
+        big = shop.add.options(connection=conn).send("x" * 2_000_000, "y")
+        shop.add.options(connection=conn).send(3, 3)
+        conn.commit()
+    assert shop.app.broker.max_message_size < 2_000_000
+    with caplog.at_level("ERROR", logger="hurtle.brokers.postgres.relay"):
+        ran = shop.run_all()
+    assert ran == [(1, 1), (2, 2), (3, 3)]
+    assert shop.waiting() == 0
+    assert big.id in caplog.text and "shop.add" in caplog.text
+    table = shop.app.outbox
+    assert table is not None
+    with table.connect() as conn:
+        [(id_, queue, reason, _)] = conn.execute(table.DEAD, (10,)).fetchall()  # type: ignore[arg-type]
+    assert (id_, queue) == (big.id, "default")
+    assert "larger than the" in reason and "never published" in reason
+    (tmp_path / "big_app.py").write_text(
+        f"from hurtle import Hurtle\napp = Hurtle({nats_url!r}, outbox={postgres_url!r})\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{tmp_path}"}
+    count = subprocess.run(
+        [sys.executable, "-m", "hurtle", "outbox", "count", "big_app:app"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert count.returncode == 0, count.stderr
+    assert "0 messages wait" in count.stdout
+    assert "1 messages were too large" in count.stdout and big.id in count.stdout
+    shop.app.close()
+
+
+def test_a_delayed_send_through_the_outbox_waits_its_delay_in_the_broker(shop: Shop) -> None:
+    """The delay counts from the send (its eta is fixed in the message at the write), not
+    from the relay: relayed at once, the message waits in the broker's delayed set."""
+    with psycopg.connect(shop.database) as conn:
+        shop.add.options(connection=conn, delay=2.0).send(7, 7)
+        shop.add.options(connection=conn).send(1, 1)
+        conn.commit()
+    sent = time.time()
+    assert shop.relay_all() == 2
+    stats = shop.app.broker.stats(["default"])["default"]
+    assert (stats.ready, stats.delayed) == (1, 1)
+    worker = shop.app.worker(pool="threads", concurrency=2)
+    thread = worker.run_in_thread()
+    try:
+        wait_for(lambda: len(shop.ran) == 2, "the delayed send to run")
+        ran_at = time.time()
+    finally:
+        worker.stop()
+        thread.join(PATIENCE)
+    assert shop.ran == [(1, 1), (7, 7)]
+    assert ran_at - sent >= 1.5  # not before its delay (less the relay's own milliseconds)
+
+
+def test_django_s_connection_writes_to_the_outbox_in_the_atomic_block(
+    redis_url: str, postgres_url: str, tmp_path: Path
+) -> None:
+    """Django's settings are configured once per process: the project runs in one of its own."""
+    pytest.importorskip("django")
+    shop = Shop(redis_url, postgres_url)
+    info = psycopg.conninfo.conninfo_to_dict(shop.database)
+    script = tmp_path / "django_outbox.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import django
+            from django.conf import settings
+
+            settings.configure(
+                DATABASES={{"default": {{
+                    "ENGINE": "django.db.backends.postgresql",
+                    "NAME": {info["dbname"]!r},
+                    "USER": "postgres",
+                    "HOST": {info["host"]!r},
+                    "PORT": {info.get("port", "5432")!r},
+                }}}},
+            )
+            django.setup()
+            from django.db import connection, transaction
+            from hurtle import Hurtle
+
+            app = Hurtle({redis_url!r}, outbox={postgres_url!r})
+
+            @app.task(name="shop.add")
+            def add(x, y):
+                return x + y
+
+            class Undo(Exception):
+                pass
+
+            try:
+                with transaction.atomic():
+                    add.options(connection=connection).send(1, 1)
+                    raise Undo
+            except Undo:
+                pass
+            with transaction.atomic():
+                add.options(connection=connection).send(2, 2)
+                with transaction.atomic():  # a savepoint, rolled back with its send
+                    add.options(connection=connection).send(3, 3)
+                    transaction.set_rollback(True)
+            print("done", flush=True)
+            """
+        )
+    )
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
+    assert out.stdout.strip() == "done", out.stderr
+    assert shop.run_all() == [(2, 2)]
     shop.app.close()

@@ -8,13 +8,14 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from helpers import free_port
 from hurtle import Hurtle
-from hurtle.brokers import make_broker
+from hurtle.brokers import QueueStats, make_broker
 from hurtle.brokers.postgres import PostgresBroker, sql, upgrade_schema
 from hurtle.brokers.postgres.sql import holder_key
 from hurtle.cli import main
@@ -274,6 +275,97 @@ def test_a_beat_waits_for_the_claim_in_flight_of_a_worker_it_takes_for_dead(
         ).fetchone()
     assert ("w-back",) in holders
     assert held == (2,)
+
+
+# -- a reply lost after its commit ------------------------------------------------------------
+
+
+def lose_the_next_reply(broker: PostgresBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The next pipelined transaction of ``broker`` (a fetch's) commits, then its connection is
+    terminated before the reply is read: the consumer sees the error of a dead connection,
+    as when a server goes away between its commit and its answer."""
+    real = broker._send
+
+    def send(doing: str, statements: Any, read: Any) -> Any:
+        monkeypatch.setattr(broker, "_send", real)
+
+        def lost(cur: psycopg.Cursor[Any]) -> Any:
+            with psycopg.connect(broker._conninfo, autocommit=True) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(%s, 10000)", (cur.connection.info.backend_pid,)
+                )
+            cur.connection.execute("SELECT 1")  # the connection is gone: this raises
+            return read(cur)
+
+        return real(doing, statements, lost)
+
+    monkeypatch.setattr(broker, "_send", send)
+
+
+@pytest.mark.parametrize("holding", [0, 2])
+def test_a_claim_committed_whose_reply_was_lost_is_run_by_the_next_fetch(
+    broker: PostgresBroker, monkeypatch: pytest.MonkeyPatch, holding: int
+) -> None:
+    """The claim committed in the worker's name, its reply lost: the fetch failed, and the next
+    one hands over those rows (once each, and none the worker already holds)."""
+    sent = [msg() for _ in range(5)]
+    broker.publish(sent)
+    c = broker.consumer(["q"])
+    held = c.fetch(holding, 0) if holding else []
+    assert len(held) == holding
+    lose_the_next_reply(broker, monkeypatch)
+    with pytest.raises(BrokerError):
+        c.fetch(3, 0)
+    assert broker.stats(["q"])["q"].in_flight == holding + 3  # in its name all the same
+    again = c.fetch(10, 0)
+    assert [Message.decode(d.raw).id for d in held + again] == [m.id for m in sent[: holding + 3]]
+    c.ack(held + again)
+    assert broker.stats(["q"])["q"] == QueueStats(ready=2 - holding)
+    c.ack(c.fetch(10, 0))
+    late = msg()
+    broker.publish([late])
+    assert [Message.decode(d.raw).id for d in c.fetch(10, 0)] == [late.id]
+
+
+def test_what_a_lost_claim_took_comes_a_fetch_at_a_time_within_its_room(
+    broker: PostgresBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fetches after the failure have less room than the lost claim took: each hands over
+    what fits, in the order of the queue, until none is left; then claims go on as before."""
+    sent = [msg() for _ in range(4)]
+    broker.publish(sent)
+    c = broker.consumer(["q"])
+    lose_the_next_reply(broker, monkeypatch)
+    with pytest.raises(BrokerError):
+        c.fetch(3, 0)
+    got = [c.fetch(2, 0), c.fetch(2, 0), c.fetch(2, 0)]
+    assert [[Message.decode(d.raw).id for d in batch] for batch in got] == [
+        [m.id for m in sent[:2]],
+        [sent[2].id],
+        [sent[3].id],
+    ]
+    for batch in got:
+        c.ack(batch)
+    assert broker.stats(["q"])["q"] == QueueStats()
+
+
+def test_an_ack_and_fetch_committed_whose_reply_was_lost_is_sent_again_harmlessly(
+    broker: PostgresBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The acknowledgements and the next claim committed, the reply lost: sent again, the
+    acknowledgements find nothing to delete, and the rows claimed come with the next batch."""
+    sent = [msg() for _ in range(4)]
+    broker.publish(sent)
+    c = broker.consumer(["q"])
+    held = c.fetch(2, 0)
+    lose_the_next_reply(broker, monkeypatch)
+    with pytest.raises(BrokerError):
+        c.ack_and_fetch(held, 10, 0)
+    assert broker.stats(["q"])["q"] == QueueStats(in_flight=2)
+    again = c.ack_and_fetch(held, 10, 0)
+    assert [Message.decode(d.raw).id for d in again] == [m.id for m in sent[2:]]
+    c.ack(again)
+    assert broker.stats(["q"])["q"] == QueueStats()
 
 
 # -- the claim's plan ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from helpers import StallProof
 from hurtle.brokers import Broker, Consumer
 from hurtle.brokers.reports import Reporter, Tally, TaskCounts
 
@@ -72,8 +73,10 @@ def test_a_dead_workers_report_goes_but_its_counts_stay_in_the_totals(make: Make
     short = make(heartbeat_timeout=0.2)
     consumer, tally = _reporting(short, "dies")
     tally.add_many({("q", "add"): 7})
-    consumer.heartbeat()
-    assert [r.id for r in short.workers()] == ["dies"]
+    with StallProof(0.2) as clock:
+        consumer.heartbeat()
+        clock.beat()
+        assert [r.id for r in short.workers()] == ["dies"]
 
     reader = make()
     deadline = time.monotonic() + 10

@@ -66,16 +66,6 @@ def fleet(project: Project) -> Iterator[Fleet]:
     f.close()
 
 
-# A known defect, not yet fixed: now and then (1 trial in 4 to 10 here) a worker ends the outage
-# holding a batch it never runs (in flight, its heartbeat keeping it alive) until it stops: most
-# likely a claim whose commit reached the server while its reply was lost with the connection, so
-# the consumer counts the fetch as failed while the rows are claimed in its name. Lost nothing
-# (they come back when the worker stops), but the drain waits past its deadline. Kept running,
-# reported as XFAIL or XPASS, until the consumer takes back what a failed fetch claimed.
-@pytest.mark.xfail(
-    strict=False,
-    reason="a claim committed whose reply was lost stays held by its live worker (known defect)",
-)
 @pytest.mark.parametrize("trial", range(TRIALS))
 @pytest.mark.parametrize("blow", BLOWS)
 def test_postgres_stopped_at_once_under_load_loses_no_publish_that_returned(

@@ -94,7 +94,7 @@ Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``):
 ``Broker.put_latest`` records the latest message id of debounce keys for a ttl, in one call per
 published batch; ``Broker.get_latest`` reads several keys of a queue in one call, once per
 queue of a fetched batch that holds debounced messages. Both are written once, here, over the
-progress store.
+progress store, as are ``put_rate_cuts`` / ``get_rate_cuts`` (``hurtle.adaptive``).
 
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
@@ -109,6 +109,7 @@ from typing import TypedDict
 
 import msgspec
 
+from ..adaptive import cut_name
 from ..debounce import latest_name
 from ..errors import ConfigurationError
 from ..message import Message, check_messages, encode_many
@@ -272,6 +273,16 @@ class Broker(abc.ABC):
         none or it expired), in one call."""
         found = self.get_progress([latest_name(queue, key) for key in keys])
         return [None if f is None else bytes(f).decode() for f in found]
+
+    def put_rate_cuts(self, cuts: Sequence[tuple[str, bytes, float]]) -> None:
+        """Record, for each ``(key, record, ttl)``, the cut of the rate limit ``key``
+        (``adaptive.Cut``, opaque here) for ``ttl`` seconds, in one step; over the progress
+        store, under ``adaptive.cut_name``, as ``put_latest``."""
+        self.put_progress([StoredResult(cut_name(k), r, ttl) for k, r, ttl in cuts])
+
+    def get_rate_cuts(self, keys: Sequence[str]) -> list[bytes | None]:
+        """The cut last recorded for each rate limit key (None where none), in one call."""
+        return self.get_progress([cut_name(key) for key in keys])
 
     def pause(self, queue: str) -> None:
         """Stop every worker from fetching ``queue`` until ``resume``; what it holds finishes."""

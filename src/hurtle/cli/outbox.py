@@ -4,7 +4,7 @@ Every worker of an app with an outbox relays already (one at a time); this runs 
 own, for a deployment where no worker runs beside the producers, or to relay from a host of its
 own. It is one more candidate for the relay's lock: running it beside workers is safe (one of
 them moves the outbox at a time, and each message is published once). ``count`` prints how many
-messages wait in the outbox.
+messages wait in the outbox, and those the relay kept back as too large for the broker.
 """
 
 from __future__ import annotations
@@ -55,11 +55,19 @@ def run(args: argparse.Namespace) -> int:
     conn = table.connect()  # one line and exit 2 when the database cannot be used
     if args.action == "count":
         row = conn.execute(table.COUNT).fetchone()
-        conn.close()
+        dead = conn.execute(table.DEAD_COUNT).fetchone()
         print(
             f"{row[0] if row else 0} messages wait in the outbox {table.schema}.outbox of "
             f"{table.url}"
         )
+        if dead and dead[0]:
+            print(
+                f"{dead[0]} messages were too large for {app.settings.broker_url} and are "
+                f"kept, never published, in {table.schema}.outbox_dead:"
+            )
+            for id_, queue, reason, _ in conn.execute(table.DEAD, (20,)):
+                print(f"  {id_} ({queue}): {reason}")
+        conn.close()
         return 0
     conn.close()
     broker = app.connect()

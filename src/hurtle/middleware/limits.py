@@ -21,6 +21,13 @@ them when its heartbeat deadline passes; one that stops gives them back when its
 
 A key function that raises fails its job (dead letter, with the reason), without a retry.
 
+Adaptive limits (``hurtle.adaptive``). A call that raises ``Throttle`` is noted here
+(``throttled``, by the worker's failure path); before this worker next takes tokens, the keys
+noted are cut in the broker, two calls for them all. A key known to be cut is read again at
+most every ``REFRESH`` seconds, and its tokens are taken at the share of its limit the cut
+leaves. A worker that never saw a key throttled reads nothing: it learns of a cut the first
+time one of its own calls of that key is throttled.
+
 Two classes, so that a task with only a plain rate limit keeps the processor's inline path:
 ``RateLimitMiddleware`` has batch hooks only; ``LimitsMiddleware`` adds the per-job hooks that
 concurrency limits and key functions need.
@@ -36,6 +43,8 @@ from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
+from .._text import describe
+from ..adaptive import Cut, cut, limit_at
 from ..errors import Reject
 from ..limits import Limits
 from . import Job, Middleware, Outbox, Outcome, WorkerParts
@@ -61,6 +70,8 @@ RESERVE_HOLD = 0.1
 RESERVE_BATCHES = 4
 _NO_RESERVE = (0, 0.0)
 _monotonic = time.monotonic
+#: Seconds a worker follows a cut key on what it last read, before it reads it again.
+REFRESH = 1.0
 
 
 def _spare(limit: int, period: float, wanted: int) -> int:
@@ -98,6 +109,10 @@ class RateLimitMiddleware(Middleware):
         self._bad: dict[int, str] = {}  # id of a delivery -> why its key could not be made
         #: task name -> (tokens taken ahead by ``admit``, monotonic time they expire)
         self._reserve: dict[str, tuple[int, float]] = {}
+        #: rate key -> (its cut, ``time.monotonic()`` it was read), for keys known to be cut
+        self._cuts: dict[str, tuple[Cut, float]] = {}
+        #: rate key -> (wall time its last throttled call began, its configured limit)
+        self._throttled: dict[str, tuple[float, int]] = {}
 
     def applies_to(self, task: Task[Any, Any]) -> bool:
         limits = task.limits
@@ -124,6 +139,7 @@ class RateLimitMiddleware(Middleware):
         # limit far from binding (``_spare``) gives a few batches' worth at once: they are kept
         # here for ``RESERVE_HOLD`` seconds at most, and the batches they cover make no call.
         now = _monotonic()
+        cuts = self._follow() if self._cuts or self._throttled else None
         requests: list[tuple[str, int, float, int, int, int]] = []
         with self._lock:
             reserve = self._reserve
@@ -131,6 +147,8 @@ class RateLimitMiddleware(Middleware):
                 limits = task.limits
                 assert limits is not None and limits.rate is not None
                 limit, period = limits.rate
+                if cuts is not None and task.name in cuts:
+                    limit = limit_at(limit, cuts[task.name], time.time())
                 held, until = reserve.pop(task.name, _NO_RESERVE)
                 if until <= now:
                     held = 0  # too old to use: the limit counted them as started long ago
@@ -236,6 +254,12 @@ class RateLimitMiddleware(Middleware):
                     by_key.setdefault(key, (limits.rate, []))[1].append(job)
         if not by_key:
             return
+        if self._cuts or self._throttled:
+            cuts = self._follow()
+            wall = time.time()
+            for key, ((limit, period), js) in by_key.items():
+                if key in cuts:
+                    by_key[key] = ((limit_at(limit, cuts[key], wall), period), js)
         assert self._broker is not None, "worker_start first"
         granted = self._broker.take_tokens(
             [(key, limit, period, len(js)) for key, ((limit, period), js) in by_key.items()]
@@ -244,6 +268,61 @@ class RateLimitMiddleware(Middleware):
             interval = period / limit
             for i, job in enumerate(js[got:]):  # spread out, in the order they came
                 job.defer(wait + i * interval, f"rate limit of {key!r}")
+
+    # -- adaptive limits ---------------------------------------------------------------------
+
+    def throttled(self, job: Job, began: float) -> None:
+        """A call of ``job`` that began at ``began`` (wall time) raised ``Throttle``: cut its
+        key's rate before this worker next takes tokens (one cut per key and batch)."""
+        limits = job.task.limits
+        if limits is None or limits.rate is None or not self.applies_to(job.task):
+            return
+        key: str = job.task.name
+        if limits.rate_key is not None:
+            try:
+                key = limits.rate_key_of(*job.arguments())
+            except Exception:  # its next run fails on the key, with the reason
+                return
+        with self._lock:
+            seen = self._throttled.get(key)
+            if seen is None or began > seen[0]:
+                self._throttled[key] = (began, limits.rate[0])
+
+    def _follow(self) -> dict[str, Cut]:
+        """Cut the keys throttled since the last call, read again those cut keys read more
+        than ``REFRESH`` seconds ago (in one read and at most one write); the cuts in force."""
+        now, wall = _monotonic(), time.time()
+        with self._lock:
+            throttled, self._throttled = self._throttled, {}
+            stale = [
+                k
+                for k, (_, read) in self._cuts.items()
+                if now - read >= REFRESH and k not in throttled
+            ]
+        if throttled or stale:
+            assert self._broker is not None, "worker_start first"
+            requests = [(k, began, limit) for k, (began, limit) in throttled.items()]
+            try:
+                found = cut(self._broker, requests, wall, stale)
+            except Exception as err:  # the limits stand as they were: tokens are still taken
+                log.warning(
+                    "could not cut or read the adaptive rate limits of %s: %s; retrying with "
+                    "the next batch",
+                    ", ".join(map(repr, [*throttled, *stale])),
+                    describe(err),
+                )
+                found = []
+                with self._lock:
+                    for k, v in throttled.items():
+                        self._throttled.setdefault(k, v)
+            with self._lock:
+                for k, c in zip([*throttled, *stale], found, strict=False):
+                    if c is None or c.whole_at() <= wall:
+                        self._cuts.pop(k, None)
+                    else:
+                        self._cuts[k] = (c, now)
+        with self._lock:
+            return {k: c for k, (c, _) in self._cuts.items()}
 
 
 class LimitsMiddleware(RateLimitMiddleware):

@@ -65,6 +65,7 @@ from ..errors import TaskCancelled
 from ..flow import FLOW
 from ..message import Message, decode_unchecked, message_id
 from ..middleware import Calls, Job, Middleware, Pipeline, overrides
+from ..middleware.limits import RateLimitMiddleware
 from ..middleware.retries import Retries
 from ..sealing import SEALED
 from .acker import Acker
@@ -128,6 +129,8 @@ class Processor(BatchPath, JobSteps):
         self.retries = next(
             (m for m in self.middleware if isinstance(m, Retries)), None
         ) or Retries(app.settings.max_retry_delay)
+        #: The rate-limit middleware, told of calls that raised ``Throttle`` (``_throttled``).
+        self.throttles = [m for m in self.middleware if isinstance(m, RateLimitMiddleware)]
         self.limit = limit
         #: Where ``async def`` tasks run outside the asyncio pool: a loop per thread, or one
         #: shared loop in greenlet pools (greenlets share one OS thread; ``loops``).

@@ -28,8 +28,9 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr
+from ..adaptive import retry_delay
 from ..brokers import Delivery
-from ..errors import HurtleError, TaskCancelled
+from ..errors import HurtleError, TaskCancelled, Throttle
 from ..flow import FLOW
 from ..message import Message
 from ..middleware import Calls, Job, Middleware, Outcome, Pipeline
@@ -41,6 +42,7 @@ from .unrun import DEAD_LETTERED, FAILED, PROCESSED, RETRIED, NotRun
 
 if TYPE_CHECKING:
     from ..brokers.reports import Timings
+    from ..middleware.limits import RateLimitMiddleware
     from ..middleware.retries import Retries
     from .log import CallLog
 
@@ -53,6 +55,7 @@ class JobSteps(NotRun):
         call_log: CallLog
         log_calls: bool
         retries: Retries
+        throttles: list[RateLimitMiddleware]
         limit: Limit
         cancels: set[str]
         timings: Timings
@@ -272,7 +275,18 @@ class JobSteps(NotRun):
 
     def _failed(self, job: Job, err: Exception, ran: float | None = None) -> None:
         """A call failed: the retry policy decides (retry or dead letter), the call log logs
-        it (``ran``: seconds the call ran, when not timed by ``job``), the acker records it."""
+        it (``ran``: seconds the call ran, when not timed by ``job``), the acker records it.
+        A ``Throttle`` is no failure (``_throttled``)."""
+        if isinstance(err, Throttle):
+            self._throttled(job, err, ran)
+            return
+        limits = job.task.limits
+        if limits is not None and limits.on_429 is not None:
+            throttle = limits.throttle_of(err)
+            if throttle is not None:
+                throttle.__cause__ = err
+                self._throttled(job, throttle, ran)
+                return
         self.failed += 1
         self.tally.add(job.delivery.queue, job.task.name, FAILED)
         if self.cancels and job.message.id in self.cancels:
@@ -299,6 +313,29 @@ class JobSteps(NotRun):
                 self._bury(job.delivery, job.message, outcome.reason, error=outcome.error, job=job)
         except Exception as inner:  # recording failed: still an outcome
             self._crashed(job.delivery, inner, job, ended=outcome.kind == "dead")
+
+    def _throttled(self, job: Job, err: Throttle, ran: float | None) -> None:
+        """A call raised ``Throttle``: its message goes back unchanged (same attempt), due in
+        its ``retry_after``, and the rate limit of its key, if any, is cut for the time it
+        began (``hurtle.adaptive``, ``middleware.limits``)."""
+        now = time.time()
+        if job.started:
+            began = now - (time.monotonic() - job.started)
+        else:
+            began = now - (ran or 0.0)
+        for limits in self.throttles:
+            limits.throttled(job, began)
+        delay = retry_delay(err.retry_after)
+        log.debug(
+            "task %s[%s] throttled, deferred for %.3gs: %s",
+            job.task.name,
+            job.message.id,
+            delay,
+            err,
+        )
+        self.acker.defer(job.delivery, now + delay)
+        job.outcome = Outcome("deferred", error=err)
+        self._after_outcome(job)
 
     def _cancelled_running(self, job: Job, err: Exception) -> None:
         """A call that ``Hurtle.cancel`` named while it ran ended, however: no retry, a dead

@@ -107,6 +107,9 @@ ROWS = [
     BARE,
     Feature("store_result", {"store_result": True}),
     Feature("rate_limit", {"rate_limit": _RATE}),
+    # an adaptive rate limit whose calls are never throttled (``hurtle.Throttle``, ``on_429``):
+    # what adapting costs a task that never needs it, compared with rate_limit
+    Feature("throttle", {"rate_limit": _RATE, "on_429": True}),
     Feature("unique_for", {"unique_for": _UNIQUE}),
     Feature("time_limit", {"time_limit": 10}),
     # each call its own key (``add(i, 6)`` keyed by ``x``), so none is superseded: what a

@@ -50,7 +50,9 @@ Durability is the server's: a publish that returned is committed (with the serve
 ``synchronous_commit``); a worker killed with SIGKILL loses nothing (its deliveries go back
 once its deadline passes); a server that restarts loses nothing committed, and every broker
 object reconnects on its next operation (an operation that failed with the connection raised a
-``BrokerError``).
+``BrokerError``). A fetch whose claim committed while its reply was lost leaves rows in its
+worker's name that the worker never got: its consumer's next fetch hands them over
+(``consumer.py``); an acknowledgement sent again after a lost reply finds nothing to delete.
 
 Schema versions. A broker object checks the schema's version when it is made: missing, it makes
 the schema (or says which grant it needs); older than this hurtle, it says to run ``hurtle db

@@ -1,14 +1,24 @@
 """``PostgresConsumer``: one worker's session — claims with ``SKIP LOCKED``, waits woken by
-``NOTIFY``, settling, concurrency slots, heartbeats and reports."""
+``NOTIFY``, settling, concurrency slots, heartbeats and reports.
+
+A fetch can fail although its claim committed: the server went away between its commit and its
+reply. The rows it claimed are in the worker's name, kept by its heartbeat, yet handed to no one.
+So the consumer knows which receipts it handed out and has not settled (a set, in memory), and
+after a failed fetch its next fetch first hands over the rows in its name that are not among
+them (one scan of ``messages``, after a failure only). Settling is harmless to send again: a row
+already deleted or given back is no longer held, and settling it finds nothing.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
+from ...errors import BrokerError
 from ...message import Message
 from ..consumer import BatchConsumer, beat_through, fetch_wait
 from ..records import Delivery, FlowStep, Lock, StoredResult
@@ -23,6 +33,8 @@ if TYPE_CHECKING:
 
 
 Item = TypeVar("Item")
+
+log = logging.getLogger(__name__)
 
 
 def _receipts(deliveries: Sequence[Delivery]) -> list[int]:
@@ -48,6 +60,13 @@ class PostgresConsumer(BatchConsumer):
         self.heartbeat_timeout = broker.heartbeat_timeout
         self._queue_list = list(queues)
         self._holder_key = holder_key(broker.schema, worker_id)
+        #: Receipts handed out and not settled yet: what the worker holds. Added to before a
+        #: fetch returns; removed from once a settling committed (never before: a take-back
+        #: meanwhile would hand a row out again).
+        self._held: set[int] = set()
+        #: Set when a fetch failed: its claim may have committed, its rows in this worker's
+        #: name but held by no one (``_take_back``).
+        self._unsure = False
         sql = broker._sql
         if len(queues) == 1:
             self._claim_sql = sql.CLAIM_ONE
@@ -99,6 +118,11 @@ class PostgresConsumer(BatchConsumer):
         transaction sent in one round trip (one commit for the batch). Returns the deliveries
         and, when there were none, the nearest eta of a delayed message of the consumer's
         queues."""
+        if self._unsure:
+            taken = self._take_back(max_count, settle)
+            settle = ()
+            if taken:
+                return taken, None
         sql = self.broker._sql
         worker_id = self.worker_id
         queues = self._queue_list
@@ -119,13 +143,55 @@ class PostgresConsumer(BatchConsumer):
             cur.execute(self._claim_sql, params)
 
         b = self.broker
-        rows = b._send(f"fetching from {', '.join(self.queues)}", send, _all)
+        try:
+            rows = b._send(f"fetching from {', '.join(self.queues)}", send, _all)
+        except BrokerError:
+            self._unsure = True  # committed or not: the reply is lost
+            raise
+        if settle:
+            self._held.difference_update(settle)
         if not rows:
             with b._cursor("reading the next delayed message") as cur:
                 row = cur.execute(sql.NEXT_ETA, (queues,)).fetchone()
             return [], None if row is None or row[0] is None else float(row[0])
+        return self._hand_out(rows), None
+
+    def _hand_out(self, rows: Sequence[Any]) -> list[Delivery]:
+        """Deliveries of claimed rows ``(queue, id, body, cancellations)``, held from now on."""
         self.cancellations = bool(rows[0][3])
-        return [Delivery(queue, body, id_) for queue, id_, body, _ in rows], None
+        out = [Delivery(queue, body, id_) for queue, id_, body, _ in rows]
+        self._held.update(_receipts(out))
+        return out
+
+    def _take_back(self, max_count: int, settle: Sequence[int]) -> list[Delivery]:
+        """After a failed fetch: up to ``max_count`` rows in this worker's name that it does
+        not hold (claimed by a transaction whose reply was lost), settling ``settle`` in the
+        same transaction. The doubt ends once fewer than ``max_count`` are left."""
+        b = self.broker
+        sql = b._sql
+        held = list(self._held.copy())  # one step: the acker's thread settles meanwhile
+
+        def run(cur: psycopg.Cursor[Any]) -> list[Any]:
+            if settle:
+                cur.execute(sql.SETTLE, (list(settle), self.worker_id))
+            # as a claim does: known again if declared dead, and recovery waits for this
+            cur.execute(sql.ADD_WORKER, (self.worker_id, self.heartbeat_timeout))
+            cur.execute(sql.SHARE_KEY, (self._holder_key,))
+            return cur.execute(sql.TAKE_BACK, (self.worker_id, held, max_count)).fetchall()
+
+        rows = b._run("taking back what a failed fetch claimed", run)
+        if settle:
+            self._held.difference_update(settle)
+        if len(rows) < max_count:
+            self._unsure = False
+        if not rows:
+            return []
+        log.info("took back %d messages claimed by a fetch whose reply was lost", len(rows))
+        return self._hand_out(rows)
+
+    def _let_go(self, deliveries: Sequence[Delivery]) -> None:
+        """These deliveries are settled (committed): no longer held."""
+        self._held.difference_update(_receipts(deliveries))
 
     # -- settling --------------------------------------------------------------------------
     # A delivery no longer held (its worker was declared dead and it went back to its queue)
@@ -139,6 +205,7 @@ class PostgresConsumer(BatchConsumer):
             lambda cur: cur.execute(sql.SETTLE, (list(receipts), self.worker_id)),
             transaction=False,
         )
+        self._held.difference_update(receipts)
 
     def _settled(self, cur: psycopg.Cursor[Any], deliveries: Sequence[Delivery]) -> dict[int, int]:
         """Delete these held rows; returns the receipts of those that were still held, with
@@ -172,6 +239,7 @@ class PostgresConsumer(BatchConsumer):
                 b._put_results(cur, records)
 
         b._run(f"acknowledging {len(deliveries)} messages with results", run)
+        self._let_go(deliveries)
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         flows.ack_flow(self, steps)
@@ -187,6 +255,7 @@ class PostgresConsumer(BatchConsumer):
                 )
 
         b._run("scheduling a retry", run)
+        self._let_go([delivery])
 
     def _settle_many(
         self,
@@ -204,6 +273,7 @@ class PostgresConsumer(BatchConsumer):
             then(cur, [(d, x, held[d.receipt]) for d, x in items if d.receipt in held])
 
         self.broker._run(f"{doing} {len(items)} messages", run)
+        self._let_go([d for d, _ in items])
 
     def dead_letter_many(self, items: Sequence[tuple[Delivery, str]]) -> None:
         """Every dead letter in one transaction."""
@@ -303,6 +373,7 @@ class PostgresConsumer(BatchConsumer):
             b._notify_ready(cur, (r[0] for r in rows))
 
         b._run(f"releasing {len(deliveries)} messages", run)
+        self._let_go(deliveries)
 
     # -- heartbeats and reports ------------------------------------------------------------
 
@@ -383,3 +454,4 @@ class PostgresConsumer(BatchConsumer):
                 )
 
             b._run("closing a worker's session", run)
+            self._held.clear()

@@ -84,6 +84,7 @@ def ack_flow(consumer: PostgresConsumer, steps: Sequence[FlowStep]) -> None:
         store(cur, b._sql, out, time.time())
 
     b._run(f"settling {len(steps)} workflow steps", run)
+    consumer._let_go([step.delivery for step in steps])
 
 
 def chord_results(broker: PostgresBroker, id: str, total: int) -> list[bytes] | None:

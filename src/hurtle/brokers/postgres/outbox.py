@@ -75,6 +75,16 @@ class OutboxTable:
         self.SELECT = f"SELECT seq, bodies FROM {s}.outbox ORDER BY seq LIMIT %s"
         #: How many messages wait.
         self.COUNT = f"SELECT coalesce(sum(n), 0) FROM {s}.outbox"
+        #: Where the relay puts a message its broker cannot store (larger than the broker's
+        #: ``max_message_size``: NATS's ``max_payload`` is 1 MiB by default), in the
+        #: transaction that deletes its row: kept with the reason, for a user to find
+        #: (``hurtle outbox count``), never published, never blocking the messages after it.
+        self.BURY = (
+            f"INSERT INTO {s}.outbox_dead (id, queue, reason, body) "
+            "SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %b::bytea[])"
+        )
+        self.DEAD = f"SELECT id, queue, reason, at FROM {s}.outbox_dead ORDER BY at, id LIMIT %s"
+        self.DEAD_COUNT = f"SELECT count(*) FROM {s}.outbox_dead"
         self._create = [
             f"CREATE SCHEMA IF NOT EXISTS {s}",
             f"CREATE TABLE IF NOT EXISTS {s}.outbox ("
@@ -84,6 +94,8 @@ class OutboxTable:
             # stored out of line as they are: compressing what lives a few milliseconds costs
             # more than it saves
             f"ALTER TABLE {s}.outbox ALTER COLUMN bodies SET STORAGE EXTERNAL",
+            f"CREATE TABLE IF NOT EXISTS {s}.outbox_dead (id text NOT NULL, queue text NOT NULL, "
+            "reason text NOT NULL, body bytea NOT NULL, at timestamptz NOT NULL DEFAULT now())",
         ]
         self._ready = False
         self._lock = threading.Lock()

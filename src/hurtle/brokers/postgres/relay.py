@@ -63,6 +63,8 @@ class Relay:
         self.active = threading.Event()
         #: Messages this relay published (``publish_once``: repeats included).
         self.relayed = 0
+        #: Messages it moved to the outbox's dead table instead (``_bury``).
+        self.buried = 0
 
     def run(self, stop: threading.Event) -> None:
         """Relay until ``stop`` is set: wait for the lock, then move rows as they commit. A
@@ -129,8 +131,45 @@ class Relay:
                 return 0
             rows.sort()  # oldest first: RETURNING keeps no order
             payloads = [raw for _, bodies in rows for raw in bodies]
+            taken = len(payloads)
+            most = self.broker.max_message_size
+            if max(map(len, payloads)) > most:  # one pass over the lengths per batch
+                payloads = self._bury(conn, payloads, most)
             # checked when they were sent: the broker skips its pass over them
             messages = CheckedBatch(map(Message.decode, payloads))
-            self.broker.publish_once(messages, payloads)
+            if payloads:
+                self.broker.publish_once(messages, payloads)
         self.relayed += len(payloads)
-        return len(payloads)
+        return taken
+
+    def _bury(self, conn: psycopg.Connection[Any], payloads: list[bytes], most: int) -> list[bytes]:
+        """Move the messages larger than ``most`` bytes (the outbox takes up to ``MAX_SIZE``;
+        the broker, maybe less) to the outbox's dead table, in the relay's transaction, and
+        return the others. Each is logged as an error with its id and what to do."""
+        fit, ids, queues, reasons, bodies = [], [], [], [], []
+        for raw in payloads:
+            if len(raw) <= most:
+                fit.append(raw)
+                continue
+            message = Message.decode(raw)
+            reason = (
+                f"{len(raw):,} bytes encoded, larger than the {most:,} bytes "
+                f"{self.broker.url} stores in one message: never published"
+            )
+            ids.append(message.id)
+            queues.append(message.queue)
+            reasons.append(reason)
+            bodies.append(bytes(raw))
+            log.error(
+                "outbox %s: message %s of %s (%s) is %s; kept in %s.outbox_dead (send smaller "
+                "arguments: a key to the data rather than the data)",
+                self.table.url,
+                message.id,
+                message.queue,
+                message.task,
+                reason,
+                self.table.schema,
+            )
+        conn.execute(self.table.BURY, (ids, queues, reasons, bodies))
+        self.buried += len(ids)
+        return fit

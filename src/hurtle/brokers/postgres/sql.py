@@ -264,6 +264,13 @@ class Sql:
         + _CLAIMED
         + "JOIN picked p ON p.id = t.id ORDER BY p.ord, t.priority DESC, t.id"
     )
+    # after a fetch failed: the rows in the worker's name that it does not hold, taken by a
+    # claim that committed while its reply was lost (a scan: no index names ``worker``)
+    TAKE_BACK = (
+        "SELECT queue, id, body, (SELECT EXISTS (SELECT 1 FROM {s}.cancelled "
+        "WHERE until > {now})) FROM {s}.messages WHERE worker = %s "
+        "AND NOT (id = ANY(%s::int8[])) ORDER BY priority DESC, id LIMIT %s FOR UPDATE"
+    )
     NEXT_ETA = (
         "SELECT min(eta) FROM {s}.delayed WHERE queue = ANY(%s) "
         "AND queue NOT IN (SELECT queue FROM {s}.paused)"

@@ -200,6 +200,12 @@ class RedisClusterConsumer(RedisConsumer):
         self._waiting.clear()
         self._sent.clear()
 
+    def _block_then_take(self, seconds: float, max_count: int) -> tuple[list[Delivery], int] | None:
+        # a queue's wake list and its fetch keys share a slot, but the wait is on connections
+        # of the consumer's own, one per wake list: the fetch goes its usual way after it
+        self._block(seconds)
+        return None
+
     def _block(self, seconds: float) -> None:
         try:
             for key in self._wake_keys:

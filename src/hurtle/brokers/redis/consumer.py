@@ -168,8 +168,9 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                 return out
         max_count = min(max_count, BATCH_MASK)
         deadline = time.monotonic() + timeout
+        taken: tuple[list[Delivery], int] | None = None
         while True:
-            out, wait_ms = self._take(max_count)
+            out, wait_ms = self._take(max_count) if taken is None else taken
             if out:
                 return out
             block = fetch_wait(deadline, MAX_BLOCK, wait_ms / 1000 if wait_ms >= 0 else None)
@@ -178,9 +179,36 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             # BLPOP takes seconds with millisecond resolution, and 0 would mean forever.
             block = max(math.ceil(block * 1000), 1) / 1000
             try:
-                self._block(block)
+                taken = self._block_then_take(block, max_count)
             except redis.RedisError as err:
                 self.broker._fail(err, f"waiting for messages on {list(self.queues)}")
+
+    def _block_then_take(self, seconds: float, max_count: int) -> tuple[list[Delivery], int] | None:
+        """``_block``, and in the same round trip the fetch that follows it: a server runs a
+        client's commands in order, so the fetch script runs the moment the wait ends, and a
+        message sent to an idle worker reaches it in one round trip instead of two (a wake-up,
+        then a fetch). For a consumer of one queue (of several, each script would ask for the
+        whole batch); None when the caller fetches itself: several queues, or a server that
+        forgot the script. A reply lost on the way leaves the target's token as it was: the
+        next fetch carries it and is handed the same batch."""
+        if len(self._reading) != 1:
+            self._block(seconds)
+            return None
+        target = self._reading[0]
+        pipe = self.broker._blocking.pipeline(transaction=False)
+        pipe.execute_command("BLPOP", *self._wake_keys, seconds)
+        pipe.execute_command(*self._fetch_command(target, max_count))
+        woke, res = pipe.execute(raise_on_error=False)
+        for reply in (woke, res):
+            if isinstance(reply, NoScriptError):
+                return None
+            if isinstance(reply, Exception):
+                raise reply
+        target.token = new_id()
+        if len(res) > 2:
+            self.cancellations = bool(res[1])
+            return self._deliveries(target.name, res), -1
+        return [], res[0] if res[0] >= 0 else -1
 
     def _take(self, max_count: int) -> tuple[list[Delivery], int]:
         """Run the fetch script on each queue in order until ``max_count`` are taken."""
