@@ -234,6 +234,11 @@ class Hurtle:
         sent; ``debounce_key=`` is the name of a parameter whose value is the key, or a
         callable of the task's arguments returning it (without one, every call shares a key).
 
+        ``fair_key=`` (``hurtle.fair``): the name of a parameter whose value is the call's key
+        (a tenant), or a callable of the task's arguments returning it; each key's calls wait
+        apart and workers take the keys of a queue in turn, ``fair_weights={key: shares}``
+        giving some more of each batch.
+
         ``expires=`` seconds: a message not started that long after its send is not run; it
         becomes a dead letter with the reason ``expired`` (its handle's state: ``expired``).
 
@@ -350,6 +355,15 @@ class Hurtle:
         names = {t.queue for t in self.tasks.values()}
         names.add(self.settings.default_queue)
         return sorted(names)
+
+    def fair_weights(self, queues: Sequence[str]) -> dict[str, int] | None:
+        """None when no task of this app has a ``fair_key`` (``hurtle.fair``); else the weights
+        of the weighted keys, by their sub-queues of ``queues`` (every queue a worker reads is
+        then read by turns: a fair task may be sent to any queue)."""
+        fair = [t.fair for t in self.tasks.values() if t.fair is not None]
+        if not fair:
+            return None
+        return {name: w for f in fair for q in queues for name, w in f.weights_in(q).items()}
 
     def worker(self, **options: Any) -> Worker:
         """A worker for this app; see ``hurtle.worker.Worker`` for the options."""

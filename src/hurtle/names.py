@@ -10,7 +10,9 @@ API), never per message.
 A sharded queue (``brokers/sharded.py``) is stored as several queues named ``q~N``: ``~``
 (``SHARD_MARK``) is outside the alphabet of a user's queue name, so none of them can be a
 user's queue; brokers take such names too (``stored_queue_name_problem``, what
-``Broker.pause``/``resume``/``purge`` check).
+``Broker.pause``/``resume``/``purge`` check). A fair queue (``hurtle.fair``) stores each key's
+calls in a sub-queue ``q~f<16 hex digits>`` (``fair_queue``, ``FAIR_MARK``), a hash of the key:
+whatever the key, the name is one every broker takes, and never a shard's or a user's.
 
 A task name is a non-empty str of at most ``MAX_TASK_NAME`` (200) characters: it travels in
 every message and names the task in logs, metrics and the dashboard.
@@ -18,6 +20,8 @@ every message and names the task in logs, metrics and the dashboard.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import re
 
 from .errors import ConfigurationError
@@ -37,6 +41,9 @@ _QUEUE_NAME = re.compile(r"[A-Za-z0-9._:-]+")
 #: What separates a sharded queue's name from its shard's number in the queues that store it.
 SHARD_MARK = "~"
 _SHARD_NUMBER = re.compile(r"[0-9]{1,6}")
+#: What separates a fair queue's name from the hash of a key in the sub-queue of that key.
+FAIR_MARK = SHARD_MARK + "f"
+_FAIR_HASH = re.compile(r"f[0-9a-f]{16}")
 
 
 def queue_name_problem(queue: object) -> str | None:
@@ -52,10 +59,11 @@ def queue_name_problem(queue: object) -> str | None:
 
 def stored_queue_name_problem(queue: object) -> str | None:
     """What is wrong with ``queue`` as the name of a queue a broker stores, or None: a queue
-    name, or a shard's (``q~N``: a queue name, ``SHARD_MARK`` and a number)."""
+    name, a shard's (``q~N``: a queue name, ``SHARD_MARK`` and a number) or a fair queue's
+    key's (``q~f<hash>``, ``fair_queue``)."""
     if isinstance(queue, str) and SHARD_MARK in queue:
         logical, _, number = queue.rpartition(SHARD_MARK)
-        if _SHARD_NUMBER.fullmatch(number):
+        if _SHARD_NUMBER.fullmatch(number) or _FAIR_HASH.fullmatch(number):
             return queue_name_problem(logical)
     return queue_name_problem(queue)
 
@@ -66,6 +74,15 @@ def check_stored_queue_name(queue: object) -> str:
     if problem is not None:
         raise ConfigurationError(f"{problem}; {QUEUE_NAME_RULE}")
     return queue  # type: ignore[return-value]
+
+
+@functools.lru_cache(maxsize=4096)
+def fair_queue(queue: str, key: str) -> str:
+    """The sub-queue that stores the calls of fair key ``key`` (as text) in ``queue``:
+    ``queue``, ``FAIR_MARK`` and 16 hex digits of a BLAKE2b hash of the key. A pure function:
+    every process names a key's sub-queue alike."""
+    digest = hashlib.blake2b(key.encode(errors="surrogatepass"), digest_size=8).hexdigest()
+    return f"{queue}{FAIR_MARK}{digest}"
 
 
 def check_queue_name(queue: object) -> str:

@@ -262,6 +262,8 @@ class TaskOptions(TypedDict, total=False):
     encrypt: bool | None
     debounce: float | None
     debounce_key: KeyFunction | str | None
+    fair_key: KeyFunction | str | None
+    fair_weights: Mapping[str, int] | None
 
 
 class TaskKeywords(TaskOptions, CeleryTaskOptions, total=False):

@@ -58,8 +58,14 @@ class Schedule:
 
     @property
     def queue(self) -> str:
-        """The queue its messages go to (the task's), where the broker keeps its last tick."""
-        return self.task.queue
+        """The queue its messages go to (the task's, or for a fair task the sub-queue of its
+        arguments' key), where the broker keeps its last tick."""
+        task = self.task
+        return (
+            task.queue
+            if task.fair is None
+            else task.fair.queue_of(task.queue, self.args, self.kwargs)
+        )
 
     @property
     def unique_for(self) -> float | None:

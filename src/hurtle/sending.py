@@ -106,6 +106,8 @@ def send_batch(
     debounce = task.debounce
     if debounce is not None:  # each call names its key, and waits out the window
         eta = max(eta, now + debounce_seconds(task, options))
+    fair = task.fair
+    plain = unique is None and debounce is None and fair is None
     for call in calls:
         if type(call) is tuple:
             args, kwargs = call, empty
@@ -127,18 +129,18 @@ def send_batch(
                 shape_n, shape_names = len(args), frozenset(kwargs)
         elif not lo <= len(args) <= hi:
             task._unfit(args, kwargs)
-        if unique is None and debounce is None:
+        if plain:
             append(
                 Message(
                     new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers, expires
                 )
             )
-        else:  # each names its lock, or its debounce key
+        else:  # each names its lock, its debounce key, or its fair key's sub-queue
             append(
                 Message(
                     new_id(),
                     name,
-                    queue,
+                    queue if fair is None else fair.queue_of(queue, args, kwargs),
                     args,
                     kwargs,
                     0,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Generic, NoReturn, ParamSpec, TypeVar, Un
 from .arity import arity_of
 from .debounce import DEBOUNCE, Debounce
 from .errors import ArgumentError, ConfigurationError, Retry
+from .fair import FairKey
 from .handles import Handle
 from .ids import new_id
 from .limits import Limits
@@ -142,6 +143,20 @@ class Task(Generic[P, R]):
             debounce = None
         #: The ``debounce`` option (``hurtle.debounce``), or None.
         self.debounce: Debounce | None = debounce
+        fair_key, fair_weights = options.get("fair_key"), options.get("fair_weights")
+        if fair_key is not None:
+            fair = FairKey(name, fn, fair_key, fair_weights)
+            if keyring is not None:  # its sub-queues' names tell nothing of sealed arguments
+                fair.keyed = keyring.digest
+        elif fair_weights is not None:
+            raise ConfigurationError(f"task {name!r}: fair_weights needs fair_key as well")
+        else:
+            fair = None
+        #: The ``fair_key`` option (``hurtle.fair``), or None.
+        self.fair: FairKey | None = fair
+        #: Whether a call names a key from its arguments (a debounce key, a fair key): one
+        #: test per call for both.
+        self._keyed = debounce is not None or fair is not None
         #: How a send of this task publishes when it is not a plain publish (unique locks, a
         #: debounce key), else None: one compare per send.
         self._publisher: Callable[[Task[Any, Any], list[Message]], list[str]] | None = (
@@ -187,9 +202,12 @@ class Task(Generic[P, R]):
             # the lock is named from the arguments before they are sealed, and ends at the
             # latest unique_for after the call was made
             unique, until = limits.unique_key_of(args, kwargs), now + limits.unique_for
-        if self.debounce is not None:  # named from the arguments before they are sealed
-            headers[DEBOUNCE] = self.debounce.key_of(args, kwargs)
-            eta = max(eta, now + debounce_seconds(self, options))
+        if self._keyed:  # keys named from the arguments before they are sealed
+            if self.debounce is not None:
+                headers[DEBOUNCE] = self.debounce.key_of(args, kwargs)
+                eta = max(eta, now + debounce_seconds(self, options))
+            if self.fair is not None:  # stored in its key's sub-queue
+                queue = self.fair.queue_of(queue, args, kwargs)
         message = Message(
             id=new_id(),
             task=self.name,

@@ -43,6 +43,7 @@ with ``unique_for`` (a link published by a worker takes no unique lock).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Never, TypeVar, Unpack
@@ -184,6 +185,10 @@ class Signature(Generic[R]):
         queue, priority, _, headers, expires = task._resolve(self.opts, 0.0)  # relative expiry
         opts = self.opts
         args, kwargs = self.args, self.kwargs
+        if task.fair is not None:  # keyed by its own arguments (not the result put first)
+            # a key of arguments it gets later fails here: it takes the queue's own turn
+            with contextlib.suppress(TypeError, IndexError, KeyError):
+                queue = task.fair.queue_of(queue, args, kwargs)
         if task.keyring is not None:  # sealed as it travels in a header, until it is sent
             args, kwargs = (task.keyring.seal_call(task.name, args, kwargs),), {}
             headers = {**headers, SEALED: task.keyring.id}

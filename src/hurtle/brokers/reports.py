@@ -39,6 +39,8 @@ from collections.abc import Callable, Iterable
 
 import msgspec
 
+from ..names import FAIR_MARK
+
 #: The four counters, in the order ``TaskCounts`` and the tallies keep them.
 KINDS = ("processed", "failed", "retried", "dead_lettered")
 #: Task name counted for bytes that were no message at all.
@@ -174,8 +176,19 @@ class Tally:
                 row[0] += n
 
     def snapshot(self) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+        """The counters, those of a fair queue's keys (``hurtle.fair``) summed as its own."""
         with self._lock:
-            return {key: (r[0], r[1], r[2], r[3]) for key, r in self._counts.items()}
+            rows = {key: (r[0], r[1], r[2], r[3]) for key, r in self._counts.items()}
+        if not any(FAIR_MARK in q for q, _ in rows):
+            return rows
+        folded: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        for (q, t), r in rows.items():
+            key = (q.partition(FAIR_MARK)[0], t)
+            was = folded.get(key)
+            folded[key] = (
+                r if was is None else (r[0] + was[0], r[1] + was[1], r[2] + was[2], r[3] + was[3])
+            )
+        return folded
 
 
 class Timings:
@@ -226,11 +239,22 @@ class Timings:
         self.add_batch({(queue, task): [seconds]})
 
     def snapshot(self) -> tuple[RunTimes, ...]:
+        """The histograms, those of a fair queue's keys (``hurtle.fair``) summed as its own."""
         with self._lock:
-            return tuple(
-                RunTimes(q, t, tuple(row), self._sums[(q, t)])
-                for (q, t), row in sorted(self._hist.items())
-            )
+            hist = {key: list(row) for key, row in self._hist.items()}
+            sums = dict(self._sums)
+        if any(FAIR_MARK in q for q, _ in hist):
+            folded: dict[tuple[str, str], list[int]] = {}
+            folded_sums: dict[tuple[str, str], float] = {}
+            for (q, t), row in hist.items():
+                key = (q.partition(FAIR_MARK)[0], t)
+                was = folded.get(key)
+                folded[key] = row if was is None else [a + b for a, b in zip(was, row, strict=True)]
+                folded_sums[key] = folded_sums.get(key, 0.0) + sums[(q, t)]
+            hist, sums = folded, folded_sums
+        return tuple(
+            RunTimes(q, t, tuple(row), sums[(q, t)]) for (q, t), row in sorted(hist.items())
+        )
 
 
 class Reporter:

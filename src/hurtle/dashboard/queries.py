@@ -27,7 +27,7 @@ from ..brokers import Broker, DeadLetter, QueueStats
 from ..brokers.reports import KINDS, RUNTIME_BUCKETS, TaskCounts, WorkerReport, merge
 from ..errors import DecodeError
 from ..message import Message
-from ..names import queue_name_problem
+from ..names import FAIR_MARK, queue_name_problem
 from ..sealing import Keyring, readable_call, readable_value
 
 if TYPE_CHECKING:
@@ -38,20 +38,54 @@ if TYPE_CHECKING:
 HISTORY = 300
 
 
-def queue_names(broker: Broker, declared: Iterable[str] = ()) -> list[str]:
-    """Every queue the broker has seen, and those the app's tasks name; less names outside the
-    rule (``hurtle.names``) that a version which did not check them let in (on Redis Cluster,
-    ``}x`` cannot even be counted)."""
-    names = set(declared) | set(broker.queues())
+def queue_names(
+    broker: Broker, declared: Iterable[str] = (), listed: Iterable[str] | None = None
+) -> list[str]:
+    """Every queue the broker has seen (``listed``, else ``broker.queues()``), and those the
+    app's tasks name; less names outside the rule (``hurtle.names``) that a version which did
+    not check them let in (on Redis Cluster, ``}x`` cannot even be counted), and the sub-queues
+    of fair queues' keys (``fair_keys``)."""
+    names = set(declared) | set(broker.queues() if listed is None else listed)
     return sorted(n for n in names if queue_name_problem(n) is None)
+
+
+def fair_keys(listed: Iterable[str]) -> list[str]:
+    """The sub-queues of fair queues' keys (``hurtle.fair``) among the queues ``listed``."""
+    return [n for n in listed if FAIR_MARK in n and queue_name_problem(fair_parent(n)) is None]
+
+
+def fair_parent(name: str) -> str:
+    """The queue that ``name`` is a key's sub-queue of, or ``name`` itself."""
+    return name.partition(FAIR_MARK)[0]
 
 
 def queue_stats(
     broker: Broker, declared: Iterable[str] = (), idle: IdleQueues | None = None
 ) -> dict[str, QueueStats]:
-    """Counts per queue: ready, delayed, in flight, dead; and whether it is paused. With
-    ``idle``, less the queues it forgets now (``names.py``)."""
-    stats = broker.stats(queue_names(broker, declared))
+    """Counts per queue: ready, delayed, in flight, dead; and whether it is paused; a fair
+    queue's counts include its keys' sub-queues (read in the same call). With ``idle``, less
+    the queues it forgets now (``names.py``)."""
+    listed = broker.queues()
+    names = queue_names(broker, declared, listed)
+    keys = fair_keys(listed)
+    stats = broker.stats(names + keys)
+    if keys:
+        folded: dict[str, QueueStats] = {}
+        for name, s in stats.items():
+            queue = fair_parent(name)
+            was = folded.get(queue)
+            folded[queue] = (
+                s
+                if was is None
+                else QueueStats(
+                    ready=was.ready + s.ready,
+                    delayed=was.delayed + s.delayed,
+                    in_flight=was.in_flight + s.in_flight,
+                    dead=was.dead + s.dead,
+                    paused=was.paused if queue != name else s.paused,
+                )
+            )
+        stats = dict(sorted(folded.items()))
     return stats if idle is None else idle.sweep(stats)
 
 

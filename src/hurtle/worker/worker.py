@@ -32,6 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from ..brokers import Consumer, Delivery
+from ..brokers.fair_consumer import consumer_of
 from ..brokers.reports import Reporter
 from ..errors import BrokerError, ConfigurationError, DecodeError
 from ..message import Message, message_id
@@ -209,7 +210,8 @@ class Worker:
         """Run until stopped (or drained, with ``burst``)."""
         s = self.settings
         broker = self.app.broker
-        consumer = self.consumer = broker.consumer(self.queues, self.worker_id)
+        weights = self.app.fair_weights(self.queues)  # fair tasks' keys: read by turns
+        consumer = self.consumer = consumer_of(broker, self.queues, self.worker_id, weights)
         acker = self.acker = Acker(
             consumer, batch_size=s.ack_batch_size, interval=s.ack_interval_ms / 1000.0
         )

@@ -116,6 +116,9 @@ ROWS = [
     # debounced call costs, its latest record written per batch sent and read per batch fetched;
     # a window short enough that every call is due by the time the worker starts
     Feature("debounce", {"debounce": _DEBOUNCE, "debounce_key": "x"}),
+    # one fair key (``y`` is 6 in every call): what reading a queue by turns costs when one
+    # tenant has all the work, its sub-queue listed every quarter second beside the queue
+    Feature("fair_key", {"fair_key": "y"}),
     # what the debounce window's delay costs by itself: the calls wait in the delayed set and
     # each fetch moves them to the ready lists first
     Feature("delay", send={"delay": _DEBOUNCE}),

@@ -1,0 +1,126 @@
+"""Fair shares per key (``@app.task(fair_key=..., fair_weights=...)``): the option, checked once
+at registration, and which sub-queue a call goes to.
+
+A fair task's call is stored in a sub-queue of its queue named from the queue and its key
+(``names.fair_queue``: ``q~f`` and a hash of the key), not in the queue itself. A worker that
+reads a queue some fair task is sent to reads it through ``brokers.fair_consumer.FairConsumer``,
+which finds the queue's live sub-queues and fetches from them in turn, each key ``weight``
+shares of a batch (1 unless ``fair_weights`` names it): a key that enqueued 100,000 calls does
+not delay one that enqueued 10. Each call is still one message of the broker with every
+guarantee of one (acknowledgement, retries, dead letters, recovery, unique locks, results).
+
+The key is ``fair_key=``: a callable of the task's arguments returning the key, or the name of
+one of its parameters (its value is the key). A key is used as text (``str(key)``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .errors import ConfigurationError
+from .names import fair_queue
+
+#: Most shares of a batch one key may be weighted with.
+MAX_WEIGHT = 1000
+_NO_VALUE = object()
+
+
+class FairKey:
+    """A task's checked ``fair_key`` and ``fair_weights`` options."""
+
+    __slots__ = ("_default", "_fn", "_index", "_name", "keyed", "task", "weights")
+
+    def __init__(
+        self, task: str, fn: Callable[..., Any], key: object, weights: object = None
+    ) -> None:
+        self.task = task
+        self._fn: Callable[..., Any] | None = None
+        self._name: str | None = None
+        self._index = -1
+        self._default: Any = None
+        #: A keyed hash of key values for a task whose arguments are sealed (set by the task).
+        self.keyed: Callable[[bytes], str] | None = None
+        #: Shares of a batch per key (as text); a key not named here has one.
+        self.weights: dict[str, int] = check_weights(task, weights)
+        if isinstance(key, str):
+            self._name = key
+            self._index, self._default = _parameter(task, fn, key)
+        elif callable(key):
+            self._fn = key
+        else:
+            raise ConfigurationError(
+                f"task {task!r}: fair_key must be the name of one of its parameters "
+                f"(fair_key='tenant') or a callable of its arguments returning a key "
+                f"(lambda tenant, *a, **k: tenant), got {key!r:.60} ({type(key).__name__})"
+            )
+
+    def key_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        """The fair key of a call with these arguments, as text."""
+        if self._fn is not None:
+            value: Any = self._fn(*args, **kwargs)
+        else:
+            value = kwargs.get(self._name, _NO_VALUE)  # type: ignore[arg-type]
+            if value is _NO_VALUE:
+                value = args[self._index] if 0 <= self._index < len(args) else self._default
+        text = str(value)
+        return text if self.keyed is None else self.keyed(text.encode())
+
+    def queue_of(self, queue: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        """The sub-queue of ``queue`` that a call with these arguments is stored in."""
+        return fair_queue(queue, self.key_of(args, kwargs))
+
+    def weights_in(self, queue: str) -> dict[str, int]:
+        """``weights`` by the sub-queue of ``queue`` each weighted key is stored in."""
+        keyed = self.keyed
+        return {
+            fair_queue(queue, key if keyed is None else keyed(key.encode())): weight
+            for key, weight in self.weights.items()
+        }
+
+
+def check_weights(task: str, weights: object) -> dict[str, int]:
+    """``fair_weights=`` as {key as text: whole number from 1 to ``MAX_WEIGHT``}."""
+    if weights is None:
+        return {}
+    if not isinstance(weights, Mapping):
+        raise ConfigurationError(
+            f"task {task!r}: fair_weights must be a dict of key -> weight, e.g. "
+            f"{{'tenant-a': 3}}, got {type(weights).__name__}"
+        )
+    checked: dict[str, int] = {}
+    for key, weight in weights.items():
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
+            raise ConfigurationError(
+                f"task {task!r}: fair_weights[{key!r:.40}] is {weight!r:.40}: a weight is a "
+                f"whole number of shares from 1 to {MAX_WEIGHT}"
+            )
+        checked[str(key)] = weight
+    return checked
+
+
+def _parameter(task: str, fn: Callable[..., Any], name: str) -> tuple[int, Any]:
+    """The position of the parameter ``name`` of ``fn`` (-1 for a keyword-only one) and its
+    default (None for none); ``ConfigurationError`` when ``fn`` has no such parameter."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"task {task!r}: fair_key={name!r} names a parameter, but the function's "
+            "signature cannot be read: give a callable of its arguments instead"
+        ) from None
+    kinds = inspect.Parameter
+    param = params.get(name)
+    if param is None or param.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD):
+        named = ", ".join(
+            p for p, v in params.items() if v.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+        )
+        raise ConfigurationError(
+            f"task {task!r}: fair_key={name!r} is not one of its parameters "
+            f"({named or 'it has none'}): name one, or give a callable of its arguments"
+        )
+    default = None if param.default is param.empty else param.default
+    if param.kind is kinds.KEYWORD_ONLY:
+        return -1, default
+    return list(params).index(name), default
