@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import pairwise
-from typing import NoReturn
+from typing import Any, NoReturn
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -390,6 +390,43 @@ def test_a_scheduler_that_wakes_late_claims_only_the_latest_due_tick(app: Hurtle
     assert ticks_queued(app.broker) == []
     scheduler.run_due(1040.0)
     assert ticks_queued(app.broker) == [1040.0]
+
+
+class _Manual(Clock):
+    """A clock that moves only when told."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_ticks_that_come_due_while_the_broker_takes_a_claim_are_claimed_after_it(
+    app: Hurtle, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that hangs for 25 s (a database server going away and coming back under it, a
+    pool waiting for a connection) and then succeeds: the ticks that came due meanwhile are
+    owed, as after a claim that failed, not skipped as by a scheduler that woke late."""
+    _every_10(app)
+    clock = _Manual(1000.5)
+    scheduler = Scheduler(app, clock=clock)
+    scheduler.begin(clock.now)
+    claim = app.broker.claim_tick
+    hung = []
+
+    def slow_claim(*args: Any, **kwargs: Any) -> Any:
+        if not hung:
+            hung.append(True)
+            clock.now += 25.0
+        return claim(*args, **kwargs)
+
+    monkeypatch.setattr(app.broker, "claim_tick", slow_claim)
+    clock.now = 1010.0
+    scheduler.run_due(clock.now)
+    assert clock.now == 1035.0
+    scheduler.run_due(clock.now)
+    assert ticks_queued(app.broker) == [1010.0, 1020.0, 1030.0]
 
 
 def test_several_schedulers_enqueue_each_tick_once(app: Hurtle) -> None:

@@ -21,7 +21,8 @@ can, and only then are ticks claimed (a newer tick claimed first would shut out 
 A scheduler that wakes late claims only the latest tick due. A claim the broker could not take
 (unreachable, failing) is owed: tried again (after ``RETRY_FIRST`` seconds, doubled at each
 failure up to ``RETRY_MOST``) until it is taken, and then every tick that came due meanwhile is
-claimed in order — only the latest, as after a restart, if more than ``MAX_OWED`` came due or
+claimed in order (so are those that came due while a claim the broker took long to answer
+was under way) — only the latest, as after a restart, if more than ``MAX_OWED`` came due or
 the schedule says ``catch_up=False``.
 
 Cost: one thread that sleeps until the next tick of any schedule (at most ``MAX_SLEEP``, so that
@@ -236,6 +237,7 @@ class Scheduler:
         if plan.owed and plan.next <= now:
             self._give_up_old(s, plan, now)
         while plan.next <= now:
+            asked = self.clock.time()
             answer = self.claim(s, plan.next)
             if answer is None:
                 self._failed(plan, now)
@@ -248,6 +250,10 @@ class Scheduler:
                 log.info("schedule %s: the broker answers again", s.name)
                 plan.failures = 0
             plan.next = s.next_after(plan.next)
+            # the ticks that came due while the broker took this claim (seconds, when its
+            # server went away and came back under it) are owed, as after a claim that
+            # failed: not skipped, as by a scheduler that wakes late
+            now += self.clock.time() - asked
         plan.owed = False
 
     def _give_up_old(self, s: Schedule, plan: _Plan, now: float) -> None:

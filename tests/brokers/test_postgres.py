@@ -208,12 +208,37 @@ def test_a_user_who_may_not_create_the_schema_is_told_the_grant(postgres_url: st
 
 
 def test_a_server_that_is_down_is_one_broker_error_line_with_a_hint() -> None:
+    """As with Redis, the broker is made (a worker started while its server restarts waits for
+    it): the first operation says what is wrong."""
     url = f"postgresql://postgres@127.0.0.1:{free_port()}/postgres"
-    with pytest.raises(BrokerError) as caught:
-        make_broker(url)
-    text = str(caught.value)
-    assert "\n" not in text and "Connection refused" in text
-    assert "is the PostgreSQL server running there" in text
+    broker = make_broker(url)
+    for operation in (lambda: broker.publish([msg("q")]), lambda: broker.stats(["q"])):
+        with pytest.raises(BrokerError) as caught:
+            operation()
+        text = str(caught.value)
+        assert "\n" not in text and "Connection refused" in text
+        assert "is the PostgreSQL server running there" in text
+    broker.close()
+
+
+def test_a_broker_made_while_its_server_is_down_makes_the_schema_when_it_is_up(
+    postgres_private: PostgresServer,
+) -> None:
+    postgres_private.stop()
+    broker = make_broker(f"{postgres_private.url}?schema=later")
+    consumer_error = None
+    try:
+        broker.consumer(["q"])  # a worker's start: no error while the server is away
+    except BrokerError as err:
+        consumer_error = err
+    assert consumer_error is None
+    with pytest.raises(BrokerError, match="Connection refused"):
+        broker.publish([msg("q")])
+    postgres_private.start()
+    broker.publish([msg("q"), msg("q")])
+    assert broker.stats(["q"])["q"] == QueueStats(ready=2)
+    assert len(broker.consumer(["q"]).fetch(10, 1)) == 2
+    broker.close()
 
 
 def test_an_unknown_user_and_a_wrong_password_name_what_to_check(postgres_database: str) -> None:

@@ -1,6 +1,7 @@
-"""Periodic ticks under chaos: three worker processes schedule an ``every=1`` task while Redis is
-SIGKILLed and restarted (AOF, ``appendfsync always``), stopped for a while and started again,
-each at a random moment around a tick, and a worker is SIGKILLed (and another started).
+"""Periodic ticks under chaos: three worker processes schedule an ``every=1`` task while the
+broker's server (Redis with AOF, ``appendfsync always``; a private PostgreSQL) is SIGKILLed and
+restarted, stopped for a while and started again, each at a random moment around a tick, and a
+worker is SIGKILLed (and another started).
 
 The promise: every tick of the window is enqueued exactly once — one message per tick, none
 missing from the first tick to the last the broker recorded. A message may *run* twice (the
@@ -20,6 +21,7 @@ import pytest
 from chaos_support import DEADLINE, ENV, TRIALS, Fleet, Tally, trial_rng, wait_until
 
 from helpers import Project, RedisServer
+from postgres_server import PostgresServer
 
 pytest.importorskip("redis")
 
@@ -52,13 +54,18 @@ WORKERS = 3
 SETTLE = 3.0
 
 
-@pytest.fixture
-def server(make_redis_server: Callable[..., RedisServer]) -> RedisServer:
-    return make_redis_server(appendonly=True)
+@pytest.fixture(params=["redis", "postgres"])
+def server(
+    request: pytest.FixtureRequest, make_redis_server: Callable[..., RedisServer]
+) -> RedisServer | PostgresServer:
+    if request.param == "redis":
+        return make_redis_server(appendonly=True)
+    private: PostgresServer = request.getfixturevalue("postgres_private")
+    return private
 
 
 @pytest.fixture
-def project(server: RedisServer, tmp_path: Path) -> Iterator[Project]:
+def project(server: RedisServer | PostgresServer, tmp_path: Path) -> Iterator[Project]:
     p = Project(tmp_path, TASKS, [], server.url)
     yield p
     p.app.close()
@@ -89,10 +96,11 @@ def near_a_tick(rng: random.Random) -> None:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("trial", range(TRIALS))
-def test_every_tick_is_enqueued_once_through_redis_restarts_and_a_killed_worker(
-    project: Project, server: RedisServer, fleet: Fleet, trial: int
+def test_every_tick_is_enqueued_once_through_server_restarts_and_a_killed_worker(
+    project: Project, server: RedisServer | PostgresServer, fleet: Fleet, trial: int
 ) -> None:
-    rng = trial_rng("ticks", trial)
+    kind = "redis" if isinstance(server, RedisServer) else "postgres"
+    rng = trial_rng("ticks" if kind == "redis" else "ticks-postgres", trial)
     workers = [fleet.start("worker", "tasks:app", "--pool", "solo") for _ in range(WORKERS)]
     wait_until(
         lambda: all("scheduler:" in project.output(w) for w in workers),
@@ -101,14 +109,14 @@ def test_every_tick_is_enqueued_once_through_redis_restarts_and_a_killed_worker(
     )
     wait_until(lambda: len(ticks_run(project)) >= 2, "the first ticks to run")
 
-    blows = ["redis killed", "redis away", "worker killed"]
+    blows = ["server killed", "server away", "worker killed"]
     rng.shuffle(blows)
     for blow in blows:
         near_a_tick(rng)
-        if blow == "redis killed":
+        if blow == "server killed":
             server.kill()
             server.start()
-        elif blow == "redis away":
+        elif blow == "server away":
             server.stop()
             time.sleep(rng.uniform(0.5, 2.5))
             server.start()
@@ -141,8 +149,8 @@ def test_every_tick_is_enqueued_once_through_redis_restarts_and_a_killed_worker(
     first = min(seen)
     expected = {first + i for i in range(round(last - first) + 1)}
     tally = Tally(
-        broker="redis",
-        scenario="periodic ticks (every=1): Redis restarted, a worker SIGKILLed",
+        broker=kind,
+        scenario="periodic ticks (every=1): server restarted, a worker SIGKILLed",
         expected=len(expected),
         lost=[repr(t) for t in sorted(expected - set(seen))],
         duplicates=sum(len(ids) - 1 for ids in seen.values()),

@@ -94,6 +94,19 @@ def connection_error(url: str, err: BaseException, doing: str) -> BrokerError | 
     )
 
 
+def _unreachable(err: psycopg.OperationalError) -> bool:
+    """Whether a failed connection says the server is not there (yet): down, restarting,
+    refusing connections; not a refusal of these credentials or this database, which waiting
+    does not mend."""
+    reason = _first_line(err)
+    return not (
+        "password authentication failed" in reason
+        or ("role" in reason and "not exist" in reason)
+        or ("database" in reason and "does not exist" in reason)
+        or "no pg_hba.conf entry" in reason
+    )
+
+
 class _Connection:
     """What ``PostgresBroker`` is built on: its URL, schema, pool and transactions."""
 
@@ -106,6 +119,8 @@ class _Connection:
     _pid: int
     _closed: bool
     _pool_lock: threading.Lock
+    _create: bool
+    _unchecked: bool
 
     def _setup(self, url: str, create: bool) -> None:
         self._given_url = url  # with its password: for the connections of a heartbeat session
@@ -116,11 +131,29 @@ class _Connection:
         self._pid = os.getpid()
         self._closed = False
         self._pool_lock = threading.Lock()
+        self._create = create
+        #: Whether the schema is still to be checked: the server did not answer when the
+        #: broker was made (a worker started while it restarts), so the first operation that
+        #: reaches it checks it, as a Redis broker connects at its first use.
+        self._unchecked = False
+        try:
+            self._check_schema()
+        except BrokerError as err:
+            if not isinstance(err.__cause__, psycopg.OperationalError) or not _unreachable(
+                err.__cause__
+            ):
+                raise
+            self._unchecked = True
+
+    def _check_schema(self) -> None:
+        """Make the schema or check its version (``prepare_schema``); ``BrokerError`` when the
+        server cannot be used, ``ConfigurationError`` when the schema does not fit."""
         try:
             with psycopg.connect(self._conninfo, autocommit=True) as conn:
-                prepare_schema(conn, self.schema, self.url, create=create)
+                prepare_schema(conn, self.schema, self.url, create=self._create)
         except psycopg.Error as err:
             raise connection_error(self.url, err, "opening the broker") from err
+        self._unchecked = False
 
     def connect(self) -> psycopg.Connection[Any]:
         """A connection of its own (not from the pool), in autocommit mode."""
@@ -132,6 +165,8 @@ class _Connection:
     def _pool_now(self) -> psycopg_pool.ConnectionPool[Any]:
         if self._closed:
             raise BrokerError(f"the PostgreSQL broker {self.url!r} is closed")
+        if self._unchecked:
+            self._check_schema()
         pool = self._pool
         if pool is not None and self._pid == os.getpid():
             return pool

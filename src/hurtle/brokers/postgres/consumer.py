@@ -72,11 +72,17 @@ class PostgresConsumer(BatchConsumer):
             self._claim_sql = sql.CLAIM_ONE
         else:
             self._claim_sql = sql.CLAIM_MANY
-        broker._run(
-            "registering a worker",
-            lambda cur: cur.execute(sql.UPSERT_WORKER, (worker_id, self.heartbeat_timeout)),
-            transaction=False,
-        )
+        try:
+            broker._run(
+                "registering a worker",
+                lambda cur: cur.execute(sql.UPSERT_WORKER, (worker_id, self.heartbeat_timeout)),
+                transaction=False,
+            )
+        except BrokerError:
+            # the server is away (restarting): the first claim registers the worker (its
+            # ADD_WORKER), and the worker's fetches wait for the server as Redis's do
+            if not broker._unchecked:
+                raise
 
     # -- fetching --------------------------------------------------------------------------
 
