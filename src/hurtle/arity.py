@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .errors import ConfigurationError
+
 #: Call shapes (positional count, keyword names) whose verdict an ``Arity`` remembers.
 _MAX_SHAPES = 256
 
@@ -113,3 +115,30 @@ def arity_of(fn: Callable[..., Any]) -> Arity | None:
         return Arity(inspect.signature(fn))
     except (TypeError, ValueError):  # some builtins have no signature: nothing to check
         return None
+
+
+def parameter_of(task: str, fn: Callable[..., Any], name: str, option: str) -> tuple[int, Any]:
+    """The position of the parameter ``name`` of ``fn`` (-1 for a keyword-only one) and its
+    default (None for none), for a task option that names a parameter (``debounce_key=``,
+    ``fair_key=``); ``ConfigurationError`` when ``fn`` has no such parameter."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        raise ConfigurationError(
+            f"task {task!r}: {option}={name!r} names a parameter, but the function's "
+            "signature cannot be read: give a callable of its arguments instead"
+        ) from None
+    kinds = inspect.Parameter
+    param = params.get(name)
+    if param is None or param.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD):
+        named = ", ".join(
+            p for p, v in params.items() if v.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
+        )
+        raise ConfigurationError(
+            f"task {task!r}: {option}={name!r} is not one of its parameters "
+            f"({named or 'it has none'}): name one, or give a callable of its arguments"
+        )
+    default = None if param.default is param.empty else param.default
+    if param.kind is kinds.KEYWORD_ONLY:
+        return -1, default
+    return list(params).index(name), default

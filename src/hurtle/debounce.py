@@ -22,12 +22,12 @@ key. Keys are per task and per queue.
 
 from __future__ import annotations
 
-import inspect
 import math
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .arity import parameter_of
 from .errors import ConfigurationError
 
 #: The header naming a debounced call's key (the task's name, ``:`` and the key).
@@ -85,7 +85,7 @@ class Debounce:
             return
         if isinstance(key, str):
             self._name = key
-            self._index, self._default = _parameter(task, fn, key)
+            self._index, self._default = parameter_of(task, fn, key, "debounce_key")
         elif callable(key):
             self._fn = key
         else:
@@ -133,29 +133,3 @@ def check_debounce(task: str, seconds: object) -> float:
             f"{seconds!r:.60}"
         )
     return float(seconds)
-
-
-def _parameter(task: str, fn: Callable[..., Any], name: str) -> tuple[int, Any]:
-    """The position of the parameter ``name`` of ``fn`` (-1 for a keyword-only one) and its
-    default (None for none); ``ConfigurationError`` when ``fn`` has no such parameter."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"task {task!r}: debounce_key={name!r} names a parameter, but the function's "
-            "signature cannot be read: give a callable of its arguments instead"
-        ) from None
-    kinds = inspect.Parameter
-    param = params.get(name)
-    if param is None or param.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD):
-        named = ", ".join(
-            p for p, v in params.items() if v.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
-        )
-        raise ConfigurationError(
-            f"task {task!r}: debounce_key={name!r} is not one of its parameters "
-            f"({named or 'it has none'}): name one, or give a callable of its arguments"
-        )
-    default = None if param.default is param.empty else param.default
-    if param.kind is kinds.KEYWORD_ONLY:
-        return -1, default
-    return list(params).index(name), default

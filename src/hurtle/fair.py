@@ -15,10 +15,10 @@ one of its parameters (its value is the key). A key is used as text (``str(key)`
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .arity import parameter_of
 from .errors import ConfigurationError
 from .names import fair_queue
 
@@ -46,7 +46,7 @@ class FairKey:
         self.weights: dict[str, int] = check_weights(task, weights)
         if isinstance(key, str):
             self._name = key
-            self._index, self._default = _parameter(task, fn, key)
+            self._index, self._default = parameter_of(task, fn, key, "fair_key")
         elif callable(key):
             self._fn = key
         else:
@@ -98,29 +98,3 @@ def check_weights(task: str, weights: object) -> dict[str, int]:
             )
         checked[str(key)] = weight
     return checked
-
-
-def _parameter(task: str, fn: Callable[..., Any], name: str) -> tuple[int, Any]:
-    """The position of the parameter ``name`` of ``fn`` (-1 for a keyword-only one) and its
-    default (None for none); ``ConfigurationError`` when ``fn`` has no such parameter."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        raise ConfigurationError(
-            f"task {task!r}: fair_key={name!r} names a parameter, but the function's "
-            "signature cannot be read: give a callable of its arguments instead"
-        ) from None
-    kinds = inspect.Parameter
-    param = params.get(name)
-    if param is None or param.kind in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD):
-        named = ", ".join(
-            p for p, v in params.items() if v.kind not in (kinds.VAR_POSITIONAL, kinds.VAR_KEYWORD)
-        )
-        raise ConfigurationError(
-            f"task {task!r}: fair_key={name!r} is not one of its parameters "
-            f"({named or 'it has none'}): name one, or give a callable of its arguments"
-        )
-    default = None if param.default is param.empty else param.default
-    if param.kind is kinds.KEYWORD_ONLY:
-        return -1, default
-    return list(params).index(name), default
