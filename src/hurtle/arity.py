@@ -142,3 +142,60 @@ def parameter_of(task: str, fn: Callable[..., Any], name: str, option: str) -> t
     if param.kind is kinds.KEYWORD_ONLY:
         return -1, default
     return list(params).index(name), default
+
+
+_NO_VALUE = object()
+
+
+class CallKey:
+    """A key made of a call's arguments, as a task option gives it (``debounce_key=``,
+    ``fair_key=``): the name of one of the task's parameters (its value is the key), or a
+    callable of its arguments returning the key; None, no key. Used as text (``str(value)``),
+    hashed with ``keyed`` for a task whose arguments are sealed (set by the task)."""
+
+    __slots__ = ("_default", "_fn", "_index", "_name", "keyed")
+
+    def __init__(
+        self,
+        task: str,
+        fn: Callable[..., Any],
+        key: object,
+        option: str,
+        example: str,
+        required: bool = False,
+    ) -> None:
+        self._fn: Callable[..., Any] | None = None
+        self._name: str | None = None
+        self._index = -1
+        self._default: Any = None
+        self.keyed: Callable[[bytes], str] | None = None
+        if key is None and not required:
+            return
+        if isinstance(key, str):
+            self._name = key
+            self._index, self._default = parameter_of(task, fn, key, option)
+        elif callable(key):
+            self._fn = key
+        else:
+            raise ConfigurationError(
+                f"task {task!r}: {option} must be the name of one of its parameters "
+                f"({option}={example!r}) or a callable of its arguments returning a key "
+                f"(lambda {example}, *a, **k: {example}), got {key!r:.60} ({type(key).__name__})"
+            )
+
+    @property
+    def keys_calls(self) -> bool:
+        """Whether a key was given (a name or a callable)."""
+        return self._fn is not None or self._name is not None
+
+    def text_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
+        """The key of a call with these arguments, as text (hashed with ``keyed`` if set);
+        only when ``keys_calls``."""
+        if self._fn is not None:
+            value: Any = self._fn(*args, **kwargs)
+        else:
+            value = kwargs.get(self._name, _NO_VALUE)  # type: ignore[arg-type]
+            if value is _NO_VALUE:  # positional, or left to its default
+                value = args[self._index] if 0 <= self._index < len(args) else self._default
+        text = str(value)
+        return text if self.keyed is None else self.keyed(text.encode())

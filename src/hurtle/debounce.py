@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .arity import parameter_of
+from .arity import CallKey
 from .errors import ConfigurationError
 
 #: The header naming a debounced call's key (the task's name, ``:`` and the key).
@@ -35,7 +35,6 @@ DEBOUNCE = "debounce"
 #: Seconds a key's latest record is kept beyond the window: a worker that fetches a message
 #: that much later than it was due still tells the latest from the superseded.
 LATEST_MARGIN = 3600.0
-_NO_VALUE = object()
 
 
 #: What the broker keeps as the latest call of a key, ``latest_value(id, created)``: its message
@@ -67,33 +66,15 @@ def latest_name(queue: str, key: str) -> str:
     return f"debounce:{queue}:{key}"
 
 
-class Debounce:
+class Debounce(CallKey):
     """A task's checked ``debounce`` option: the window and how a call's key is made."""
 
-    __slots__ = ("_default", "_fn", "_index", "_name", "keyed", "seconds", "task")
+    __slots__ = ("seconds", "task")
 
     def __init__(self, task: str, fn: Callable[..., Any], seconds: object, key: object) -> None:
         self.task = task
         self.seconds = check_debounce(task, seconds)
-        self._fn: Callable[..., Any] | None = None
-        self._name: str | None = None
-        self._index = -1
-        self._default: Any = None
-        #: A keyed hash of key values for a task whose arguments are sealed (set by the task).
-        self.keyed: Callable[[bytes], str] | None = None
-        if key is None:
-            return
-        if isinstance(key, str):
-            self._name = key
-            self._index, self._default = parameter_of(task, fn, key, "debounce_key")
-        elif callable(key):
-            self._fn = key
-        else:
-            raise ConfigurationError(
-                f"task {task!r}: debounce_key must be the name of one of its parameters "
-                f"(debounce_key='user_id') or a callable of its arguments returning a key "
-                f"(lambda user_id, **_: user_id), got {key!r:.60} ({type(key).__name__})"
-            )
+        super().__init__(task, fn, key, "debounce_key", "user_id")
 
     @property
     def ttl(self) -> float:
@@ -103,20 +84,9 @@ class Debounce:
     def key_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """The debounce key of a call with these arguments: the task's name, then ``:`` and
         the key the option makes of them (none without ``debounce_key``)."""
-        if self._fn is not None:
-            value: Any = self._fn(*args, **kwargs)
-        elif self._name is not None:
-            value = kwargs.get(self._name, _NO_VALUE)
-            if value is _NO_VALUE:
-                value = args[self._index] if 0 <= self._index < len(args) else _NO_VALUE
-            if value is _NO_VALUE:  # left to its default
-                value = self._default
-        else:
+        if not self.keys_calls:
             return self.task
-        text = str(value)
-        if self.keyed is not None:
-            text = self.keyed(text.encode())
-        return f"{self.task}:{text}"
+        return f"{self.task}:{self.text_of(args, kwargs)}"
 
 
 def check_debounce(task: str, seconds: object) -> float:

@@ -18,54 +18,30 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .arity import parameter_of
+from .arity import CallKey
 from .errors import ConfigurationError
 from .names import fair_queue
 
 #: Most shares of a batch one key may be weighted with.
 MAX_WEIGHT = 1000
-_NO_VALUE = object()
 
 
-class FairKey:
+class FairKey(CallKey):
     """A task's checked ``fair_key`` and ``fair_weights`` options."""
 
-    __slots__ = ("_default", "_fn", "_index", "_name", "keyed", "task", "weights")
+    __slots__ = ("task", "weights")
 
     def __init__(
         self, task: str, fn: Callable[..., Any], key: object, weights: object = None
     ) -> None:
         self.task = task
-        self._fn: Callable[..., Any] | None = None
-        self._name: str | None = None
-        self._index = -1
-        self._default: Any = None
-        #: A keyed hash of key values for a task whose arguments are sealed (set by the task).
-        self.keyed: Callable[[bytes], str] | None = None
         #: Shares of a batch per key (as text); a key not named here has one.
         self.weights: dict[str, int] = check_weights(task, weights)
-        if isinstance(key, str):
-            self._name = key
-            self._index, self._default = parameter_of(task, fn, key, "fair_key")
-        elif callable(key):
-            self._fn = key
-        else:
-            raise ConfigurationError(
-                f"task {task!r}: fair_key must be the name of one of its parameters "
-                f"(fair_key='tenant') or a callable of its arguments returning a key "
-                f"(lambda tenant, *a, **k: tenant), got {key!r:.60} ({type(key).__name__})"
-            )
+        super().__init__(task, fn, key, "fair_key", "tenant", required=True)
 
     def key_of(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """The fair key of a call with these arguments, as text."""
-        if self._fn is not None:
-            value: Any = self._fn(*args, **kwargs)
-        else:
-            value = kwargs.get(self._name, _NO_VALUE)  # type: ignore[arg-type]
-            if value is _NO_VALUE:
-                value = args[self._index] if 0 <= self._index < len(args) else self._default
-        text = str(value)
-        return text if self.keyed is None else self.keyed(text.encode())
+        return self.text_of(args, kwargs)
 
     def queue_of(self, queue: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:
         """The sub-queue of ``queue`` that a call with these arguments is stored in."""
