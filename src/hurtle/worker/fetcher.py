@@ -84,11 +84,7 @@ class Fetcher:
             self.failures = 0
         self.cancellations = bool(batch) and self.consumer.cancellations
         self.sent_at = sent_at
-        # a batch that filled the room asked for says more wait: the next fetch goes out now
-        # and works while this one runs; a smaller one says the queue ran dry, and a fetch sent
-        # now would come back empty, a round trip and a script in the way of the task that
-        # arrived (an idle worker's one send)
-        if batch and self.executor.runs_in_submit and len(batch) >= want:
+        if batch and self.executor.runs_in_submit:
             try:
                 self._prefetched_at = perf_counter()
                 self.consumer.prefetch(self.executor.wait_for_capacity(0))
