@@ -623,3 +623,40 @@ class StallProof:
                 f"the machine stalled {self.longest:.2f} s between beats of a consumer with a "
                 f"{self.timeout} s heartbeat timeout: it was rightly taken for dead"
             )
+
+
+def run_django_client(where: Path, database_url: str, body: str) -> str:
+    """Run ``body`` in a process of its own whose Django project uses ``database_url`` (Django's
+    settings are configured once per process), after ``django.setup()`` with ``connection``,
+    ``transaction`` and ``Hurtle`` imported; what it printed, asserted to have exited 0."""
+    import textwrap
+
+    import psycopg
+
+    info = psycopg.conninfo.conninfo_to_dict(database_url)
+    database = {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": info["dbname"],
+        "USER": "postgres",
+        "HOST": info["host"],
+        "PORT": info.get("port", "5432"),
+    }
+    script = where / "django_client.py"
+    script.write_text(
+        "import django\n"
+        "from django.conf import settings\n\n"
+        f"settings.configure(DATABASES={{'default': {database!r}}})\n"
+        "django.setup()\n"
+        "from django.db import connection, transaction\n"
+        "from hurtle import Hurtle\n\n" + textwrap.dedent(body)
+    )
+    src = Path(__file__).resolve().parents[1] / "src"
+    out = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(src)},
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout

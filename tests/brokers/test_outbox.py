@@ -24,6 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from helpers import run_django_client
 from hurtle import Hurtle, chain
 from hurtle.brokers.postgres.relay import Relay
 from hurtle.errors import BrokerError, ConfigurationError
@@ -519,27 +520,10 @@ def test_django_s_connection_writes_to_the_outbox_in_the_atomic_block(
     """Django's settings are configured once per process: the project runs in one of its own."""
     pytest.importorskip("django")
     shop = Shop(redis_url, postgres_url)
-    info = psycopg.conninfo.conninfo_to_dict(shop.database)
-    script = tmp_path / "django_outbox.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import django
-            from django.conf import settings
-
-            settings.configure(
-                DATABASES={{"default": {{
-                    "ENGINE": "django.db.backends.postgresql",
-                    "NAME": {info["dbname"]!r},
-                    "USER": "postgres",
-                    "HOST": {info["host"]!r},
-                    "PORT": {info.get("port", "5432")!r},
-                }}}},
-            )
-            django.setup()
-            from django.db import connection, transaction
-            from hurtle import Hurtle
-
+    printed = run_django_client(
+        tmp_path,
+        shop.database,
+        f"""
             app = Hurtle({redis_url!r}, outbox={postgres_url!r})
 
             @app.task(name="shop.add")
@@ -561,16 +545,8 @@ def test_django_s_connection_writes_to_the_outbox_in_the_atomic_block(
                     add.options(connection=connection).send(3, 3)
                     transaction.set_rollback(True)
             print("done", flush=True)
-            """
-        )
+            """,
     )
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert out.stdout.strip() == "done", out.stderr
+    assert printed.strip() == "done"
     assert shop.run_all() == [(2, 2)]
     shop.app.close()

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from helpers import run_django_client
 from hurtle import Hurtle, chain, chord, group
 from hurtle.brokers.postgres import PostgresBroker
 from hurtle.errors import BrokerError, ConfigurationError
@@ -418,27 +419,10 @@ def test_a_sqlalchemy_session_on_psycopg2_writes_in_its_transaction(shop: Shop) 
 def test_django_s_connection_writes_in_the_atomic_block(shop: Shop, tmp_path: Path) -> None:
     """Django's settings are configured once per process: the project runs in one of its own."""
     pytest.importorskip("django")
-    info = psycopg.conninfo.conninfo_to_dict(shop.database)
-    script = tmp_path / "django_client.py"
-    script.write_text(
-        textwrap.dedent(
-            f"""
-            import django
-            from django.conf import settings
-
-            settings.configure(
-                DATABASES={{"default": {{
-                    "ENGINE": "django.db.backends.postgresql",
-                    "NAME": {info["dbname"]!r},
-                    "USER": "postgres",
-                    "HOST": {info["host"]!r},
-                    "PORT": {info.get("port", "5432")!r},
-                }}}},
-            )
-            django.setup()
-            from django.db import connection, transaction
-            from hurtle import Hurtle
-
+    printed = run_django_client(
+        tmp_path,
+        shop.database,
+        f"""
             app = Hurtle({shop.url!r})
 
             @app.task(name="shop.add")
@@ -464,17 +448,9 @@ def test_django_s_connection_writes_in_the_atomic_block(shop: Shop, tmp_path: Pa
                     add.options(connection=connection).send(3, 3)
                     transaction.set_rollback(True)
             print("done", flush=True)
-            """
-        )
+            """,
     )
-    out = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-    )
-    assert out.stdout.strip() == "done", out.stderr
+    assert printed.strip() == "done"
     assert shop.run_all() == [(2, 2)]
     assert shop.order_ids() == [2]
 
