@@ -24,7 +24,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from helpers import run_django_client
+from helpers import run_django_client, run_hurtle
 from hurtle import Hurtle, chain
 from hurtle.brokers.postgres.relay import Relay
 from hurtle.errors import BrokerError, ConfigurationError
@@ -476,15 +476,7 @@ def test_a_message_too_large_for_nats_is_kept_in_the_outbox_dead_table_and_the_r
     (tmp_path / "big_app.py").write_text(
         f"from hurtle import Hurtle\napp = Hurtle({nats_url!r}, outbox={postgres_url!r})\n"
     )
-    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{tmp_path}"}
-    count = subprocess.run(
-        [sys.executable, "-m", "hurtle", "outbox", "count", "big_app:app"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    count = run_hurtle("outbox", "count", "big_app:app", cwd=tmp_path)
     assert count.returncode == 0, count.stderr
     assert "0 messages wait" in count.stdout
     assert "1 messages were too large" in count.stdout and big.id in count.stdout
