@@ -1,7 +1,9 @@
 """The consumer side of the broker contract: ``Consumer``, one worker's session that fetches
 deliveries, holds them and settles each one way; ``BatchConsumer``, one whose store settles a
-batch in one step; ``beat_through``, its heartbeat on a broker object of its own; and
-``fetch_wait``, how long a fetch that found nothing waits.
+batch in one step; ``WrappingConsumer``, one that hands its work to another consumer of the
+same worker and changes part of it (a sharded queue's, a fair queue's); ``beat_through``, its
+heartbeat on a broker object of its own; and ``fetch_wait``, how long a fetch that found
+nothing waits.
 
 The rules a consumer keeps (delivery semantics, late outcomes, limits, control) are set out
 with the broker's side, in ``base.py``'s docstring.
@@ -13,7 +15,7 @@ import abc
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 from ..message import Message
 from .records import Delivery, FlowStep, Lock, StoredResult
@@ -238,6 +240,98 @@ class BatchConsumer(Consumer):
     @abc.abstractmethod
     def defer_many(self, items: Sequence[tuple[Delivery, float]]) -> None:
         """``Consumer.defer_many``, every item in one step of the store."""
+
+
+#: ``last`` of ``WrappingConsumer._settle``: settles one consumer's part of an acknowledgement.
+Settle: TypeAlias = Callable[[Consumer, Sequence[Delivery], Sequence[StoredResult]], None]
+
+
+class WrappingConsumer(Consumer):
+    """``inner``, a consumer of the same worker, for ``queues``: what a subclass does not
+    change goes to ``inner`` as it is (its reporter, limits, heartbeat, report and close).
+
+    Settling goes through two hooks: ``_settle`` splits an acknowledgement between ``inner``
+    and any other consumer that holds some of its deliveries, and ``_locks`` gives the unique
+    locks as ``inner`` holds them; each is ``inner``'s own by default.
+    """
+
+    def __init__(self, inner: Consumer, queues: tuple[str, ...]) -> None:
+        self.inner = inner
+        self.queues = queues
+        self.worker_id = inner.worker_id
+        self.heartbeat_timeout = inner.heartbeat_timeout
+
+    @property
+    def reporter(self) -> Reporter | None:
+        return self.inner.reporter
+
+    @reporter.setter
+    def reporter(self, value: Reporter | None) -> None:
+        self.inner.reporter = value
+
+    # -- settling -------------------------------------------------------------------------
+
+    def _settle(
+        self, deliveries: Sequence[Delivery], results: Sequence[StoredResult], last: Settle
+    ) -> None:
+        """Settle ``deliveries`` with ``results`` as ``Consumer.ack`` does (``results[i]``
+        with ``deliveries[i]``, those past them with none): ``last(inner, d, r)`` settles
+        ``inner``'s part, and is always called (with nothing when ``inner`` holds none).
+        By default all is ``inner``'s, as given."""
+        last(self.inner, deliveries, results)
+
+    def _locks(self, locks: Sequence[Lock]) -> Sequence[Lock]:
+        """``locks`` as ``inner`` holds them; by default as given."""
+        return locks
+
+    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
+        self._settle(deliveries, results, _ack)
+
+    def ack_and_release(
+        self,
+        deliveries: Sequence[Delivery],
+        results: Sequence[StoredResult],
+        locks: Sequence[Lock],
+    ) -> None:
+        held = self._locks(locks)
+
+        def last(inner: Consumer, d: Sequence[Delivery], r: Sequence[StoredResult]) -> None:
+            if d or r:
+                inner.ack_and_release(d, r, held)
+            elif held:
+                inner.release_unique(held)
+
+        self._settle(deliveries, results, last)
+
+    def release_unique(self, locks: Sequence[Lock]) -> None:
+        self.inner.release_unique(self._locks(locks))
+
+    # -- limits: the worker's, kept by ``inner`` ------------------------------------------
+
+    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
+        return self.inner.acquire_slots(requests)
+
+    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
+        self.inner.release_slots(releases)
+
+    # -- the session ----------------------------------------------------------------------
+
+    def heartbeat(self) -> bool:
+        return self.inner.heartbeat()
+
+    def send_report(self) -> None:
+        self.inner.send_report()
+
+    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
+        return self.inner.heartbeat_session()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _ack(inner: Consumer, deliveries: Sequence[Delivery], results: Sequence[StoredResult]) -> None:
+    if deliveries or results:
+        inner.ack(deliveries, results)
 
 
 def fetch_wait(deadline: float, longest: float, due_in: float | None) -> float | None:

@@ -38,9 +38,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 from ..message import Message
 from ..names import FAIR_MARK
-from .consumer import Consumer
-from .records import Delivery, FlowStep, Lock, StoredResult
-from .reports import Reporter
+from .consumer import Consumer, Settle, WrappingConsumer
+from .records import Delivery, FlowStep, StoredResult
 from .sharded import ShardedBroker
 
 if TYPE_CHECKING:
@@ -72,20 +71,19 @@ class _Key:
         self.empty_since: float | None = None
 
 
-class FairConsumer(Consumer):
+class FairConsumer(WrappingConsumer):
     """``main`` (a consumer of ``queues``) reading ``queues``' fair sub-queues by turns;
     ``weights``: {sub-queue: shares of a batch} of the weighted keys."""
 
     def __init__(self, broker: Broker, main: Consumer, weights: Mapping[str, int]) -> None:
+        super().__init__(main, main.queues)
         self.broker = broker
         #: Where the sub-queues are listed, read and forgotten: ``broker``, or the broker a
         #: sharded one stores its shards in (keys' sub-queues are not sharded, and it would
         #: name them as their queues).
         self._store = broker.inner if isinstance(broker, ShardedBroker) else broker
+        #: ``inner``, one member of the turns: the consumer of the queues themselves.
         self.main = main
-        self.queues = main.queues
-        self.worker_id = main.worker_id
-        self.heartbeat_timeout = main.heartbeat_timeout
         self.weights = dict(weights)
         self._prefixes = {q + FAIR_MARK: q for q in main.queues}
         self._keys: dict[str, _Key] = {}
@@ -98,14 +96,6 @@ class FairConsumer(Consumer):
         # ``held`` counts move on the fetching thread and on the threads that settle
         self._counting = threading.Lock()
         self._prefetched: _Key | None = None
-
-    @property
-    def reporter(self) -> Reporter | None:
-        return self.main.reporter
-
-    @reporter.setter
-    def reporter(self, value: Reporter | None) -> None:
-        self.main.reporter = value
 
     # -- the keys -------------------------------------------------------------------------
 
@@ -281,13 +271,10 @@ class FairConsumer(Consumer):
         return self.main
 
     def _settle(
-        self,
-        deliveries: Sequence[Delivery],
-        results: Sequence[StoredResult],
-        last: Callable[[Consumer, Sequence[Delivery], Sequence[StoredResult]], None],
+        self, deliveries: Sequence[Delivery], results: Sequence[StoredResult], last: Settle
     ) -> None:
-        """``ack`` split per session: each delivery's result with it, results that ride with
-        none to ``main``; ``last`` settles ``main``'s part (always called)."""
+        """Split per session: each delivery's result with it, results that ride with none to
+        ``main``; ``last`` settles ``main``'s part."""
         keys = self._keys
         n = len(deliveries)
         queues = set(map(_QUEUE, deliveries)) if keys else ()
@@ -318,23 +305,6 @@ class FairConsumer(Consumer):
             else:
                 mine[2].extend(results[n:])
         last(self.main, mine[1], mine[2])
-
-    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
-        self._settle(deliveries, results, lambda main, d, r: main.ack(d, r) if d or r else None)
-
-    def ack_and_release(
-        self,
-        deliveries: Sequence[Delivery],
-        results: Sequence[StoredResult],
-        locks: Sequence[Lock],
-    ) -> None:
-        def last(main: Consumer, d: Sequence[Delivery], r: Sequence[StoredResult]) -> None:
-            if d or r:
-                main.ack_and_release(d, r, locks)
-            elif locks:
-                main.release_unique(locks)
-
-        self._settle(deliveries, results, last)
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         parts: dict[int, tuple[Consumer, list[FlowStep]]] = {}
@@ -377,17 +347,6 @@ class FairConsumer(Consumer):
         for session, part in parts.values():
             settle(session, part)
 
-    # -- limits: the worker's, kept by ``main`` --------------------------------------------
-
-    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
-        return self.main.acquire_slots(requests)
-
-    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
-        self.main.release_slots(releases)
-
-    def release_unique(self, locks: Sequence[Lock]) -> None:
-        self.main.release_unique(locks)
-
     # -- the session ----------------------------------------------------------------------
 
     def _sessions(self) -> list[Consumer]:
@@ -401,9 +360,6 @@ class FairConsumer(Consumer):
                 if key.session is not None:
                     more = key.session.heartbeat() or more
         return more
-
-    def send_report(self) -> None:
-        self.main.send_report()
 
     def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
         main_beat, main_end = self.main.heartbeat_session()

@@ -11,7 +11,7 @@ and bytes back to its queue's (``logical``, ``requeued``), which ``ShardedBroker
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -19,32 +19,20 @@ import msgspec
 from ..message import Message
 from ..names import SHARD_MARK
 from .columns import UniqueLocks
-from .consumer import Consumer
+from .consumer import Consumer, Settle, WrappingConsumer
 from .records import Delivery, FlowStep, Lock, StoredResult
-from .reports import Reporter
 
 if TYPE_CHECKING:
     from .sharded import ShardedBroker
 
 
-class ShardedConsumer(Consumer):
+class ShardedConsumer(WrappingConsumer):
     """``inner`` (a consumer of ``broker.inner`` on the shards of ``queues``) for ``queues``."""
 
     def __init__(self, broker: ShardedBroker, queues: tuple[str, ...], inner: Consumer) -> None:
+        super().__init__(inner, queues)
         self.broker = broker
-        self.queues = queues
-        self.inner = inner
-        self.worker_id = inner.worker_id
-        self.heartbeat_timeout = inner.heartbeat_timeout
         self.combines_ack_and_fetch = inner.combines_ack_and_fetch
-
-    @property
-    def reporter(self) -> Reporter | None:
-        return self.inner.reporter
-
-    @reporter.setter
-    def reporter(self, value: Reporter | None) -> None:
-        self.inner.reporter = value
 
     @property
     def cancellations(self) -> bool:
@@ -86,8 +74,11 @@ class ShardedConsumer(Consumer):
 
     # -- settling -------------------------------------------------------------------------
 
-    def ack(self, deliveries: Sequence[Delivery], results: Sequence[StoredResult] = ()) -> None:
-        self.inner.ack(_inner(deliveries), results)
+    def _settle(
+        self, deliveries: Sequence[Delivery], results: Sequence[StoredResult], last: Settle
+    ) -> None:
+        """All is ``inner``'s: each delivery as ``inner`` holds it (a shard's)."""
+        last(self.inner, _inner(deliveries), results)
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         routed = []
@@ -128,24 +119,7 @@ class ShardedConsumer(Consumer):
     def release(self, deliveries: Sequence[Delivery]) -> None:
         self.inner.release(_inner(deliveries))
 
-    # -- limits ---------------------------------------------------------------------------
-
-    def acquire_slots(self, requests: Sequence[tuple[str, int, int]]) -> list[int]:
-        return self.inner.acquire_slots(requests)
-
-    def release_slots(self, releases: Sequence[tuple[str, int]]) -> None:
-        self.inner.release_slots(releases)
-
-    def ack_and_release(
-        self,
-        deliveries: Sequence[Delivery],
-        results: Sequence[StoredResult],
-        locks: Sequence[Lock],
-    ) -> None:
-        self.inner.ack_and_release(_inner(deliveries), results, self._locks(locks))
-
-    def release_unique(self, locks: Sequence[Lock]) -> None:
-        self.inner.release_unique(self._locks(locks))
+    # -- unique locks ---------------------------------------------------------------------
 
     def _locks(self, locks: Sequence[Lock]) -> Sequence[Lock]:
         """``locks``, those of a sharded queue moved to its first shard (where
@@ -156,20 +130,6 @@ class ShardedConsumer(Consumer):
         if all(stored(lock[0]) == (lock[0],) for lock in locks):
             return locks
         return [(self.broker.lock_shard(q), key, id, until) for q, key, id, until in locks]
-
-    # -- the session ----------------------------------------------------------------------
-
-    def heartbeat(self) -> bool:
-        return self.inner.heartbeat()
-
-    def send_report(self) -> None:
-        self.inner.send_report()
-
-    def heartbeat_session(self) -> tuple[Callable[[], bool], Callable[[], None]]:
-        return self.inner.heartbeat_session()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def logical(name: str) -> str:
