@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .arity import CallKey
-from .errors import ConfigurationError
+from .counts import check_counts
 from .names import fair_queue
 
 #: Most shares of a batch one key may be weighted with.
@@ -60,17 +60,10 @@ def check_weights(task: str, weights: object) -> dict[str, int]:
     """``fair_weights=`` as {key as text: whole number from 1 to ``MAX_WEIGHT``}."""
     if weights is None:
         return {}
-    if not isinstance(weights, Mapping):
-        raise ConfigurationError(
-            f"task {task!r}: fair_weights must be a dict of key -> weight, e.g. "
-            f"{{'tenant-a': 3}}, got {type(weights).__name__}"
-        )
-    checked: dict[str, int] = {}
-    for key, weight in weights.items():
-        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
-            raise ConfigurationError(
-                f"task {task!r}: fair_weights[{key!r:.40}] is {weight!r:.40}: a weight is a "
-                f"whole number of shares from 1 to {MAX_WEIGHT}"
-            )
-        checked[str(key)] = weight
-    return checked
+    return check_counts(
+        weights,
+        MAX_WEIGHT,
+        what=f"task {task!r}: fair_weights",
+        shape="key -> weight, e.g. {'tenant-a': 3}",
+        rule="a weight is a whole number of shares",
+    )

@@ -41,7 +41,7 @@ from functools import lru_cache
 
 import msgspec
 
-from ..errors import ConfigurationError
+from ..counts import check_counts
 from ..message import Message, check_messages, encode_many, lock_of
 from ..names import SHARD_MARK, check_queue_name
 from .base import Broker
@@ -61,21 +61,14 @@ _SLACK = 8
 def check_shards(shards: object) -> dict[str, int]:
     """``shards`` ({queue name: number of shards}), checked: names as ``check_queue_name``,
     numbers whole, 1 to ``MAX_SHARDS``; else a ``ConfigurationError`` naming the value."""
-    if not isinstance(shards, Mapping):
-        raise ConfigurationError(
-            f"shards must be a dict of queue name -> number of shards, e.g. {{'emails': 4}}, "
-            f"got {type(shards).__name__}"
-        )
-    checked: dict[str, int] = {}
-    for queue, count in shards.items():
-        check_queue_name(queue)
-        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_SHARDS:
-            raise ConfigurationError(
-                f"shards[{queue!r}] is {count!r}: the number of shards of a queue is a whole "
-                f"number from 1 to {MAX_SHARDS}"
-            )
-        checked[queue] = count
-    return checked
+    return check_counts(
+        shards,
+        MAX_SHARDS,
+        what="shards",
+        shape="queue name -> number of shards, e.g. {'emails': 4}",
+        rule="the number of shards of a queue is a whole number",
+        name=check_queue_name,
+    )
 
 
 def crc16(data: bytes) -> int:
