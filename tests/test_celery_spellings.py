@@ -223,19 +223,21 @@ def test_the_pipe_operator_builds_chains_and_a_group_piped_to_a_signature_is_a_c
 
 
 @pytest.mark.parametrize(
-    "build",
+    ("build", "expected"),
     [
-        lambda add, tsum: add.s(1, 2) | group(add.s(1, 1)),
-        lambda add, tsum: chain(add.s(1, 2)) | chord([add.s(1, 1)], tsum.s()),
-        lambda add, tsum: group(add.s(1, 1)) | chain(tsum.s()),
+        (lambda add, tsum: add.s(1, 2) | group(add.s(1), add.s(2)), [4, 5]),
+        (lambda add, tsum: chain(add.s(1, 2)) | chord([add.s(1), add.s(2)], tsum.s()), 9),
+        (lambda add, tsum: group(add.s(1, 1), add.s(2, 2)) | chain(tsum.s(), add.s(1)), 7),
+        (lambda add, tsum: chord([add.s(1, 1)], tsum.s()) | group(add.s(1), add.s(2)), [3, 4]),
     ],
-    ids=["sig|group", "chain|chord", "group|chain"],
+    ids=["sig|group", "chain|chord", "group|chain", "chord|group"],
 )
-def test_piping_into_a_group_or_chord_is_refused_as_nesting(
-    app: Hurtle, build: Callable[..., object]
+def test_piping_into_a_group_or_chord_builds_a_nested_workflow(
+    app: Hurtle, build: Callable[..., Any], expected: object
 ) -> None:
-    with pytest.raises(ConfigurationError, match="cannot be nested"):
-        build(app.tasks["tasks.add"], app.tasks["tasks.tsum"])
+    start(app)
+    workflow = build(app.tasks["tasks.add"], app.tasks["tasks.tsum"])
+    assert workflow.delay().get(timeout=10) == expected
 
 
 def test_chains_groups_and_chords_are_sent_by_calling_them(app: Hurtle) -> None:

@@ -129,16 +129,22 @@ def test_a_member_naming_an_unknown_task_fails_its_workflow(app: Hurtle) -> None
         h.result(timeout=5)
 
 
-def test_workflows_refuse_calls_that_do_not_fit_and_nesting_when_built(app: Hurtle) -> None:
+def test_workflows_refuse_calls_that_do_not_fit_before_anything_is_sent(app: Hurtle) -> None:
     add, total = app.tasks["add"], app.tasks["total"]
     with pytest.raises(ConfigurationError, match="do not fit"):
         chain(add.s(1, 2), add.s(1, 2)).send()  # the second gets the first's result too
     with pytest.raises(ConfigurationError, match="do not fit"):
-        chord([add.s(1)], total.s())
-    with pytest.raises(ConfigurationError, match="cannot be nested"):
-        chain(add.s(1, 2), group(add.s(1, 1)))  # type: ignore[arg-type]
+        chord([add.s(1)], total.s()).send()  # sent alone, a member gets nothing before its own
+    with pytest.raises(ConfigurationError, match="do not fit"):
+        chain(add.s(1, 2), group(add.s(1, 1))).send()  # a member after a step gets its result
+    with pytest.raises(ConfigurationError, match="do not fit"):
+        group(chain(add.s(1, 2), add.s(1, 2)), add.s(1, 1)).send()
     with pytest.raises(ConfigurationError, match="at least one"):
         chain()
+    with pytest.raises(ConfigurationError, match="at least one"):
+        chain(add.s(1, 2), group()).send()
+    with pytest.raises(ConfigurationError, match="takes signatures"):
+        chain(add.s(1, 2), 3)  # type: ignore[arg-type]
     assert app.broker.stats(["default"])["default"].ready == 0
 
 

@@ -32,6 +32,7 @@ from .errors import (
     TimeLimitExceeded,
     UnknownTaskError,
 )
+from .graphs import GraphHandle, graph
 from .handles import Handle
 from .message import Message
 from .progress import Progress
@@ -54,6 +55,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "FlowHandle",
+    "GraphHandle",
     "GroupHandle",
     "Handle",
     "Hurtle",
@@ -78,6 +80,7 @@ __all__ = [
     "chain",
     "chord",
     "current",
+    "graph",
     "group",
     "new_key",
 ]

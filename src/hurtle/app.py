@@ -17,7 +17,8 @@ from .brokers import Broker, make_broker
 from .brokers.sharded import ShardedBroker, check_shards
 from .cancels import CANCEL_MARGIN, CANCEL_TTL, WINDOW
 from .errors import ConfigurationError
-from .handles import Handle
+from .flow import COLLECT, collect
+from .handles import GraphHandle, Handle
 from .ids import check_message_ids
 from .middleware import Middleware, overrides
 from .middleware.retries import Retries
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .channels import AsyncSubscription, Channel, ChannelHub, LossCallback, Subscription
     from .periodic import Schedule, ScheduleOptions
     from .worker import Worker
+    from .workflows import Signature
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -170,6 +172,25 @@ class Hurtle:
         if task is not None:
             return task.apply_async(args, kwargs, **options)
         return send_by_name(self, name, args, kwargs, options)
+
+    def graph(self, after: Mapping[str, Iterable[str]], /, **nodes: Signature[Any]) -> GraphHandle:
+        """Send a graph of signatures: ``app.graph({"b": ["a"], "c": ["a"], "d": ["b", "c"]},
+        a=fetch.s(url), b=resize.s(), c=thumb.s(), d=publish.s())`` runs ``a``, then ``b`` and
+        ``c`` with its result, then ``d`` with the list of theirs; the handle's result is the
+        dict of the results of the nodes nothing waits for (``hurtle.graphs``)."""
+        from .graphs import graph
+
+        return graph(after, **nodes).send()
+
+    def builtin(self, name: str) -> Task[Any, Any] | None:
+        """The task every app has under ``name`` (``hurtle.collect``, which workflows use),
+        registered on first use; None for any other name."""
+        if name != COLLECT:
+            return None
+        task = self.tasks.get(COLLECT)
+        if task is None:
+            task = self.task(name=COLLECT, encrypt=self.keyring is not None)(collect)
+        return task
 
     def __repr__(self) -> str:
         return f"<Hurtle broker={self.settings.broker_url!r} tasks={len(self.tasks)}>"

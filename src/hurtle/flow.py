@@ -19,6 +19,14 @@ from .sealing import SEALED, Keyring, no_keys
 
 #: The header that marks a workflow message.
 FLOW = "flow"
+#: The task every app has that returns what it is given: it gathers a group's results where no
+#: task of the user's takes them (``hurtle.nesting``).
+COLLECT = "hurtle.collect"
+
+
+def collect(value: Any) -> Any:
+    """``hurtle.collect``: what it is given (a group's results, gathered)."""
+    return value
 
 
 class Link(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -71,6 +79,14 @@ class Flow(msgspec.Struct, array_like=True, frozen=True, gc=False, omit_defaults
     callback). ``next``: a chain's links still to run. ``chord``/``index``/``total``/
     ``callback``: a chord member's place. ``gather``: on a callback, the chord whose results
     come first (``total`` of them); ``forget``: the chord record to drop once it is done.
+
+    Workflows nested in one another (``hurtle.nesting``) say the rest with two more: ``steps``,
+    the messages this one's result is sent on to, put first in each (the next step of a chain,
+    or every member of a group that follows it), each with its own header; and ``then``, on a
+    chord member, the whole header its callback carries (what the callback sets off in turn),
+    where a flat chord's callback header is made from the fields above; ``gathers``, on such
+    a callback, how many results it gathers (``total`` is then its own place's, when it is a
+    member of a chord too).
     """
 
     id: str
@@ -82,6 +98,17 @@ class Flow(msgspec.Struct, array_like=True, frozen=True, gc=False, omit_defaults
     callback: Link | None = None
     gather: str = ""
     forget: str = ""
+    steps: tuple[Step, ...] = ()
+    then: Flow | None = None
+    gathers: int = 0
+
+
+class Step(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """A message a result is sent on to, the result put before its own arguments: its link and
+    the header it carries."""
+
+    link: Link
+    flow: Flow
 
 
 def read_flow(message: Message) -> Flow:

@@ -348,7 +348,8 @@ class FlowHandle(Handle[R]):
 
     name: str = "?"
     #: The message ids of the workflow's members, in order (a chain's links; a chord's
-    #: members, then its callback), when this handle was made by ``send``.
+    #: members, then its callback; every message of a nested workflow or a graph, in the
+    #: order they were made), when this handle was made by ``send``.
     members: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
@@ -375,6 +376,32 @@ class FlowHandle(Handle[R]):
             f"no result for workflow {self.name}[{self.id}] within {timeout:g}s; is a worker "
             "consuming its queues?"
         )
+
+
+class GraphHandle(FlowHandle[dict[str, Any]]):
+    """The handle of a graph (``hurtle.graphs``): ``result`` is a dict of the results of the
+    nodes nothing waits for, by name; ``node(name)`` is one node's own handle."""
+
+    #: The nodes nothing waits for, whose results are the graph's, in order.
+    sinks: tuple[str, ...] = ()
+    #: The message id of each node, by name.
+    ids: dict[str, str] = {}
+    #: The task of each node, by name.
+    tasks: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"<GraphHandle of {len(self.ids)} nodes [{self.id}]>"
+
+    def node(self, name: str) -> FlowHandle[Any]:
+        """The handle of node ``name``: its own result (it waits for that node alone: a node
+        that never ran because the graph failed before it never ends; use ``result``)."""
+        return FlowHandle(self.ids[name], self.app, None, self.tasks[name])
+
+    def _value(self, record: Record) -> dict[str, Any]:
+        value: Any = super()._value(record)
+        if len(self.sinks) == 1:
+            return {self.sinks[0]: value}
+        return dict(zip(self.sinks, value, strict=True))
 
 
 class GroupHandle:

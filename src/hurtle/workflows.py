@@ -37,197 +37,56 @@ chain's first step's, each group or chord member's), as Celery does.
 Messages outside workflows carry no such header and pay nothing for any of this but one check
 of their (empty) headers on the processor's inline path.
 
-Not supported (``ConfigurationError`` when built): workflows nested in one another, and tasks
-with ``unique_for`` (a link published by a worker takes no unique lock).
+Workflows nest: a chain's step may be a group (each member gets the result before it, the step
+after gets the list of theirs), a chord or a chain; a group's or chord's member may be a chain,
+a group or a chord. How they become messages is told in ``hurtle.nesting``; a graph of
+dependencies (``app.graph``) in ``hurtle.graphs``.
+
+Not supported (``ConfigurationError`` when built): tasks with ``unique_for`` (a link published
+by a worker takes no unique lock) or ``debounce`` in a workflow.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Never, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Generic, Never, TypeAlias, TypeVar
 
 from .errors import ConfigurationError
-from .flow import FLOW, Flow, Link, read_flow
-from .handles import FlowHandle, GroupHandle, Handle
-from .ids import new_id
+from .flow import COLLECT, FLOW, Flow, Link, Step, read_flow
+from .handles import FlowHandle, GroupHandle
 from .message import Message
-from .options import (
-    NO_CONNECTION,
-    CelerySendOptions,
-    SendOptions,
-    call_args,
-    celery_send,
-    same_options,
-)
-from .sealing import SEALED
+from .nesting import Build, Rest
+from .options import call_args
 from .sending import publish_in
+from .signature import Signature, check_member
 
 if TYPE_CHECKING:
     from .app import Hurtle
-    from .task import Task
 
-R = TypeVar("R")
-
-
-class Signature(Generic[R]):
-    """A task call not sent yet: ``add.s(1, 2)``; ``.options(...)`` returns a copy with those
-    options (every option ``Task.options`` takes)."""
-
-    __slots__ = ("args", "kwargs", "opts", "task")
-
-    def __init__(
-        self,
-        task: Task[Any, R],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        opts: SendOptions | None = None,
-    ) -> None:
-        self.task = task
-        self.args = args
-        self.kwargs = kwargs
-        self.opts = opts
-
-    def __repr__(self) -> str:
-        return f"<Signature {self.task.name}{self.args!r}>"
-
-    @same_options(SendOptions.__init__)
-    def options(self, **options: Any) -> Signature[R]:
-        """A copy with these options (``Task.options`` takes the same ones); an option given
-        again replaces the one given before, the others stay."""
-        if options.get("connection") is not None:
-            raise ConfigurationError(f"signature of {self.task.name!r}: {NO_CONNECTION}")
-        opts = self.task.options(**options).opts
-        if self.opts is not None:
-            given = {
-                f.name: getattr(opts, f.name)
-                for f in dataclasses.fields(opts)
-                if getattr(opts, f.name) is not None
-            }
-            opts = dataclasses.replace(self.opts, **given)
-        return Signature(self.task, self.args, self.kwargs, opts)
-
-    def send(self, *, connection: object = None) -> Handle[R]:
-        """Send this call on its own (no workflow): ``add.s(1, 2).send()``; with
-        ``connection``, in that connection's transaction (``Task.options``)."""
-        if connection is not None:
-            opts = self.opts or SendOptions()
-            return self.task._bound(opts, connection).send(*self.args, **self.kwargs)
-        if self.opts is None:
-            return self.task.send(*self.args, **self.kwargs)
-        return self.task._bound(self.opts).send(*self.args, **self.kwargs)
-
-    # -- Celery's spellings ----------------------------------------------------------------
-
-    def __call__(self, *args: Any, **kwargs: Any) -> R:
-        """Run the task here and now, not sent (Celery's): ``add.s(2)(1)`` is ``add(1, 2)``."""
-        sig = self.merged(args, kwargs)
-        return sig.task.fn(*sig.args, **sig.kwargs)
-
-    def delay(self, *args: Any, **kwargs: Any) -> Handle[R]:
-        """Send this call (Celery's), ``args`` before its own and ``kwargs`` over its own:
-        ``add.s(1).delay(2)`` sends ``add(2, 1)``."""
-        return self.merged(args, kwargs).send()
-
-    def apply_async(
-        self,
-        args: Sequence[Any] | None = None,
-        kwargs: Mapping[str, Any] | None = None,
-        **options: Unpack[CelerySendOptions],
-    ) -> Handle[R]:
-        """Send this call (Celery's), with ``delay``'s arguments and ``Task.apply_async``'s
-        options over its own: ``add.s(1, 2).apply_async(countdown=10)``."""
-        what = f"signature of {self.task.name!r}: apply_async"
-        call, keywords = call_args(what, args, kwargs)
-        given = celery_send(what, options)
-        connection = given.pop("connection", None)
-        sig = self.merged(call, keywords)
-        return (sig.options(**given) if given else sig).send(connection=connection)
-
-    def set(self, **options: Unpack[CelerySendOptions]) -> Signature[R]:
-        """Set options on this signature itself and return it (Celery's, with its names:
-        ``add.s(1, 2).set(countdown=10, queue="slow")``); ``options`` makes a copy instead."""
-        given = celery_send(f"signature of {self.task.name!r}: set", options)
-        if given:
-            self.opts = self.options(**given).opts
-        return self
-
-    def __or__(self, other: Signature[Any] | chain) -> chain:
-        """``add.s(1, 2) | mul.s(3)``: the chain of the two (Celery's)."""
-        return chain(self) | other
-
-    def merged(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature[R]:
-        """This call with ``args`` before its own and ``kwargs`` over its own (itself if there
-        are none): Celery's partial arguments."""
-        if not args and not kwargs:
-            return self
-        return Signature(self.task, (*args, *self.args), {**self.kwargs, **kwargs}, self.opts)
-
-    def _check(self, extra: int, partial: bool = False) -> None:
-        """Refuse a call that would not fit once given ``extra`` arguments before its own
-        (with ``partial``, at least ``extra``: more may be given when it is sent)."""
-        task = self.task
-        _check_member(task)
-        problem = task.unfit((*(None,) * extra, *self.args), self.kwargs)
-        if problem is not None and partial and task.arity is not None:
-            more = range(extra + 1, extra + len(task.arity.positional) + 1)
-            if any(task.unfit((*(None,) * n, *self.args), self.kwargs) is None for n in more):
-                return
-        if problem is not None:
-            what = "" if not extra else " (after the result it is given first)"
-            raise ConfigurationError(f"cannot build the workflow: {problem}{what}")
-
-    def _link(self, extra: int) -> Link:
-        """This signature as a link whose call gets ``extra`` arguments before its own."""
-        task = self.task
-        self._check(extra)
-        queue, priority, _, headers, expires = task._resolve(self.opts, 0.0)  # relative expiry
-        opts = self.opts
-        args, kwargs = self.args, self.kwargs
-        if task.fair is not None:  # keyed by its own arguments (not the result put first)
-            # a key of arguments it gets later fails here: it takes the queue's own turn
-            with contextlib.suppress(TypeError, IndexError, KeyError):
-                queue = task.fair.queue_of(queue, args, kwargs)
-        if task.keyring is not None:  # sealed as it travels in a header, until it is sent
-            args, kwargs = (task.keyring.seal_call(task.name, args, kwargs),), {}
-            headers = {**headers, SEALED: task.keyring.id}
-        return Link(
-            task=task.name,
-            queue=queue,
-            id=new_id(),
-            args=args,
-            kwargs=kwargs,
-            priority=priority,
-            delay=0.0 if opts is None or opts.delay is None else float(opts.delay),
-            eta=0.0 if opts is None or opts.eta is None else float(opts.eta),
-            headers=headers,
-            expires=expires,
-        )
+#: A part of a workflow: a signature, or a workflow in a larger one.
+Part: TypeAlias = "Signature[Any] | chain | group | chord"
 
 
-def _check_member(task: Task[Any, Any]) -> None:
-    if task.limits is not None and task.limits.unique_for is not None:
-        raise ConfigurationError(
-            f"task {task.name} has unique_for: it cannot be part of a workflow (a link "
-            "published by a worker takes no unique lock); send it on its own"
-        )
-    if task.debounce is not None:
-        raise ConfigurationError(
-            f"task {task.name} is debounced (debounce=): it cannot be part of a workflow (a "
-            "superseded call would end it); send it on its own"
-        )
-
-
-def _signatures(items: Iterable[Any], what: str) -> list[Signature[Any]]:
-    sigs = list(items)
-    for s in sigs:
-        if not isinstance(s, Signature):
+def _parts(items: Iterable[Any], what: str) -> list[Part]:
+    parts = list(items)
+    for s in parts:
+        if not isinstance(s, _PARTS):
             raise ConfigurationError(
-                f"a {what} takes signatures such as add.s(1, 2), got {type(s).__name__}"
-                + (" (workflows cannot be nested)" if isinstance(s, chain | group | chord) else "")
+                f"a {what} takes signatures such as add.s(1, 2), or chains, groups and chords "
+                f"of them; got {type(s).__name__}"
             )
-    return sigs
+    return parts
+
+
+def _signatures_of(part: Part) -> list[Signature[Any]]:
+    """Every signature in ``part``, at any depth."""
+    if isinstance(part, Signature):
+        return [part]
+    inner = part.parts if isinstance(part, chain) else part.members
+    found = [s for p in inner for s in _signatures_of(p)]
+    if isinstance(part, chord) and part.callback is not None:
+        found += _signatures_of(part.callback)
+    return found
 
 
 def _app_of(sigs: list[Signature[Any]]) -> Hurtle:
@@ -248,14 +107,7 @@ def _no_options(what: str, options: dict[str, Any]) -> None:
         )
 
 
-def _nested(what: str, other: object) -> ConfigurationError:
-    return ConfigurationError(
-        f"cannot append a {type(other).__name__} to a {what}: workflows cannot be nested yet; "
-        "send it on its own"
-    )
-
-
-def _publish(app: Hurtle, messages: list[Message], connection: object = None) -> None:
+def publish_workflow(app: Hurtle, messages: list[Message], connection: object = None) -> None:
     if connection is not None:
         publish_in(app, connection, messages)
         return
@@ -263,6 +115,18 @@ def _publish(app: Hurtle, messages: list[Message], connection: object = None) ->
         messages = hook.before_publish(messages)
     if messages:
         app.broker.publish(messages)
+
+
+def _send_nested(part: Part, connection: object) -> FlowHandle[Any]:
+    """Send a workflow with workflows in it (``hurtle.nesting``): the messages that start it,
+    each header saying what its result sets off; the handle waits on the last one."""
+    for sig in _signatures_of(part):
+        check_member(sig.task)
+    build = Build(_app_of(_signatures_of(part)))
+    steps = part._steps(0, None, build)
+    app = build.app
+    publish_workflow(app, [s.link.message((), s.flow, app.keyring) for s in steps], connection)
+    return FlowHandle(build.root, app, None, part._last(), tuple(build.ids))
 
 
 H = TypeVar("H")
@@ -301,28 +165,48 @@ class _Workflow(Generic[H]):
         return self._given(call, keywords).send(connection=connection)
 
 
-class chain(_Workflow[FlowHandle[Any]]):
-    """``chain(add.s(1, 2), add.s(10), mul.s(3))``: each result is the next task's first
-    argument; ``.send()`` returns a handle whose result is the last task's."""
+def _given_to(part: Part, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Part:
+    if isinstance(part, Signature):
+        return part.merged(args, kwargs)
+    if isinstance(part, chord):
+        return chord([_given_to(m, args, kwargs) for m in part.members], part.callback)
+    return part._given(args, kwargs)
 
-    def __init__(self, *signatures: Signature[Any]) -> None:
-        self.signatures = _signatures(signatures, "chain")
-        if not self.signatures:
+
+class chain(_Workflow[FlowHandle[Any]]):
+    """``chain(add.s(1, 2), add.s(10), mul.s(3))``: each result is the next step's first
+    argument; ``.send()`` returns a handle whose result is the last step's. A step may be a
+    group (each member gets the result before it; the step after gets the list of theirs), a
+    chord or another chain."""
+
+    def __init__(self, *signatures: Part) -> None:
+        parts: list[Part] = []
+        for p in _parts(signatures, "chain"):
+            parts += p.parts if isinstance(p, chain) else [p]
+        if not parts:
             raise ConfigurationError("a chain needs at least one signature")
-        for i, s in enumerate(self.signatures):  # the first may get arguments when sent
-            s._check(0 if i == 0 else 1, partial=i == 0)
+        self.parts: list[Part] = parts
+        #: The chain's signatures, when it is flat (no group or chord in it); else empty.
+        self.signatures: list[Signature[Any]] = []
+        if all(isinstance(p, Signature) for p in parts):
+            self.signatures = [p for p in parts if isinstance(p, Signature)]
+        for i, s in enumerate(parts):  # the first may get arguments when sent
+            if isinstance(s, Signature):
+                s._check(0 if i == 0 else 1, partial=i == 0)
 
     def send(self, *, connection: object = None) -> FlowHandle[Any]:
         """Send the chain; with ``connection``, in that connection's transaction
         (``Task.options``): the first step runs once it commits, never if it rolls back."""
         sigs = self.signatures
+        if not sigs:
+            return _send_nested(self, connection)
         app = _app_of(sigs)
         links = [s._link(0 if i == 0 else 1) for i, s in enumerate(sigs)]
         last = sigs[-1].task
         flow_id = links[-1].id
         first, rest = links[0], tuple(links[1:])
         flow = Flow(id=flow_id, store=0.0 if rest else last.result_ttl, next=rest)
-        _publish(app, [first.message((), flow)], connection)
+        publish_workflow(app, [first.message((), flow)], connection)
         return FlowHandle(flow_id, app, None, last.name, tuple(link.id for link in links))
 
     def __call__(self, *args: Any, **kwargs: Any) -> FlowHandle[Any]:
@@ -331,46 +215,68 @@ class chain(_Workflow[FlowHandle[Any]]):
 
     def _given(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> chain:
         """The chain with ``args`` and ``kwargs`` given to its first step."""
-        first, *rest = self.signatures
-        return chain(first.merged(args, kwargs), *rest)
+        first, *rest = self.parts
+        return chain(_given_to(first, args, kwargs), *rest)
 
-    def __or__(self, other: Signature[Any] | chain) -> chain:
-        """``chain(...) | mul.s(3)``, ``chain(...) | chain(...)``: a longer chain (Celery's)."""
-        if isinstance(other, Signature):
-            return chain(*self.signatures, other)
-        if isinstance(other, chain):
-            return chain(*self.signatures, *other.signatures)
-        if isinstance(other, group | chord):
-            raise _nested("chain", other)
+    def __or__(self, other: Part) -> chain:
+        """``chain(...) | mul.s(3)``, ``chain(...) | group(...)``: a longer chain (Celery's)."""
+        if isinstance(other, _PARTS):
+            return chain(self, other)
         return NotImplemented
+
+    def _steps(self, extra: int, rest: Rest, build: Build) -> list[Step]:
+        return build.series(self.parts, extra, rest)
+
+    def _first(self) -> Signature[Any]:
+        return self.parts[0]._first()
+
+    def _last(self) -> str:
+        return self.parts[-1]._last()
 
 
 class group(_Workflow[GroupHandle]):
     """``group(add.s(i, i) for i in range(100))``: the members run in parallel; ``.send()``
-    returns a ``GroupHandle`` whose result is the list of their results, in member order."""
+    returns a ``GroupHandle`` whose result is the list of their results, in member order. A
+    member may be a chain, a chord or another group (its result: the list of its members')."""
 
-    def __init__(self, *signatures: Signature[Any] | Iterable[Signature[Any]]) -> None:
-        if len(signatures) == 1 and not isinstance(signatures[0], Signature):
+    def __init__(self, *signatures: Part | Iterable[Part]) -> None:
+        if len(signatures) == 1 and not isinstance(
+            signatures[0], Signature | chain | group | chord
+        ):
             items: Iterable[Any] = signatures[0]
         else:
             items = signatures
-        self.signatures = _signatures(items, "group")
+        self.members = _parts(items, "group")
+        #: The group's signatures, when it is flat (no workflow among its members); else empty.
+        self.signatures: list[Signature[Any]] = []
+        if all(isinstance(m, Signature) for m in self.members):
+            self.signatures = [m for m in self.members if isinstance(m, Signature)]
         for s in self.signatures:  # each may get arguments when sent
             s._check(0, partial=True)
 
     def send(self, *, connection: object = None) -> GroupHandle:
         """Send the group; with ``connection``, in that connection's transaction
         (``Task.options``)."""
-        sigs = self.signatures
-        if not sigs:
+        members = self.members
+        if not members:
             raise ConfigurationError("a group needs at least one signature")
-        app = _app_of(sigs)
-        messages = []
-        for s in sigs:
-            link = s._link(0)
-            messages.append(link.message((), Flow(id=link.id, store=s.task.result_ttl)))
-        _publish(app, messages, connection)
-        return GroupHandle([FlowHandle(m.id, app, None, m.task) for m in messages])
+        app = _app_of([s for m in members for s in _signatures_of(m)])
+        messages: list[Message] = []
+        handles: list[FlowHandle[Any]] = []
+        for m in members:
+            if isinstance(m, Signature):
+                link = m._link(0)
+                messages.append(link.message((), Flow(id=link.id, store=m.task.result_ttl)))
+                handles.append(FlowHandle(link.id, app, None, link.task))
+                continue
+            for sig in _signatures_of(m):
+                check_member(sig.task)
+            build = Build(app)
+            steps = m._steps(0, None, build)
+            messages += [s.link.message((), s.flow, app.keyring) for s in steps]
+            handles.append(FlowHandle(build.root, app, None, m._last(), tuple(build.ids)))
+        publish_workflow(app, messages, connection)
+        return GroupHandle(handles)
 
     def __call__(self, *args: Any, **options: Never) -> GroupHandle:
         """Send the group (Celery's), ``args`` put before each member's own."""
@@ -378,33 +284,51 @@ class group(_Workflow[GroupHandle]):
 
     def _given(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> group:
         """The group with ``args`` and ``kwargs`` given to each member."""
-        return group(s.merged(args, kwargs) for s in self.signatures)
+        return group(_given_to(m, args, kwargs) for m in self.members)
 
-    def __or__(self, other: Signature[Any]) -> chord:
-        """``group(...) | total.s()``: the chord of the two (Celery's)."""
+    def __or__(self, other: Part) -> chord | chain:
+        """``group(...) | total.s()``: the chord of the two (Celery's); ``group(...) |
+        chain(...)`` (or a group, a chord): a chain whose first step is the group."""
         if isinstance(other, Signature):
             return chord(self, other)
         if isinstance(other, chain | group | chord):
-            raise _nested("group", other)
+            return chain(self, other)
         return NotImplemented
+
+    def _steps(self, extra: int, rest: Rest, build: Build) -> list[Step]:
+        return build.gather(self.members, extra, rest)
+
+    def _first(self) -> Signature[Any]:
+        return self.members[0]._first()
+
+    def _last(self) -> str:
+        return COLLECT
 
 
 class chord:
     """``chord(group(...), total.s())``: ``total`` runs once every member succeeded, with the
     list of their results (in member order) first; ``.send()`` returns its handle. A member
-    that fails for good fails the chord at once, and ``total`` never runs.
+    that fails for good fails the chord at once, and ``total`` never runs. Members may be
+    chains, groups or chords; the callback may be a chain.
 
     As in Celery, the callback may come when it is sent: ``chord([...])(total.s())``."""
 
     def __init__(
-        self, header: group | Iterable[Signature[Any]], callback: Signature[Any] | None = None
+        self, header: group | Iterable[Part], callback: Signature[Any] | chain | None = None
     ) -> None:
-        members = header.signatures if isinstance(header, group) else _signatures(header, "chord")
+        members = header.members if isinstance(header, group) else _parts(header, "chord")
         self.members = members
-        self.callback = None if callback is None else _signatures([callback], "chord")[0]
-        for s in members:
-            s._check(0)
-        if self.callback is not None:
+        self.callback: Signature[Any] | chain | None = None
+        if callback is not None:
+            (self.callback,) = _parts([callback], "chord callback")  # type: ignore[assignment]
+            if not isinstance(self.callback, Signature | chain):
+                raise ConfigurationError(
+                    f"a chord's callback is a signature or a chain, got {type(callback).__name__}"
+                )
+        for s in members:  # a chord in a chain gives them the result before it
+            if isinstance(s, Signature):
+                s._check(0, partial=True)
+        if isinstance(self.callback, Signature):
             self.callback._check(1)
 
     def __call__(self, callback: Signature[Any] | None = None, **options: Never) -> FlowHandle[Any]:
@@ -423,31 +347,60 @@ class chord:
         _no_options("a chord", options)
         return self.send(connection=connection)
 
-    def send(self, *, connection: object = None) -> FlowHandle[Any]:
-        """Send the chord; with ``connection``, its members are written in that connection's
-        transaction (``Task.options``)."""
-        members, callback = self.members, self.callback
-        if callback is None:
+    def __or__(self, other: Part) -> chain:
+        """``chord(...) | mul.s(2)``: a chain whose first step is the chord."""
+        if isinstance(other, _PARTS):
+            return chain(self, other)
+        return NotImplemented
+
+    def _needed(self) -> Signature[Any] | chain:
+        if self.callback is None:
             raise ConfigurationError(
                 "a chord needs a callback: chord(header, total.s()), or chord(header)(total.s())"
             )
-        app = _app_of([*members, callback])
+        return self.callback
+
+    def send(self, *, connection: object = None) -> FlowHandle[Any]:
+        """Send the chord; with ``connection``, its members are written in that connection's
+        transaction (``Task.options``)."""
+        members, callback = self.members, self._needed()
+        if not isinstance(callback, Signature) or not all(
+            isinstance(m, Signature) for m in members
+        ):
+            return _send_nested(self, connection)
+        sigs = [m for m in members if isinstance(m, Signature)]
+        app = _app_of([*sigs, callback])
         ttl = callback.task.result_ttl
         cb = callback._link(1)
-        total = len(members)
+        total = len(sigs)
         if not total:  # nothing to wait for: the callback runs at once, with no results
-            _publish(app, [cb.message(([],), Flow(id=cb.id, store=ttl), app.keyring)], connection)
+            publish_workflow(
+                app, [cb.message(([],), Flow(id=cb.id, store=ttl), app.keyring)], connection
+            )
             return FlowHandle(cb.id, app, None, callback.task.name)
         messages = [
             s._link(0).message(
                 (), Flow(id=cb.id, chord=cb.id, index=i, total=total, callback=cb, store=0.0)
             )
-            for i, s in enumerate(members)
+            for i, s in enumerate(sigs)
         ]
-        _publish(app, messages, connection)
+        publish_workflow(app, messages, connection)
         ids = (*(m.id for m in messages), cb.id)
         return FlowHandle(cb.id, app, None, callback.task.name, ids)
 
+    def _steps(self, extra: int, rest: Rest, build: Build) -> list[Step]:
+        return build.series([group(self.members), self._needed()], extra, rest)
+
+    def _first(self) -> Signature[Any]:
+        return self.members[0]._first()
+
+    def _last(self) -> str:
+        return self._needed()._last()
+
+
+#: What a workflow is made of.
+_PARTS = (Signature, chain, group, chord)
+Signature._piped = chain
 
 __all__ = [
     "FLOW",

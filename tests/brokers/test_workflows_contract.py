@@ -293,3 +293,57 @@ def test_cancelled_and_expired_members_and_handles_end_their_workflows(broker_ur
             expired_member.result(timeout=10)
     finally:
         app.close()
+
+
+# -- workflows inside workflows, and graphs ----------------------------------------------------
+
+
+def test_nested_workflows_and_graphs_run_to_their_results_and_a_deep_failure_ends_them(
+    broker_url: str,
+) -> None:
+    """A chain of a group, a chord in a chain, a group of chains, a chord in a chord and two
+    graphs (one whose node is counted in two chords) return their results; a member failing
+    inside a group inside a chain, or a graph's node, fails the whole, and what waits never
+    runs. The chord counts, the steps sent with each acknowledgement and the failures are the
+    broker's, so each broker runs them."""
+    app = dead_app(broker_url)
+    ok, boom, total = (app.tasks[f"dead.{n}"] for n in ("ok", "boom", "total"))
+    try:
+        good = {
+            "chain of a group": (chain(ok.s(1), group(ok.s(), ok.s()), total.s()), 2),
+            "chord in a chain": (chain(ok.s(2), chord([ok.s(), ok.s()], total.s()), ok.s()), 4),
+            "chord in a chord": (
+                chord([chord([ok.s(1), ok.s(2)], total.s()), ok.s(3)], total.s()),
+                6,
+            ),
+            "chain ending in a group": (chain(ok.s(5), group(ok.s(), ok.s())), [5, 5]),
+        }
+        handles = {n: (w.send(), want) for n, (w, want) in good.items()}
+        chains = group(chain(ok.s(1), ok.s()), chord([ok.s(2), ok.s(3)], total.s())).send()
+        diamond = app.graph(
+            {"b": ["a"], "c": ["a"], "d": ["b", "c"]}, a=ok.s(3), b=ok.s(), c=ok.s(), d=total.s()
+        )
+        wide = app.graph(
+            {"c": ["a", "b"], "d": ["a", "b"], "e": ["a"]},
+            a=ok.s(1),
+            b=ok.s(2),
+            c=total.s(),
+            d=total.s(),
+            e=ok.s(),
+        )
+        failing = chain(ok.s(1), group(ok.s(), chain(boom.s(), ok.s())), total.s()).send()
+        broken = app.graph({"b": ["a"], "c": ["b"]}, a=ok.s(7), b=boom.s(), c=ok.s())
+        drain(app)
+        got = {n: h.result(timeout=10) for n, (h, _) in handles.items()}
+        assert got == {n: want for n, (_, want) in handles.items()}
+        assert chains.result(timeout=10) == [1, 5]
+        assert diamond.result(timeout=10) == {"d": 6}
+        assert wide.result(timeout=10) == {"c": 3, "d": 3, "e": 1}
+        for h, message in ((failing, "boom 1"), (broken, "boom 7")):
+            with pytest.raises(TaskFailed) as info:
+                h.result(timeout=10)
+            assert (info.value.task, info.value.message) == ("dead.boom", message)
+        stats = app.broker.stats([QUEUE])[QUEUE]
+        assert (stats.ready, stats.in_flight, stats.dead) == (0, 0, 2)
+    finally:
+        app.close()

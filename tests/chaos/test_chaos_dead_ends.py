@@ -6,8 +6,9 @@ reject their message (``reject``), kill their process (``crash``: dead-lettered 
 once their workers kept dying), expire before they start (``expired``) or are cancelled
 (``cancelled``), and SIGKILLs a worker process at a random moment. Then:
 
-* workflows (chains, groups, chords): every handle ends — its result, or ``TaskFailed`` naming
-  how its member ended — and a workflow none of whose members went bad returns its result;
+* workflows (chains, groups, chords, a chain of a group, a graph): every handle ends — its
+  result, or ``TaskFailed`` naming how its member ended — and a workflow none of whose members
+  went bad returns its result;
 * results: every handle of a task that keeps results ends, with its value or the type of its
   road;
 * unique locks: the same call sent again after its dead letter, whatever the reason (failed,
@@ -117,25 +118,35 @@ def test_every_workflow_ends_whatever_its_members_dead_letters_and_kills(
     handles: dict[str, tuple[Any, Any, bool]] = {}  # name -> (handle, expected value, bad)
     cancel: list[Any] = []
     for w in range(12):
-        kind = rng.choice(["chain", "group", "chord"])
-        roads = fates(rng, rng.randint(2, 4), 0.15, crashes)
+        kind = rng.choice(["chain", "group", "chord", "nested", "graph"])
+        # a nested workflow: chain(a, group(b, c), total); a graph: b and c wait for a, total
+        # for both
+        steps = 3 if kind in ("nested", "graph") else rng.randint(2, 4)
+        roads = fates(rng, steps, 0.15, crashes)
         name = f"{kind}-{w}"
         sigs = []
         for i, fate in enumerate(roads):
             n = 100 * w + i
-            if fate == "expired" and kind == "chain" and i:
-                fate = roads[i] = "fail"  # a later link's expiry counts from its previous step
+            if fate == "expired" and kind in ("chain", "nested", "graph") and i:
+                fate = roads[i] = "fail"  # a later step's expiry counts from its previous step
             how = fate if fate in ("fail", "reject", "crash") else "ok"
             task = stale if fate == "expired" else kept
-            if kind == "chain":
-                sigs.append(task.s(n, how, SECONDS) if i == 0 else task.s(how, SECONDS))
+            if i and kind in ("chain", "nested", "graph"):  # given the result before it
+                sigs.append(task.s(how, SECONDS))
             else:
                 sigs.append(task.s(n, how, SECONDS))
         whole_cancel = kind != "group" and "cancelled" in roads
         bad = any(f != "ok" for f in roads)
-        if kind == "chain":
-            h: Any = chain(*sigs).send()
-            expected: Any = 100 * w
+        if kind == "nested":
+            h: Any = chain(sigs[0], group(sigs[1], sigs[2]), total.s()).send()
+            expected: Any = 2 * 100 * w
+        elif kind == "graph":
+            after = {"b": ["a"], "c": ["a"], "d": ["b", "c"]}
+            h = project.app.graph(after, a=sigs[0], b=sigs[1], c=sigs[2], d=total.s())
+            expected = {"d": 2 * 100 * w}
+        elif kind == "chain":
+            h = chain(*sigs).send()
+            expected = 100 * w
         elif kind == "group":
             g = group(sigs).send()
             for i, (member, fate) in enumerate(zip(g.handles, roads, strict=True)):

@@ -29,7 +29,7 @@ import msgspec
 
 from ..brokers import ChordStep, FlowStep, StoredResult
 from ..errors import ResultError
-from ..flow import FLOW, Flow, read_flow
+from ..flow import FLOW, Flow, Link, read_flow
 from ..message import Message, encode_many
 from ..middleware.results import encode_value
 from ..records import Record, decode
@@ -58,7 +58,7 @@ def prepare(job: Job, app: Hurtle) -> Flow:
     """Read the job's workflow header; a chord's callback gets its chord's results first."""
     flow = read_flow(job.message)
     if flow.gather:
-        payloads = app.broker.chord_results(flow.gather, flow.total)
+        payloads = app.broker.chord_results(flow.gather, flow.gathers or flow.total)
         if payloads is None:
             raise ResultError(
                 f"the results of chord {flow.gather} are gone (expired, or the broker lost "
@@ -70,7 +70,7 @@ def prepare(job: Job, app: Hurtle) -> Flow:
         m = job.message
         # the gathered results travel with the message from now on (a retry keeps them); the
         # chord's record is dropped once the callback is done with it
-        flow = _replace(flow, gather="", forget=flow.gather)
+        flow = _replace(flow, gather="", gathers=0, forget=flow.gather)
         headed = _replace(m, headers={**m.headers, FLOW: flow})
         if is_sealed_message(m) or sealed:  # they travel sealed too
             keyring = app.keyring
@@ -103,31 +103,39 @@ def step(job: Job, result: Any, app: Hurtle) -> FlowStep:
     if flow.next:
         link, rest = flow.next[0], flow.next[1:]
         store = 0.0 if rest else _ttl(app, link.task)
-        following = Flow(id=flow.id, store=store, next=rest)
-        if job.task.keyring is not None and not (link.headers and SEALED in link.headers):
-            # an encrypted task's result goes on sealed, whatever the next task
-            publish = (job.task.keyring.seal_message(link.message((result,), following)),)
-        else:
-            publish = (link.message((result,), following, app.keyring),)
-        # the result is the next link's argument: an EncodeError now fails this call
+        publish = (_passed(job, app, result, link, Flow(id=flow.id, store=store, next=rest)),)
+    if flow.steps:  # a nested workflow's next steps, each with its own header
+        publish += tuple(_passed(job, app, result, s.link, s.flow) for s in flow.steps)
+    if publish:
+        # the result is the next steps' argument: an EncodeError now fails this call
         encode_many(list(publish), app.broker.max_message_size)
     chord = None
     if flow.chord:
         callback = flow.callback
         if callback is None:
             raise ResultError(f"chord member {m.id} names no callback in its header")
-        ttl = _ttl(app, callback.task)
+        then = flow.then  # a nested workflow's callback header says what it sets off
+        if then is None:
+            ttl = _ttl(app, callback.task)
+            then = Flow(id=flow.id, store=ttl, gather=flow.chord, total=flow.total)
         chord = ChordStep(
             id=flow.chord,
             index=flow.index,
             total=flow.total,
             payload=encode_value(result, job, app.broker.max_result_size),
-            ttl=ttl,
-            callback=callback.message(
-                (), Flow(id=flow.id, store=ttl, gather=flow.chord, total=flow.total)
-            ),
+            ttl=_ttl(app, callback.task),
+            callback=callback.message((), then),
         )
     return FlowStep(job.delivery, tuple(results), publish, chord, flow.forget)
+
+
+def _passed(job: Job, app: Hurtle, result: Any, link: Link, flow: Flow) -> Message:
+    """The message of ``link`` with ``result`` put first, carrying ``flow``. An encrypted
+    task's result goes on sealed, whatever the next task."""
+    keyring = job.task.keyring
+    if keyring is not None and not (link.headers and SEALED in link.headers):
+        return keyring.seal_message(link.message((result,), flow))
+    return link.message((result,), flow, app.keyring)
 
 
 def _opened(record: Record, app: Hurtle) -> Any:

@@ -180,7 +180,7 @@ class Processor(BatchPath, JobSteps):
         """The pipeline of the task called ``name`` (composed on first sight), None if unknown."""
         pipeline = self._pipelines.get(name)
         if pipeline is None:
-            task = self.tasks.get(name)
+            task = self.tasks.get(name) or self.app.builtin(name)  # hurtle.collect
             if task is None:
                 return None
             pipeline = self._pipelines[name] = Pipeline(task, self.middleware, self.inline_limits)

@@ -130,6 +130,12 @@ ROWS = [
     ),
     # every call reports its progress: the worst case, a report per call of a trivial task
     Feature("progress", calls="progress"),
+    # the calls sent as workflows of 100, a chord inside a chain: each member counted in its
+    # chord with its acknowledgement, every header carrying what its result sets off
+    Feature("nested", publisher="hurtle.bench.peers.features_app:publish_nested"),
+    # the same calls as flat chords of 100: what any workflow costs, beside which the nested
+    # row shows what nesting adds
+    Feature("chord", publisher="hurtle.bench.peers.features_app:publish_chord"),
     Feature("threads-8", worker=("--pool", "threads", "--concurrency", "8")),
     # the worker's call log at its default level (``bare`` runs at WARNING: logging off), and
     # with a line for every call
