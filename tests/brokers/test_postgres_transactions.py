@@ -24,7 +24,7 @@ import psycopg
 import pytest
 
 from helpers import run_django_client
-from hurtle import Hurtle, chain, chord, group
+from hurtle import Hurtle, chain, chord, graph, group
 from hurtle.brokers.postgres import PostgresBroker
 from hurtle.errors import BrokerError, ConfigurationError
 
@@ -158,6 +158,8 @@ def test_every_way_of_sending_takes_the_connection(shop: Shop) -> None:
         chain(add.s(base, 9), add.s(1)).apply_async(connection=conn)
         group(add.s(base, 10)).apply_async(connection=conn)
         chord([add.s(base, 11), add.s(base, 12)], total.s()).apply_async(connection=conn)
+        chain(add.s(base, 13), group(add.s(1), add.s(2)), total.s()).send(connection=conn)
+        graph({"b": ["a"]}, a=add.s(base, 14), b=add.s(3)).send(connection=conn)
         shop.once.options(connection=conn).send(f"k{base}")
 
     with psycopg.connect(shop.database) as conn:
@@ -182,6 +184,12 @@ def test_every_way_of_sending_takes_the_connection(shop: Shop) -> None:
         (206, 0),
         (209, 1),
         ("total", 211 + 212),
+        (200, 13),
+        (213, 1),
+        (213, 2),
+        ("total", 214 + 215),
+        (200, 14),
+        (214, 3),
     ]
     assert sorted((r for r in ran if r[0] != "once"), key=repr) == sorted(expected, key=repr)
     assert [r for r in ran if r[0] == "once"] == [("once", "k200")]
