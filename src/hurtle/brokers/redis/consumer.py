@@ -20,7 +20,7 @@ from ..consumer import BatchConsumer, fetch_wait
 from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from ..records import Delivery, Lock, StoredResult
 from .limits import _Limits
-from .scripts import _Command
+from .scripts import _Command, _pack
 from .settling import _Settling
 from .workers import _beat_reporting, leave_commands, report_commands
 
@@ -213,10 +213,23 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             self._block(seconds)
             return None
         target = self._reading[0]
-        pipe = self.broker._blocking.pipeline(transaction=False)
-        pipe.execute_command("BLPOP", *self._wake_keys, seconds)
-        pipe.execute_command(*self._fetch_command(target, max_count))
-        woke, res = pipe.execute(raise_on_error=False)
+        wait = ("BLPOP", *self._wake_keys, seconds)
+        fetch = self._fetch_command(target, max_count)
+        broker = self.broker
+        if broker._raw_ok and _pack is not None:
+            # packed by hiredis and read raw, as the acknowledgements are: what redis-py's
+            # pipeline does around a reply comes between the wake-up and the task
+            woke, res = broker._send_packed(
+                [_pack(wait), _pack(fetch)],
+                f"waiting for messages on {list(self.queues)}",
+                retry=True,
+                pool=broker._blocking.connection_pool,
+            )
+        else:
+            pipe = broker._blocking.pipeline(transaction=False)
+            pipe.execute_command(*wait)
+            pipe.execute_command(*fetch)
+            woke, res = pipe.execute(raise_on_error=False)
         for reply in (woke, res):
             if isinstance(reply, NoScriptError):
                 return None

@@ -217,12 +217,15 @@ class _ScriptRunner:
                 self._fail(r, doing)
         return results
 
-    def _send_packed(self, packed: list[bytes], doing: str, retry: bool = False) -> list[Any]:
+    def _send_packed(
+        self, packed: list[bytes], doing: str, retry: bool = False, pool: Any = None
+    ) -> list[Any]:
         """Send commands packed already, in one send, and read their replies raw (a command's
-        error is its reply); ``retry``: once more, on a new connection, if the connection
-        failed (``redis.ConnectionError``; a timeout is not retried: the commands may have
-        run)."""
-        pool = self._client.connection_pool
+        error is its reply), on a connection of ``pool`` (the client's by default);
+        ``retry``: once more, on a new connection, if the connection failed
+        (``redis.ConnectionError``; a timeout is not retried: the commands may have run)."""
+        if pool is None:
+            pool = self._client.connection_pool
         data = b"".join(packed)
         while True:
             try:
