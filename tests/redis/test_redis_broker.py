@@ -157,6 +157,39 @@ def test_an_idle_consumer_blocks_server_side_and_wakes_on_a_single_publish(
     consumer.close()
 
 
+def _blocked(client: redis.Redis) -> None:
+    """Return once a client of the server waits in ``BLPOP`` (an idle consumer)."""
+    deadline = time.monotonic() + 10
+    while not any(c.get("cmd") == "blpop" for c in client.client_list()):
+        assert time.monotonic() < deadline, "no consumer came to wait in BLPOP"
+        time.sleep(0.01)
+
+
+def test_a_consumer_woken_to_fewer_than_it_asked_for_prefetches_nothing_until_they_ran(
+    broker: RedisBroker, client: redis.Redis
+) -> None:
+    consumer = broker.consumer(["q"])
+    got: list[Delivery] = []
+    thread = threading.Thread(target=lambda: got.extend(consumer.fetch(10, 10.0)))
+    thread.start()
+    _blocked(client)
+    broker.publish([msg("q", 1)])
+    thread.join(5)
+    assert numbers(got) == [1]
+    # the queue ran dry with that one: a prefetch now is not sent, so nothing stands between
+    # the worker and the task that woke it; the next fetch takes what came meanwhile
+    broker.publish([msg("q", 2)])
+    consumer.prefetch(10)
+    assert consumer.take_prefetched() == []
+    assert broker.stats(["q"])["q"] == QueueStats(ready=1, in_flight=1)
+    # a batch taken from a backlog is followed by a prefetch, as before
+    broker.publish([msg("q", 3), msg("q", 4)])
+    assert numbers(consumer.fetch(1, 1.0)) == [2]
+    consumer.prefetch(10)
+    assert numbers(consumer.take_prefetched()) == [3, 4]
+    consumer.close()
+
+
 def test_several_idle_consumers_all_wake_for_a_large_publish(broker: RedisBroker) -> None:
     consumers = [broker.consumer(["q"]) for _ in range(4)]
     got: list[list[Delivery]] = [[] for _ in consumers]

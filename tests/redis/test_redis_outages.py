@@ -113,6 +113,21 @@ def test_a_consumer_blocked_in_fetch_gets_broker_error_when_redis_dies(
         broker.close()
 
 
+def test_the_first_publish_after_redis_restarted_goes_through(
+    make_redis_server: MakeServer,
+) -> None:
+    server = make_redis_server(appendonly=True)
+    broker = make_broker(server.url)
+    try:
+        broker.publish([msg(1)])  # the pooled connection it used dies with the server
+        server.kill()
+        server.start()
+        broker.publish([msg(2)])  # on a new connection: the caller sees no error
+        assert sorted(numbers(broker.consumer(["q"]).fetch(10, 1.0))) == [1, 2]
+    finally:
+        broker.close()
+
+
 def test_a_consumer_works_again_once_redis_is_back(make_redis_server: MakeServer) -> None:
     server = make_redis_server(appendonly=True)
     broker = make_broker(server.url)

@@ -72,8 +72,9 @@ class Consumer(abc.ABC):
 
         The next ``fetch`` returns what this took (or fetches as usual when it took nothing).
         A worker that runs a batch on its own thread calls it first, so that the broker's round
-        trip overlaps the work. Brokers that cannot overlap ignore it; what it takes is held
-        like anything fetched, and ``close`` releases it.
+        trip overlaps the work. Brokers that cannot overlap ignore it, and so may one that
+        expects it to come back empty (Redis, after an idle wait that woke to fewer than were
+        asked for); what it takes is held like anything fetched, and ``close`` releases it.
         """
         return None
 

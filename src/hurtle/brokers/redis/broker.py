@@ -172,7 +172,7 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
         """Run a pipeline that stores messages; with ``?wait_replicas=N`` it ends with ``WAIT``
         on the same connection, and raises unless N replicas acknowledged every write."""
         if not self.wait_replicas:
-            return self._pipeline(commands, doing)
+            return self._pipeline_raw(commands, doing, retry=True)
         wait = ("WAIT", self.wait_replicas, max(int(self.wait_timeout * 1000), 1))
         results = self._pipeline([*commands, (wait, None)], doing)
         _check_replicas(results[-1], self.wait_replicas, self.url, doing)

@@ -20,7 +20,7 @@ from ..consumer import BatchConsumer, fetch_wait
 from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from ..records import Delivery, Lock, StoredResult
 from .limits import _Limits
-from .scripts import _Command
+from .scripts import _Command, _pack
 from .settling import _Settling
 from .workers import _beat_reporting, leave_commands, report_commands
 
@@ -82,6 +82,9 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         # a fetch script sent by ``prefetch`` whose reply is still to be read:
         # (connection, its pool, want)
         self._pending: tuple[Any, Any, int] | None = None
+        # the last fetch waited on an empty queue and woke to fewer than it asked for: the
+        # queue ran dry with them, and ``prefetch`` leaves the next fetch until after they run
+        self._woke_dry = False
         #: concurrency key -> slots this consumer holds (their deadlines move with each beat)
         self._slots: dict[str, int] = {}
 
@@ -94,6 +97,14 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
     def prefetch(self, max_count: int) -> None:
         if self._pending is not None or len(self._reading) != 1 or max_count <= 0:
             return  # several queues are read in turn: nothing to overlap
+        if self._woke_dry:
+            # A worker woken from an idle wait to a batch smaller than it asked for (one send
+            # to an idle worker): the queue is empty again, so a prefetch now would most likely
+            # come back empty, its command and script in the way of the task that just arrived.
+            # The next fetch asks after the batch has run. Batches taken from a backlog (full,
+            # or without a wait) are prefetched as before: their sizes, and so how their
+            # results are stored, do not change.
+            return
         max_count = min(max_count, BATCH_MASK)
         pool = self._pool_of(self._reading[0])
         # Whatever fails here, the next fetch meets the problem and reports it; if the command
@@ -160,6 +171,7 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         return self._deliveries(target.name, res)
 
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
+        self._woke_dry = False
         if max_count <= 0:
             return []
         if self._pending is not None:
@@ -172,15 +184,18 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         max_count = min(max_count, BATCH_MASK)
         deadline = time.monotonic() + timeout
         taken: tuple[list[Delivery], int] | None = None
+        waited = False
         while True:
             out, wait_ms = self._take(max_count) if taken is None else taken
             if out:
+                self._woke_dry = waited and len(out) < max_count
                 return out
             block = fetch_wait(deadline, MAX_BLOCK, wait_ms / 1000 if wait_ms >= 0 else None)
             if block is None:
                 return out
             # BLPOP takes seconds with millisecond resolution, and 0 would mean forever.
             block = max(math.ceil(block * 1000), 1) / 1000
+            waited = True
             try:
                 taken = self._block_then_take(block, max_count)
             except redis.RedisError as err:
@@ -198,10 +213,23 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             self._block(seconds)
             return None
         target = self._reading[0]
-        pipe = self.broker._blocking.pipeline(transaction=False)
-        pipe.execute_command("BLPOP", *self._wake_keys, seconds)
-        pipe.execute_command(*self._fetch_command(target, max_count))
-        woke, res = pipe.execute(raise_on_error=False)
+        wait = ("BLPOP", *self._wake_keys, seconds)
+        fetch = self._fetch_command(target, max_count)
+        broker = self.broker
+        if broker._raw_ok and _pack is not None:
+            # packed by hiredis and read raw, as the acknowledgements are: what redis-py's
+            # pipeline does around a reply comes between the wake-up and the task
+            woke, res = broker._send_packed(
+                [_pack(wait), _pack(fetch)],
+                f"waiting for messages on {list(self.queues)}",
+                retry=True,
+                pool=broker._blocking.connection_pool,
+            )
+        else:
+            pipe = broker._blocking.pipeline(transaction=False)
+            pipe.execute_command(*wait)
+            pipe.execute_command(*fetch)
+            woke, res = pipe.execute(raise_on_error=False)
         for reply in (woke, res):
             if isinstance(reply, NoScriptError):
                 return None

@@ -182,13 +182,17 @@ class _ScriptRunner:
             and not getattr(self, "_sharded", False)
         )
 
-    def _pipeline_raw(self, commands: list[_Command], doing: str) -> list[Any]:
-        """``_pipeline`` for the worker's hot flushes (acknowledgements, results): each command
-        packed by hiredis in one call, and the replies read as they come, raw (no response
-        callbacks: for scripts, ``HSET``, ``PUBLISH``). redis-py's pipeline turns every argument
-        over in Python first, which for a batch of results (two arguments a record) costs the
-        worker's busy thread more than the packing itself. One server only: a cluster routes
-        each command through ``_pipeline``."""
+    def _pipeline_raw(self, commands: list[_Command], doing: str, retry: bool = False) -> list[Any]:
+        """``_pipeline`` for the worker's hot flushes (acknowledgements, results) and for
+        ``publish``: each command packed by hiredis in one call, and the replies read as they
+        come, raw (no response callbacks: for scripts, ``HSET``, ``PUBLISH``). redis-py's
+        pipeline turns every argument over in Python first, which for a batch of results (two
+        arguments a record) costs the worker's busy thread more than the packing itself, and
+        a single ``send()`` a good part of a round trip before its bytes leave (what an idle
+        worker waits for). ``retry``: once more on a new connection when the connection
+        failed, as the clients' own pipelines do (a pooled connection that died with a
+        restarted server). One server only: a cluster routes each command through
+        ``_pipeline``."""
         if not self._raw_ok:
             return self._pipeline(commands, doing)
         try:
@@ -197,7 +201,7 @@ class _ScriptRunner:
             packed = [cmd[1] if cmd[0] is RAW else pack(cmd) for cmd, _ in commands]
         except TypeError as err:  # an argument hiredis cannot send: what redis-py says of it
             raise BrokerError(f"{doing}: {err}") from err
-        results = self._send_packed(packed, doing)
+        results = self._send_packed(packed, doing, retry)
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
         if missing:  # the server restarted or SCRIPT FLUSH: those commands did not run
             try:
@@ -205,7 +209,7 @@ class _ScriptRunner:
                     self._client.script_load(script.source)
             except redis.RedisError as err:
                 self._fail(err, doing)
-            again = self._send_packed([packed[i] for i in missing], doing)
+            again = self._send_packed([packed[i] for i in missing], doing, retry)
             for i, r in zip(missing, again, strict=True):
                 results[i] = r
         for r in results:
@@ -213,30 +217,40 @@ class _ScriptRunner:
                 self._fail(r, doing)
         return results
 
-    def _send_packed(self, packed: list[bytes], doing: str) -> list[Any]:
+    def _send_packed(
+        self, packed: list[bytes], doing: str, retry: bool = False, pool: Any = None
+    ) -> list[Any]:
         """Send commands packed already, in one send, and read their replies raw (a command's
-        error is its reply)."""
-        pool = self._client.connection_pool
-        try:
-            conn = pool.get_connection()
-        except redis.RedisError as err:
-            self._fail(err, doing)
-        results: list[Any] = []
-        try:
-            conn.send_packed_command([b"".join(packed)])  # one send: one wait for the GIL after
-            for _ in packed:
-                try:
-                    results.append(conn.read_response())
-                except redis.ResponseError as err:  # that command's error: read on
-                    results.append(err)
-        except BaseException as err:
-            conn.disconnect()  # replies half read: the connection cannot be reused
-            pool.release(conn)
-            if isinstance(err, redis.RedisError):
+        error is its reply), on a connection of ``pool`` (the client's by default);
+        ``retry``: once more, on a new connection, if the connection failed
+        (``redis.ConnectionError``; a timeout is not retried: the commands may have run)."""
+        if pool is None:
+            pool = self._client.connection_pool
+        data = b"".join(packed)
+        while True:
+            try:
+                conn = pool.get_connection()
+            except redis.RedisError as err:
                 self._fail(err, doing)
-            raise
-        pool.release(conn)
-        return results
+            results: list[Any] = []
+            try:
+                conn.send_packed_command([data])  # one send: one wait for the GIL after
+                for _ in packed:
+                    try:
+                        results.append(conn.read_response())
+                    except redis.ResponseError as err:  # that command's error: read on
+                        results.append(err)
+            except BaseException as err:
+                conn.disconnect()  # replies half read: the connection cannot be reused
+                pool.release(conn)
+                if retry and isinstance(err, redis.ConnectionError):
+                    retry = False
+                    continue
+                if isinstance(err, redis.RedisError):
+                    self._fail(err, doing)
+                raise
+            pool.release(conn)
+            return results
 
     def _call(self, script: _Script, keys: Sequence[str | bytes], args: Sequence[Any]) -> _Command:
         return ("EVALSHA", script.sha, len(keys), *keys, *args), script
