@@ -417,6 +417,7 @@ class Broker(FairAdmin, abc.ABC):
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.
+        A fair key's message goes back to its key's sub-queue (the queue its bytes name).
 
         A message that decodes goes back as attempt 0, due now and without its expiry time (a
         message that expired is run when retried; a cancelled one loses its cancellation);
