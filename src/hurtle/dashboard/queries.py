@@ -95,18 +95,15 @@ def _folded(stats: dict[str, QueueStats]) -> dict[str, QueueStats]:
     folded: dict[str, QueueStats] = {}
     for name, s in stats.items():
         queue = fair_parent(name)
-        was = folded.get(queue)
-        folded[queue] = (
-            s
-            if was is None
-            else QueueStats(
+        if (was := folded.get(queue)) is not None:
+            s = QueueStats(
                 ready=was.ready + s.ready,
                 delayed=was.delayed + s.delayed,
                 in_flight=was.in_flight + s.in_flight,
                 dead=was.dead + s.dead,
                 paused=was.paused if queue != name else s.paused,
             )
-        )
+        folded[queue] = s
     return dict(sorted(folded.items()))
 
 
