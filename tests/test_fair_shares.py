@@ -7,13 +7,16 @@ broker-level runs on every broker are in ``tests/brokers/test_fair_contract.py``
 from __future__ import annotations
 
 import base64
+import json
 import os
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers import Project
 from hurtle import ConfigurationError, Hurtle
 from hurtle.names import fair_queue, stored_queue_name_problem
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
@@ -208,3 +211,54 @@ def test_status_and_the_dashboard_count_a_queues_keys_in_it() -> None:
     stats = queue_stats(app.broker, app.queues())
     assert set(stats) == {"default", "work"}
     assert stats["work"].ready == 4 and stats["work"].paused
+
+
+FAILING = textwrap.dedent(
+    """
+    from hurtle import Hurtle
+
+    app = Hurtle()  # HURTLE_BROKER_URL comes from the environment
+
+
+    @app.task(name="tasks.work", queue="work", fair_key="tenant", retries=0)
+    def work(tenant, n):
+        raise ValueError(f"{tenant} {n} failed")
+    """
+)
+
+
+def test_a_fair_queues_dead_letters_and_waiting_calls_are_its_own_in_the_cli_and_dashboard(
+    tmp_path: Path,
+) -> None:
+    """What waits in or died in a key's sub-queue is listed, retried and purged as the queue's:
+    ``hurtle dead`` and the dashboard name ``work`` once, never a sub-queue."""
+    from starlette.testclient import TestClient
+
+    from hurtle.dashboard import create_app
+    from hurtle.dashboard.queries import stats_of
+
+    project = Project(tmp_path, FAILING, ())
+    app = project.app
+    work = app.task(name="tasks.work", queue="work", fair_key="tenant", retries=0)(
+        lambda tenant, n: None
+    )
+    work.send_many([("a", 1), ("b", 2)])
+    assert project.hurtle("worker", "tasks:app", "--burst").returncode == 0
+    listed = project.hurtle("dead", "tasks:app", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    assert sorted((r["queue"], r["args"][0]) for r in rows) == [("work", "a"), ("work", "b")]
+    with TestClient(create_app(app, token=""), base_url="http://127.0.0.1") as client:
+        queues = {r["name"]: r for r in client.get("/api/queues").json()}
+        assert set(queues) == {"default", "work"} and queues["work"]["dead"] == 2
+        dead = client.get("/api/queues/work/dead").json()
+        assert sorted(d["queue"] for d in dead) == ["work", "work"]
+
+    retried = project.hurtle("dead", "tasks:app", "retry")
+    assert "put back 2 dead letters" in retried.stdout, retried.stdout
+    keys = [fair_queue("work", "a"), fair_queue("work", "b")]
+    assert [s.ready for s in app.broker.stats(keys).values()] == [1, 1]  # each in its key
+    assert stats_of(app.broker, ["work"])["work"].ready == 2
+    purged = project.hurtle("queue", "tasks:app", "purge", "work", "--yes")
+    assert "2 waiting message(s) dropped" in purged.stdout, (purged.stdout, purged.stderr)
+    assert stats_of(app.broker, ["work"])["work"].ready == 0

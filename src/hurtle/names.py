@@ -85,6 +85,15 @@ def fair_queue(queue: str, key: str) -> str:
     return f"{queue}{FAIR_MARK}{digest}"
 
 
+def fair_parent(name: str) -> str | None:
+    """The queue whose fair key's sub-queue ``name`` is (``fair_queue``), or None when ``name``
+    is no key's sub-queue (a user's queue, or a shard's)."""
+    queue, mark, digest = name.rpartition(FAIR_MARK)
+    if not mark or not _FAIR_HASH.fullmatch("f" + digest):
+        return None
+    return queue if queue_name_problem(queue) is None else None
+
+
 def check_queue_name(queue: object) -> str:
     """``queue``, checked: 1 to 100 characters of ``A-Z a-z 0-9 . _ : -``; else a
     ``ConfigurationError`` naming the value."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hurtle.bench.features import table
+from hurtle.bench.features import rows_of, table
 from hurtle.bench.harness.scenario import Row
 
 
@@ -35,3 +35,13 @@ def test_a_skipped_row_says_why() -> None:
     rounds = [[_row("bare", 100.0), Row(name="x", system="hurtle", skipped="option not available")]]
     text = table(rounds)
     assert "skipped: option not available" in text
+
+
+def test_only_runs_the_rows_named_in_the_order_given_bare_first() -> None:
+    assert [r.name for r in rows_of("throttle,rate_limit")] == ["bare", "throttle", "rate_limit"]
+    assert [r.name for r in rows_of("rate_limit, bare,throttle,rate_limit")] == [
+        "bare",
+        "rate_limit",
+        "throttle",
+    ]
+    assert rows_of("")[0].name == "bare" and len(rows_of("")) > 3

@@ -12,7 +12,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
-from hurtle.brokers import Broker, Delivery
+from hurtle.brokers import Broker, Delivery, QueueStats
 from hurtle.brokers import fair_consumer as fair_module
 from hurtle.brokers.fair_consumer import FairConsumer
 from hurtle.brokers.sharded import ShardedBroker
@@ -233,3 +233,64 @@ def test_what_a_dead_workers_key_sessions_held_is_recovered(make: MakeBroker) ->
         again.ack(got)
     finally:
         again.close()
+
+
+def counts_of(broker: Broker, queues: list[str]) -> dict[str, QueueStats]:
+    """``stats`` of stored queues (a sharded broker counts its queues' sub-queues as theirs)."""
+    return (broker.inner if isinstance(broker, ShardedBroker) else broker).stats(queues)
+
+
+def test_purge_drops_the_calls_waiting_in_a_queues_keys_and_counts_them(
+    make: MakeBroker,
+) -> None:
+    a, b = make(), make()
+    later = time.time() + 3600
+    a.publish([msg(A, 1), msg(A, 2), msg(B, 3), msg("q", 4), msg("other", 5)])
+    a.publish([msgspec.structs.replace(msg(B, 6), eta=later)])
+    consumer = fair(a)
+    try:
+        held = consumer.fetch(1, 2.0)  # one call a worker holds: purge leaves it
+        assert len(held) == 1
+        assert b.purge("q") == 4
+        waiting = counts_of(b, [A, B])
+        assert sum(s.ready + s.delayed for s in waiting.values()) == 0, waiting
+        assert sum(s.in_flight for s in waiting.values()) + b.stats(["q"])["q"].in_flight == 1
+        assert b.stats(["other"])["other"].ready == 1
+        assert consumer.fetch(10, 0.3) == []
+        consumer.ack(held)
+    finally:
+        consumer.close()
+
+
+def test_a_keys_dead_letter_is_filed_under_its_queue_and_retried_into_its_key(
+    make: MakeBroker,
+) -> None:
+    broker = make()
+    broker.publish([msg(A, 1), msg(B, 2), msg("q", 3), msg(B, 4)])
+    consumer = fair(broker)
+    try:
+        got = consumer.fetch(10, 2.0)
+        assert len(got) == 4
+        consumer.dead_letter_many([(d, "failed") for d in got])
+        ids = {Message.decode(d.raw).id: d for d in got}
+        other = make()
+        dead = other.dead_letters("q")
+        assert sorted(d.queue for d in dead) == ["q"] * 4  # where its user looks
+        assert {d.message().id for d in dead if d.message()} == set(ids)  # type: ignore[union-attr]
+        assert other.dead_letters("q", limit=2, offset=1) == dead[1:3]
+        found = other.find_dead(Message.decode(got[0].raw).id)
+        assert found is not None and found.queue == "q"
+        last = next(d for d in dead if keys_of([ids[d.message().id]]) == [B])  # type: ignore[union-attr]
+        assert other.delete_dead("q", [last.id]) == 1
+        assert other.retry_dead("q") == 3
+        assert other.dead_letters("q") == []
+        again = consumer.fetch(10, 2.0)
+        # each back in its key's sub-queue (the queue itself for what was sent there)
+        assert sorted((d.queue, keys_of([d])[0]) for d in again) == sorted(
+            [(A, A), ("q", "q"), (B, B)]
+        ), [(d.queue, keys_of([d])) for d in again]
+        consumer.dead_letter_many([(d, "failed again") for d in again])
+        assert other.purge_dead("q") == 3
+        assert other.dead_letters("q") == []
+    finally:
+        consumer.close()

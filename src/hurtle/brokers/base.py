@@ -16,7 +16,9 @@ passed go back to their queues (``recover``), whatever their age: a slow task on
 never handed out twice, whatever timeout the worker that recovers has.
 
 Dead letters are found by message id through an index of each broker's (``find_dead``), kept
-with the dead letters: a lookup costs one read whatever the number of queues.
+with the dead letters: a lookup costs one read whatever the number of queues. A queue's dead
+letters include those of its fair keys' sub-queues, each named as the queue's
+(``fair_admin.py``).
 
 Dead letters are bounded per queue (``dead_letter_max``, ``dead_letter_ttl``): each dead-letter
 write also drops, in the same step of the store, the queue's dead letters older than the ttl and
@@ -81,8 +83,9 @@ Control (``tests/brokers/test_control_contract.py``):
   about again, all in one call (``worker.screen``);
 * pause: ``Broker.pause`` / ``resume`` set a flag per queue that every fetch reads in its own
   step: a paused queue is not fetched by any worker until resumed (what is in flight finishes).
-* purge: ``Broker.purge`` drops a queue's waiting messages (ready and delayed), never those in
-  flight (``tests/brokers/test_purge_contract.py``).
+* purge: ``Broker.purge`` drops a queue's waiting messages (ready and delayed), its fair keys'
+  sub-queues' too (``fair_admin.py``), never those in flight
+  (``tests/brokers/test_purge_contract.py``).
 
 Progress (``tests/brokers/test_progress_contract.py``): ``Broker.put_progress`` stores the
 latest progress report of running messages (opaque bytes, ``hurtle.progress``), each under its
@@ -116,7 +119,8 @@ from ..message import Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL, not_transactional
 from .common import check_dead_letter_limits, unique_key_of
 from .consumer import Consumer as Consumer  # the contract's other side, named here too
-from .records import DeadLetter, QueueStats, StoredResult
+from .fair_admin import FairAdmin
+from .records import QueueStats, StoredResult
 from .reports import TaskCounts, WorkerReport
 from .ticks import TickBatch, TickClaim, check_tick_claim
 
@@ -142,8 +146,9 @@ class BrokerOptions(TypedDict, total=False):
     max_recoveries: int
 
 
-class Broker(abc.ABC):
-    """A message store implementing the contract above."""
+class Broker(FairAdmin, abc.ABC):
+    """A message store implementing the contract above (its purge and dead letters: in
+    ``FairAdmin``, over the ``_stored_*`` methods a broker implements)."""
 
     #: The URL this broker was made from, without any password.
     url: str
@@ -296,17 +301,6 @@ class Broker(abc.ABC):
         """The queues paused now."""
         raise NotImplementedError(f"{type(self).__name__} does not support pausing queues")
 
-    def purge(self, queue: str) -> int:
-        """Drop every message of ``queue`` waiting to be fetched (ready, delayed, and recovered
-        ones waiting to be let out), in one step of the store; returns how many.
-
-        What workers hold (in flight) finishes as usual, dead letters stay (``purge_dead``),
-        and unique locks of dropped messages are kept until they expire.
-        """
-        raise NotImplementedError(
-            f"{type(self).__name__} cannot purge a queue's waiting messages: its purge is missing"
-        )
-
     def forget(self, queue: str) -> bool:
         """Drop ``queue`` from the known queues (``queues()``) if it is empty: nothing ready,
         delayed, in flight or dead, and not paused. Returns whether it is not known now (True
@@ -342,26 +336,6 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     def recover(self) -> int:
         """Hand back what dead consumers held; returns how many deliveries went back."""
-
-    @abc.abstractmethod
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
-        """Dead letters of ``queue``, oldest first."""
-
-    @abc.abstractmethod
-    def find_dead(self, message_id: str) -> DeadLetter | None:
-        """The dead letter of the message ``message_id``, whatever its queue, or None: one read
-        of an index (message id -> queue and dead letter) that each dead-letter write and
-        removal keeps in the same step, not a search through queues. Bytes that are not a
-        message have no id and are not indexed; a message dead-lettered more than once is
-        found by its latest dead letter."""
-
-    @abc.abstractmethod
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
-        """Remove these dead letters; returns how many existed."""
-
-    @abc.abstractmethod
-    def purge_dead(self, queue: str) -> int:
-        """Remove every dead letter of ``queue``; returns how many there were."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -443,6 +417,7 @@ class Broker(abc.ABC):
 
     def retry_dead(self, queue: str, ids: Sequence[str] | None = None) -> int:
         """Put dead letters back in their queue, with a fresh retry budget; returns how many.
+        A fair key's message goes back to its key's sub-queue (the queue its bytes name).
 
         A message that decodes goes back as attempt 0, due now and without its expiry time (a
         message that expired is run when retried; a cancelled one loses its cancellation);

@@ -362,18 +362,19 @@ class MemoryBroker(MemoryResults, MemoryDeadLetters, _Ticks, Broker):
                 self._wake.notify_all()
             return moved
 
-    def purge(self, queue: str) -> int:
-        check_queue_name(queue)
+    def _stored_purge(self, queues: Sequence[str]) -> int:
+        n = 0
         with self._lock:
-            q = self._queues.get(queue)
-            if q is None:
-                return 0
-            n = q.ready_count() + len(q.delayed)
-            for level in q.ready:
-                level.clear()
-            q.quarantine.clear()
-            q.delayed.clear()
-            return n
+            for queue in queues:
+                q = self._queues.get(queue)
+                if q is None:
+                    continue
+                n += q.ready_count() + len(q.delayed)
+                for level in q.ready:
+                    level.clear()
+                q.quarantine.clear()
+                q.delayed.clear()
+        return n
 
     def forget(self, queue: str) -> bool:
         check_queue_name(queue)

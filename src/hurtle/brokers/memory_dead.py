@@ -55,14 +55,14 @@ class MemoryDeadLetters:
         self._forget_dead_locked(gone)
         return expired, dropped
 
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+    def _stored_dead_letters(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
         with self._lock:
             q = self._queues.get(queue)
             if q is None:
                 return []
             return list(itertools.islice(q.dead.values(), offset, offset + limit))
 
-    def find_dead(self, message_id: str) -> DeadLetter | None:
+    def _stored_find_dead(self, message_id: str) -> DeadLetter | None:
         with self._lock:
             where = self._dead_index.get(message_id)
             if where is None:
@@ -70,7 +70,7 @@ class MemoryDeadLetters:
             q = self._queues.get(where[0])
             return None if q is None else q.dead.get(where[1])
 
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+    def _stored_delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         with self._lock:
             q = self._queues.get(queue)
             if q is None:
@@ -79,7 +79,7 @@ class MemoryDeadLetters:
             self._forget_dead_locked(gone)
             return len(gone)
 
-    def purge_dead(self, queue: str) -> int:
+    def _stored_purge_dead(self, queue: str) -> int:
         with self._lock:
             q = self._queues.get(queue)
             if q is None:

@@ -369,6 +369,18 @@ class ShardedBroker(Broker):
     def purge_dead(self, queue: str) -> int:
         return sum(self.inner.purge_dead(name) for name in self.stored(queue))
 
+    def _stored_dead_letters(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
+        raise AssertionError("ShardedBroker reads dead letters through its inner broker's")
+
+    def _stored_find_dead(self, message_id: str) -> DeadLetter | None:
+        raise AssertionError("ShardedBroker reads dead letters through its inner broker's")
+
+    def _stored_delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+        raise AssertionError("ShardedBroker deletes dead letters through its inner broker")
+
+    def _stored_purge_dead(self, queue: str) -> int:
+        raise AssertionError("ShardedBroker deletes dead letters through its inner broker")
+
     # -- workers --------------------------------------------------------------------------
 
     def consumer(self, queues: Sequence[str], worker_id: str | None = None) -> ShardedConsumer:

@@ -20,7 +20,9 @@ import argparse
 import sys
 from typing import Any
 
+from ..brokers import QueueStats
 from ..cancels import CANCEL_TTL
+from ..dashboard.queries import stats_of
 from ..ids import check_message_ids
 from ..names import check_queue_name
 from ._app import add_seconds, announce, app_command, load_app, open_broker
@@ -111,7 +113,7 @@ def run_queue(args: argparse.Namespace) -> int:
 
 def _purge(app: Any, queue: str, yes: bool) -> int:
     if not yes:
-        stats = app.broker.stats([queue])[queue]
+        stats = stats_of(app.broker, [queue]).get(queue, QueueStats())  # its keys' included
         details = (
             f"drop its {stats.ready} ready and {stats.delayed} delayed message(s) for good "
             f"({stats.in_flight} in flight finish, {stats.dead} dead letter(s) stay)"

@@ -1,8 +1,9 @@
 """``hurtle dead APP list|show|retry|purge [ID...]``: look at, re-run or drop dead letters.
 
 Without ids, an action covers every dead letter of the queues (``--queue``, else every queue the
-app or the broker knows). With ids, only those: an id is a dead letter's own id (the first column
-of ``list``) or the id of the message inside it (what ``send`` returned, ``message`` in ``list``).
+app or the broker knows; a queue's dead letters include its fair keys', ``brokers/fair_admin.py``).
+With ids, only those: an id is a dead letter's own id (the first column of ``list``) or the id
+of the message inside it (what ``send`` returned, ``message`` in ``list``).
 An id that names no dead letter is reported and makes the command exit 1, after the others were
 handled. ``show ID...`` prints everything a dead letter holds (its whole reason with the
 traceback, the call's arguments, attempt, ids and times); a message id is found through the
@@ -21,8 +22,10 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..brokers import Broker, DeadLetter
+from ..dashboard.queries import stats_of
 from ..errors import ConfigurationError, DecodeError
 from ..message import Message
+from ..names import fair_parent
 from ..sealing import Keyring, readable_call
 from ._app import announce, app_command, load_app, open_broker
 from ._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm
@@ -139,7 +142,12 @@ def run(args: argparse.Namespace) -> int:
     app = load_app(args.app)
     broker = open_broker(app)
     announce(broker)
-    queues = [args.queue] if args.queue else sorted(set(app.queues()) | set(broker.queues()))
+    listed = broker.queues()
+    queues = (
+        [args.queue]
+        if args.queue
+        else sorted(q for q in set(app.queues()) | set(listed) if fair_parent(q) is None)
+    )
     if args.action == "show":
         return _show(broker, queues, args.ids, args.json, app.keyring)
     chosen: list[DeadLetter] = []
@@ -153,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
             for queue in queues:
                 page = broker.dead_letters(queue, limit=args.limit)
                 chosen += page
-                total = broker.stats([queue])[queue].dead
+                total = _dead_counts(broker, [queue], listed)[queue]
                 if total > len(page):
                     more[queue] = total - len(page)
         rows = [_row(d, app.keyring) for d in chosen]
@@ -162,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             _print_list(rows, more)
         return EXIT_NOT_FOUND if missing else 0
-    if args.action == "purge" and not _purge_confirmed(broker, queues, chosen, args):
+    if args.action == "purge" and not _purge_confirmed(broker, queues, chosen, args, listed):
         return EXIT_NOT_CONFIRMED
     total = 0
     if args.ids:
@@ -194,8 +202,19 @@ def _report_missing(queues: Sequence[str], missing: Sequence[str]) -> None:
         )
 
 
+def _dead_counts(broker: Broker, queues: Sequence[str], listed: Sequence[str]) -> dict[str, int]:
+    """How many dead letters each of ``queues`` holds, its fair keys' sub-queues' (among the
+    queues ``listed``) included, as ``Broker.dead_letters`` lists them."""
+    stats = stats_of(broker, queues, listed)
+    return {q: stats[q].dead if q in stats else 0 for q in queues}
+
+
 def _purge_confirmed(
-    broker: Broker, queues: Sequence[str], chosen: list[DeadLetter], args: argparse.Namespace
+    broker: Broker,
+    queues: Sequence[str],
+    chosen: list[DeadLetter],
+    args: argparse.Namespace,
+    listed: Sequence[str],
 ) -> bool:
     """Whether the purge may go on: asked unless ``--yes``; nothing to purge is not asked."""
     if args.yes:
@@ -205,9 +224,9 @@ def _purge_confirmed(
         where = sorted({d.queue for d in chosen})
         action = f"purge {count} dead letter(s) named by id"
     else:
-        counts = broker.stats(queues)
-        count = sum(counts[q].dead for q in queues if q in counts)
-        where = [q for q in queues if q in counts and counts[q].dead]
+        counts = _dead_counts(broker, queues, listed)
+        count = sum(counts.values())
+        where = [q for q in queues if counts[q]]
         action = f"purge every dead letter of {', '.join(map(repr, queues))}"
     if count == 0:
         return True

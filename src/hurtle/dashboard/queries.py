@@ -28,6 +28,7 @@ from ..brokers.reports import KINDS, RUNTIME_BUCKETS, TaskCounts, WorkerReport, 
 from ..errors import DecodeError
 from ..message import Message
 from ..names import FAIR_MARK, queue_name_problem
+from ..names import fair_parent as parent_of_key
 from ..sealing import Keyring, readable_call, readable_value
 
 if TYPE_CHECKING:
@@ -51,12 +52,12 @@ def queue_names(
 
 def fair_keys(listed: Iterable[str]) -> list[str]:
     """The sub-queues of fair queues' keys (``hurtle.fair``) among the queues ``listed``."""
-    return [n for n in listed if FAIR_MARK in n and queue_name_problem(fair_parent(n)) is None]
+    return [n for n in listed if FAIR_MARK in n and parent_of_key(n) is not None]
 
 
 def fair_parent(name: str) -> str:
     """The queue that ``name`` is a key's sub-queue of, or ``name`` itself."""
-    return name.partition(FAIR_MARK)[0]
+    return parent_of_key(name) or name
 
 
 def queue_stats(
@@ -70,23 +71,40 @@ def queue_stats(
     keys = fair_keys(listed)
     stats = broker.stats(names + keys)
     if keys:
-        folded: dict[str, QueueStats] = {}
-        for name, s in stats.items():
-            queue = fair_parent(name)
-            was = folded.get(queue)
-            folded[queue] = (
-                s
-                if was is None
-                else QueueStats(
-                    ready=was.ready + s.ready,
-                    delayed=was.delayed + s.delayed,
-                    in_flight=was.in_flight + s.in_flight,
-                    dead=was.dead + s.dead,
-                    paused=was.paused if queue != name else s.paused,
-                )
-            )
-        stats = dict(sorted(folded.items()))
+        stats = _folded(stats)
     return stats if idle is None else idle.sweep(stats)
+
+
+def stats_of(
+    broker: Broker, queues: Iterable[str], listed: Iterable[str] | None = None
+) -> dict[str, QueueStats]:
+    """``broker.stats(queues)``, each queue's counts including its fair keys' sub-queues
+    among the queues ``listed`` (else ``broker.queues()``), read in the same call."""
+    wanted = list(queues)
+    keys = [
+        n
+        for n in fair_keys(broker.queues() if listed is None else listed)
+        if fair_parent(n) in wanted
+    ]
+    stats = broker.stats(wanted + keys)
+    return _folded(stats) if keys else stats
+
+
+def _folded(stats: dict[str, QueueStats]) -> dict[str, QueueStats]:
+    """``stats`` with each fair key's sub-queue's counts added to its queue's, sorted."""
+    folded: dict[str, QueueStats] = {}
+    for name, s in stats.items():
+        queue = fair_parent(name)
+        if (was := folded.get(queue)) is not None:
+            s = QueueStats(
+                ready=was.ready + s.ready,
+                delayed=was.delayed + s.delayed,
+                in_flight=was.in_flight + s.in_flight,
+                dead=was.dead + s.dead,
+                paused=was.paused if queue != name else s.paused,
+            )
+        folded[queue] = s
+    return dict(sorted(folded.items()))
 
 
 def queue_rows(stats: dict[str, QueueStats]) -> list[dict[str, Any]]:

@@ -30,7 +30,7 @@ from pathlib import Path
 from ...cli._confirm import EXIT_NOT_CONFIRMED, add_yes, confirm_flush
 from ..harness import options, rounds
 from ..harness.scenario import Row
-from .rows import BARE, OUTBOX, ROWS
+from .rows import BARE, OUTBOX, ROWS, Feature
 
 #: The outbox row's database unless ``--outbox-url`` says otherwise.
 OUTBOX_URL = "postgresql://postgres@127.0.0.1:5432/postgres?schema=hurtle_bench"
@@ -50,7 +50,9 @@ def describe() -> str | None:
 def add_options(p: argparse.ArgumentParser) -> None:
     options.add_count(p, 100_000)
     options.add_redis_url(p, help="use this Redis instead of starting one; its database is FLUSHED")
-    p.add_argument("--only", default="", help="comma-separated rows (bare always runs)")
+    p.add_argument(
+        "--only", default="", help="comma-separated rows, run in this order (bare always runs)"
+    )
     p.add_argument(
         "--rounds",
         type=int,
@@ -72,8 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from ..harness.runner import Runner
 
     os.environ["HURTLE_BENCH_OUTBOX_URL"] = args.outbox_url  # the outbox row's (rows.py)
-    wanted = {n.strip() for n in args.only.split(",") if n.strip()}
-    chosen = [r for r in ROWS if not wanted or r.name in wanted or r is BARE]
+    chosen = rows_of(args.only)
     runs: list[list[Row]] = []
     if not confirm_flush([args.redis_url], yes=args.yes):
         return EXIT_NOT_CONFIRMED
@@ -100,6 +101,17 @@ def run(args: argparse.Namespace) -> int:
     )
     print(table(runs))
     return 0 if all(r.skipped or r.consumed == r.count for rows in runs for r in rows) else 1
+
+
+def rows_of(only: str) -> list[Feature]:
+    """The rows ``--only`` names (comma-separated), in the order given, ``bare`` first; every
+    row when it names none. The order is kept because a row's place in a round can move its
+    ratio on a busy machine: swapping two rows shows how much."""
+    wanted = list(dict.fromkeys(n.strip() for n in only.split(",") if n.strip()))
+    if not wanted:
+        return list(ROWS)
+    by_name = {r.name: r for r in ROWS}
+    return [BARE, *(by_name[n] for n in wanted if n in by_name and by_name[n] is not BARE)]
 
 
 def table(runs: list[list[Row]]) -> str:

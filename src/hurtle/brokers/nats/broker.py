@@ -341,19 +341,19 @@ class NatsBroker(Broker):
 
     # -- dead letters ----------------------------------------------------------------------
 
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+    def _stored_dead_letters(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
         return run(self.dead.page(queue, limit, offset))
 
-    def find_dead(self, message_id: str) -> DeadLetter | None:
+    def _stored_find_dead(self, message_id: str) -> DeadLetter | None:
         return run(self.dead.find(message_id))
 
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+    def _stored_delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         return run(self.dead.delete(queue, list(ids)))
 
-    def purge(self, queue: str) -> int:
-        return run(purge(self.store, check_queue_name(queue)))
+    def _stored_purge(self, queues: Sequence[str]) -> int:
+        return sum(run(purge(self.store, queue)) for queue in queues)
 
-    def purge_dead(self, queue: str) -> int:
+    def _stored_purge_dead(self, queue: str) -> int:
         return run(self.dead.purge(queue))
 
     # -- workers, totals, results -----------------------------------------------------------

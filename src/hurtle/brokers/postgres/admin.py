@@ -192,21 +192,21 @@ class _Admin(_Recovery):
 
         return self._run(f"forgetting queue {queue!r}", run)
 
-    def purge(self, queue: str) -> int:
-        check_queue_name(queue)
+    def _stored_purge(self, queues: Sequence[str]) -> int:
+        """Delete the waiting rows of every queue of ``queues`` in one transaction."""
 
         def run(cur: psycopg.Cursor[Any]) -> int:
             n = 0
             for statement in (
-                "DELETE FROM {s}.messages WHERE queue = %s AND worker IS NULL",
-                "DELETE FROM {s}.delayed WHERE queue = %s",
-                "DELETE FROM {s}.quarantine WHERE queue = %s",
+                "DELETE FROM {s}.messages WHERE queue = ANY(%s) AND worker IS NULL",
+                "DELETE FROM {s}.delayed WHERE queue = ANY(%s)",
+                "DELETE FROM {s}.quarantine WHERE queue = ANY(%s)",
             ):
-                cur.execute(self._q(statement), (queue,))
+                cur.execute(self._q(statement), (list(queues),))
                 n += cur.rowcount
             return n
 
-        return self._run(f"purging queue {queue!r}", run)
+        return self._run(f"purging queue {queues[0]!r}", run)
 
     def recover(self) -> int:
         moved, _, _ = self._run("recovering what dead workers held", self._recover_in)
@@ -214,7 +214,7 @@ class _Admin(_Recovery):
 
     # -- dead letters ----------------------------------------------------------------------
 
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+    def _stored_dead_letters(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
         with self._cursor("listing dead letters") as cur:
             rows = cur.execute(
                 self._q(
@@ -225,7 +225,7 @@ class _Admin(_Recovery):
             ).fetchall()
         return [_dead(r) for r in rows]
 
-    def find_dead(self, message_id: str) -> DeadLetter | None:
+    def _stored_find_dead(self, message_id: str) -> DeadLetter | None:
         with self._cursor("finding a dead letter") as cur:  # the dead_message index
             row = cur.execute(
                 self._q(
@@ -236,7 +236,7 @@ class _Admin(_Recovery):
             ).fetchone()
         return None if row is None else _dead(row)
 
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+    def _stored_delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         if not ids:
             return 0
         with self._cursor("deleting dead letters") as cur:
@@ -246,7 +246,7 @@ class _Admin(_Recovery):
             )
             return int(cur.rowcount)
 
-    def purge_dead(self, queue: str) -> int:
+    def _stored_purge_dead(self, queue: str) -> int:
         with self._cursor("purging dead letters") as cur:
             cur.execute(self._q("DELETE FROM {s}.dead WHERE queue = %s"), (queue,))
             return int(cur.rowcount)

@@ -23,7 +23,6 @@ from ...message import MAX_PRIORITY, Message, check_messages, check_size, encode
 from ...records import record_in_batch
 from ..base import ONCE_KEEP, Broker, BrokerOptions
 from ..common import (
-    check_queue_name,
     unique_key_of,
 )
 from ..keys import (
@@ -367,17 +366,16 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
     def recover(self) -> int:
         return self._heartbeat(self.queues(), "", 0.0)[0]
 
-    def purge(self, queue: str) -> int:
-        check_queue_name(queue)
-        k = queue_keys(queue)
-        return int(
-            self._eval(
-                self._scripts.purge,
-                (*k.ready, k.delayed, k.quarantine, k.wake),
-                (),
-                f"purging the waiting messages of {queue!r}",
+    def _stored_purge(self, queues: Sequence[str]) -> int:
+        """``purge.lua`` per queue (each its own hash tag), pipelined: one round trip."""
+        commands = []
+        for queue in queues:
+            k = queue_keys(queue)
+            commands.append(
+                self._call(self._scripts.purge, (*k.ready, k.delayed, k.quarantine, k.wake), ())
             )
-        )
+        doing = f"purging the waiting messages of {queues[0]!r}"
+        return sum(int(n) for n in self._pipeline(commands, doing))
 
     def chord_results(self, id: str, total: int) -> list[bytes] | None:
         return flows.chord_results(self, id, total)

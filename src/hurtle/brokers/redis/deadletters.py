@@ -39,7 +39,7 @@ class _DeadLetters(_ScriptRunner):
         if changes:
             self._eval(self._scripts.dead_index, (DEAD_INDEX,), list(changes), doing)
 
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+    def _stored_dead_letters(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
         k = queue_keys(queue)
         flat = self._eval(
             self._scripts.dead_list,
@@ -58,7 +58,7 @@ class _DeadLetters(_ScriptRunner):
             for i in range(0, len(flat), 4)
         ]
 
-    def find_dead(self, message_id: str) -> DeadLetter | None:
+    def _stored_find_dead(self, message_id: str) -> DeadLetter | None:
         doing = f"looking up the dead letter of message {message_id!r}"
         [entry] = self._pipeline([(("HGET", DEAD_INDEX, message_id), None)], doing)
         if entry is None:
@@ -83,7 +83,7 @@ class _DeadLetters(_ScriptRunner):
             failed_at=float(failed_at),
         )
 
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+    def _stored_delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         if not ids:
             return 0
         k = queue_keys(queue)
@@ -97,7 +97,7 @@ class _DeadLetters(_ScriptRunner):
         self._index_dead(changes, doing)
         return int(n)
 
-    def purge_dead(self, queue: str) -> int:
+    def _stored_purge_dead(self, queue: str) -> int:
         k = queue_keys(queue)
         doing = f"purging dead letters of {queue!r}"
         n, *changes = self._eval(

@@ -381,18 +381,19 @@ class SQLiteBroker(_Recovery, _DeadLetters, Broker):
             ).fetchall()
         return [(float(r[0]), bytes(r[1])) for r in rows]
 
-    def purge(self, queue: str) -> int:
-        """Delete the rows above each cursor of ``queue`` (ready; those at or below are held),
-        its delayed rows and its quarantined ones, in one transaction."""
-        check_queue_name(queue)
+    def _stored_purge(self, queues: Sequence[str]) -> int:
+        """Delete the rows above each cursor of each queue (ready; those at or below are held),
+        its delayed rows and its quarantined ones, all in one transaction."""
+        n = 0
         with self._write() as conn:
-            n: int = conn.execute(
-                "DELETE FROM messages WHERE queue = ?1 AND id > (SELECT c.last FROM cursors c "
-                "WHERE c.queue = ?1 AND c.priority = messages.priority)",
-                (queue,),
-            ).rowcount
-            n += conn.execute("DELETE FROM delayed WHERE queue = ?", (queue,)).rowcount
-            n += conn.execute("DELETE FROM quarantine WHERE queue = ?", (queue,)).rowcount
+            for queue in queues:
+                n += conn.execute(
+                    "DELETE FROM messages WHERE queue = ?1 AND id > (SELECT c.last FROM cursors c "
+                    "WHERE c.queue = ?1 AND c.priority = messages.priority)",
+                    (queue,),
+                ).rowcount
+                n += conn.execute("DELETE FROM delayed WHERE queue = ?", (queue,)).rowcount
+                n += conn.execute("DELETE FROM quarantine WHERE queue = ?", (queue,)).rowcount
         return n
 
     def workers(self) -> list[WorkerReport]:

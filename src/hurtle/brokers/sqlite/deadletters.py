@@ -26,7 +26,7 @@ class _DeadLetters(_Connection):
             dropped = conn.execute(_CAP_DEAD, (queue, self.dead_letter_max)).rowcount
         return expired, dropped
 
-    def dead_letters(self, queue: str, limit: int = 100, offset: int = 0) -> list[DeadLetter]:
+    def _stored_dead_letters(self, queue: str, limit: int, offset: int) -> list[DeadLetter]:
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT id, queue, reason, body, failed_at FROM dead WHERE queue = ? "
@@ -37,7 +37,7 @@ class _DeadLetters(_Connection):
             DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4]) for r in rows
         ]
 
-    def find_dead(self, message_id: str) -> DeadLetter | None:
+    def _stored_find_dead(self, message_id: str) -> DeadLetter | None:
         with self._read() as conn:  # the dead_message index; the latest dead letter first
             r = conn.execute(
                 "SELECT id, queue, reason, body, failed_at FROM dead WHERE message_id = ? "
@@ -48,7 +48,7 @@ class _DeadLetters(_Connection):
             return None
         return DeadLetter(id=r[0], queue=r[1], reason=r[2], raw=r[3], failed_at=r[4])
 
-    def delete_dead(self, queue: str, ids: Sequence[str]) -> int:
+    def _stored_delete_dead(self, queue: str, ids: Sequence[str]) -> int:
         if not ids:
             return 0
         with self._write() as conn:
@@ -58,7 +58,7 @@ class _DeadLetters(_Connection):
             ).rowcount
         return deleted
 
-    def purge_dead(self, queue: str) -> int:
+    def _stored_purge_dead(self, queue: str) -> int:
         with self._write() as conn:
             deleted: int = conn.execute("DELETE FROM dead WHERE queue = ?", (queue,)).rowcount
         return deleted
