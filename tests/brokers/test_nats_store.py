@@ -11,8 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 from nats.js import api
+from nats.js.errors import APIError, NoStreamResponseError
 
 from hurtle.brokers import make_broker
+from hurtle.brokers.nats import names
 from hurtle.brokers.nats.broker import NatsBroker
 from hurtle.brokers.nats.loop import run
 from hurtle.brokers.nats.store import Store
@@ -146,3 +148,26 @@ def test_over_max_payload_an_argument_is_an_encode_error_and_a_result_fails_its_
         assert (stats.ready, stats.in_flight, stats.dead) == (0, 0, 1)
     finally:
         app.close()
+
+
+def test_a_batch_publish_waits_for_every_acknowledgement_and_raises_a_refusal(
+    store: Store,
+) -> None:
+    queue = f"pub-{new_id()}"
+    subject = names.subject(queue, "0")
+
+    async def rounds() -> None:
+        await store.ensure_queue(queue)
+        await store.publish_all([(subject, bytes([i % 256]), None) for i in range(2500)])
+        info = await store.js.stream_info(names.stream(queue))
+        assert info.state.messages == 2500
+        with pytest.raises(APIError, match="expected stream"):  # one refused among many
+            await store.publish_all(
+                [(subject, b"a", None), (subject, b"b", {"Nats-Expected-Stream": "nope"})]
+            )
+        with pytest.raises(NoStreamResponseError):  # a subject no stream takes
+            await store.publish_all([(f"nowhere.{new_id()}", b"c", None)])
+        info = await store.js.stream_info(names.stream(queue))
+        assert info.state.messages == 2501
+
+    run(rounds())

@@ -263,3 +263,31 @@ def test_message_ids_are_never_reused(tmp_path: Path) -> None:
             c.ack(got)
             c.close()
     assert receipts == sorted(set(receipts))
+
+
+def test_a_batch_of_one_queue_and_priority_is_stored_whole_and_in_order(tmp_path: Path) -> None:
+    # 237 = two statements of 100 rows, three of 10 and 7 rows left over (``_insert_run``)
+    with make_broker(f"sqlite:///{tmp_path / 'hurtle.db'}") as broker:
+        ms = messages(237)
+        broker.publish(ms)
+        mixed = [Message(id=new_id(), task="t", queue="q", priority=i % 2) for i in range(30)]
+        broker.publish(mixed)
+        c = broker.consumer(["q"])
+        got = [Message.decode(d.raw).id for d in c.fetch(1000, 1)]
+        first = [m.id for m in mixed if m.priority == 1]
+        assert got == first + [m.id for m in ms] + [m.id for m in mixed if m.priority == 0]
+
+
+def test_an_ack_settles_exactly_the_deliveries_it_names(tmp_path: Path) -> None:
+    with make_broker(f"sqlite:///{tmp_path / 'hurtle.db'}") as broker:
+        ms = messages(10)
+        broker.publish(ms)
+        c = broker.consumer(["q"])
+        ds = c.fetch(10, 1)
+        c.ack(ds[0:3])  # every id of a range
+        c.ack([ds[4], ds[6]])  # with a gap
+        c.ack([ds[7], ds[7], ds[9]])  # as many receipts as the range is long, one twice
+        assert broker.stats(["q"])["q"] == QueueStats(in_flight=3)
+        c.close()
+        again = broker.consumer(["q"]).fetch(10, 1)
+        assert [Message.decode(d.raw).id for d in again] == [ms[3].id, ms[5].id, ms[8].id]

@@ -7,10 +7,11 @@ Coroutines here run on the process's loop (``loop.py``).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 import msgspec
@@ -21,6 +22,7 @@ from nats.js.errors import (
     BadRequestError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
+    NoStreamResponseError,
     NotFoundError,
 )
 
@@ -97,6 +99,12 @@ class Store:
         # levels of each queue that may hold messages, and when the server last said so
         self._levels: dict[str, set[str]] = {}
         self._levels_at: dict[str, float] = {}
+        # publish_all's acknowledgements: their subscription's subjects, and the batches
+        # waiting for theirs by number
+        self._acks_prefix: str | None = None
+        self._acks_ready: asyncio.Future[None] | None = None
+        self._batch_numbers = itertools.count()
+        self._batches: dict[int, _Batch] = {}
 
     def note(self, queue: str, level: str) -> None:
         """A message went to ``level`` of ``queue`` from this connection."""
@@ -353,20 +361,83 @@ class Store:
         """Publish ``(subject, payload, headers)`` to JetStream, pipelined, and wait for every
         acknowledgement; raise if one is refused.
 
-        A publish whose acknowledgement does not come is sent again, once, with the same
-        headers: under its ``Nats-Msg-Id`` JetStream stores it once (within two minutes)."""
+        Each message is a plain publish whose reply subject names its batch and place
+        (``_on_ack``): one wildcard subscription per connection takes every acknowledgement,
+        where a JetStream request per message would make a token, a future and a timer each.
+        Publishes whose acknowledgement does not come within ``API_TIMEOUT`` are sent again,
+        once, with the same headers: under its ``Nats-Msg-Id`` JetStream stores each once
+        (within two minutes). Without one, the batch fails with a ``TimeoutError``."""
         if not items:
             return
-
-        async def one(subject: str, payload: bytes, headers: dict[str, str] | None) -> None:
+        if self._acks_prefix is None:
+            await self._subscribe_acks()
+        number = next(self._batch_numbers)
+        batch = _Batch(len(items), asyncio.get_running_loop().create_future())
+        self._batches[number] = batch
+        reply = f"{self._acks_prefix}.{number}."
+        try:
+            await self._send(items, range(len(items)), reply)
             try:
-                await self.js.publish(subject, payload, headers=headers)
-            except nats.errors.TimeoutError:
-                if not headers or names.MSG_ID not in headers:
-                    raise
-                await self.js.publish(subject, payload, headers=headers)
+                await asyncio.wait_for(asyncio.shield(batch.done), API_TIMEOUT)
+                return
+            except TimeoutError:
+                missing = [i for i, acked in enumerate(batch.acked) if not acked]
+                if any(names.MSG_ID not in (items[i][2] or ()) for i in missing):
+                    raise nats.errors.TimeoutError from None
+            await self._send(items, missing, reply)
+            try:
+                await asyncio.wait_for(asyncio.shield(batch.done), API_TIMEOUT)
+            except TimeoutError:
+                raise nats.errors.TimeoutError from None
+        finally:
+            del self._batches[number]
+            if not batch.done.done():
+                batch.done.cancel()
 
-        await asyncio.gather(*(one(*item) for item in items))
+    async def _send(
+        self,
+        items: Sequence[tuple[str, bytes, dict[str, str] | None]],
+        which: Iterable[int],
+        reply: str,
+    ) -> None:
+        publish = self.nc.publish
+        for i in which:
+            subject, payload, headers = items[i]
+            await publish(subject, payload, reply=f"{reply}{i}", headers=headers)
+
+    async def _subscribe_acks(self) -> None:
+        """The wildcard subscription that takes the acknowledgements of ``publish_all``."""
+        if self._acks_ready is None:
+            self._acks_ready = asyncio.ensure_future(self._subscribe_acks_now())
+        ready = self._acks_ready
+        try:
+            await asyncio.shield(ready)
+        except Exception:
+            if self._acks_ready is ready and ready.done():
+                self._acks_ready = None  # the next publish asks again
+            raise
+
+    async def _subscribe_acks_now(self) -> None:
+        prefix = self.nc.new_inbox()
+        await self.nc.subscribe(f"{prefix}.*.*", cb=self._on_ack)
+        self._acks_prefix = prefix
+
+    async def _on_ack(self, msg: Any) -> None:
+        """One publish acknowledgement (or refusal) of a batch of ``publish_all``."""
+        head, _, place = msg.subject.rpartition(".")  # <prefix>.<batch>.<place>
+        batch = self._batches.get(int(head[head.rfind(".") + 1 :]))
+        i = int(place)
+        if batch is None or batch.acked[i]:  # a batch given up, or a publish sent twice
+            return
+        batch.acked[i] = 1
+        batch.left -= 1
+        error = _refusal(msg)
+        if batch.done.done():
+            return
+        if error is not None:
+            batch.done.set_exception(error)
+        elif not batch.left:
+            batch.done.set_result(None)
 
     async def wake(self, queues: Sequence[str]) -> None:
         for queue in dict.fromkeys(queues):
@@ -396,3 +467,33 @@ class Store:
 
 def json_bytes(value: Any) -> bytes:
     return json.dumps(value).encode()
+
+
+class _Batch:
+    """What ``publish_all`` waits for: the acknowledgements still to come, which came, and the
+    future that ends the wait (an error at the first refusal)."""
+
+    __slots__ = ("acked", "done", "left")
+
+    def __init__(self, n: int, done: asyncio.Future[None]) -> None:
+        self.left = n
+        self.acked = bytearray(n)
+        self.done = done
+
+
+def _refusal(msg: Any) -> Exception | None:
+    """The error a publish acknowledgement carries, if any: JetStream's ``{"error": …}``, or
+    a status reply without a body (no stream listens on the subject)."""
+    data = msg.data
+    if not data:
+        return NoStreamResponseError()
+    if b'"error"' not in data:
+        return None
+    reply = json.loads(data)
+    if "error" not in reply:
+        return None
+    try:
+        APIError.from_error(reply["error"])  # raises the error's class
+    except APIError as err:
+        return err
+    return APIError()

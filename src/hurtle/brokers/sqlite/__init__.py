@@ -70,11 +70,14 @@ Priorities are 0..9 (the task API checks them); a raw ``Message`` outside that r
 at the nearest end.
 
 Every operation is one transaction of a few statements per *batch*: publish is one counter
-update and one ``executemany``; fetch reads each priority of each queue above its cursor, moves
-the cursor and records the claim; ack is one ``DELETE`` over a JSON array of ids per
-``(queue, priority)``. A solo worker's ``ack_and_fetch`` does its acks and its next claim in one
-transaction. Writes start with ``BEGIN IMMEDIATE`` so that two processes never deadlock upgrading
-a read lock to a write lock; a busy file is waited for (``busy_timeout``), not reported.
+update and one ``executemany`` (a batch of one queue and priority, as ``send_many`` makes: a
+multi-row ``INSERT`` per 100 rows, which binds the queue, priority and first id once); fetch reads
+each priority of each queue above its cursor, moves the cursor and records the claim; ack is one
+``DELETE`` per ``(queue, priority)``, over a range of ids when the acknowledged ids are every id
+from one to another (a whole claim of one publisher's batch), else over a JSON array of them.
+A solo worker's ``ack_and_fetch`` does its acks and its next claim in one transaction. Writes
+start with ``BEGIN IMMEDIATE`` so that two processes never deadlock upgrading a read lock to a
+write lock; a busy file is waited for (``busy_timeout``), not reported.
 
 Settling, and what goes back. A receipt names one row; a row whose holder was declared dead was
 re-queued under a new id, so a late ack, retry or dead letter of it finds nothing and does

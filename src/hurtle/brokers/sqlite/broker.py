@@ -45,7 +45,10 @@ from .schema import (
     _SCHEDULE_TICKS,
     _SCHEDULES,
     _eta_of,
+    _insert_run,
     _next_ids,
+    _priority_of,
+    _queue_of,
     _report_tables,
 )
 
@@ -126,9 +129,19 @@ class SQLiteBroker(_Recovery, _DeadLetters, Broker):
             return
         payloads = encode_many(list(messages), self.max_message_size)
         now = time.time()
-        pairs = {(m.queue, m.priority) for m in messages}
         if max(map(_eta_of, messages)) <= now:
-            # the common case: every message ready, one pass to build the rows
+            # the common case: every message ready
+            queues = set(map(_queue_of, messages))
+            priorities = set(map(_priority_of, messages))
+            if len(queues) == 1 and len(priorities) == 1:  # a send_many: one run of ids
+                queue, priority = queues.pop(), priorities.pop()
+                with self._write() as conn:
+                    new = self._register(conn, {(queue, priority)})
+                    _insert_run(conn, queue, priority, _next_ids(conn, len(payloads)), payloads)
+                self._known.update(new)
+                self._notify()
+                return
+            pairs = {(m.queue, m.priority) for m in messages}
             with self._write() as conn:
                 new = self._register(conn, pairs)
                 start = _next_ids(conn, len(messages))

@@ -34,6 +34,8 @@ from .schema import (
     _SETTLE,
     _SETTLE_MANY,
     _SETTLE_MANY_HELD,
+    _SETTLE_RANGE,
+    _SETTLE_RANGE_HELD,
     _TAKE,
     _TAKE_BACK,
     _TAKE_BACK_RANGE,
@@ -47,6 +49,7 @@ from .schema import (
     _placeholders,
     _report_tables,
     _requeue,
+    _settle_range,
 )
 
 if TYPE_CHECKING:
@@ -211,7 +214,11 @@ class _SQLiteConsumer(BatchConsumer):
 
     def _ack_in(self, conn: sqlite3.Connection, groups: dict[tuple[str, int], list[int]]) -> None:
         for (queue, priority), ids in groups.items():
-            conn.execute(_SETTLE_MANY, (queue, priority, json.dumps(ids)))
+            span = _settle_range(ids)
+            if span is None:
+                conn.execute(_SETTLE_MANY, (queue, priority, json.dumps(ids)))
+            else:
+                conn.execute(_SETTLE_RANGE, (queue, priority, *span))
             conn.execute(_DROP_REACHED, (self.worker_id, queue, priority, max(ids)))
 
     def _ack_held(
@@ -222,7 +229,12 @@ class _SQLiteConsumer(BatchConsumer):
         held: list[tuple[str, int, list[tuple[int]]]] = []
         missing = False
         for (queue, priority), ids in groups.items():
-            rows = conn.execute(_SETTLE_MANY_HELD, (queue, priority, json.dumps(ids))).fetchall()
+            span = _settle_range(ids)
+            if span is None:
+                settled = conn.execute(_SETTLE_MANY_HELD, (queue, priority, json.dumps(ids)))
+            else:
+                settled = conn.execute(_SETTLE_RANGE_HELD, (queue, priority, *span))
+            rows = settled.fetchall()
             conn.execute(_DROP_REACHED, (self.worker_id, queue, priority, max(ids)))
             missing = missing or len(rows) < len(set(ids))
             held.append((queue, priority, rows))

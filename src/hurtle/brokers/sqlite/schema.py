@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from operator import attrgetter, itemgetter
+from itertools import repeat
+from operator import and_, attrgetter, itemgetter, rshift
 
 from ...ids import new_id
 from ...message import MAX_PRIORITY, MIN_PRIORITY, message_id
@@ -155,6 +156,19 @@ _GET_RESULT = "SELECT body FROM results WHERE id = ? AND expires > ?"
 _IDS = "SELECT value FROM json_each(?)"
 _NEXT_IDS = "UPDATE seq SET next = next + ? RETURNING next"
 _INSERT = "INSERT INTO messages (queue, priority, id, body) VALUES (?, ?, ?, ?)"
+#: Rows of one ``(queue, priority)`` under consecutive ids, inserted ``size`` per statement: one
+#: multi-row ``VALUES`` binds the queue, the priority and the first id once, then each body. It
+#: costs about half of an ``executemany`` of single rows, whose per-row binding dominates; each
+#: statement is compiled once per connection (more rows per statement compile slower and gain
+#: nothing). What is left over goes through ``_INSERT``.
+_INSERT_RUNS = tuple(
+    (
+        size,
+        "INSERT INTO messages (queue, priority, id, body) VALUES "
+        + ", ".join(f"(?1, ?2, ?3 + {i}, ?{i + 4})" for i in range(size)),
+    )
+    for size in (100, 10)
+)
 _INSERT_DELAYED = "INSERT INTO delayed (queue, eta, priority, body) VALUES (?, ?, ?, ?)"
 _ADD_QUEUE = "INSERT OR IGNORE INTO queues (name) VALUES (?)"
 _ADD_CURSOR = "INSERT OR IGNORE INTO cursors (queue, priority, last) VALUES (?, ?, 0)"
@@ -178,6 +192,9 @@ _ADD_CLAIM = "INSERT INTO claims (worker, queue, priority, lo, hi) VALUES (?, ?,
 _SETTLE = "DELETE FROM messages WHERE queue = ? AND priority = ? AND id = ?"
 _SETTLE_MANY = f"DELETE FROM messages WHERE queue = ? AND priority = ? AND id IN ({_IDS})"
 _SETTLE_MANY_HELD = f"{_SETTLE_MANY} RETURNING id"
+#: ``_SETTLE_MANY`` when the ids are every whole number from one to another (``_settle_range``).
+_SETTLE_RANGE = "DELETE FROM messages WHERE queue = ? AND priority = ? AND id BETWEEN ? AND ?"
+_SETTLE_RANGE_HELD = f"{_SETTLE_RANGE} RETURNING id"
 _TAKE_BACK = (
     f"DELETE FROM messages WHERE queue = ? AND priority = ? AND id IN ({_IDS}) "
     "RETURNING queue, priority, id, body"
@@ -255,6 +272,9 @@ _ADD_TOTALS = (
     "retried = retried + excluded.retried, dead_lettered = dead_lettered + excluded.dead_lettered"
 )
 _eta_of = attrgetter("eta")
+_queue_of = attrgetter("queue")
+_priority_of = attrgetter("priority")
+_receipt_of = attrgetter("receipt")
 _held_order = itemgetter(0, 1, 2)
 
 Rows = list[tuple[str, int, int, bytes]]  # (queue, priority, id, body)
@@ -281,8 +301,31 @@ def _requeue(conn: sqlite3.Connection, rows: Rows) -> int:
     return len(rows)
 
 
+def _insert_run(
+    conn: sqlite3.Connection, queue: str, priority: int, start: int, payloads: Sequence[bytes]
+) -> None:
+    """Insert ``payloads`` as ready rows of one ``(queue, priority)`` under the ids ``start``,
+    ``start + 1``, … in their order (``_INSERT_RUNS``)."""
+    done, n = 0, len(payloads)
+    for size, statement in _INSERT_RUNS:
+        while n - done >= size:
+            conn.execute(statement, (queue, priority, start + done, *payloads[done : done + size]))
+            done += size
+    if done < n:
+        conn.executemany(
+            _INSERT, [(queue, priority, start + i, payloads[i]) for i in range(done, n)]
+        )
+
+
 def _group(deliveries: Sequence[Delivery]) -> dict[tuple[str, int], list[int]]:
     """Receipts as ``{(queue, priority): [id, ...]}``."""
+    receipts = list(map(_receipt_of, deliveries))
+    queues = set(map(_queue_of, deliveries))
+    if len(queues) == 1:  # the usual batch: one queue, and most often one priority
+        priorities = set(map(and_, receipts, repeat(_PRIORITY_MASK)))
+        if len(priorities) == 1:
+            key = (queues.pop(), priorities.pop())
+            return {key: list(map(rshift, receipts, repeat(_PRIORITY_BITS)))}
     groups: dict[tuple[str, int], list[int]] = {}
     for d in deliveries:
         receipt = d.receipt
@@ -292,6 +335,15 @@ def _group(deliveries: Sequence[Delivery]) -> dict[tuple[str, int], list[int]]:
             groups[key] = ids = []
         ids.append(receipt >> _PRIORITY_BITS)
     return groups
+
+
+def _settle_range(ids: list[int]) -> tuple[int, int] | None:
+    """``(lowest, highest)`` when ``ids`` are every whole number from the one to the other,
+    each once (settled by one range of the key, not a list), else None."""
+    lo, hi = min(ids), max(ids)
+    if hi - lo + 1 == len(ids) and len(set(ids)) == len(ids):
+        return lo, hi
+    return None
 
 
 def _report_tables(conn: sqlite3.Connection) -> None:
