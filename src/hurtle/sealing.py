@@ -271,20 +271,24 @@ class Keyring:
         cannot be opened at once takes ``open``, which says why."""
         aad = _ARGS + task.encode()
         what = f"arguments of task {task}"
-        opens, decode, ext, version = self._open, _decode_call, Sealed, _VERSION
-        key, nonce, body = slice(1, 1 + _ID_SIZE), slice(1 + _ID_SIZE, _HEAD), slice(_HEAD, None)
+        # by the 5 bytes a sealed value opens with (version and key id): one slice and one
+        # lookup find the key, and tell the version too
+        heads = {bytes([_VERSION]) + kid: opener for kid, opener in self._open.items()}
+        decode, ext = _decode_call, Sealed
+        head, nonce, body = slice(0, 1 + _ID_SIZE), slice(1 + _ID_SIZE, _HEAD), slice(_HEAD, None)
 
         def run(value: Any = None, /, *rest: Any, **kwargs: Any) -> Any:
             if type(value) is ext and not rest and not kwargs and value.code == EXT:
                 data: bytes = value.data  # type: ignore[assignment]  # bytes, as decoded
-                opener = opens.get(data[key])
-                if opener is not None and data[0] == version:
+                opener = heads.get(data[head])
+                if opener is not None:
                     try:
                         call, keywords = decode(opener(data[nonce], data[body], aad))
                     except Exception:  # said precisely below
                         pass
                     else:
-                        return fn(*call, **keywords)
+                        # an empty ``**keywords`` would cost the call a dict
+                        return fn(*call, **keywords) if keywords else fn(*call)
             if rest or kwargs or type(value) is not ext:
                 raise SealError(f"cannot open the {what}: not sealed, as its task's are")
             call, keywords = decode(self.open(value, aad, what))
