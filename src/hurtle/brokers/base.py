@@ -92,8 +92,9 @@ report never replaces a result, nor a result a report.
 
 Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``):
 ``Broker.put_latest`` records the latest message id of debounce keys for a ttl, in one call per
-published batch; ``Broker.get_latest`` reads several keys of a queue in one call, once per
-queue of a fetched batch that holds debounced messages. Both are written once, here, over the
+published batch; ``Broker.get_latest`` reads several keys of a queue in one call, and
+``Broker.get_other_latest`` those of them not of the calls they are read for, once per queue of
+a fetched batch that holds debounced messages. Both are written once, here, over the
 progress store, as are ``put_rate_cuts`` / ``get_rate_cuts`` (``hurtle.adaptive``).
 
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
@@ -110,7 +111,7 @@ from typing import TypedDict
 import msgspec
 
 from ..adaptive import cut_name
-from ..debounce import latest_name
+from ..debounce import latest_name, other_records
 from ..errors import ConfigurationError
 from ..message import Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL, not_transactional
@@ -273,6 +274,16 @@ class Broker(abc.ABC):
         none or it expired), in one call."""
         found = self.get_progress([latest_name(queue, key) for key in keys])
         return [None if f is None else bytes(f).decode() for f in found]
+
+    def get_other_latest(
+        self, queue: str, keys: Sequence[str], ids: Sequence[str]
+    ) -> dict[int, str]:
+        """The records of debounce keys of ``queue`` that are not of the call each is read
+        for: by index ``i``, the value recorded for ``keys[i]`` where there is one and it is
+        not a record of the call ``ids[i]`` (``debounce.other_records``), in one call. A
+        worker checks a fetched batch with it: its calls' own records, the usual answer, are
+        told apart in C, not compared one at a time."""
+        return other_records(self.get_latest(queue, keys), ids)
 
     def put_rate_cuts(self, cuts: Sequence[tuple[str, bytes, float]]) -> None:
         """Record, for each ``(key, record, ttl)``, the cut of the rate limit ``key``
