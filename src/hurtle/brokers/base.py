@@ -90,12 +90,10 @@ message id for its ttl, in one call for a worker's whole interval of reports;
 ``Broker.get_progress`` reads several in one call. They live apart from result records: a
 report never replaces a result, nor a result a report.
 
-Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``):
-``Broker.put_latest`` records the latest message id of debounce keys for a ttl, in one call per
-published batch; ``Broker.get_latest`` reads several keys of a queue in one call, and
-``Broker.get_other_latest`` those of them not of the calls they are read for, once per queue of
-a fetched batch that holds debounced messages. Both are written once, here, over the
-progress store, as are ``put_rate_cuts`` / ``get_rate_cuts`` (``hurtle.adaptive``).
+Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``): ``put_latest``
+records the latest call of debounce keys for a ttl, once per published batch; ``get_latest``
+reads them, ``get_other_latest`` those not of the calls they are read for (once per queue of a
+fetched batch). All over the progress store, as are ``put_rate_cuts`` / ``get_rate_cuts``.
 
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
@@ -278,11 +276,8 @@ class Broker(abc.ABC):
     def get_other_latest(
         self, queue: str, keys: Sequence[str], ids: Sequence[str]
     ) -> dict[int, str]:
-        """The records of debounce keys of ``queue`` that are not of the call each is read
-        for: by index ``i``, the value recorded for ``keys[i]`` where there is one and it is
-        not a record of the call ``ids[i]`` (``debounce.other_records``), in one call. A
-        worker checks a fetched batch with it: its calls' own records, the usual answer, are
-        told apart in C, not compared one at a time."""
+        """By index ``i``, the record of ``keys[i]`` of ``queue`` where it is not the call
+        ``ids[i]``'s own (``debounce.other_records``), in one call."""
         return other_records(self.get_latest(queue, keys), ids)
 
     def put_rate_cuts(self, cuts: Sequence[tuple[str, bytes, float]]) -> None:
