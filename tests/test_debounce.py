@@ -173,3 +173,17 @@ def test_a_call_fetched_before_its_record_lands_still_runs() -> None:
         for n in range(3):
             touch.send("k", n)
     assert ran == [0, 1, 2]
+
+
+def test_other_records_leave_out_only_the_calls_own() -> None:
+    from hurtle.debounce import latest_value, other_records
+
+    own = [latest_value("a", 1.0), latest_value("b", 2.0)]
+    assert other_records(own, ["a", "b"]) == {}
+    assert other_records([*own, None], ["a", "b", "c"]) == {}  # no record: nothing to judge
+    assert other_records(own, ["a", "c"]) == {1: own[1]}
+    assert other_records(["a"], ["a"]) == {0: "a"}  # the id alone: superseded_by judges it
+    assert other_records([latest_value("ab", 1.0)], ["a"]) == {0: latest_value("ab", 1.0)}
+    # an id with a line break (not hurtle's) cannot be told apart in C: the loop decides
+    assert other_records([latest_value("a\nb", 1.0)], ["a\nb"]) == {}
+    assert other_records([latest_value("a\nb", 1.0), "x@1.0"], ["a\nb", "c"]) == {1: "x@1.0"}

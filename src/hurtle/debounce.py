@@ -6,8 +6,9 @@ call is sent due ``debounce`` seconds later (as a ``delay``), naming its key in 
 ``DEBOUNCE``; its publisher then records it as the latest message of that key in the broker
 (``Broker.put_latest``, one call per batch; the last writer wins) for ``debounce`` plus
 ``LATEST_MARGIN`` seconds: its id and when it was made (``latest_value``). When a worker
-fetches debounced messages it reads the latest records of their keys in one call per batch
-(``Broker.get_latest``); one whose key's record names another call made no earlier than itself
+fetches debounced messages it reads the latest records of their keys that are not their
+calls' own in one call per batch (``Broker.get_other_latest``: the usual answer is none); one
+whose key's record names another call made no earlier than itself
 was superseded: it is acknowledged without running (``middleware.debounce``). A record of an
 earlier call (the call's own record not written yet when it was fetched: a window shorter than
 the time between its publish and its record) lets it run: the last call is never dropped for
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .arity import CallKey
@@ -42,6 +43,33 @@ LATEST_MARGIN = 3600.0
 #: of another call made no earlier than itself (``superseded_by``). A method of ``str`` (no
 #: Python frame): ``map`` makes a batch's values in C.
 latest_value: Callable[[str, float], str] = "{}@{!r}".format
+
+
+def own_prefixes(ids: Sequence[str]) -> str:
+    """What the records of the calls ``ids`` begin with (``latest_value``: the id and ``@``),
+    one a line, made in C (no Python frame per id), to be split into a list. An id with a line
+    break in it (hurtle's never have one) makes that list longer than ``ids``: no match, and
+    the caller's slow path decides."""
+    return "@\n".join(ids) + "@"
+
+
+def other_records(found: Sequence[str | None], ids: Sequence[str]) -> dict[int, str]:
+    """Of the latest records ``found`` of the keys of the calls ``ids``, by index, those that
+    are not the calls' own: another call's, for ``superseded_by`` to judge. A batch whose
+    records are all its calls' own, the usual one, is told by one ``startswith`` per call run
+    in C; a key with no record (or an id as above) takes a loop over them all."""
+    prefixes = own_prefixes(ids).split("\n")
+    if len(prefixes) == len(found):
+        try:
+            if all(map(str.startswith, found, prefixes)):  # type: ignore[arg-type]
+                return {}
+        except TypeError:  # a key with no record: None
+            pass
+    return {
+        i: value
+        for i, (value, id) in enumerate(zip(found, ids, strict=True))
+        if value is not None and not value.startswith(id + "@")
+    }
 
 
 def superseded_by(value: str | None, id: str, created: float) -> str | None:

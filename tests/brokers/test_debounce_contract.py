@@ -12,6 +12,7 @@ import pytest
 
 from hurtle import Hurtle, Superseded
 from hurtle.brokers import Broker
+from hurtle.debounce import latest_value
 from hurtle.ids import new_id
 
 MakeBroker = Callable[..., Broker]
@@ -59,6 +60,38 @@ def test_latest_records_are_kept_apart_from_progress_and_results(broker: Broker)
     assert broker.get_progress([id_]) == [None]
     assert broker.get_result(id_) is None
     assert broker.get_latest("q", [id_]) == ["the-latest"]
+
+
+def test_only_records_of_other_calls_come_back(broker: Broker) -> None:
+    mine, later, earlier = new_id(), new_id(), new_id()
+    broker.put_latest(
+        [
+            ("q", "t:own", latest_value(mine, 10.0)),
+            ("q", "t:later", latest_value(later, 11.0)),
+            ("q", "t:earlier", latest_value(earlier, 9.0)),
+            ("q", "t:prefix", latest_value(mine + "x", 12.0)),  # an id that begins with mine
+            ("q", "t:bare", mine),  # a record of the id alone, as older senders wrote
+        ],
+        60,
+    )
+    keys = ["t:own", "t:later", "t:none", "t:earlier", "t:prefix", "t:bare", "t:own"]
+    ids = [mine, mine, mine, mine, mine, mine, later]
+    # by index: whatever is recorded, when it is not a record of that very call
+    assert broker.get_other_latest("q", keys, ids) == {
+        1: latest_value(later, 11.0),
+        3: latest_value(earlier, 9.0),
+        4: latest_value(mine + "x", 12.0),
+        5: mine,
+        6: latest_value(mine, 10.0),
+    }
+    assert broker.get_other_latest("other", keys, ids) == {}  # keys are per queue
+    assert broker.get_other_latest("q", [], []) == {}
+    many = [f"t:{n}" for n in range(5000)]  # more than one read of the server's at a time
+    broker.put_latest([("q", k, latest_value(k, 1.0)) for k in many], 60)
+    assert broker.get_other_latest("q", many, many) == {}
+    assert broker.get_other_latest("q", many, [*many[:-1], "x"]) == {
+        4999: latest_value(many[-1], 1.0)
+    }
 
 
 # -- on a worker -------------------------------------------------------------------------------

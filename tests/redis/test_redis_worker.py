@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("redis")
 
 from hurtle import Hurtle
+from hurtle.middleware import Job, Middleware
 
 
 @pytest.fixture
@@ -67,3 +68,28 @@ def test_worker_carries_on_after_redis_restarts(make_redis_server: Callable[...,
         worker.stop()
         thread.join(15)
         app.close()
+
+
+def test_a_solo_batch_is_decided_on_before_the_next_batch_is_fetched(app: Hurtle) -> None:
+    # Middleware that decide before a batch runs may read the broker (debounce's latest
+    # records); the solo loop's fetch of the next batch waits for them, as the server would run
+    # it in front of their reads: while they decide, the next batch is still ready.
+    total = 3000
+    seen: list[tuple[int, int]] = []  # per batch: its size, what was still ready
+
+    class Watch(Middleware):
+        def before_batch(self, jobs: list[Job]) -> None:
+            seen.append((len(jobs), app.broker.stats(["default"])["default"].ready))
+
+    app.add_middleware(Watch())
+
+    @app.task
+    def record(i: int) -> None: ...
+
+    record.send_many([(i,) for i in range(total)])
+    app.worker(burst=True).run()
+    assert sum(n for n, _ in seen) == total and len(seen) > 1
+    taken = 0
+    for n, ready in seen:
+        taken += n
+        assert ready == total - taken

@@ -93,11 +93,10 @@ message id for its ttl, in one call for a worker's whole interval of reports;
 ``Broker.get_progress`` reads several in one call. They live apart from result records: a
 report never replaces a result, nor a result a report.
 
-Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``):
-``Broker.put_latest`` records the latest message id of debounce keys for a ttl, in one call per
-published batch; ``Broker.get_latest`` reads several keys of a queue in one call, once per
-queue of a fetched batch that holds debounced messages. Both are written once, here, over the
-progress store, as are ``put_rate_cuts`` / ``get_rate_cuts`` (``hurtle.adaptive``).
+Debounce (``tests/brokers/test_debounce_contract.py``, ``hurtle.debounce``): ``put_latest``
+records the latest call of debounce keys for a ttl, once per published batch; ``get_latest``
+reads them, ``get_other_latest`` those not of the calls they are read for (once per queue of a
+fetched batch). All over the progress store, as are ``put_rate_cuts`` / ``get_rate_cuts``.
 
 Every broker passes ``tests/brokers/``; a new one joins by adding a fixture there.
 """
@@ -113,7 +112,7 @@ from typing import TypedDict
 import msgspec
 
 from ..adaptive import cut_name
-from ..debounce import latest_name
+from ..debounce import latest_name, other_records
 from ..errors import ConfigurationError
 from ..message import Message, check_messages, encode_many
 from ..settings import DEFAULT_DEAD_LETTER_MAX, DEFAULT_DEAD_LETTER_TTL, not_transactional
@@ -278,6 +277,13 @@ class Broker(FairAdmin, abc.ABC):
         none or it expired), in one call."""
         found = self.get_progress([latest_name(queue, key) for key in keys])
         return [None if f is None else bytes(f).decode() for f in found]
+
+    def get_other_latest(
+        self, queue: str, keys: Sequence[str], ids: Sequence[str]
+    ) -> dict[int, str]:
+        """By index ``i``, the record of ``keys[i]`` of ``queue`` where it is not the call
+        ``ids[i]``'s own (``debounce.other_records``), in one call."""
+        return other_records(self.get_latest(queue, keys), ids)
 
     def put_rate_cuts(self, cuts: Sequence[tuple[str, bytes, float]]) -> None:
         """Record, for each ``(key, record, ttl)``, the cut of the rate limit ``key``

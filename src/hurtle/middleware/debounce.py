@@ -2,13 +2,13 @@
 
 A debounced call is published due ``debounce`` seconds after its send and recorded as the
 latest of its key (``hurtle.debounce``, ``sending.publish_latest``). Before a fetched batch
-runs (``superseded``: read in columns, no ``Job`` per message), the latest ids of the keys its
-debounced messages name are read in one ``Broker.get_latest`` call; a message whose key's
-record names another call made no earlier than itself (``debounce.superseded_by``) was
-replaced by a later call and is settled without running
-(``Job.supersede``: acknowledged, its unique lock released, a ``superseded`` record for a task
-that keeps results). A key with no record (it expired, or the send that published the message
-failed before recording it) runs its message.
+runs (``superseded``: read in columns, no ``Job`` per message), the latest records of the keys
+its debounced messages name that are not their own calls' are read in one
+``Broker.get_other_latest`` call (none, in the usual batch); a message whose key's record names
+another call made no earlier than itself (``debounce.superseded_by``) was replaced by a later
+call and is settled without running (``Job.supersede``: acknowledged, its unique lock released,
+a ``superseded`` record for a task that keeps results). A key with no record (it expired, or
+the send that published the message failed before recording it) runs its message.
 
 Only tasks registered with ``debounce=`` get this middleware: a batch without their messages
 makes no call, and their calls cost a look at their headers and a share of one read per batch
@@ -20,7 +20,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
-from ..debounce import DEBOUNCE, latest_value, superseded_by
+from ..debounce import DEBOUNCE, superseded_by
 from ..message import Message
 from . import Job, Middleware, WorkerParts
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 
 _ID = attrgetter("id")
-_CREATED = attrgetter("created")
 
 
 class DebounceMiddleware(Middleware):
@@ -46,20 +45,23 @@ class DebounceMiddleware(Middleware):
         self._broker = worker.app.broker
 
     def superseded(self, messages: list[Message]) -> dict[int, str]:
-        """The batch path's check, in columns: no ``Job`` per message, one ``get_latest`` per
-        queue (a batch is mostly one), and a batch none of whose calls was replaced is told
-        by one compare of two lists."""
+        """The batch path's check, in columns: no ``Job`` per message, one
+        ``get_other_latest`` per queue (a batch is mostly one), which answers only for keys
+        whose record is not their call's own: a batch none of whose calls was replaced comes
+        back empty, and only what it sends back is compared here (``superseded_by``)."""
         keys = [h.get(DEBOUNCE) if (h := m.headers) else None for m in messages]
         queues = {m.queue for m in messages}
         assert self._broker is not None, "worker_start first"
         out: dict[int, str] = {}
         if len(queues) == 1 and None not in keys:  # the usual batch
-            found = self._broker.get_latest(messages[0].queue, keys)  # type: ignore[arg-type]
-            if found == list(map(latest_value, map(_ID, messages), map(_CREATED, messages))):
-                return out
-            at: list[int] = list(range(len(messages)))
+            found = self._broker.get_other_latest(
+                messages[0].queue,
+                keys,  # type: ignore[arg-type]
+                list(map(_ID, messages)),
+            )
+            at: list[int] | range = range(len(messages))
         else:
-            found, at = [], []
+            found, at = {}, []
             for queue in queues:
                 mine = [
                     i
@@ -67,13 +69,18 @@ class DebounceMiddleware(Middleware):
                     if m.queue == queue and type(key) is str
                 ]
                 if mine:
-                    found += self._broker.get_latest(queue, [keys[i] for i in mine])  # type: ignore[misc]
+                    other = self._broker.get_other_latest(
+                        queue,
+                        [keys[i] for i in mine],  # type: ignore[misc]
+                        [messages[i].id for i in mine],
+                    )
+                    found.update({len(at) + i: value for i, value in other.items()})
                     at += mine
-        for i, value in zip(at, found, strict=True):
-            m = messages[i]
+        for i, value in found.items():
+            m = messages[at[i]]
             by = superseded_by(value, m.id, m.created)
             if by is not None:
-                out[i] = by
+                out[at[i]] = by
         return out
 
     def before_batch(self, jobs: list[Job]) -> None:

@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING
@@ -42,6 +42,7 @@ class BatchPath(Admission):
         cancels: set[str]
         screen: Screen | None
         timings: Timings
+        before_calls: Callable[[], None] | None
         _pipelines: dict[str, Pipeline]
 
         def pipeline(self, name: str) -> Pipeline | None: ...
@@ -131,6 +132,8 @@ class BatchPath(Admission):
                 self.superseded(superseded)
             runnable = [runnable[i] for i in kept]
             items = [items[i] for i in kept]
+        if self.before_calls is not None:  # the broker reads above are done: the prefetch now
+            self.before_calls()
         try:
             self._run_items(runnable, items, state)
         finally:

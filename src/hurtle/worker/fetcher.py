@@ -8,10 +8,14 @@ call here is guarded so, the prefetch too: a broker restart never stops the loop
 When the executor runs a batch before ``submit`` returns (solo), the next fetch is sent to the
 broker before the batch runs (``Consumer.prefetch``) and its reply read afterwards: the broker
 works while the tasks do, with no extra thread. (A fetching thread was measured first and did not
-pay: the threads fight over the GIL, and a stop must wait for the fetch in flight.) On a store
-that records acknowledgements and claims in one step (SQLite, one writer at a time), the solo
-loop hands the acknowledgements gathered so far to that step instead of leaving them to the
-acker's thread: one transaction a batch instead of two that wait for each other.
+pay: the threads fight over the GIL, and a stop must wait for the fetch in flight.) When
+middleware read the broker before a batch runs (``debounce``'s latest records, a rate limit's
+counts), the prefetch waits for those reads (``defer_prefetch``; the processor's
+``before_calls`` sends it): sent first, it would run on the server in front of them, and the
+batch would wait for the whole fetch script after all. On a store that records
+acknowledgements and claims in one step (SQLite, one writer at a time), the solo loop hands the
+acknowledgements gathered so far to that step instead of leaving them to the acker's thread:
+one transaction a batch instead of two that wait for each other.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ from __future__ import annotations
 import logging
 import threading
 from time import perf_counter
+from typing import TYPE_CHECKING
 
 from ..brokers import Consumer, Delivery
 from ..errors import BrokerError
 from .acker import Acker
 from .executors import Executor
+
+if TYPE_CHECKING:
+    from .processor import Processor
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,7 @@ class Fetcher:
         acker: Acker,
         wait: float,
         stopping: threading.Event,
+        processor: Processor | None = None,
     ) -> None:
         self.consumer = consumer
         self.executor = executor
@@ -52,6 +61,16 @@ class Fetcher:
         #: came from one): the broker read its cancellations flag after that.
         self.sent_at = 0.0
         self._prefetched_at: float | None = None
+        #: When true, the next batch is not prefetched as soon as this one is fetched but by
+        #: ``send_prefetch``, once the batch's middleware have read the broker: the solo
+        #: ``processor``'s ``before_calls``, when its middleware decide before calls run.
+        self.defer_prefetch = bool(
+            executor.runs_in_submit and processor is not None and processor.decides_before_calls
+        )
+        if self.defer_prefetch:
+            assert processor is not None
+            processor.before_calls = self.send_prefetch
+        self._prefetch_due = False
         self._stopping = stopping  # the worker's stop flag: it cuts a backoff wait short
 
     def fetch(self) -> list[Delivery] | None:
@@ -60,6 +79,7 @@ class Fetcher:
         if want <= 0:
             return None
         acks = self.acker.take_acks() if self.combine else None
+        self._prefetch_due = False  # a batch that never got to its calls: a fetch here and now
         sent_at = self._prefetched_at
         self._prefetched_at = None
         if sent_at is None:
@@ -85,9 +105,18 @@ class Fetcher:
         self.cancellations = bool(batch) and self.consumer.cancellations
         self.sent_at = sent_at
         if batch and self.executor.runs_in_submit:
-            try:
-                self._prefetched_at = perf_counter()
-                self.consumer.prefetch(self.executor.wait_for_capacity(0))
-            except BrokerError as err:  # the batch in hand runs; the next fetch tries again
-                log.debug("prefetch failed: %s", err)
+            self._prefetch_due = True
+            if not self.defer_prefetch:
+                self.send_prefetch()
         return batch
+
+    def send_prefetch(self) -> None:
+        """Send the fetch of the next batch, if the last one fetched is owed one."""
+        if not self._prefetch_due:
+            return
+        self._prefetch_due = False
+        try:
+            self._prefetched_at = perf_counter()
+            self.consumer.prefetch(self.executor.wait_for_capacity(0))
+        except BrokerError as err:  # the batch in hand runs; the next fetch tries again
+            log.debug("prefetch failed: %s", err)

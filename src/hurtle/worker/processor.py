@@ -55,7 +55,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._text import describe, safe_repr, safe_str
@@ -153,6 +153,13 @@ class Processor(BatchPath, JobSteps):
         )
         for name in list(self.tasks):
             self.pipeline(name)
+        #: True when some middleware decides on a batch before its calls run (``before_batch``,
+        #: and ``admit`` or ``superseded`` beside it), which may read the broker.
+        self.decides_before_calls = any(overrides(m, "before_batch") for m in self.middleware)
+        #: Called once a batch's middleware have read what they read from the broker, just
+        #: before its calls run (set by the worker: the solo loop's prefetch, which the broker
+        #: would otherwise run in front of those reads; None: nothing).
+        self.before_calls: Callable[[], None] | None = None
         #: Deliveries taken in hand (whatever the outcome; not a deferral), for progress reports.
         self.processed = 0
         self.failed = 0

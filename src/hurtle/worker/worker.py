@@ -304,7 +304,7 @@ class Worker:
         # a burst worker looks at the queue counts as soon as a short wait finds nothing
         wait = min(s.fetch_timeout, 0.05) if self.burst else s.fetch_timeout
         assert self.acker is not None
-        fetcher = Fetcher(consumer, executor, self.acker, wait, self._stop)
+        fetcher = Fetcher(consumer, executor, self.acker, wait, self._stop, self.processor)
         call_log = self.call_log
         assert call_log is not None
         while not self._stop.is_set():

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ...debounce import other_records, own_prefixes
 from ..common import check_cancel_ttl, check_queue_name
 from ..keys import CANCELLED, QUEUES, progress_key, queue_keys
 from ..records import QueueStats, StoredResult
@@ -84,6 +85,28 @@ class _Control(_ScriptRunner):
             f"reading the latest calls of {len(keys)} debounce keys",
         )
         return [None if v is None else bytes(v).decode() for v in values]
+
+    def get_other_latest(
+        self, queue: str, keys: Sequence[str], ids: Sequence[str]
+    ) -> dict[int, str]:
+        """One ``MGET``, whose replies are compared as bytes with what the calls' own records
+        begin with (``debounce.own_prefixes``): a batch of its calls' own records, the usual
+        one, decodes none of them."""
+        if not keys:
+            return {}
+        prefix = queue_keys(queue).latest_prefix
+        [values] = self._pipeline_raw(
+            [(("MGET", *map(prefix.__add__, keys)), None)],
+            f"reading the latest calls of {len(keys)} debounce keys",
+        )
+        prefixes = own_prefixes(ids).encode().split(b"\n")
+        if len(prefixes) == len(values):
+            try:
+                if all(map(bytes.startswith, values, prefixes)):
+                    return {}
+            except TypeError:  # a key with no record: None
+                pass
+        return other_records([None if v is None else bytes(v).decode() for v in values], ids)
 
     def cancel(self, ids: Sequence[str], ttl: float) -> None:
         """Add the ids to ``hurtle:cancelled`` (dropping cancellations past their end), then
