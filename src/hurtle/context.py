@@ -61,7 +61,7 @@ class Current(msgspec.Struct, gc=False, eq=False):
     #: The running ``Delivery`` (or ``Job``), and where its reports go.
     _running: Any
     _tracker: Tracker
-    #: Its message: a job's, decoded; a delivery's, decoded if asked (``message``).
+    #: Its message, once asked (``message``).
     _message: Message | None = None
     _id: str = ""
     #: The latest report, and whether the tracker holds this context to write it.
@@ -72,8 +72,10 @@ class Current(msgspec.Struct, gc=False, eq=False):
     def id(self) -> str:
         """The running message's id."""
         if not self._id:
-            message = self._message
-            self._id = message_id(self._running.raw) if message is None else message.id
+            running = self._running  # a delivery, or a job holding its message decoded
+            self._id = (
+                message_id(running.raw) if isinstance(running, Delivery) else running.message.id
+            )
         return self._id
 
     def __repr__(self) -> str:
@@ -83,7 +85,10 @@ class Current(msgspec.Struct, gc=False, eq=False):
     def message(self) -> Message:
         """The running message (decoded once, when first asked)."""
         if self._message is None:
-            self._message = Message.decode(self._running.raw)
+            running = self._running
+            self._message = (
+                Message.decode(running.raw) if isinstance(running, Delivery) else running.message
+            )
         return self._message
 
     @property
@@ -210,9 +215,7 @@ def current(default: object = _RAISE) -> Current | None:
             if running is binding.seen:
                 cached: Current = binding.context
                 return cached
-            # a job holds its message decoded; a delivery's is decoded if asked
-            message = None if isinstance(running, Delivery) else running.message
-            context = binding.context = Current(running, binding.tracker, message)
+            context = binding.context = Current(running, binding.tracker)
             binding.seen = running
             return context
     if default is not _RAISE:

@@ -6,9 +6,9 @@ A value type, like ``records``: encoded with msgspec msgpack, knowing nothing of
 workers. The worker keeps the latest report of each running task in memory (on its
 ``hurtle.current()`` context) and writes the reports of all its tasks in one broker call at
 most every ``INTERVAL`` seconds (``worker.tracker``), so a task that reports in a tight loop
-costs no more than one that reports once a second. Brokers store the bytes under the message id for ``PROGRESS_TTL``
-seconds (``Broker.put_progress``), apart from the result record: a report never replaces a
-result, nor a result a report.
+costs no more than one that reports once a second. Brokers store the bytes under the message
+id for ``PROGRESS_TTL`` seconds (``Broker.put_progress``), apart from the result record: a
+report never replaces a result, nor a result a report.
 """
 
 from __future__ import annotations

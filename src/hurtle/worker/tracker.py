@@ -72,6 +72,9 @@ class Tracker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        #: What ``Current.progress`` calls on a context's first report since its last write:
+        #: the deque's own ``append`` once the thread runs (a C call, no Python frame).
+        self.report: Callable[[Current], None] = self._report_and_start
 
     def start(self) -> None:
         """Start the thread (the worker starts): it looks for cancelled running tasks."""
@@ -82,14 +85,14 @@ class Tracker:
         if self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._run, name="hurtle-tracker", daemon=True)
             self._thread.start()
+            self.report = self._reported.append
 
-    def report(self, context: Current) -> None:
-        """Write the latest report of ``context`` at the next interval (``Current.progress``
-        calls it once per write, not per report)."""
+    def _report_and_start(self, context: Current) -> None:
+        """``report`` before the thread runs: write the latest report of ``context`` at the
+        next interval, and start the thread that writes it."""
         self._reported.append(context)
-        if self._thread is None:
-            with self._lock:
-                self._start()
+        with self._lock:
+            self._start()
 
     def _run(self) -> None:
         seen: dict[int, Any] = {}
