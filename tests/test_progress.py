@@ -8,16 +8,21 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import hurtle
-from hurtle import Hurtle, Progress, chain, group
-from hurtle.errors import ConfigurationError, HurtleError
+from hurtle import Hurtle, Message, Progress, chain, group
+from hurtle.brokers import Delivery, StoredResult
+from hurtle.brokers.memory import MemoryBroker
+from hurtle.context import bind, unbind
+from hurtle.errors import BrokerError, ConfigurationError, HurtleError
+from hurtle.progress import decode_progress
 from hurtle.worker import Worker
+from hurtle.worker.tracker import Tracker
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -151,3 +156,33 @@ def test_current_outside_a_worker_says_so_and_bad_reports_are_refused(app: Hurtl
         worker.stop()
         thread.join(10)
     assert len(errors) == 5 and all("fraction from 0 to 1" in e for e in errors)
+
+
+def test_reports_a_broker_refused_are_written_at_the_next_write_with_what_is_newer() -> None:
+    refused: list[int] = []
+
+    class RefusesOnce(MemoryBroker):
+        def put_progress(self, reports: Sequence[StoredResult]) -> None:
+            if not refused:
+                refused.append(len(reports))
+                raise BrokerError("the store is down")
+            super().put_progress(reports)
+
+    broker = RefusesOnce()
+    tracker = Tracker(broker, 3600.0)  # written only when flushed here
+    runs = [Delivery("default", Message(id=i, task="t", queue="default").encode(), 0) for i in "ab"]
+    running = runs[0]
+    bind(lambda: running, tracker)
+    try:
+        hurtle.current().progress(0.25, "a once")
+        running = runs[1]
+        hurtle.current().progress(0.25, "b first")
+        tracker.flush()  # refused: both kept
+        hurtle.current().progress(0.5, "b newer")
+        tracker.flush()
+    finally:
+        unbind()
+        tracker.close()
+    assert refused == [2] and tracker.writes == 1
+    stored = [decode_progress(p) for p in broker.get_progress(["a", "b"])]
+    assert [(p.fraction, p.message) for p in stored if p] == [(0.25, "a once"), (0.5, "b newer")]

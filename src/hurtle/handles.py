@@ -181,7 +181,7 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
 
     def progress(self) -> Progress | None:
         """The task's latest progress report, read now (``hurtle.current().progress``): a
-        ``Progress`` with ``fraction`` (0 to 1), ``message`` and ``at`` (when it was reported),
+        ``Progress`` with ``fraction`` (0 to 1), ``message`` and ``at`` (when it was written),
         or None before the first report (or after ``PROGRESS_TTL``, a day). Reports are
         written by the worker at most every half second, so this lags the task by that much."""
         return decode_progress(self.app.broker.get_progress([self.id])[0])

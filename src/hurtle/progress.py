@@ -3,12 +3,12 @@ text, as ``hurtle.current().progress(0.4, "resized 4 of 10")`` reports it and ``
 reads it back.
 
 A value type, like ``records``: encoded with msgspec msgpack, knowing nothing of brokers or
-workers. The worker keeps the latest report of each running task in memory and writes the
-reports of all its tasks in one broker call at most every ``INTERVAL`` seconds
-(``worker.tracker``), so a task that reports in a tight loop costs no more than one that
-reports once a second. Brokers store the bytes under the message id for ``PROGRESS_TTL``
-seconds (``Broker.put_progress``), apart from the result record: a report never replaces a
-result, nor a result a report.
+workers. The worker keeps the latest report of each running task in memory (on its
+``hurtle.current()`` context) and writes the reports of all its tasks in one broker call at
+most every ``INTERVAL`` seconds (``worker.tracker``), so a task that reports in a tight loop
+costs no more than one that reports once a second. Brokers store the bytes under the message
+id for ``PROGRESS_TTL`` seconds (``Broker.put_progress``), apart from the result record: a
+report never replaces a result, nor a result a report.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ MAX_MESSAGE = 1000
 
 
 class Progress(msgspec.Struct, array_like=True, frozen=True):
-    """A task's latest progress report: ``fraction`` done (0 to 1), its ``message``, and when it
-    was reported (``at``, Unix seconds)."""
+    """A task's latest progress report: ``fraction`` done (0 to 1), its ``message``, and when
+    the worker wrote it (``at``, Unix seconds: at most an interval, ``INTERVAL``, after the
+    report, which reads no clock)."""
 
     fraction: float
     message: str = ""

@@ -2,14 +2,17 @@
 the broker at most once per interval, whatever the number of reports; and which of its running
 tasks ``Hurtle.cancel`` named, learnt once per interval.
 
-A report is kept in memory, the latest per message id (a dict store under a lock: a task that
-reports in a tight loop costs no broker call per report). A thread of the tracker, started with
-the first report, writes the reports gathered since its last write in one
-``Broker.put_progress`` call every ``interval`` seconds (``hurtle.progress.INTERVAL``), and
-once more when the worker stops; so a task's last report is written at the interval after it,
-whether the task still runs or ended meanwhile. A worker whose tasks never report starts no
-thread and makes no call. A write the broker refuses is logged and tried again at the next
-interval with whatever is newer.
+A report is kept on the task's context (``hurtle.context.Current``), which is handed to the
+tracker (``report``: a deque append) on its first report since its last write: a task that
+reports in a tight loop costs a tuple and an attribute store per report, and no lock, clock
+read or broker call. A thread of the tracker, started with the worker (or with the first report),
+writes the latest report of every context handed to it since its last write in one
+``Broker.put_progress`` call every ``interval`` seconds (``hurtle.progress.INTERVAL``), and once
+more when the worker stops; so a task's last report is written at the interval after it,
+whether the task still runs or ended meanwhile. A report's ``at`` is the time of that write (at
+most an interval after the report), and reports that are equal are encoded once per write. A
+worker whose tasks never report makes no call. A write the broker refuses is logged and tried
+again at the next interval with whatever is newer.
 
 Cancels. The same thread, started with the worker, looks at what the executor runs each
 interval (``Executor.running_items``, a snapshot); the deliveries it saw run at the previous look
@@ -29,10 +32,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from ..brokers import Broker, Delivery, StoredResult
+from ..context import Current
 from ..message import message_id
 from ..progress import INTERVAL, PROGRESS_TTL, Progress, encode_progress
 
@@ -59,13 +64,17 @@ class Tracker:
         self.cancelled: set[str] = set()
         #: Broker calls that stored reports (for tests and the benchmarks).
         self.writes = 0
-        # id() of a running delivery (or job) -> (it, fraction, message, when): ids are read
-        # when the reports are written, off the tasks' path
-        self._reports: dict[int, tuple[Any, float, str, float]] = {}
+        # the contexts that reported since the last write: appended by the tasks (once per
+        # write), taken from the left by ``flush``; ids are read then, off the tasks' path
+        self._reported: deque[Current] = deque()
         self._lock = threading.Lock()
+        self._flushing = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing = False
+        #: What ``Current.progress`` calls on a context's first report since its last write:
+        #: the deque's own ``append`` once the thread runs (a C call, no Python frame).
+        self.report: Callable[[Current], None] = self._report_and_start
 
     def start(self) -> None:
         """Start the thread (the worker starts): it looks for cancelled running tasks."""
@@ -76,13 +85,14 @@ class Tracker:
         if self._thread is None and not self._stop.is_set():
             self._thread = threading.Thread(target=self._run, name="hurtle-tracker", daemon=True)
             self._thread.start()
+            self.report = self._reported.append
 
-    def report(self, running: Any, fraction: float, message: str) -> None:
-        at = time.time()
+    def _report_and_start(self, context: Current) -> None:
+        """``report`` before the thread runs: write the latest report of ``context`` at the
+        next interval, and start the thread that writes it."""
+        self._reported.append(context)
         with self._lock:
-            self._reports[id(running)] = (running, fraction, message, at)
-            if self._thread is None:
-                self._start()
+            self._start()
 
     def _run(self) -> None:
         seen: dict[int, Any] = {}
@@ -121,27 +131,35 @@ class Tracker:
         return now
 
     def flush(self) -> None:
-        """Write the reports gathered since the last write, in one broker call."""
-        with self._lock:
-            reports, self._reports = self._reports, {}
-        if not reports:
-            return
-        rows = [
-            StoredResult(_id_of(item), encode_progress(Progress(f, m, at)), PROGRESS_TTL)
-            for item, f, m, at in reports.values()
-        ]
-        try:
-            self.broker.put_progress([r for r in rows if r.id])
-        except Exception as err:  # kept for the next interval, unless a newer report came
-            if not self._failing:
-                log.warning("cannot store %d progress reports (%s): retrying", len(reports), err)
-            self._failing = True
-            with self._lock:
-                for i, p in reports.items():
-                    self._reports.setdefault(i, p)
-            return
-        self._failing = False
-        self.writes += 1
+        """Write the latest report of each context handed in since the last write, in one
+        broker call."""
+        with self._flushing:
+            reported = self._reported
+            taken = [reported.popleft() for _ in range(len(reported))]
+            if not taken:
+                return
+            at = time.time()
+            encoded: dict[tuple[float, str], bytes] = {}
+            latest: dict[str, bytes] = {}  # by message id: a context handed in twice counts once
+            for context in taken:
+                report = context.take_report()
+                payload = encoded.get(report)
+                if payload is None:
+                    payload = encoded[report] = encode_progress(Progress(*report, at))
+                latest[context.id] = payload
+            try:
+                self.broker.put_progress(
+                    [StoredResult(i, p, PROGRESS_TTL) for i, p in latest.items() if i]
+                )
+            except Exception as err:  # written at the next interval, with whatever is newer
+                if not self._failing:
+                    log.warning("cannot store %d progress reports (%s): retrying", len(latest), err)
+                self._failing = True
+                for context in taken:
+                    context.keep_report()
+                return
+            self._failing = False
+            self.writes += 1
 
     def close(self) -> None:
         """Stop the thread and write what is left (the worker stops)."""
@@ -151,6 +169,7 @@ class Tracker:
         if thread is not None:
             thread.join(self.interval + 5)
         self.flush()
+        self._reported.clear()  # what the last write could not store: let go of it
 
 
 def _id_of(item: Any) -> str:

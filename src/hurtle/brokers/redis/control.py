@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...debounce import other_records, own_prefixes
 from ..common import check_cancel_ttl, check_queue_name
-from ..keys import CANCELLED, QUEUES, progress_key, queue_keys
+from ..keys import CANCELLED, QUEUES, RESULT_BUCKET_CUT, progress_key, queue_keys
 from ..records import QueueStats, StoredResult
 from .scripts import _ScriptRunner, _Scripts
 
@@ -30,22 +30,33 @@ class _Control(_ScriptRunner):
     def put_progress(self, reports: Sequence[StoredResult]) -> None:
         """One ``HSET`` and one ``PEXPIRE`` per bucket of ids (``keys.progress_key``), in one
         pipeline (a round trip per node of a cluster); each value is its expiry then the
-        report."""
+        report. A worker's reports are mostly a few values with one ttl, of ids that share
+        buckets: each value and each bucket's key is made once per call, not once per report,
+        and every bucket is kept for the longest ttl."""
         if not reports:
             return
         now_ms = int(time.time() * 1000)
-        by_key: dict[bytes, list[bytes | str]] = {}
-        longest: dict[bytes, int] = {}
+        values: dict[tuple[float, bytes], bytes] = {}
+        # by the id's bucket (an ASCII id's head; any other id its own): the key, then fields
+        buckets: dict[str, list[bytes | str]] = {}
         for r in reports:
-            ttl_ms = max(int(r.ttl * 1000), 1)
-            key = progress_key(r.id)
-            by_key.setdefault(key, []).extend((r.id, b"%013d%s" % (now_ms + ttl_ms, r.payload)))
-            longest[key] = max(longest.get(key, 0), ttl_ms)
+            i = r.id
+            value = values.get((r.ttl, r.payload))
+            if value is None:
+                expiry = now_ms + max(int(r.ttl * 1000), 1)
+                value = values[(r.ttl, r.payload)] = b"%013d%s" % (expiry, r.payload)
+            head = i[:-RESULT_BUCKET_CUT] if i.isascii() else i
+            fields = buckets.get(head)
+            if fields is None:
+                fields = buckets[head] = [progress_key(i)]
+            fields.append(i)
+            fields.append(value)
+        longest = max(max(int(ttl * 1000), 1) for ttl, _ in values)
         commands: list[Any] = []
-        for key, fields in by_key.items():
-            commands.append((("HSET", key, *fields), None))
-            commands.append((("PEXPIRE", key, longest[key], "GT"), None))
-            commands.append((("PEXPIRE", key, longest[key], "NX"), None))
+        for fields in buckets.values():
+            commands.append((("HSET", *fields), None))
+            commands.append((("PEXPIRE", fields[0], longest, "GT"), None))
+            commands.append((("PEXPIRE", fields[0], longest, "NX"), None))
         self._pipeline_raw(commands, f"storing {len(reports)} progress reports")
 
     def get_progress(self, ids: Sequence[str]) -> list[bytes | None]:

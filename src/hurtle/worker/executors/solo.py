@@ -31,6 +31,7 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 from time import monotonic, perf_counter
 from types import FrameType
 from typing import Any
@@ -93,7 +94,7 @@ class SoloExecutor(Executor):
     def start(self, processor: Processor) -> None:
         self._processor = processor
         if processor.tracker is not None:  # ``hurtle.current()``: the delivery running now
-            bind(lambda: self.current, processor.tracker)
+            bind(partial(getattr, self, "current"), processor.tracker)  # no Python frame
         if self.watches_time_limits():  # for tasks registered later too: only this watchdog
             # can stop a time-limited task, since they all run inline
             self._main = threading.get_ident()
