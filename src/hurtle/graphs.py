@@ -29,7 +29,7 @@ import msgspec
 from .errors import ConfigurationError
 from .flow import COLLECT, Flow, Link, Step
 from .handles import GraphHandle
-from .ids import new_id
+from .nesting import Build, Join
 from .signature import Signature, check_member
 from .workflows import publish_workflow
 
@@ -103,45 +103,35 @@ class graph:
         """Send the graph: the nodes that wait for nothing; with ``connection``, in that
         connection's transaction (``Task.options``)."""
         app, after, nodes, sinks = self.app, self.after, self.nodes, self.sinks
-        root = new_id()
+        build = Build(app)
+        root = build.root
         links: dict[str, Link] = {}
         for name, sig in nodes.items():
             last = len(sinks) == 1 and name == sinks[0]
             links[name] = sig._link(min(len(after[name]), 1), root if last else None)
-        joins: dict[str, list[tuple[str, Link, Flow]]] = {name: [] for name in nodes}
+        joins: dict[str, list[Join]] = {name: [] for name in nodes}
         if len(sinks) > 1:  # their results gathered in order by one hurtle.collect
-            app.builtin(COLLECT)
-            final = Link(task=COLLECT, queue=links[sinks[0]].queue, id=root)
+            final = build.collect(links[sinks[0]].queue, None)
             gather = Flow(id=root, store=app.settings.result_ttl, gather=root, gathers=len(sinks))
-            for sink in sinks:
-                joins[sink].append(("", final, gather))
+            for place, sink in enumerate(sinks):
+                joins[sink].append(Join(root, place, len(sinks), final, gather))
         flows: dict[str, Flow] = {}
         for name in reversed(self.order):  # each node after every node that waits for it
             steps: list[Step] = []
             for other, waits in after.items():
-                if name in waits and len(waits) == 1:
+                if name not in waits:
+                    continue
+                if len(waits) == 1:
                     steps.append(Step(links[other], flows[other]))
-                elif name in waits:
+                else:
                     cb = links[other]
                     then = msgspec.structs.replace(flows[other], gather=cb.id, gathers=len(waits))
-                    joins[name].append((other, cb, then))
-            counted = [self._member(name, j, root) for j in joins[name]]
-            for relayed in counted[1:]:  # a relay per chord beyond the first
-                relay = Link(task=COLLECT, queue=links[name].queue, id=new_id())
-                app.builtin(COLLECT)
-                steps.append(Step(relay, relayed))
-            flow = Flow(id=root, store=nodes[name].task.result_ttl, steps=tuple(steps))
-            if counted:
-                first = counted[0]
-                flow = msgspec.structs.replace(
-                    flow,
-                    chord=first.chord,
-                    index=first.index,
-                    total=first.total,
-                    callback=first.callback,
-                    then=first.then,
-                )
-            flows[name] = flow
+                    joins[name].append(Join(cb.id, waits.index(name), len(waits), cb, then))
+            counted = joins[name][0] if joins[name] else None  # counted in its chord itself
+            for join in joins[name][1:]:  # a relay per chord beyond the first
+                steps.append(Step(build.collect(links[name].queue, join), build.header(join)))
+            flow = build.header(counted, nodes[name].task.result_ttl)
+            flows[name] = msgspec.structs.replace(flow, steps=tuple(steps)) if steps else flow
         starts = [links[n].message((), flows[n], app.keyring) for n in nodes if not after[n]]
         publish_workflow(app, starts, connection)
         name = nodes[sinks[0]].task.name if len(sinks) == 1 else COLLECT
@@ -150,24 +140,10 @@ class graph:
             app,
             None,
             name,
-            tuple(link.id for link in links.values()),
+            (*(link.id for link in links.values()), *build.ids),
             sinks=sinks,
             ids={n: link.id for n, link in links.items()},
             tasks={n: sig.task.name for n, sig in nodes.items()},
-        )
-
-    def _member(self, name: str, join: tuple[str, Link, Flow], root: str) -> Flow:
-        """The header fields that count node ``name``'s result in the chord of ``join`` (a
-        dependent that waits for several, or the graph's final gathering)."""
-        dependent, callback, then = join
-        index = self.after[dependent].index(name) if dependent else self.sinks.index(name)
-        return Flow(
-            id=root,
-            chord=callback.id,
-            index=index,
-            total=then.gathers,
-            callback=callback,
-            then=then,
         )
 
     def delay(self) -> GraphHandle:

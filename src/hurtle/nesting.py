@@ -96,13 +96,12 @@ class Build:
             then=rest.then,
         )
 
-    def signature(self, sig: Signature[Any], extra: int, rest: Rest, store: bool = False) -> Step:
-        """The message of ``sig``; it is the workflow's last (its id the workflow's) when
-        nothing follows it. ``store``: keep its result even when something follows."""
+    def signature(self, sig: Signature[Any], extra: int, rest: Rest) -> Step:
+        """The message of ``sig``; it is the workflow's last (its id the workflow's, its result
+        kept) when nothing follows it."""
         link = sig._link(extra, self.root if rest is None else None)
         self.ids.append(link.id)
-        keep = sig.task.result_ttl if rest is None or store else 0.0
-        return Step(link, self.header(rest, keep))
+        return Step(link, self.header(rest, sig.task.result_ttl if rest is None else 0.0))
 
     def collect(self, queue: str, rest: Rest) -> Link:
         """A ``hurtle.collect`` message on ``queue``: it returns what it is given first."""
