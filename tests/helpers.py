@@ -660,3 +660,31 @@ def run_django_client(where: Path, database_url: str, body: str) -> str:
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
+
+
+def workflow_app() -> Hurtle:
+    """The app of the workflow tests, on the memory broker: ``add``, ``mul``, ``total`` (a
+    chord callback that records each list it is given in ``app.calls``) and ``boom`` (fails,
+    retried once)."""
+    app = Hurtle("memory://", default_retry_delay=0.01, heartbeat_timeout=5)
+
+    @app.task(name="add")
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @app.task(name="mul")
+    def mul(x: int, y: int) -> int:
+        return x * y
+
+    @app.task(name="total")
+    def total(xs: list[int], offset: int = 0) -> int:
+        calls.append(xs)
+        return sum(xs) + offset
+
+    @app.task(name="boom", retries=1)
+    def boom(x: int) -> int:
+        raise ValueError(f"boom {x}")
+
+    calls: list[list[int]] = []
+    app.calls = calls  # type: ignore[attr-defined]
+    return app

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from helpers import workflow_app
 from hurtle import ConfigurationError, Hurtle, TaskFailed, chain, chord, graph, group, new_key
 from hurtle.flow import COLLECT, FLOW, read_flow
 from hurtle.message import Message
@@ -16,28 +17,7 @@ from hurtle.message import Message
 
 @pytest.fixture
 def app() -> Hurtle:
-    app = Hurtle("memory://", default_retry_delay=0.01, heartbeat_timeout=5)
-
-    @app.task(name="add")
-    def add(x: int, y: int) -> int:
-        return x + y
-
-    @app.task(name="mul")
-    def mul(x: int, y: int) -> int:
-        return x * y
-
-    @app.task(name="total")
-    def total(xs: list[int], offset: int = 0) -> int:
-        calls.append(xs)
-        return sum(xs) + offset
-
-    @app.task(name="boom", retries=0)
-    def boom(x: int) -> int:
-        raise ValueError(f"boom {x}")
-
-    calls: list[list[int]] = []
-    app.calls = calls  # type: ignore[attr-defined]
-    return app
+    return workflow_app()
 
 
 def run(app: Hurtle, pool: str = "solo") -> None:

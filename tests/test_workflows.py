@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Project
+from helpers import Project, workflow_app
 from hurtle import ConfigurationError, Hurtle, TaskFailed, chain, chord, group
 from hurtle.flow import FLOW
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
@@ -24,28 +24,7 @@ from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 @pytest.fixture
 def app() -> Hurtle:
-    app = Hurtle("memory://", default_retry_delay=0.01, heartbeat_timeout=5)
-
-    @app.task(name="add")
-    def add(x: int, y: int) -> int:
-        return x + y
-
-    @app.task(name="mul")
-    def mul(x: int, y: int) -> int:
-        return x * y
-
-    @app.task(name="total")
-    def total(xs: list[int], offset: int = 0) -> int:
-        calls.append(xs)
-        return sum(xs) + offset
-
-    @app.task(name="boom", retries=1)
-    def boom(x: int) -> int:
-        raise ValueError(f"boom {x}")
-
-    calls: list[list[int]] = []
-    app.calls = calls  # type: ignore[attr-defined]
-    return app
+    return workflow_app()
 
 
 def run(app: Hurtle, pool: str = "solo") -> None:
