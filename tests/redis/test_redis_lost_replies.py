@@ -180,6 +180,74 @@ def test_a_prefetch_whose_reply_is_lost_strands_nothing(
     assert direct.stats(["q"])["q"] == QueueStats()
 
 
+def test_acknowledgements_that_ride_a_prefetch_are_recorded_in_its_round_trip(
+    direct: RedisBroker,
+) -> None:
+    publish(direct, 5)
+    consumer = direct.consumer(["q"])
+    assert consumer.acks_ride_prefetch
+    given_back: list[Delivery] = []
+    consumer.unsettled_acks = given_back.extend
+    first = consumer.fetch(2, 1.0)
+    assert consumer.prefetch_with_acks(10, first)
+    rest = consumer.fetch(10, 1.0)
+    assert numbers(first + rest) == [0, 1, 2, 3, 4]
+    assert given_back == []
+    assert direct.stats(["q"])["q"] == QueueStats(in_flight=3)  # the first two are settled
+    consumer.ack(rest)
+    assert direct.stats(["q"])["q"] == QueueStats()
+
+
+def test_acknowledgements_riding_a_prefetch_whose_reply_is_lost_go_back_to_be_recorded(
+    direct: RedisBroker, through: RedisBroker, proxy: ReplyDropper
+) -> None:
+    publish(direct, 5)
+    consumer = through.consumer(["q"])
+    given_back: list[Delivery] = []
+    consumer.unsettled_acks = given_back.extend
+    first = consumer.fetch(2, 1.0)
+    proxy.drop_replies(FETCH, 1)
+    assert consumer.prefetch_with_acks(10, first)
+    rest = consumer.fetch(10, 1.0)
+    assert proxy.dropped == 1
+    assert numbers(rest) == [2, 3, 4]
+    assert numbers(given_back) == [0, 1]  # recorded or not: not known, so recorded again
+    consumer.ack(given_back + rest)
+    assert direct.stats(["q"])["q"] == QueueStats()
+
+
+def test_acknowledgements_riding_a_prefetch_to_a_server_without_the_script_go_back(
+    direct: RedisBroker, server: RedisServer
+) -> None:
+    import redis
+
+    publish(direct, 8)
+    consumer = direct.consumer(["q"])
+    given_back: list[Delivery] = []
+    consumer.unsettled_acks = given_back.extend
+    first = consumer.fetch(2, 1.0)
+    assert consumer.prefetch_with_acks(2, first)
+    second = consumer.fetch(2, 1.0)
+    assert given_back == []
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.script_flush()  # what a restarted server forgot
+    finally:
+        client.close()
+    assert consumer.prefetch_with_acks(2, second)
+    third = consumer.fetch(2, 1.0)  # the fetch script is loaded again and runs
+    assert numbers(third) == [4, 5]
+    assert numbers(given_back) == [2, 3]  # not recorded: the acker's again
+    assert direct.stats(["q"])["q"] == QueueStats(ready=2, in_flight=4)
+    assert consumer.prefetch_with_acks(2, given_back + third)  # the script is sent first
+    last = consumer.fetch(2, 1.0)
+    assert numbers(last) == [6, 7]
+    assert numbers(given_back) == [2, 3]  # nothing more came back
+    assert direct.stats(["q"])["q"] == QueueStats(in_flight=2)
+    consumer.ack(last)
+    assert direct.stats(["q"])["q"] == QueueStats()
+
+
 def test_a_consumer_that_closes_leaves_no_key_of_its_own(
     direct: RedisBroker, server: RedisServer
 ) -> None:

@@ -78,6 +78,22 @@ class Consumer(abc.ABC):
         """
         return None
 
+    def prefetch_with_acks(self, max_count: int, acks: list[Delivery]) -> bool:
+        """``prefetch``, with ``acks`` (plain acknowledgements, no records) sent before it in the
+        same round trip; False when nothing was sent (the caller settles ``acks`` itself).
+
+        When it returns True the acknowledgements are this consumer's to settle: if their
+        reply says they were not recorded (the connection failed, the server forgot a script),
+        they go to ``unsettled_acks``, which the worker sets to its acker's ``give_back`` (an
+        acknowledgement recorded twice counts once). Brokers whose ``acks_ride_prefetch`` is
+        False return False."""
+        return False
+
+    #: True when ``prefetch_with_acks`` can carry acknowledgements.
+    acks_ride_prefetch = False
+    #: Where acknowledgements sent with a prefetch and not recorded are handed back.
+    unsettled_acks: Callable[[list[Delivery]], None] | None = None
+
     def take_prefetched(self) -> list[Delivery]:
         """What the last ``prefetch`` took, now, without fetching anything else (``[]`` when
         nothing was prefetched); the deliveries are held as usual.

@@ -31,6 +31,7 @@ with what is still unsettled when ``stop`` gives up, is ``refusals.py``'s.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -59,6 +60,10 @@ class Acker:
     ) -> None:
         self.consumer = consumer
         self.batch_size = batch_size
+        #: Plain acknowledgements that wake the thread: ``batch_size``, or never when the solo
+        #: loop takes them with its prefetches (``Fetcher.rides``, ``_loop_takes``).
+        self.wake_at: float = batch_size
+        self._taken = self._taken_seen = 0  # calls of ``take_acks``, at the last timed flush
         self.interval = interval
         self._lock = threading.Lock()  # guards _ops
         self._flushing = threading.Lock()  # one flush at a time
@@ -106,13 +111,13 @@ class Acker:
     def ack(self, delivery: Delivery) -> None:
         acks = self._acks
         acks.append(delivery)
-        if len(acks) == self.batch_size:
+        if len(acks) == self.wake_at:
             self._wake.set()
 
     def ack_many(self, deliveries: list[Delivery]) -> None:
         acks = self._acks
         acks.extend(deliveries)
-        if len(acks) >= self.batch_size:
+        if len(acks) >= self.wake_at:
             self._wake.set()
 
     def ack_with_result(
@@ -159,7 +164,18 @@ class Acker:
     def take_acks(self) -> list[Delivery]:
         """Take the acknowledgements gathered so far, for the caller to record itself."""
         with self._flushing:
+            self._taken += 1
             return _take(self._acks)
+
+    def _loop_takes(self) -> bool:
+        """Whether a timed flush leaves the plain acknowledgements to the solo loop, which
+        takes them with its prefetches (``wake_at`` is then infinite): when it took some since
+        the last timed flush. One that stalls (a long task, an idle queue) leaves them to the
+        flush after: they wait two ``interval`` at most."""
+        if self.wake_at != math.inf or self._stopping:
+            return False
+        taking, self._taken_seen = self._taken != self._taken_seen, self._taken
+        return taking
 
     def give_back(self, acks: list[Delivery]) -> None:
         """Return acknowledgements taken with ``take_acks`` that could not be recorded."""
@@ -237,15 +253,16 @@ class Acker:
     def stopping(self) -> bool:
         return self._stopping
 
-    def flush(self) -> bool:
+    def flush(self, timed: bool = False) -> bool:
         """Settle everything gathered so far, now, from the calling thread; False when some
-        outcomes are left for later (the broker could not be reached, or refused some)."""
+        outcomes are left for later (the broker could not be reached, or refused some).
+        ``timed``: the thread's flush every ``interval`` (see ``_loop_takes``)."""
         with self._flushing:
-            ok = self._flush()
+            ok = self._flush(timed and self._loop_takes())
         self.failures = 0 if ok else self.failures + 1
         return ok
 
-    def _flush(self) -> bool:
+    def _flush(self, leave_acks: bool = False) -> bool:
         with self._lock:
             ops, self._ops = self._ops, []
             records, self._records = self._records, []
@@ -253,7 +270,7 @@ class Acker:
             self._result_batches.clear()
             self._batched = 0
         pending = self._acks
-        acks = _take(pending)
+        acks = [] if leave_acks else _take(pending)
         pending_results = self._with_results
         with_results = _take(pending_results)
         kept: list[Op] = []  # to try again, in order
@@ -451,7 +468,7 @@ class Acker:
             if stopping and not was_stopping:  # the shutdown's tries start short again
                 was_stopping = True
                 backoff = self.interval
-            if self.flush():
+            if self.flush(timed=True):
                 backoff = self.interval
             else:
                 backoff = min(max(backoff * 2, 0.05), 2.0)

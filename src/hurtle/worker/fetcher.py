@@ -15,12 +15,15 @@ counts), the prefetch waits for those reads (``defer_prefetch``; the processor's
 batch would wait for the whole fetch script after all. On a store that records
 acknowledgements and claims in one step (SQLite, one writer at a time), the solo loop hands the
 acknowledgements gathered so far to that step instead of leaving them to the acker's thread:
-one transaction a batch instead of two that wait for each other.
+one transaction a batch instead of two that wait for each other. On a store whose prefetch
+can carry them (Redis: the acknowledgement scripts sent in front of the fetch script), the
+prefetch takes them along: no round trip of their own and no work on the acker's thread.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from time import perf_counter
 from typing import TYPE_CHECKING
@@ -52,6 +55,13 @@ class Fetcher:
         # solo on a store that records acks and claims in one step (SQLite): one transaction
         # a batch instead of two that contend for the one writer
         self.combine = executor.runs_in_submit and consumer.combines_ack_and_fetch
+        # solo on a store whose prefetch can carry acknowledgements (Redis): each prefetch
+        # takes the plain acknowledgements gathered so far with it, and the acker's thread
+        # is no longer woken for them (it flushes what is left on its interval)
+        self.rides = executor.runs_in_submit and not self.combine and consumer.acks_ride_prefetch
+        if self.rides:
+            consumer.unsettled_acks = acker.give_back
+            acker.wake_at = math.inf
         self.wait = wait
         self.failures = 0
         #: Whether the fetch of the last batch found cancellations live (``Consumer.
@@ -115,8 +125,17 @@ class Fetcher:
         if not self._prefetch_due:
             return
         self._prefetch_due = False
+        acks: list[Delivery] = []
         try:
             self._prefetched_at = perf_counter()
-            self.consumer.prefetch(self.executor.wait_for_capacity(0))
+            if self.rides:
+                acks = self.acker.take_acks()
+                if self.consumer.prefetch_with_acks(self.executor.wait_for_capacity(0), acks):
+                    acks = []  # the consumer's now: recorded, or handed back
+            else:
+                self.consumer.prefetch(self.executor.wait_for_capacity(0))
         except BrokerError as err:  # the batch in hand runs; the next fetch tries again
             log.debug("prefetch failed: %s", err)
+        finally:
+            if acks:
+                self.acker.give_back(acks)

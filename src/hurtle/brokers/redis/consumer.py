@@ -20,7 +20,7 @@ from ..consumer import BatchConsumer, fetch_wait
 from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
 from ..records import Delivery, Lock, StoredResult
 from .limits import _Limits
-from .scripts import _Command, _pack
+from .scripts import RAW, _Command, _pack
 from .settling import _Settling
 from .workers import _beat_reporting, leave_commands, report_commands
 
@@ -79,12 +79,15 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         self._reading = list(self._targets.values())
         self._wake_keys = [t.keys.wake for t in self._reading]
         self._fetch = broker._scripts.fetch
-        # a fetch script sent by ``prefetch`` whose reply is still to be read:
-        # (connection, its pool, want)
-        self._pending: tuple[Any, Any, int] | None = None
+        # a fetch script sent by ``prefetch`` whose reply is still to be read: (connection,
+        # its pool, want, the acknowledgements sent before it, how many replies they have)
+        self._pending: tuple[Any, Any, int, list[Delivery], int] | None = None
         # the last fetch waited on an empty queue and woke to fewer than it asked for: the
         # queue ran dry with them, and ``prefetch`` leaves the next fetch until after they run
         self._woke_dry = False
+        # whether the server knows ``ack.lua`` (loaded before the first acknowledgements
+        # ride a prefetch: a failed ride costs a batch's acknowledgements a second trip)
+        self._ack_known = False
         #: concurrency key -> slots this consumer holds (their deadlines move with each beat)
         self._slots: dict[str, int] = {}
 
@@ -94,9 +97,20 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             target = self._targets[queue] = _Target(queue, self.worker_id)
         return target
 
+    @property
+    def acks_ride_prefetch(self) -> bool:  # type: ignore[override]
+        return len(self._reading) == 1 and self.broker._raw_ok and _pack is not None
+
     def prefetch(self, max_count: int) -> None:
+        self.prefetch_with_acks(max_count, [])
+
+    def prefetch_with_acks(self, max_count: int, acks: list[Delivery]) -> bool:
+        """The fetch script sent now and its reply read by the next ``fetch``; with ``acks``,
+        their ``ack.lua`` calls go first in the same send, and their replies are read with
+        the fetch's (``_collect``): the solo loop's acknowledgements cost no round trip and
+        no other thread's work."""
         if self._pending is not None or len(self._reading) != 1 or max_count <= 0:
-            return  # several queues are read in turn: nothing to overlap
+            return False  # several queues are read in turn: nothing to overlap
         if self._woke_dry:
             # A worker woken from an idle wait to a batch smaller than it asked for (one send
             # to an idle worker): the queue is empty again, so a prefetch now would most likely
@@ -104,22 +118,55 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             # The next fetch asks after the batch has run. Batches taken from a backlog (full,
             # or without a wait) are prefetched as before: their sizes, and so how their
             # results are stored, do not change.
-            return
+            return False
         max_count = min(max_count, BATCH_MASK)
+        fetch = self._fetch_command(self._reading[0], max_count)
+        packed: list[bytes] = []
+        if acks:
+            if not self.acks_ride_prefetch:
+                return False
+            assert _pack is not None
+            pack = _pack
+            if not self._ack_known:  # first, or after a restarted server forgot it
+                with contextlib.suppress(redis.RedisError):
+                    self.broker._client.script_load(self.broker._scripts.ack.source)
+                    self._ack_known = True
+            packed = [c[1] if c[0] is RAW else pack(c) for c, _ in self._ack_commands(acks, ())]
         pool = self._pool_of(self._reading[0])
         # Whatever fails here, the next fetch meets the problem and reports it; if the command
         # did reach the server, that fetch carries the same token and hands the batch back.
         try:
             conn = pool.get_connection()
         except (redis.RedisError, OSError):
-            return
+            return False
         try:
-            conn.send_command(*self._fetch_command(self._reading[0], max_count))
+            if packed:
+                packed.append(_pack(fetch))  # type: ignore[misc]
+                conn.send_packed_command([b"".join(packed)])
+            else:
+                conn.send_command(*fetch)
         except (redis.RedisError, OSError):
             pool.release(conn)
             conn.disconnect()
+            if acks:  # perhaps recorded, perhaps not: recorded again, counted once
+                self._unsettled(acks)
+            return True
+        self._pending = (conn, pool, max_count, acks, len(packed) - 1 if acks else 0)
+        return True
+
+    def _settle_riding(self, acks: list[Delivery], recorded: bool, forgotten: bool) -> None:
+        """After the replies of acknowledgements that rode a prefetch: those not recorded go
+        back to the acker; a server that did not know the script (restarted) is sent it before
+        the next ones ride."""
+        if recorded:
             return
-        self._pending = (conn, pool, max_count)
+        self._unsettled(acks)
+        if forgotten:
+            self._ack_known = False
+
+    def _unsettled(self, acks: list[Delivery]) -> None:
+        if self.unsettled_acks is not None:
+            self.unsettled_acks(acks)
 
     def _pool_of(self, target: _Target) -> Any:
         """The connection pool of the server that holds ``target``'s keys."""
@@ -153,18 +200,31 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
     def _collect(self) -> list[Delivery]:
         """Read the reply of the fetch ``prefetch`` sent."""
         assert self._pending is not None
-        conn, pool, want = self._pending
+        conn, pool, want, acks, replies = self._pending
         self._pending = None
+        recorded = True
+        forgotten = False
         try:
+            for _ in range(replies):  # the riding acknowledgements' first
+                try:
+                    conn.read_response()
+                except redis.ResponseError as err:  # refused: the acker's to settle
+                    recorded = False
+                    if isinstance(err, NoScriptError):  # a new server: the next ones ride
+                        forgotten = True
             res = conn.read_response()
         except NoScriptError:
             pool.release(conn)
+            self._settle_riding(acks, recorded, forgotten)
             return self._take(want)[0]
         except BaseException:
             conn.disconnect()  # a reply half read: the connection cannot be reused
             pool.release(conn)
+            if acks:
+                self._unsettled(acks)
             raise
         pool.release(conn)
+        self._settle_riding(acks, recorded, forgotten)
         target = self._reading[0]
         target.token = new_id()
         self.cancellations = bool(res[1])
