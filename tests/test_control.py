@@ -275,11 +275,51 @@ def test_a_worker_that_cannot_check_for_cancellations_runs_what_it_holds(
     def unreachable(ids: Sequence[str]) -> set[str]:
         raise BrokerError("cannot reach the broker (a test)")
 
+    def unreachable_too() -> bool:
+        raise BrokerError("cannot reach the broker (a test)")
+
     app.broker.cancelled = unreachable  # type: ignore[method-assign]
+    app.broker.cancellations_live = unreachable_too  # type: ignore[method-assign]
     w.send_many([(i,) for i in range(6)])
     app.worker(burst=True).run()
     assert sorted(runs) == list(range(6))
     assert "starting them unchecked" in caplog.text
+
+
+def test_a_batch_that_outlasts_the_window_asks_about_each_id_only_while_some_are_live() -> None:
+    # the re-screen of held deliveries first looks whether any cancellation is live at all
+    app = Hurtle("memory://")
+    looked: list[bool] = []
+    asked: list[int] = []
+
+    ran: list[int] = []
+
+    @app.task(name="t.slow", queue="sq")
+    def slow(i: int) -> None:
+        ran.append(i)
+        time.sleep(0.06)
+
+    live, cancelled = app.broker.cancellations_live, app.broker.cancelled
+
+    def looking() -> bool:
+        looked.append(live())
+        return looked[-1]
+
+    def asking(ids: Sequence[str]) -> set[str]:
+        asked.append(len(ids))
+        return cancelled(ids)
+
+    app.broker.cancellations_live = looking  # type: ignore[method-assign]
+    app.broker.cancelled = asking  # type: ignore[method-assign]
+    slow.send_many([(i,) for i in range(6)])
+    app.worker(burst=True).run()
+    assert looked and not any(looked)  # the batch outlasted the window: it looked, found none
+    assert asked == [] and sorted(ran) == list(range(6))
+    handles = slow.send_many([(i,) for i in range(10, 16)])
+    app.cancel(handles[5].id)
+    app.worker(burst=True).run()
+    assert asked  # some live: it asked about the ids it held
+    assert sorted(ran) == [*range(6), *range(10, 15)]
 
 
 def test_the_worker_asks_for_cancelled_ids_only_while_some_are_live(app: Hurtle) -> None:

@@ -35,6 +35,21 @@ def test_cancelled_ids_are_seen_by_every_client_until_their_ttl(make: MakeBroker
     assert a.cancelled(["x", "y"]) == {"y"}
 
 
+def test_cancellations_live_is_true_whenever_a_cancellation_is(make: MakeBroker) -> None:
+    """A broker may answer True when it cannot tell (the worker then asks about each id),
+    never False while a cancellation is live."""
+    a, b = make(), make()
+    a.cancel(["short"], 0.2)
+    assert b.cancellations_live() is True
+    time.sleep(0.4)
+    a.cancel(["x"], 3600)
+    assert b.cancellations_live() is True
+    b.uncancel(["x"])
+    inner = getattr(b, "inner", b)  # a sharded broker answers as the one it wraps
+    if type(inner).cancellations_live is not Broker.cancellations_live:  # it tells: it says
+        assert b.cancellations_live() is False
+
+
 def test_a_fetch_says_whether_cancellations_are_live(make: MakeBroker) -> None:
     a, b = make(), make()
     consumer = b.consumer(["q"])

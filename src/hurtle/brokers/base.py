@@ -247,6 +247,13 @@ class Broker(FairAdmin, abc.ABC):
         """Which of ``ids`` are cancelled and still live, in one call."""
         raise NotImplementedError(f"{type(self).__name__} does not support cancellation")
 
+    def cancellations_live(self) -> bool:
+        """False when no cancellation is live now (one look, nothing per id), so that a worker
+        re-screening the deliveries it holds (``worker/screen.py``) need not ask ``cancelled``
+        about each; True when some may be, or when the broker cannot tell cheaply. A
+        cancellation counts from the moment ``cancel`` stores it, as for ``cancelled``."""
+        return True
+
     def uncancel(self, ids: Sequence[str]) -> None:
         """Forget the cancellations of these ids (a cancelled dead letter that is retried)."""
         raise NotImplementedError(f"{type(self).__name__} does not support cancellation")

@@ -190,6 +190,11 @@ class MemoryBroker(MemoryResults, MemoryDeadLetters, _Ticks, Broker):
             get = self._cancelled.get
             return {id_ for id_ in ids if get(id_, 0.0) > now}
 
+    def cancellations_live(self) -> bool:
+        with self._lock:
+            now = time.time()
+            return self._cancel_until > now and any(v > now for v in self._cancelled.values())
+
     def uncancel(self, ids: Sequence[str]) -> None:
         with self._lock:
             for id_ in ids:

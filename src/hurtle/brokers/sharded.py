@@ -409,6 +409,9 @@ class ShardedBroker(Broker):
     def cancelled(self, ids: Sequence[str]) -> set[str]:
         return self.inner.cancelled(ids)
 
+    def cancellations_live(self) -> bool:
+        return self.inner.cancellations_live()
+
     def uncancel(self, ids: Sequence[str]) -> None:
         self.inner.uncancel(ids)
 

@@ -118,7 +118,7 @@ class Screen:
             return self.fresh_until
 
     def _check(self, held: list[Delivery]) -> list[Delivery]:
-        if not held:
+        if not held or not self._broker.cancellations_live():  # most often: nothing per id
             return []
         ids = [message_id(d.raw) for d in held]
         gone = self._broker.cancelled([i for i in ids if i])

@@ -157,6 +157,13 @@ class _Control(_ScriptRunner):
             if score is not None and float(score) > now
         }
 
+    def cancellations_live(self) -> bool:
+        (live,) = self._pipeline(
+            [(("ZCOUNT", CANCELLED, f"({time.time()!r}", "+inf"), None)],
+            "counting the live cancellations",
+        )
+        return bool(live)
+
     def uncancel(self, ids: Sequence[str]) -> None:
         if ids:
             self._pipeline([(("ZREM", CANCELLED, *ids), None)], "lifting cancellations")
