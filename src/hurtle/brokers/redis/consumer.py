@@ -88,6 +88,8 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         # whether the server knows ``ack.lua`` (loaded before the first acknowledgements
         # ride a prefetch: a failed ride costs a batch's acknowledgements a second trip)
         self._ack_known = False
+        # the connection prefetches are sent on, kept between them: (connection, its pool)
+        self._kept: tuple[Any, Any] | None = None
         #: concurrency key -> slots this consumer holds (their deadlines move with each beat)
         self._slots: dict[str, int] = {}
 
@@ -135,10 +137,18 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         pool = self._pool_of(self._reading[0])
         # Whatever fails here, the next fetch meets the problem and reports it; if the command
         # did reach the server, that fetch carries the same token and hands the batch back.
-        try:
-            conn = pool.get_connection()
-        except (redis.RedisError, OSError):
-            return False
+        # The connection is kept from one prefetch to the next (taken from the pool and given
+        # back at each batch cost more than the send).
+        kept = self._kept
+        if kept is not None and kept[1] is pool:
+            conn = kept[0]
+        else:
+            self._drop_kept()
+            try:
+                conn = pool.get_connection()
+            except (redis.RedisError, OSError):
+                return False
+            self._kept = (conn, pool)
         try:
             if packed:
                 packed.append(_pack(fetch))  # type: ignore[misc]
@@ -146,8 +156,7 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             else:
                 conn.send_command(*fetch)
         except (redis.RedisError, OSError):
-            pool.release(conn)
-            conn.disconnect()
+            self._drop_kept()
             if acks:  # perhaps recorded, perhaps not: recorded again, counted once
                 self._unsettled(acks)
             return True
@@ -163,6 +172,15 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         self._unsettled(acks)
         if forgotten:
             self._ack_known = False
+
+    def _drop_kept(self, broken: bool = True) -> None:
+        """Give the prefetch's kept connection back to its pool, disconnected when
+        ``broken`` (a reply half read, a failed send: it cannot be reused)."""
+        kept, self._kept = self._kept, None
+        if kept is not None:
+            if broken:
+                kept[0].disconnect()
+            kept[1].release(kept[0])
 
     def _unsettled(self, acks: list[Delivery]) -> None:
         if self.unsettled_acks is not None:
@@ -200,7 +218,7 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
     def _collect(self) -> list[Delivery]:
         """Read the reply of the fetch ``prefetch`` sent."""
         assert self._pending is not None
-        conn, pool, want, acks, replies = self._pending
+        conn, _, want, acks, replies = self._pending
         self._pending = None
         recorded = True
         forgotten = False
@@ -214,16 +232,13 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                         forgotten = True
             res = conn.read_response()
         except NoScriptError:
-            pool.release(conn)
             self._settle_riding(acks, recorded, forgotten)
             return self._take(want)[0]
         except BaseException:
-            conn.disconnect()  # a reply half read: the connection cannot be reused
-            pool.release(conn)
+            self._drop_kept()  # a reply half read: the connection cannot be reused
             if acks:
                 self._unsettled(acks)
             raise
-        pool.release(conn)
         self._settle_riding(acks, recorded, forgotten)
         target = self._reading[0]
         target.token = new_id()
@@ -391,6 +406,7 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         if self._pending is not None:  # what it took is in flight: the close script releases it
             with contextlib.suppress(redis.RedisError):
                 self._collect()
+        self._drop_kept(broken=False)
         script = self.broker._scripts.close
         commands: list[_Command] = []
         for target in self._targets.values():
