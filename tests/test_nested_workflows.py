@@ -176,6 +176,9 @@ def test_a_node_that_fails_fails_the_graph_and_what_waits_for_it_never_runs(app:
     assert (info.value.task, info.value.message) == ("boom", "boom 3")
     assert h.node("c").result(timeout=5) == 4  # it did not wait for b
     assert app.calls == []  # type: ignore[attr-defined]
+    with pytest.raises(TaskFailed) as never:  # d never runs: the graph's failure, not
+        h.node("d").result(timeout=30)  # a ResultTimeout after waiting
+    assert (never.value.task, never.value.message) == ("boom", "boom 3")
 
 
 def test_graphs_that_cannot_run_are_refused_when_built(app: Hurtle) -> None:

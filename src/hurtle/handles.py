@@ -235,7 +235,7 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
         broker = self.app.broker
         deadline = time.monotonic() + timeout
         event = threading.Event()
-        stop = broker.watch_results([self.id], event.set)
+        stop = broker.watch_results(self._watched(), event.set)
         delay = POLL_FIRST
         try:
             while True:
@@ -269,7 +269,7 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
                 loop.call_soon_threadsafe(event.set)
 
-        stop = broker.watch_results([self.id], wake)
+        stop = broker.watch_results(self._watched(), wake)
         delay = POLL_FIRST
         try:
             while True:
@@ -300,6 +300,10 @@ class Handle(_Seen, Generic[R], gc=False, eq=False):
                 f"register it with @app.task(store_result=True) (or create the app with "
                 f"Hurtle(store_results=True)) and send it again"
             )
+
+    def _watched(self) -> list[str]:
+        """The ids whose records a wait for this one's wakes up on."""
+        return [self.id]
 
     def _final(self, broker: Broker) -> Record | None:
         payload = broker.get_result(self.id)
@@ -393,15 +397,38 @@ class GraphHandle(FlowHandle[dict[str, Any]]):
         return f"<GraphHandle of {len(self.ids)} nodes [{self.id}]>"
 
     def node(self, name: str) -> FlowHandle[Any]:
-        """The handle of node ``name``: its own result (it waits for that node alone: a node
-        that never ran because the graph failed before it never ends; use ``result``)."""
-        return FlowHandle(self.ids[name], self.app, None, self.tasks[name])
+        """The handle of node ``name``: its own result; once the graph has failed, a node
+        without a result of its own (it never ran, or had not ended) raises the graph's
+        ``TaskFailed`` rather than wait for a result that will not come."""
+        node = NodeHandle(self.ids[name], self.app, None, self.tasks[name])
+        node.graph = self.id
+        return node
 
     def _value(self, record: Record) -> dict[str, Any]:
         value: Any = super()._value(record)
         if len(self.sinks) == 1:
             return {self.sinks[0]: value}
         return dict(zip(self.sinks, value, strict=True))
+
+
+class NodeHandle(FlowHandle[Any]):
+    """One node of a graph (``GraphHandle.node``): its own record, else the graph's failure."""
+
+    #: The id of the graph's own record (``GraphHandle.id``).
+    graph: str = ""
+
+    def _watched(self) -> list[str]:
+        return [self.id, self.graph]
+
+    def _final(self, broker: Broker) -> Record | None:
+        own = super()._final(broker)
+        if own is not None:
+            return own
+        payload = broker.get_result(self.graph)
+        if payload is None:
+            return None
+        record: Record = decode(payload)
+        return record if record.state in FINAL and record.state != SUCCEEDED else None
 
 
 class GroupHandle:
