@@ -21,13 +21,14 @@ CLOCK = "extract(epoch FROM clock_timestamp())::float8"
 
 # The hot table keeps only what waits or is held: an acknowledgement deletes its row, so
 # autovacuum is asked to come sooner than its defaults would on a table that churns. No index
-# names ``worker`` and pages are filled to 40%: a claim rewrites its rows in place (a HOT
+# names ``worker`` and pages are filled to half: a claim rewrites its rows in place (a HOT
 # update, no index entry written), and ``holders`` records which workers may hold rows: what
 # recovery reads, then finding a dead worker's rows by ``worker`` (a scan, once per death).
 # A claim of a whole page's rows needs room on that page for a new version of each, longer by
-# the worker's name: at half full, about one update in six of small messages (70 bytes) found
-# none and wrote two index entries (a claim of 1,000 cost the server 11 ms of CPU against 5 to
-# 6 ms at 40%, where every one was HOT). Emptier pages cost a publish more of them to extend.
+# the worker's name: at half full, about one update in six of small messages (70 bytes) finds
+# none and writes two index entries. Pages filled to 40% made every one HOT and a claim of
+# 1,000 cost the server 5-6 ms of CPU instead of 11, but a publish of 1,000 cost 0.8 ms more,
+# and end to end (docs/benchmarks.md) neither showed through the noise: left at half.
 _TABLES = """
 CREATE TABLE {s}.meta (version integer NOT NULL);
 CREATE SEQUENCE {s}.ids;
@@ -38,7 +39,7 @@ CREATE TABLE {s}.messages (
     worker   text,
     body     bytea    NOT NULL
 ) WITH (
-    fillfactor = 40,
+    fillfactor = 50,
     autovacuum_vacuum_scale_factor = 0.01,
     autovacuum_vacuum_insert_scale_factor = 0.01
 );
@@ -129,7 +130,6 @@ UPGRADES: dict[int, str] = {
 CREATE TABLE {s}.holders (worker text PRIMARY KEY);
 INSERT INTO {s}.holders (worker) SELECT DISTINCT worker FROM {s}.claims;
 DROP TABLE {s}.claims;
-ALTER TABLE {s}.messages SET (fillfactor = 40);
 """,
 }
 
