@@ -393,6 +393,59 @@ def test_an_ack_and_fetch_committed_whose_reply_was_lost_is_sent_again_harmlessl
     assert broker.stats(["q"])["q"] == QueueStats()
 
 
+def ids_of(deliveries: list[Any]) -> list[str]:
+    return [Message.decode(d.raw).id for d in deliveries]
+
+
+def test_a_prefetched_batch_comes_with_the_next_fetch_and_its_acks_with_the_claim_after(
+    broker: PostgresBroker,
+) -> None:
+    """A solo worker's prefetch claims the next batch on a thread; the fetch after returns it,
+    and the acknowledgements handed to that fetch are recorded by the next claim (till then
+    their rows stay held), or by ``close`` before it hands back what the worker holds."""
+    sent = [msg() for _ in range(7)]
+    broker.publish(sent)
+    c = broker.consumer(["q"])
+    first = c.fetch(2, 0)
+    c.prefetch(2)
+    second = c.ack_and_fetch(first, 2, 0)
+    assert ids_of(second) == [m.id for m in sent[2:4]]
+    assert broker.stats(["q"])["q"] == QueueStats(ready=3, in_flight=4)  # first: owed
+    c.prefetch(2)  # records first's acknowledgements with its claim
+    third = c.ack_and_fetch(second, 2, 0)
+    assert ids_of(third) == [m.id for m in sent[4:6]]
+    assert broker.stats(["q"])["q"] == QueueStats(ready=1, in_flight=4)  # second: owed
+    c.prefetch(2)  # in flight at the close: what it claims goes back with the rest
+    c.close()
+    assert broker.stats(["q"])["q"] == QueueStats(ready=3)  # third and the seventh
+    again = broker.consumer(["q"])
+    assert sorted(ids_of(again.fetch(10, 0))) == sorted(m.id for m in sent[4:])
+
+
+def test_a_prefetch_after_a_short_batch_claims_nothing_and_take_prefetched_returns_its_batch(
+    broker: PostgresBroker,
+) -> None:
+    """A batch that came short found the queue running dry: no prefetch after it. After a
+    full one, ``take_prefetched`` hands over what the prefetch claimed, held as usual."""
+    sent = [msg() for _ in range(3)]
+    broker.publish(sent[:1])
+    c = broker.consumer(["q"])
+    assert len(c.fetch(2, 0)) == 1
+    broker.publish(sent[1:])
+    c.prefetch(2)
+    assert c.take_prefetched() == []
+    assert broker.stats(["q"])["q"] == QueueStats(ready=2, in_flight=1)
+    full = c.fetch(2, 0)
+    assert ids_of(full) == [m.id for m in sent[1:]]
+    broker.publish([msg(), msg()])
+    c.prefetch(2)
+    taken = c.take_prefetched()
+    assert len(taken) == 2
+    assert broker.stats(["q"])["q"] == QueueStats(in_flight=5)
+    c.ack(taken)
+    assert broker.stats(["q"])["q"] == QueueStats(in_flight=3)
+
+
 # -- the claim's plan ------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ already deleted or given back is no longer held, and settling it finds nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -25,8 +26,9 @@ from ..records import Delivery, FlowStep, Lock, StoredResult
 from ..reports import WorkerReport, encode_report
 from . import flows
 from .listener import POLL_INTERVAL
+from .prefetch import Prefetch
 from .publishing import store
-from .sql import holder_key
+from .sql import holder_key, id_array
 
 if TYPE_CHECKING:
     from .broker import PostgresBroker
@@ -67,6 +69,10 @@ class PostgresConsumer(BatchConsumer):
         #: Set when a fetch failed: its claim may have committed, its rows in this worker's
         #: name but held by no one (``_take_back``).
         self._unsure = False
+        #: The claim a solo worker sends before it runs a batch, and the acknowledgements
+        #: owed to it; and whether the last fetch came back full (worth prefetching after).
+        self._ahead = Prefetch(self._claim_ahead)
+        self._full = False
         sql = broker._sql
         if len(queues) == 1:
             self._claim_sql = sql.CLAIM_ONE
@@ -92,10 +98,50 @@ class PostgresConsumer(BatchConsumer):
     def ack_and_fetch(
         self, deliveries: Sequence[Delivery], max_count: int, timeout: float
     ) -> list[Delivery]:
-        """One round trip deletes the acknowledged rows and claims the next batch."""
+        """One round trip deletes the acknowledged rows and claims the next batch; when a
+        prefetched batch is there, it is returned and the rows are deleted by the next claim
+        (``prefetch.py``)."""
         return self._fetch(_receipts(deliveries), max_count, timeout)
 
+    def prefetch(self, max_count: int) -> None:
+        # after a full batch only: one that came short found the queue running dry, and the
+        # claim would most likely come back empty
+        if self._full and self.queues:
+            self._ahead.start(max_count)
+
+    def take_prefetched(self) -> list[Delivery]:
+        if not self._ahead.pending:
+            return []
+        try:
+            return self._ahead.collect()[0]
+        except BrokerError:
+            self._unsure = True
+            raise
+
+    def _claim_ahead(self, max_count: int, settle: Sequence[int]) -> tuple[list[Delivery], bool]:
+        out = self._claim(max_count, settle)[0]
+        return out, bool(out) and self.cancellations
+
     def _fetch(self, settle: Sequence[int], max_count: int, timeout: float) -> list[Delivery]:
+        ahead = self._ahead
+        if ahead.pending:
+            got, cancellations, asked = ahead.collect()
+            if got:
+                ahead.owe(settle)
+                self.cancellations = cancellations
+                self._full = len(got) >= asked
+                return got
+        owed = ahead.owed
+        settle = ahead.take_owed(settle)
+        try:
+            out = self._fetch_now(settle, max_count, timeout)
+        except BrokerError:
+            ahead.give_back(owed)
+            raise
+        self._full = len(out) >= max_count
+        return out
+
+    def _fetch_now(self, settle: Sequence[int], max_count: int, timeout: float) -> list[Delivery]:
         if not self.queues or max_count <= 0:
             if settle:
                 self._settle(settle)
@@ -139,7 +185,7 @@ class PostgresConsumer(BatchConsumer):
 
         def send(cur: psycopg.Cursor[Any]) -> None:
             if settle:
-                cur.execute(sql.SETTLE, (list(settle), worker_id))
+                cur.execute(sql.SETTLE, (id_array(settle), worker_id))
             # known again if declared dead meanwhile: what it takes stays recoverable
             cur.execute(sql.ADD_WORKER, (worker_id, self.heartbeat_timeout))
             # after the worker row (which recovery may be deleting: no lock held meanwhile)
@@ -179,11 +225,13 @@ class PostgresConsumer(BatchConsumer):
 
         def run(cur: psycopg.Cursor[Any]) -> list[Any]:
             if settle:
-                cur.execute(sql.SETTLE, (list(settle), self.worker_id))
+                cur.execute(sql.SETTLE, (id_array(settle), self.worker_id))
             # as a claim does: known again if declared dead, and recovery waits for this
             cur.execute(sql.ADD_WORKER, (self.worker_id, self.heartbeat_timeout))
             cur.execute(sql.SHARE_KEY, (self._holder_key,))
-            return cur.execute(sql.TAKE_BACK, (self.worker_id, held, max_count)).fetchall()
+            return cur.execute(
+                sql.TAKE_BACK, (self.worker_id, id_array(held), max_count)
+            ).fetchall()
 
         rows = b._run("taking back what a failed fetch claimed", run)
         if settle:
@@ -208,7 +256,7 @@ class PostgresConsumer(BatchConsumer):
         sql = self.broker._sql
         self.broker._run(
             "acknowledging",
-            lambda cur: cur.execute(sql.SETTLE, (list(receipts), self.worker_id)),
+            lambda cur: cur.execute(sql.SETTLE, (id_array(receipts), self.worker_id)),
             transaction=False,
         )
         self._held.difference_update(receipts)
@@ -217,7 +265,7 @@ class PostgresConsumer(BatchConsumer):
         """Delete these held rows; returns the receipts of those that were still held, with
         the priority each was stored under."""
         rows = cur.execute(
-            self.broker._sql.SETTLE_RETURNING, (_receipts(deliveries), self.worker_id)
+            self.broker._sql.SETTLE_RETURNING, (id_array(_receipts(deliveries)), self.worker_id)
         ).fetchall()
         return {r[0]: r[1] for r in rows}
 
@@ -311,25 +359,11 @@ class PostgresConsumer(BatchConsumer):
                 cur.execute(sql.LOCK_KEY, (f"{b.schema}\nslots\n{key}",))
             out = []
             for key, limit, wanted in requests:
-                cur.execute(
-                    sql.format(
-                        "DELETE FROM {s}.slots WHERE key = %s AND worker NOT IN "
-                        "(SELECT worker_id FROM {s}.workers WHERE deadline >= {now})"
-                    ),
-                    (key,),
-                )
-                row = cur.execute(
-                    sql.format("SELECT coalesce(sum(n), 0) FROM {s}.slots WHERE key = %s"), (key,)
-                ).fetchone()
+                cur.execute(sql.FREE_DEAD_SLOTS, (key,))
+                row = cur.execute(sql.SLOTS_TAKEN, (key,)).fetchone()
                 granted = max(0, min(wanted, limit - int(row[0] if row else 0)))
                 if granted:
-                    cur.execute(
-                        sql.format(
-                            "INSERT INTO {s}.slots AS t (key, worker, n) VALUES (%s, %s, %s) "
-                            "ON CONFLICT (key, worker) DO UPDATE SET n = t.n + excluded.n"
-                        ),
-                        (key, self.worker_id, granted),
-                    )
+                    cur.execute(sql.TAKE_SLOTS, (key, self.worker_id, granted))
                 out.append(granted)
             return out
 
@@ -340,16 +374,9 @@ class PostgresConsumer(BatchConsumer):
         sql = b._sql
 
         def run(cur: psycopg.Cursor[Any]) -> None:
-            cur.execute(
-                sql.format(
-                    "UPDATE {s}.slots s SET n = s.n - r.n FROM unnest(%b::text[], %b::int4[]) "
-                    "AS r(key, n) WHERE s.key = r.key AND s.worker = %s"
-                ),
-                ([k for k, _ in releases], [n for _, n in releases], self.worker_id),
-            )
-            cur.execute(
-                sql.format("DELETE FROM {s}.slots WHERE worker = %s AND n <= 0"), (self.worker_id,)
-            )
+            keys, counts = [k for k, _ in releases], [n for _, n in releases]
+            cur.execute(sql.GIVE_SLOTS, (keys, counts, self.worker_id))
+            cur.execute(sql.FORGET_SLOTS, (self.worker_id,))
 
         b._run("giving back concurrency slots", run)
 
@@ -375,7 +402,9 @@ class PostgresConsumer(BatchConsumer):
         b = self.broker
 
         def run(cur: psycopg.Cursor[Any]) -> None:
-            rows = cur.execute(b._sql.REQUEUE, (_receipts(deliveries), self.worker_id)).fetchall()
+            rows = cur.execute(
+                b._sql.REQUEUE, (id_array(_receipts(deliveries)), self.worker_id)
+            ).fetchall()
             b._notify_ready(cur, (r[0] for r in rows))
 
         b._run(f"releasing {len(deliveries)} messages", run)
@@ -440,24 +469,23 @@ class PostgresConsumer(BatchConsumer):
         if b._closed:
             return
         sql = b._sql
+        if self._ahead.pending:  # what it claimed is handed back below with the rest
+            with contextlib.suppress(BrokerError):
+                self._ahead.collect()
+        owed = id_array(self._ahead.take_owed(()))
         with self._reporting() as report:
 
             def run(cur: psycopg.Cursor[Any]) -> None:
+                # acknowledged: deleted, not handed back
+                cur.execute(sql.SETTLE, (owed, self.worker_id))
                 if report is not None:  # leaves with its last counts in the totals
-                    cur.execute(
-                        sql.format("DELETE FROM {s}.worker_reports WHERE worker_id = %s"),
-                        (self.worker_id,),
-                    )
+                    cur.execute(sql.FORGET_REPORT, (self.worker_id,))
                     self._add_totals(cur, report)
                 rows = cur.execute(sql.REQUEUE_WORKER, (self.worker_id,)).fetchall()
                 b._notify_ready(cur, (r[0] for r in rows))
                 cur.execute(sql.FORGET_HOLDER, (self.worker_id,))
-                cur.execute(
-                    sql.format("DELETE FROM {s}.workers WHERE worker_id = %s"), (self.worker_id,)
-                )
-                cur.execute(
-                    sql.format("DELETE FROM {s}.slots WHERE worker = %s"), (self.worker_id,)
-                )
+                cur.execute(sql.FORGET_WORKER, (self.worker_id,))
+                cur.execute(sql.FORGET_WORKER_SLOTS, (self.worker_id,))
 
             b._run("closing a worker's session", run)
             self._held.clear()
