@@ -52,7 +52,7 @@ def _message_args(m: Message) -> list[Any]:
 
 #: Steps per ``ack_flow.lua`` call: a batch's calls go in one round trip, and no one call holds
 #: the server for long.
-STEPS_PER_CALL = 256
+STEPS_PER_CALL = 64
 
 
 class _Call:
@@ -61,6 +61,7 @@ class _Call:
     def __init__(self) -> None:
         self.keys: list[str | bytes] = [QUEUES]
         self.positions: dict[str | bytes, int] = {}
+        self.queues: dict[str, int] = {}  # by queue: the position of its first key
         self.callbacks: list[Any] = []
         self.numbers: dict[int, int] = {}  # by callback message: its number (from 1)
         self.steps: list[Any] = []
@@ -74,10 +75,10 @@ class _Call:
 
     def queue(self, name: str) -> int:
         """The position of the first of ``name``'s 13 keys (named together, in a row)."""
-        keys = _publish_keys(name)
-        at = self.positions.get(keys[0])
+        at = self.queues.get(name)
         if at is None:
-            at = len(self.keys) + 1
+            keys = _publish_keys(name)
+            at = self.queues[name] = len(self.keys) + 1
             self.keys += keys
             for i, k in enumerate(keys):
                 self.positions[k] = at + i
