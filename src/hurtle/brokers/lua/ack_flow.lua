@@ -17,13 +17,14 @@
     ARGV[2]      how many steps, ARGV[3] how many callbacks
     ARGV[4..]    per callback: the position of its queue's first key, its queue, priority, eta
                  (0: ready now), payload (5 arguments each)
-    then per step: the position of its in-flight index, its batch id, its index in the batch,
-                 how many results, how many messages to publish, 1 with a chord, the position
-                 of the chord hash to drop (0: none), the results' ids (space-separated); per
-                 result: the position of its hash, id, payload, ttl in ms; per published
-                 message: the position of its queue's first key, queue, priority, eta, payload;
-                 with a chord: the position of its hash, member index, member count, member
-                 payload, ttl in ms, its callback's number (from 1)
+    then per step: six little-endian uint32s packed in one string (the position of its in-flight
+                 index, its index in the batch, how many results, how many messages to publish,
+                 1 with a chord, the position of the chord hash to drop, 0: none), its batch id,
+                 the results' ids (space-separated); per result: the position of its hash, id,
+                 payload, ttl in ms; per published message: the position of its queue's first
+                 key, queue, priority, eta, payload; with a chord: four uint32s packed (the
+                 position of its hash, member index, member count, its callback's number from 1),
+                 member payload, ttl in ms
 
   Output:
     how many steps happened (their deliveries were held)
@@ -51,16 +52,14 @@ end
 
 local nsteps, ncallbacks = tonumber(ARGV[2]), tonumber(ARGV[3])
 
--- The steps, read first: where each one's arguments start, and its delivery.
+-- The steps, read first: where each one's arguments start, and its fields.
 local steps = {}
 local a = 4 + 5 * ncallbacks
 for s = 1, nsteps do
-  local nres, npub = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  steps[s] = a
-  a = a + 8 + 4 * nres + 5 * npub
-  if ARGV[steps[s] + 5] == '1' then
-    a = a + 6
-  end
+  local inflight, index, nres, npub, chord, forget = struct.unpack('<I4I4I4I4I4I4', ARGV[a])
+  steps[s] = { a = a + 3, inflight = inflight, batch = ARGV[a + 1], index = index, nres = nres,
+    npub = npub, chord = chord, forget = forget, ids = ARGV[a + 2] }
+  a = a + 3 + 4 * nres + 5 * npub + 3 * chord
 end
 
 -- Which deliveries are still held, settling them: one HGET, BITFIELD and HINCRBY per run of
@@ -69,9 +68,9 @@ local held = {}
 local s = 1
 while s <= nsteps do
   local first = steps[s]
-  local index, batch = KEYS[tonumber(ARGV[first])], ARGV[first + 1]
+  local index, batch = KEYS[first.inflight], first.batch
   local e = s
-  while e < nsteps and ARGV[steps[e + 1]] == ARGV[first] and ARGV[steps[e + 1] + 1] == batch do
+  while e < nsteps and steps[e + 1].inflight == first.inflight and steps[e + 1].batch == batch do
     e = e + 1
   end
   local left = tonumber(redis.call('HGET', index, batch))
@@ -79,7 +78,7 @@ while s <= nsteps do
     local ops = {}
     for j = s, e do
       local n = #ops
-      ops[n + 1], ops[n + 2], ops[n + 3], ops[n + 4] = 'SET', 'u1', ARGV[steps[j] + 2], 1
+      ops[n + 1], ops[n + 2], ops[n + 3], ops[n + 4] = 'SET', 'u1', steps[j].index, 1
     end
     local fresh = 0
     for k, old in ipairs(redis.call('BITFIELD', index .. ':' .. batch .. ':done', unpack(ops))) do
@@ -103,11 +102,9 @@ local chords, order = {}, {}
 for s2 = 1, nsteps do
   if held[s2] then
     done = done + 1
-    a = steps[s2]
-    local nres, npub = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-    local chord, forget, ids = ARGV[a + 5], tonumber(ARGV[a + 6]), ARGV[a + 7]
-    a = a + 8
-    for _ = 1, nres do  -- as redis/results.py stores them: a field of the bucket's hash
+    local step = steps[s2]
+    a = step.a
+    for _ = 1, step.nres do  -- as redis/results.py stores them: a field of the bucket's hash
       local key, ttl = KEYS[tonumber(ARGV[a])], tonumber(ARGV[a + 3])
       redis.call('HSET', key, ARGV[a + 1], string.format('%013d', now_ms + ttl) .. ARGV[a + 2])
       if redis.call('PTTL', key) < ttl then
@@ -115,38 +112,38 @@ for s2 = 1, nsteps do
       end
       a = a + 4
     end
-    if nres > 0 then
-      redis.call('PUBLISH', ARGV[1], ids)
+    if step.nres > 0 then
+      redis.call('PUBLISH', ARGV[1], step.ids)
     end
-    for _ = 1, npub do
+    for _ = 1, step.npub do
       put(tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
       a = a + 5
     end
-    if chord == '1' then
-      local pos = tonumber(ARGV[a])
-      local fresh = redis.call('HSETNX', KEYS[pos], ARGV[a + 1], ARGV[a + 3])
+    if step.chord == 1 then
+      local pos, member, total, callback = struct.unpack('<I4I4I4I4', ARGV[a])
+      local fresh = redis.call('HSETNX', KEYS[pos], member, ARGV[a + 1])
       local seen = chords[pos]
       if not seen then
-        seen = { a = a, fresh = 0 }
+        seen = { ttl = ARGV[a + 2], total = total, callback = callback, fresh = 0 }
         chords[pos] = seen
         order[#order + 1] = pos
       end
       seen.fresh = seen.fresh + fresh
     end
-    if forget > 0 then
-      redis.call('DEL', KEYS[forget])
+    if step.forget > 0 then
+      redis.call('DEL', KEYS[step.forget])
     end
   end
 end
 for _, pos in ipairs(order) do
   local seen = chords[pos]
-  local key, c = KEYS[pos], seen.a
-  redis.call('PEXPIRE', key, ARGV[c + 4])
+  local key = KEYS[pos]
+  redis.call('PEXPIRE', key, seen.ttl)
   -- member fields are '0'..total-1; 'fired' joins them once the callback is out, so the count
   -- reaches total exactly once, in the call that counts the last member
-  if seen.fresh > 0 and redis.call('HLEN', key) == tonumber(ARGV[c + 2]) then
+  if seen.fresh > 0 and redis.call('HLEN', key) == seen.total then
     redis.call('HSET', key, 'fired', '1')
-    local b = 4 + 5 * (tonumber(ARGV[c + 5]) - 1)
+    local b = 4 + 5 * (seen.callback - 1)
     put(tonumber(ARGV[b]), ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4])
   end
 end

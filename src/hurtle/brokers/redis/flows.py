@@ -14,6 +14,7 @@ Redis Cluster, ``cluster.py`` splits a batch of steps into per-slot round trips.
 
 from __future__ import annotations
 
+import struct
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +56,12 @@ def _message_args(m: Message) -> list[Any]:
 STEPS_PER_CALL = 64
 
 
+#: A step's small numbers, and a chord member's, packed as ``ack_flow.lua`` unpacks them: one
+#: argument where each would be one (redis-py packs every argument in Python).
+_PACK6 = struct.Struct("<6I").pack
+_PACK4 = struct.Struct("<4I").pack
+
+
 class _Call:
     """The keys and arguments of one ``ack_flow.lua`` call, each key named once."""
 
@@ -89,31 +96,30 @@ class _Call:
 
     def add(self, consumer: Any, step: FlowStep) -> None:
         d = step.delivery
-        args = self.steps
-        args += [
+        chord = step.chord
+        head = _PACK6(
             self.key(consumer._target(d.queue).inflight),
-            d.receipt >> BATCH_BITS,
             d.receipt & BATCH_MASK,
             len(step.results),
             len(step.publish),
-            1 if step.chord is not None else 0,
+            0 if chord is None else 1,
             self.key(chord_key(step.forget)) if step.forget else 0,
-            " ".join(r.id for r in step.results),
-        ]
+        )
+        args = self.steps
+        args += [head, d.receipt >> BATCH_BITS, " ".join(r.id for r in step.results)]
         for r in step.results:
             args += [self.key(result_key(r.id)), r.id, r.payload, max(int(r.ttl * 1000), 1)]
         for m in step.publish:
             args += self.message(m)
-        chord = step.chord
         if chord is not None:
             c = chord.callback
             number = self.numbers.get(id(c))
             if number is None:  # the same for all the chord's members: passed once
                 self.callbacks += self.message(c)
                 number = self.numbers[id(c)] = len(self.numbers) + 1
-            ttl = max(int(chord.ttl * 1000), 1)
-            args += [self.key(chord_key(chord.id)), chord.index, chord.total, chord.payload, ttl]
-            args.append(number)
+            at = self.key(chord_key(chord.id))
+            args.append(_PACK4(at, chord.index, chord.total, number))
+            args += [chord.payload, max(int(chord.ttl * 1000), 1)]
 
     def args(self, steps: int) -> list[Any]:
         return [RESULTS_CHANNEL, steps, len(self.numbers), *self.callbacks, *self.steps]
