@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from helpers import Project, workflow_app
+from helpers import BatchState, Project, workflow_app
 from hurtle import ConfigurationError, Hurtle, TaskFailed, chain, chord, group
+from hurtle.brokers import FlowStep
 from hurtle.flow import FLOW
+from hurtle.worker.processor import Processor
 from nats_server import nats_server, nats_url  # noqa: F401 - fixtures
 
 
@@ -256,3 +258,35 @@ def test_chain_handles_are_usable_from_threads(app: Hurtle) -> None:
     for w in waiters:
         w.join()
     assert sorted(got) == [i + 2 for i in range(10)]
+
+
+class _StepsAcker:
+    """What a processor hands the acker, kept: workflow steps by hand-off."""
+
+    def __init__(self) -> None:
+        self.handed: list[list[FlowStep]] = []
+
+    def ack_flow(self, step: FlowStep) -> None:
+        self.handed.append([step])
+
+    def ack_flows(self, steps: list[FlowStep]) -> None:
+        self.handed.append(list(steps))
+
+
+def test_a_batch_of_chord_members_is_handed_on_at_once_with_one_callback_message(
+    app: Hurtle,
+) -> None:
+    add, total = app.tasks["add"], app.tasks["total"]
+    h = chord(group(add.s(i, 1) for i in range(30)), total.s()).send()
+    consumer = app.broker.consumer(["default"], "w1")
+    batch = consumer.fetch(100, 1.0)
+    acker = _StepsAcker()
+    processor = Processor(app, acker)  # type: ignore[arg-type]
+    processor.process_many(batch, BatchState())
+    [steps] = acker.handed  # the members of a batch: one hand-off, one ack_flow call
+    assert [s.delivery for s in steps] == batch
+    assert [s.chord.index for s in steps if s.chord is not None] == list(range(30))
+    callbacks = {id(s.chord.callback) for s in steps if s.chord is not None}
+    assert len(callbacks) == 1  # made once for the chord, not once per member
+    assert steps[0].chord is not None and steps[0].chord.callback.id == h.id
+    assert processor.tally.snapshot() == {("default", "add"): (30, 0, 0, 0)}

@@ -200,10 +200,13 @@ Item = TypeVar("Item")
 
 def check_steps(steps: Sequence[FlowStep]) -> None:
     """Check the messages workflow steps publish (their next links, their chords' callbacks)
-    before anything of them is settled."""
+    before anything of them is settled. A chord's callback shared by its members' steps (the
+    worker makes it once per batch) is checked once."""
+    seen: set[int] = set()
     for step in steps:
         check_messages(step.publish)
-        if step.chord is not None:
+        if step.chord is not None and id(step.chord.callback) not in seen:
+            seen.add(id(step.chord.callback))
             check_messages([step.chord.callback])
 
 
@@ -212,12 +215,15 @@ def flow_items(
 ) -> list[tuple[list[Item], Item | None]]:
     """Per workflow step, its messages to publish and its chord's callback, checked and made
     into a store's items (``item``) before anything is settled: a message that cannot be
-    encoded settles nothing."""
+    encoded settles nothing. A callback shared by several steps is made into an item once."""
     check_steps(steps)
-    return [
-        (
-            [item(m) for m in step.publish],
-            None if step.chord is None else item(step.chord.callback),
-        )
-        for step in steps
-    ]
+    callbacks: dict[int, Item] = {}
+    out: list[tuple[list[Item], Item | None]] = []
+    for step in steps:
+        callback: Item | None = None
+        if step.chord is not None:
+            c = step.chord.callback
+            if (callback := callbacks.get(id(c))) is None:
+                callback = callbacks[id(c)] = item(c)
+        out.append(([item(m) for m in step.publish], callback))
+    return out

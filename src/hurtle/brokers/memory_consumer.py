@@ -17,7 +17,7 @@ import msgspec
 from ..ids import new_id
 from ..message import MAX_PRIORITY, Message
 from .base import Consumer
-from .common import check_steps, log_trimmed
+from .common import flow_items, log_trimmed
 from .records import DeadLetter, Delivery, FlowStep, Lock, StoredResult
 from .reports import WorkerReport, merge
 
@@ -100,14 +100,7 @@ class MemoryConsumer(Consumer):
 
     def ack_flow(self, steps: Sequence[FlowStep]) -> None:
         # encoded first: a message that cannot be encoded settles nothing
-        encoded = [
-            (
-                [(m, m.encode()) for m in step.publish],
-                None if step.chord is None else step.chord.callback.encode(),
-            )
-            for step in steps
-        ]
-        check_steps(steps)
+        encoded = flow_items(steps, _encoded)
         b = self.broker
         wakes: list[Callable[[], None]] = []
         with b._lock:
@@ -123,8 +116,8 @@ class MemoryConsumer(Consumer):
                 chord = step.chord
                 if chord is not None and b._chord_step_locked(chord, now):
                     assert callback is not None
-                    c = chord.callback
-                    b._put(c.queue, callback, c.priority, c.eta)
+                    c, raw = callback
+                    b._put(c.queue, raw, c.priority, c.eta)
                 if step.forget:
                     b._chords.pop(step.forget, None)
                 del held[step.delivery.receipt]
@@ -264,3 +257,7 @@ def _took_probe(probe: tuple[int, bytes] | None, out: list[Delivery], start: int
     """Whether ``out[start:]``, taken from one queue, holds ``probe``, the last message its
     queue let out of quarantine (None once that one was taken: the common case, no search)."""
     return probe is not None and any(d.raw is probe[1] for d in out[start:])
+
+
+def _encoded(m: Message) -> tuple[Message, bytes]:
+    return m, m.encode()

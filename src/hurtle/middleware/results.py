@@ -58,6 +58,7 @@ from . import Calls, Job, Middleware, Outbox, Outcome, WorkerParts
 
 if TYPE_CHECKING:
     from ..app import Hurtle
+    from ..message import Message
     from ..sealing import Keyring
     from ..task import Task
 
@@ -103,15 +104,23 @@ def encode_value(value: Any, job: Job, most: int = MAX_SIZE) -> bytes:
     """The ``succeeded`` record of ``value`` (sealed if its task is encrypted); ``ResultError``
     when msgpack cannot encode it, or when the record is over ``most`` bytes
     (``Broker.max_result_size``)."""
-    keyring = job.task.keyring
+    return succeeded_record(value, job.task, job.message, _about(job), most)
+
+
+def succeeded_record(
+    value: Any, task: Task[Any, Any], message: Message, about: tuple[Any, ...], most: int
+) -> bytes:
+    """``encode_value`` for a call without a ``Job`` (a workflow's on the batch path,
+    ``worker.flowcalls``): ``about`` is what ``_about`` reads from a job."""
+    keyring = task.keyring
     try:
-        stored = value if keyring is None else keyring.seal_value(job.task.name, value)
+        stored = value if keyring is None else keyring.seal_value(task.name, value)
         # the bytes of Record(SUCCEEDED, value, ...), made faster
-        record = _encode((SUCCEEDED, stored, "", "", "", *_about(job)))
+        record = _encode((SUCCEEDED, stored, "", "", "", *about))
     except UNENCODABLE as err:
-        raise unstorable(value, job.task.name, job.message.id, err) from err
+        raise unstorable(value, task.name, message.id, err) from err
     if len(record) > most:
-        raise too_large(value, job.task.name, job.message.id, len(record), most)
+        raise too_large(value, task.name, message.id, len(record), most)
     return record
 
 

@@ -136,6 +136,11 @@ class Acker:
         self._flows.append(step)
         self._wake.set()
 
+    def ack_flows(self, steps: list[FlowStep]) -> None:
+        """``ack_flow`` for a batch's workflow members: one broker call for them, woken once."""
+        self._flows.extend(steps)
+        self._wake.set()
+
     def ack_many_with_results(
         self, deliveries: list[Delivery], results: Sequence[StoredResult]
     ) -> None:

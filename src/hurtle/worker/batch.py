@@ -289,6 +289,18 @@ class BatchPath(Admission):
             if log_calls:
                 self.call_log.calls(c)
 
+    def _settle_chunk(self, calls: Calls, state: BatchState, log_calls: bool) -> None:
+        """Settle ``CALLS_CHUNK`` calls gathered in the middle of a batch (failing those that
+        returned after they were interrupted at their time limit), and log them if
+        ``log_calls``."""
+        if state.overran:
+            _fail_overran((calls,), state.overran)
+        if self.cancels:
+            self._cancelled_calls([], (calls,))
+        self._settle_calls(calls)
+        if log_calls:
+            self.call_log.calls(calls)
+
     def _settle_calls(self, calls: Calls, job: Job | None = None) -> None:
         """``after_calls`` for calls of one task that returned, then their acknowledgements
         (with the results they store) or, for those failed, their failures. With ``job``: the

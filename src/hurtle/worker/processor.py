@@ -69,7 +69,8 @@ from ..middleware.limits import RateLimitMiddleware
 from ..middleware.retries import Retries
 from ..sealing import SEALED
 from .acker import Acker
-from .batch import _NO_SKIP, BatchPath, _fail_overran
+from .batch import _NO_SKIP, BatchPath
+from .flowcalls import FlowCalls
 from .jobs import BatchState, Limit, late_limit, off_path, take_all
 from .log import CallLog
 from .loops import Loops
@@ -281,6 +282,8 @@ class Processor(BatchPath, JobSteps):
         decode = decode_unchecked
         done: list[Delivery] = []
         started = 0
+        # workflow calls of inline tasks, called here too (``flowcalls``): settled at the end
+        flowing = None if log_calls else FlowCalls(self)
         # Counted per run of one task on one queue (a batch is mostly one run): two compares
         # per task rather than a dict update.
         counts: dict[tuple[str, str], int] = {}
@@ -380,6 +383,11 @@ class Processor(BatchPath, JobSteps):
                 started += 1
                 if task is None:  # not inline (or unknown: dead-lettered); timed in ``finish``
                     state.time_limit = None
+                    if flowing is not None and (
+                        end := flowing.call(delivery, message, state, last)
+                    ):
+                        last = end
+                        continue
                     if (job := self._job(delivery, message)) is not None:
                         self.run(job, state)
                     state.current = None
@@ -444,20 +452,10 @@ class Processor(BatchPath, JobSteps):
             if runtimes or spans:
                 self.timings.add_batch(runtimes, spans)
             self._settle_batch(state, done, returned, log_calls)
+            if flowing is not None and flowing.deliveries:
+                flowing.settle()
             if late:
                 self.acker.dead_letter_many(late)
-
-    def _settle_chunk(self, calls: Calls, state: BatchState, log_calls: bool) -> None:
-        """Settle ``CALLS_CHUNK`` calls gathered in the middle of a batch (failing those that
-        returned after they were interrupted at their time limit), and log them if
-        ``log_calls``."""
-        if state.overran:
-            _fail_overran((calls,), state.overran)
-        if self.cancels:
-            self._cancelled_calls([], (calls,))
-        self._settle_calls(calls)
-        if log_calls:
-            self.call_log.calls(calls)
 
     def _overran(self, done: list[Delivery], overran: list[Delivery]) -> None:
         """Fail the inline calls that returned after they were interrupted at their limit."""

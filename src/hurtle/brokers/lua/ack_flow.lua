@@ -1,90 +1,150 @@
 --[[
-  Acknowledge one workflow member together with everything it sets off, atomically: store its
-  records, publish the next link(s), count it in its chord (and publish the chord's callback
-  when it completes the count, once), drop a chord record it is done with. Nothing happens
-  unless the worker still holds the delivery (not settled, not recovered): the copy delivered
-  again sets it off instead.
+  Acknowledge a batch of workflow members, each together with everything it sets off, in one
+  call: for each step what ack_flow.lua does for one (store its records, publish the next
+  link(s), count it in its chord and publish the chord's callback when it completes the count,
+  once, drop a chord record it is done with), all of it atomic as a script is. A step whose
+  delivery the worker no longer holds (settled, recovered) does nothing: the copy delivered
+  again sets it off instead. The keys are named once each and the steps refer to them by
+  position, and a chord's callback, the same for all its members, is passed once. The steps of
+  one fetched batch are settled together, and a chord's count is read once per call.
 
   Input:
-    KEYS[1]      in-flight index of the worker (batch id -> count held)
-    KEYS[2]      the set of known queues
-    KEYS[3..]    the result hashes (keys.result_key, ARGV[3] of them); then 13 keys per published message (ready
-                 lists 0..9, delayed zset, wake list, seq counter of its queue); then, with a
-                 chord, the chord's hash and the 13 keys of its callback's queue; then, with
-                 forget, the chord hash to drop
-
-    ARGV[1]      batch id of the delivery
-    ARGV[2]      its index in the batch
-    ARGV[3]      how many results, ARGV[4] how many messages to publish, ARGV[5] 1 with a chord,
-                 ARGV[6] 1 with a chord to forget
-    ARGV[7]      the channel that announces results, ARGV[8] their ids, space-separated
-    ARGV[9..]    per result: id, payload, ttl in ms; per published message: queue, priority, eta
-                 (0: ready now), payload; with a chord: member index, member count, member
-                 payload, ttl in ms, then the callback as a published message
+    KEYS[1]      the set of known queues
+    KEYS[2..]    every other key the steps touch, once each: in-flight indexes, result hashes,
+                 chord hashes, and 13 keys in a row per queue published to (ready lists 0..9,
+                 delayed zset, wake list, seq counter)
+    ARGV[1]      the channel that announces results
+    ARGV[2]      how many steps, ARGV[3] how many callbacks
+    ARGV[4..]    per callback: the position of its queue's first key, its queue, priority, eta
+                 (0: ready now), payload (5 arguments each)
+    then per step: six little-endian uint32s packed in one string (the position of its in-flight
+                 index, its index in the batch, how many results, how many messages to publish,
+                 1 with a chord, the position of the chord hash to drop, 0: none), its batch id,
+                 the results' ids (space-separated); per result: the position of its hash, id,
+                 payload, ttl in ms; per published message: the position of its queue's first
+                 key, queue, priority, eta, payload; with a chord: four uint32s packed (the
+                 position of its hash, member index, member count, its callback's number from 1),
+                 member payload, ttl in ms
 
   Output:
-    1 when the delivery was held and all of it happened, 2 when this member also completed the
-    chord (its callback was published), 0 when nothing happened
+    how many steps happened (their deliveries were held)
 ]]
 -- @include _lib
 
-if settle(KEYS[1], ARGV[1], tonumber(ARGV[2])) == 0 then
-  return 0
-end
-
-local nres, npub = tonumber(ARGV[3]), tonumber(ARGV[4])
-local k, a = 3, 9
-
 local t = redis.call('TIME')
 local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for _ = 1, nres do  -- as redis/results.py stores them: a field of the bucket's hash, after its expiry
-  local ttl = tonumber(ARGV[a + 2])
-  redis.call('HSET', KEYS[k], ARGV[a], string.format('%013d', now_ms + ttl) .. ARGV[a + 1])
-  if redis.call('PTTL', KEYS[k]) < ttl then
-    redis.call('PEXPIRE', KEYS[k], ttl)
-  end
-  k, a = k + 1, a + 3
-end
-if nres > 0 then
-  redis.call('PUBLISH', ARGV[7], ARGV[8])
-end
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 
 -- Store one message as publish.lua does: ready at the tail of its priority, or delayed.
-local function put(key, arg)
-  local queue, p, eta, payload = ARGV[arg], tonumber(ARGV[arg + 1]), tonumber(ARGV[arg + 2]),
-    ARGV[arg + 3]
-  redis.call('SADD', KEYS[2], queue)
-  if eta > 0 and eta > server_now() then
-    local seq = redis.call('INCR', KEYS[key + 12])
-    redis.call('ZADD', KEYS[key + 10], eta, ARGV[arg + 1] .. string.format(':%012x:', seq) .. payload)
+local function put(first, queue, priority, eta, payload)
+  local p = tonumber(priority)
+  redis.call('SADD', KEYS[1], queue)
+  eta = tonumber(eta)
+  if eta > 0 and eta > now then
+    local seq = redis.call('INCR', KEYS[first + 12])
+    redis.call('ZADD', KEYS[first + 10], eta, priority .. string.format(':%012x:', seq) .. payload)
   else
-    redis.call('RPUSH', KEYS[key + p], payload)
+    redis.call('RPUSH', KEYS[first + p], payload)
   end
-  redis.call('RPUSH', KEYS[key + 11], '1')
-  redis.call('LTRIM', KEYS[key + 11], -MAX_TOKENS, -1)
+  redis.call('RPUSH', KEYS[first + 11], '1')
+  redis.call('LTRIM', KEYS[first + 11], -MAX_TOKENS, -1)
 end
 
-for _ = 1, npub do
-  put(k, a)
-  k, a = k + 13, a + 4
+local nsteps, ncallbacks = tonumber(ARGV[2]), tonumber(ARGV[3])
+
+-- The steps, read first: where each one's arguments start, and its fields.
+local steps = {}
+local a = 4 + 5 * ncallbacks
+for s = 1, nsteps do
+  local inflight, index, nres, npub, chord, forget = struct.unpack('<I4I4I4I4I4I4', ARGV[a])
+  steps[s] = { a = a + 3, inflight = inflight, batch = ARGV[a + 1], index = index, nres = nres,
+    npub = npub, chord = chord, forget = forget, ids = ARGV[a + 2] }
+  a = a + 3 + 4 * nres + 5 * npub + 3 * chord
 end
 
-local out = 1
-if ARGV[5] == '1' then
-  local chord = KEYS[k]
-  local index, total, ttl = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 3]
-  local fresh = redis.call('HSETNX', chord, index, ARGV[a + 2])
-  redis.call('PEXPIRE', chord, ttl)
+-- Which deliveries are still held, settling them: one HGET, BITFIELD and HINCRBY per run of
+-- steps of one fetched batch (as ack.lua's groups), where settle() would cost three per step.
+local held = {}
+local s = 1
+while s <= nsteps do
+  local first = steps[s]
+  local index, batch = KEYS[first.inflight], first.batch
+  local e = s
+  while e < nsteps and steps[e + 1].inflight == first.inflight and steps[e + 1].batch == batch do
+    e = e + 1
+  end
+  local left = tonumber(redis.call('HGET', index, batch))
+  if left then
+    local ops = {}
+    for j = s, e do
+      local n = #ops
+      ops[n + 1], ops[n + 2], ops[n + 3], ops[n + 4] = 'SET', 'u1', steps[j].index, 1
+    end
+    local fresh = 0
+    for k, old in ipairs(redis.call('BITFIELD', index .. ':' .. batch .. ':done', unpack(ops))) do
+      if old == 0 then
+        held[s + k - 1] = true
+        fresh = fresh + 1
+      end
+    end
+    if fresh >= left then
+      drop_batch(index, batch)
+    elseif fresh > 0 then
+      redis.call('HINCRBY', index, batch, -fresh)
+    end
+  end
+  s = e + 1
+end
+
+-- What each held step sets off; a chord's count is read once per call, after its members.
+local done = 0
+local chords, order = {}, {}
+for s2 = 1, nsteps do
+  if held[s2] then
+    done = done + 1
+    local step = steps[s2]
+    a = step.a
+    for _ = 1, step.nres do  -- as redis/results.py stores them: a field of the bucket's hash
+      local key, ttl = KEYS[tonumber(ARGV[a])], tonumber(ARGV[a + 3])
+      redis.call('HSET', key, ARGV[a + 1], string.format('%013d', now_ms + ttl) .. ARGV[a + 2])
+      if redis.call('PTTL', key) < ttl then
+        redis.call('PEXPIRE', key, ttl)
+      end
+      a = a + 4
+    end
+    if step.nres > 0 then
+      redis.call('PUBLISH', ARGV[1], step.ids)
+    end
+    for _ = 1, step.npub do
+      put(tonumber(ARGV[a]), ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+      a = a + 5
+    end
+    if step.chord == 1 then
+      local pos, member, total, callback = struct.unpack('<I4I4I4I4', ARGV[a])
+      local fresh = redis.call('HSETNX', KEYS[pos], member, ARGV[a + 1])
+      local seen = chords[pos]
+      if not seen then
+        seen = { ttl = ARGV[a + 2], total = total, callback = callback, fresh = 0 }
+        chords[pos] = seen
+        order[#order + 1] = pos
+      end
+      seen.fresh = seen.fresh + fresh
+    end
+    if step.forget > 0 then
+      redis.call('DEL', KEYS[step.forget])
+    end
+  end
+end
+for _, pos in ipairs(order) do
+  local seen = chords[pos]
+  local key = KEYS[pos]
+  redis.call('PEXPIRE', key, seen.ttl)
   -- member fields are '0'..total-1; 'fired' joins them once the callback is out, so the count
-  -- reaches total exactly once, by the member that completes it
-  if fresh == 1 and redis.call('HLEN', chord) == total then
-    redis.call('HSET', chord, 'fired', '1')
-    put(k + 1, a + 4)
-    out = 2
+  -- reaches total exactly once, in the call that counts the last member
+  if seen.fresh > 0 and redis.call('HLEN', key) == seen.total then
+    redis.call('HSET', key, 'fired', '1')
+    local b = 4 + 5 * (seen.callback - 1)
+    put(tonumber(ARGV[b]), ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4])
   end
-  k = k + 14
 end
-if ARGV[6] == '1' then
-  redis.call('DEL', KEYS[k])
-end
-return out
+return done

@@ -255,7 +255,8 @@ class NatsConsumer(Consumer):
         for step in steps:
             out = [*step.publish, *([step.chord.callback] if step.chord is not None else [])]
             check_messages(out)
-            payloads.update((m.id, m.encode()) for m in out)
+            # a chord's callback, shared by its members' steps, is encoded once
+            payloads.update((m.id, m.encode()) for m in out if m.id not in payloads)
         if steps:
             run(flows.ack_flow(self, steps, payloads))
 
