@@ -13,16 +13,13 @@ store), outcomes are kept and retried with backoff, never dropped. ``stop`` keep
 with backoff, until everything is settled or its timeout is spent.
 
 Results ride with acknowledgements: ``ack_with_result`` queues a delivery together with its
-record (``StoredResult``), and the flush hands both to one ``Consumer.ack`` call, so a batch of
-results costs the round trip the acknowledgements pay anyway; the broker stores a record only
-while its delivery is still held (``Consumer.ack``: a worker taken for dead meanwhile leaves the
-record to the copy delivered again). Records without a delivery to
+record (``StoredResult``), and the flush hands both to one ``Consumer.ack`` call; the broker
+stores a record only while its delivery is still held (``Consumer.ack``: a worker taken for dead
+meanwhile leaves the record to the copy delivered again). Records without a delivery to
 acknowledge (``store_result``: a failed attempt, a dead letter) are written first in the flush,
-before the retries and dead letters gathered with them: a record never lands after the outcome
-of the attempt that follows it. A batch's records come in columns (``StoredResults``, from
-``ack_many_with_results``) and stay so: a flush joins its batches into one when they share their
-time to live. ``take_acks`` takes only plain acknowledgements; those with
-results stay with the acker's own flush.
+before the retries and dead letters gathered with them. A batch's records come in columns
+(``StoredResults``, from ``ack_many_with_results``) and stay so. ``take_acks`` (the solo loop's
+rides: ``Fetcher``) takes only plain acknowledgements.
 
 What the acker does with an outcome the broker refuses (rather than cannot be reached for), and
 with what is still unsettled when ``stop`` gives up, is ``refusals.py``'s.
@@ -60,8 +57,7 @@ class Acker:
     ) -> None:
         self.consumer = consumer
         self.batch_size = batch_size
-        #: Plain acknowledgements that wake the thread: ``batch_size``, or never when the solo
-        #: loop takes them with its prefetches (``Fetcher.rides``, ``_loop_takes``).
+        #: Plain acknowledgements that wake the thread (never: ``Fetcher.rides``).
         self.wake_at: float = batch_size
         self._taken = self._taken_seen = 0  # calls of ``take_acks``, at the last timed flush
         self.interval = interval
@@ -173,10 +169,9 @@ class Acker:
             return _take(self._acks)
 
     def _loop_takes(self) -> bool:
-        """Whether a timed flush leaves the plain acknowledgements to the solo loop, which
-        takes them with its prefetches (``wake_at`` is then infinite): when it took some since
-        the last timed flush. One that stalls (a long task, an idle queue) leaves them to the
-        flush after: they wait two ``interval`` at most."""
+        """Whether a timed flush leaves plain acknowledgements to the solo loop's prefetches
+        (``wake_at`` infinite): it took some since the last one. A loop that stalls leaves
+        them to the flush after (two ``interval`` at most)."""
         if self.wake_at != math.inf or self._stopping:
             return False
         taking, self._taken_seen = self._taken != self._taken_seen, self._taken
