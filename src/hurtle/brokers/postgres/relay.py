@@ -16,8 +16,10 @@ delays a message by at most one interval.
 
 Exactly once into the broker: a relay that dies after publishing a batch and before its commit
 leaves the rows (the server rolls its transaction back), and the next relay publishes them
-again; ``publish_once`` skips the ids it stored already (on Redis the newest ``ONCE_KEEP`` ids
-of each queue, at least, are remembered; on NATS, within the stream's duplicate window).
+again; ``publish_once`` skips what it stored already, a row at a time (rows are never changed
+once written: on Redis each row's messages in a queue are stored whole under the id of the
+first of them, and the newest ``ONCE_KEEP`` such keys of each queue, at least, are remembered;
+on NATS each message's id, within the stream's duplicate window).
 """
 
 from __future__ import annotations
@@ -132,22 +134,28 @@ class Relay:
             rows.sort()  # oldest first: RETURNING keeps no order
             payloads = [raw for _, bodies in rows for raw in bodies]
             taken = len(payloads)
+            # a row is stored or skipped whole, under its first message's id (in each queue):
+            # rows are never changed once written, so a batch taken again has the same rows
+            units = [len(bodies) for _, bodies in rows]
             most = self.broker.max_message_size
             if max(map(len, payloads)) > most:  # one pass over the lengths per batch
-                payloads = self._bury(conn, payloads, most)
+                payloads, units = self._bury(conn, rows, most)
             # checked when they were sent: the broker skips its pass over them
             messages = CheckedBatch(map(Message.decode, payloads))
             if payloads:
-                self.broker.publish_once(messages, payloads)
+                self.broker.publish_once(messages, payloads, units)
         self.relayed += len(payloads)
         return taken
 
-    def _bury(self, conn: psycopg.Connection[Any], payloads: list[bytes], most: int) -> list[bytes]:
-        """Move the messages larger than ``most`` bytes (the outbox takes up to ``MAX_SIZE``;
-        the broker, maybe less) to the outbox's dead table, in the relay's transaction, and
-        return the others. Each is logged as an error with its id and what to do."""
-        fit, ids, queues, reasons, bodies = [], [], [], [], []
-        for raw in payloads:
+    def _bury(
+        self, conn: psycopg.Connection[Any], rows: list[Any], most: int
+    ) -> tuple[list[bytes], list[int]]:
+        """Move the messages of ``rows`` larger than ``most`` bytes (the outbox takes up to
+        ``MAX_SIZE``; the broker, maybe less) to the outbox's dead table, in the relay's
+        transaction, and return the others with their rows' sizes (a row left empty, none).
+        Each is logged as an error with its id and what to do."""
+        fit, units, ids, queues, reasons, bodies = [], [], [], [], [], []
+        for raw in (raw for _, row in rows for raw in row):
             if len(raw) <= most:
                 fit.append(raw)
                 continue
@@ -172,4 +180,8 @@ class Relay:
             )
         conn.execute(self.table.BURY, (ids, queues, reasons, bodies))
         self.buried += len(ids)
-        return fit
+        for _, row in rows:
+            kept = sum(len(raw) <= most for raw in row)
+            if kept:
+                units.append(kept)
+        return fit, units
