@@ -12,9 +12,10 @@ the schema with a PostgreSQL broker's tables if the same schema holds them, with
 them.
 
 A write (``OutboxTable.write``) runs on the application's connection (``transactions``: psycopg
-3 or 2, SQLAlchemy, Django) in its open transaction: one ``INSERT`` of the batch and a
-``NOTIFY`` on the outbox's channel, which PostgreSQL delivers at the commit (never on a
-rollback): the relay wakes then. A message's id is fixed when it is written, so the handle the
+3 or 2, SQLAlchemy, Django) in its open transaction: one statement per row, its ``INSERT`` and
+a ``NOTIFY`` on the outbox's channel (one round trip: the application waits for nothing else),
+which PostgreSQL delivers at the commit (never on a rollback), once however many rows notified:
+the relay wakes then. A message's id is fixed when it is written, so the handle the
 send returns is the message that runs.
 """
 
@@ -87,8 +88,11 @@ class OutboxTable:
         self.lock_key = f"{self.schema}\noutbox relay"
         #: One row per ``BATCH`` messages of a write at most: a ``send_many`` of 1,000 is one
         #: row to insert, and one for the relay to delete.
-        self.INSERT = f"INSERT INTO {s}.outbox (n, bodies) VALUES (%s, %b::bytea[])"
-        self.NOTIFY = "SELECT pg_notify(%s, '')"
+        #: with the notification in the same statement, one round trip a row
+        self.INSERT = (
+            f"WITH w AS (INSERT INTO {s}.outbox (n, bodies) VALUES (%s, %b::bytea[])) "
+            "SELECT pg_notify(%s, '')"
+        )
         #: The relay's one statement per batch, in a transaction that commits only once the
         #: batch is published: the oldest rows that start within the first ``%s`` messages
         #: (of at most ``%s`` rows), deleted and returned (a relay that dies before its commit
@@ -194,6 +198,6 @@ class OutboxTable:
                 whole = True
             for at in range(0, len(raws), BATCH):
                 part = raws[at : at + BATCH]
-                cur.execute(self.INSERT, (len(part), _Bodies.of(part) if whole else part))
-            cur.execute(self.NOTIFY, (self.channel,))
+                body = _Bodies.of(part) if whole else part
+                cur.execute(self.INSERT, (len(part), body, self.channel))
         return [m.id for m in messages]
