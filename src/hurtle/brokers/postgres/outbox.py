@@ -36,7 +36,7 @@ from ..base import MAX_SIZE
 from .connection import connection_error, parse_url, public_url
 from .transactions import cursor_of
 
-#: Most messages the relay moves in one batch (one read, one publish, one delete).
+#: Most messages a row holds (a write of more is several rows).
 BATCH = 1000
 
 _ARRAY_HEAD = struct.Struct("!iiIii")  # dimensions, has nulls, element type, length, lower bound
