@@ -87,8 +87,8 @@ class OutboxTable:
         #: The advisory lock the one relay at work holds, on its own connection.
         self.lock_key = f"{self.schema}\noutbox relay"
         #: One row per ``BATCH`` messages of a write at most: a ``send_many`` of 1,000 is one
-        #: row to insert, and one for the relay to delete.
-        #: with the notification in the same statement, one round trip a row
+        #: row to insert, and one for the relay to delete; the notification goes in the same
+        #: statement, so a row is one round trip.
         self.INSERT = (
             f"WITH w AS (INSERT INTO {s}.outbox (n, bodies) VALUES (%s, %b::bytea[])) "
             "SELECT pg_notify(%s, '')"

@@ -9,10 +9,10 @@ the relay at work stops or dies (PostgreSQL ends a dead client's session, and it
 
 The loop: in one transaction, delete the oldest rows, those that start within the first
 ``RELAY_BATCH`` messages, returning them (one statement); publish them with
-``Broker.publish_once``; commit. Again at once while batches come full, else wait for a notification (each write notifies
-the outbox's channel at its commit: ``LISTEN``) or ``poll_interval`` seconds, whichever comes
-first. The poll is only a fallback: a notification missed (a connection lost and made again)
-delays a message by at most one interval.
+``Broker.publish_once``; commit. Again at once while batches come full, else wait for a
+notification (each write notifies the outbox's channel at its commit: ``LISTEN``) or
+``poll_interval`` seconds, whichever comes first. The poll is only a fallback: a notification
+missed (a connection lost and made again) delays a message by at most one interval.
 
 Exactly once into the broker: a relay that dies after publishing a batch and before its commit
 leaves the rows (the server rolls its transaction back), and the next relay publishes them
