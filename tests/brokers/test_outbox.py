@@ -255,7 +255,8 @@ def test_relays_killed_mid_batch_publish_every_row_exactly_once(
     redis_url: str, postgres_url: str, tmp_path: Path
 ) -> None:
     shop = Shop(redis_url, postgres_url)
-    ids = _fill(shop, 12_000)
+    # ten of the relay's batches (4,000 messages each): enough that a kill lands in one
+    ids = _fill(shop, 40_000)
     (tmp_path / "killed_app.py").write_text(
         f"from hurtle import Hurtle\napp = Hurtle({redis_url!r}, outbox={postgres_url!r})\n"
     )
