@@ -255,7 +255,8 @@ def test_relays_killed_mid_batch_publish_every_row_exactly_once(
     redis_url: str, postgres_url: str, tmp_path: Path
 ) -> None:
     shop = Shop(redis_url, postgres_url)
-    ids = _fill(shop, 12_000)
+    # ten of the relay's batches (4,000 messages each): enough that a kill lands in one
+    ids = _fill(shop, 40_000)
     (tmp_path / "killed_app.py").write_text(
         f"from hurtle import Hurtle\napp = Hurtle({redis_url!r}, outbox={postgres_url!r})\n"
     )
@@ -297,7 +298,8 @@ def test_a_batch_published_before_its_relay_died_is_not_published_again(shop: Sh
         rows = conn.execute(table.SELECT, (2,)).fetchall()  # type: ignore[arg-type]
     payloads = [bytes(raw) for _, bodies in rows for raw in bodies]
     assert len(payloads) == 200
-    shop.app.broker.publish_once([Message.decode(raw) for raw in payloads])
+    units = [len(bodies) for _, bodies in rows]  # as the relay publishes them: a row a unit
+    shop.app.broker.publish_once([Message.decode(raw) for raw in payloads], payloads, units)
     assert shop.waiting() == 300
     assert shop.relay_all() == 300  # the next relay reads the 200 again, and 100 more
     ran = shop.run_all()
@@ -344,6 +346,98 @@ def test_publish_once_skips_ids_it_stored_on_a_cluster_too(redis_cluster_url: st
     stats = broker.stats([f"q{i}" for i in range(3)])
     assert sum(s.ready for s in stats.values()) == 30
     broker.close()
+
+
+def test_publish_once_stores_or_skips_each_unit_whole_under_its_first_id_per_queue(
+    redis_url: str,
+) -> None:
+    """A unit (an outbox row) is one key per queue: the id of its first message there. A unit
+    seen before is skipped whole, one not seen is stored whole, in every queue it has messages
+    in; units that do not add up to the messages are refused before anything is stored."""
+    import redis
+    from hurtle.brokers import make_broker
+
+    broker = make_broker(redis_url)
+    now = time.time()
+    messages = [
+        Message(f"u{i}", "t", f"q{i % 2}", (i,), {}, 0, i % 3, 0.0, now, {}, 0) for i in range(12)
+    ]
+    broker.publish_once(messages[:6], None, [6])  # one unit: u0 in q0, u1 in q1
+    client = redis.Redis.from_url(redis_url)
+    held = {bytes(k) for q in ("q0", "q1") for k in client.smembers(f"hurtle:{{{q}}}:sent:0")}
+    client.close()
+    assert held == {b"u0", b"u1"}
+    broker.publish_once(messages, None, [6, 4, 2])  # the first again, and two new units
+    stats = broker.stats(["q0", "q1"])
+    assert stats["q0"].ready + stats["q1"].ready == 12
+    got = broker.consumer(["q0", "q1"]).fetch(50, 0)
+    assert sorted(Message.decode(d.raw).id for d in got) == sorted(m.id for m in messages)
+    with pytest.raises(ValueError, match="add up to"):
+        broker.publish_once(messages, None, [6, 4])
+    assert sum(s.ready for s in broker.stats(["q0", "q1"]).values()) == 0
+    broker.close()
+
+
+def test_a_message_too_large_for_redis_leaves_the_rest_of_its_row_relayed_once(
+    redis_url: str, postgres_url: str
+) -> None:
+    """A row whose first message is kept back in the dead table is published from its next
+    one: a batch taken again after a relay died meets the same key."""
+    shop = Shop(redis_url, postgres_url)
+    shop.app.broker.max_message_size = 1_000_000  # what a smaller broker would take
+    with psycopg.connect(shop.database) as conn:
+        shop.add.options(connection=conn).send_many([("x" * 2_000_000, "y"), (1, 1), (2, 2)])
+        shop.add.options(connection=conn).send("x" * 2_000_000, "z")  # a row left empty
+        shop.add.options(connection=conn).send(3, 3)
+        conn.commit()
+    table = shop.app.outbox
+    assert table is not None
+    relay = Relay(table, shop.app.broker)
+    with table.connect() as conn:
+        with conn.transaction():  # published, then rolled back: as if it died before its commit
+            assert relay.move(conn) == 5
+            raise psycopg.Rollback
+        assert shop.waiting() == 5
+        assert relay.move(conn) == 5
+    assert relay.buried == 4 and relay.relayed == 6  # each pass: 2 kept back, 3 published
+    ran = shop.run_all()
+    assert ran == [(1, 1), (2, 2), (3, 3)]  # each once
+    shop.app.close()
+
+
+def test_a_psycopg_connection_that_binds_on_the_client_writes_to_the_outbox(
+    redis_url: str, postgres_url: str
+) -> None:
+    """A cursor that binds parameters on the client (Django's, or ``cursor_factory=``
+    ``ClientCursor``) takes the messages as a list, not as the binary array a server-side
+    cursor is given."""
+    shop = Shop(redis_url, postgres_url)
+    with psycopg.connect(shop.database, cursor_factory=psycopg.ClientCursor) as conn:
+        shop.add.options(connection=conn).send_many([(1, 1), (2, 2)])
+        shop.add.options(connection=conn).send(3, 3)
+        conn.commit()
+    assert shop.run_all() == [(1, 1), (2, 2), (3, 3)]
+    shop.app.close()
+
+
+def test_a_row_is_stored_compressed_with_lz4_where_the_server_has_it(
+    redis_url: str, postgres_url: str
+) -> None:
+    shop = Shop(redis_url, postgres_url)
+    table = shop.app.outbox
+    assert table is not None
+    with psycopg.connect(shop.database) as conn:
+        shop.add.options(connection=conn).send_many([(i, i) for i in range(1000)])
+        conn.commit()
+        row = conn.execute(
+            "SELECT 'lz4' = ANY(enumvals) FROM pg_settings WHERE name = 'default_toast_compression'"
+        ).fetchone()
+        [(how,)] = conn.execute(
+            f'SELECT pg_column_compression(bodies) FROM "{table.schema}".outbox'  # type: ignore[arg-type]
+        ).fetchall()
+    assert how == ("lz4" if row and row[0] else None)
+    assert shop.run_all() == [(i, i) for i in range(1000)]
+    shop.app.close()
 
 
 def test_publish_once_remembers_the_newest_ids_in_bounded_generations(

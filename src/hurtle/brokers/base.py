@@ -126,8 +126,9 @@ from .ticks import TickBatch, TickClaim, check_tick_claim
 log = logging.getLogger(__name__)
 
 
-#: How many of the ids ``publish_once`` stored lately a queue remembers, at least (Redis: two
-#: generations of this many): far more than the one batch a relay that died can have left.
+#: How many of the keys ``publish_once`` stored lately a queue remembers, at least (Redis: two
+#: generations of this many; a key per outbox row, or per message sent on its own): far more
+#: than the one batch a relay that died can have left.
 ONCE_KEEP = 50_000
 
 #: The size limit hurtle keeps to where the store's own is larger (64 MiB): a runaway value fails
@@ -215,15 +216,21 @@ class Broker(FairAdmin, abc.ABC):
         raise ConfigurationError(not_transactional(self.url))
 
     def publish_once(
-        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+        self,
+        messages: Sequence[Message],
+        payloads: Sequence[bytes] | None = None,
+        units: Sequence[int] | None = None,
     ) -> None:
-        """``publish``, skipping each message whose id an earlier ``publish_once`` stored lately
-        (the outbox's relay: a batch published again after the relay died before its commit
-        is not stored twice). Redis keeps the newest ``ONCE_KEEP`` ids or more per queue, read and
-        written in the same script as the push; NATS stores each under its id as
-        ``Nats-Msg-Id``, which JetStream drops as a duplicate within the stream's duplicate
-        window (two minutes). ``payloads``: the messages encoded already (the relay has them as
-        they were written), checked against ``max_message_size`` rather than encoded again."""
+        """``publish``, skipping what an earlier ``publish_once`` stored lately (the outbox's
+        relay: a batch published again after the relay died before its commit is not stored
+        twice). ``units``: the sizes of the runs of ``messages`` stored or skipped whole (an
+        outbox row each: never changed once written), each under the id of its first message
+        in each queue; by default every message is a unit of its own. Redis keeps the newest
+        ``ONCE_KEEP`` unit keys or more per queue, read and written in the same script as the
+        push; NATS stores each message under its id as ``Nats-Msg-Id`` (``units`` unused),
+        which JetStream drops as a duplicate within the stream's duplicate window (two
+        minutes). ``payloads``: the messages encoded already (the relay has them as they were
+        written), checked against ``max_message_size`` rather than encoded again."""
         raise ConfigurationError(
             f"{type(self).__name__} cannot relay an outbox (its publish_once is missing): use "
             "outbox= with a Redis, Redis Cluster or NATS broker"

@@ -44,8 +44,9 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:workers            ZSET    W, scored by W's deadline (server time)
     hurtle:{q}:wake               LIST    wake-up tokens that idle consumers BLPOP on
     hurtle:{q}:seq                STRING  counter for batch ids and delayed members
-    hurtle:{q}:sent:0, :sent:1    SET     ids ``publish_once`` (the outbox's relay) stored lately,
-                                          two generations of at most ``ONCE_KEEP`` each
+    hurtle:{q}:sent:0, :sent:1    SET     keys ``publish_once`` (the outbox's relay) stored lately
+                                          (a row's first id in q), two generations of at most
+                                          ``ONCE_KEEP`` each
     hurtle:{q}:sent:gen           STRING  which of the two is current
     hurtle:{q}:dead               ZSET    dead-letter id, scored by failure time
     hurtle:{q}:dead:raw           HASH    dead-letter id -> raw bytes
@@ -169,7 +170,7 @@ class QueueKeys:
         self.workers = f"{base}workers"
         self.wake = f"{base}wake"
         self.seq = f"{base}seq"
-        #: ``publish_once``'s generations of the ids it stored: this then 0, 1 or gen.
+        #: ``publish_once``'s generations of the keys it stored: this then 0, 1 or gen.
         self.sent = f"{base}sent:"
         self.dead = f"{base}dead"
         self.dead_raw = f"{base}dead:raw"

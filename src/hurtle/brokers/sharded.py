@@ -245,11 +245,14 @@ class ShardedBroker(Broker):
         return self.inner.publish_in(connection, self._checked(messages), unique_for)
 
     def publish_once(
-        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+        self,
+        messages: Sequence[Message],
+        payloads: Sequence[bytes] | None = None,
+        units: Sequence[int] | None = None,
     ) -> None:
         """``publish_once`` of ``inner``, each message of a sharded queue in the shard its id
-        picks: a batch published again (the outbox's relay) meets the ids it stored before, in
-        the same shard."""
+        picks: a batch published again (the outbox's relay) meets the keys it stored before, in
+        the same shard (a unit's key in each shard is its first message there)."""
         if payloads is None:
             check_messages(messages)
             payloads = encode_many(list(messages), self.max_message_size)
@@ -262,7 +265,7 @@ class ShardedBroker(Broker):
                 m, raw = msgspec.structs.replace(m, queue=shard), requeued(raw, shard)
             routed.append(m)
             stored.append(raw)
-        self.inner.publish_once(routed, stored)
+        self.inner.publish_once(routed, stored, units)
 
     def publish_raw(self, queue: str, payloads: Sequence[bytes]) -> None:
         names = self.shards_of(queue)

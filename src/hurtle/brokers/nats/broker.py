@@ -120,10 +120,13 @@ class NatsBroker(Broker):
             run(self._publish([m.queue for m in messages], self._items(messages, payloads)))
 
     def publish_once(
-        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+        self,
+        messages: Sequence[Message],
+        payloads: Sequence[bytes] | None = None,
+        units: Sequence[int] | None = None,
     ) -> None:
         # the same Nats-Msg-Id each time (no call of its own): JetStream stores one per id
-        # within the stream's duplicate window
+        # within the stream's duplicate window, so each message is a unit of its own here
         check_messages(messages)
         if payloads is None:
             payloads = encode_many(list(messages), self.max_message_size)

@@ -8,16 +8,18 @@ others wait, trying the lock again every ``poll_interval``, and one of them take
 the relay at work stops or dies (PostgreSQL ends a dead client's session, and its lock with it).
 
 The loop: in one transaction, delete the oldest rows, those that start within the first
-``BATCH`` messages, returning them (one statement); publish them with ``Broker.publish_once``;
-commit. Again at once while batches come full, else wait for a notification (each write notifies
-the outbox's channel at its commit: ``LISTEN``) or ``poll_interval`` seconds, whichever comes
-first. The poll is only a fallback: a notification missed (a connection lost and made again)
-delays a message by at most one interval.
+``RELAY_BATCH`` messages, returning them (one statement); publish them with
+``Broker.publish_once``; commit. Again at once while batches come full, else wait for a
+notification (each write notifies the outbox's channel at its commit: ``LISTEN``) or
+``poll_interval`` seconds, whichever comes first. The poll is only a fallback: a notification
+missed (a connection lost and made again) delays a message by at most one interval.
 
 Exactly once into the broker: a relay that dies after publishing a batch and before its commit
 leaves the rows (the server rolls its transaction back), and the next relay publishes them
-again; ``publish_once`` skips the ids it stored already (on Redis the newest ``ONCE_KEEP`` ids
-of each queue, at least, are remembered; on NATS, within the stream's duplicate window).
+again; ``publish_once`` skips what it stored already, a row at a time (rows are never changed
+once written: on Redis each row's messages in a queue are stored whole under the id of the
+first of them, and the newest ``ONCE_KEEP`` such keys of each queue, at least, are remembered;
+on NATS each message's id, within the stream's duplicate window).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ log = logging.getLogger(__name__)
 POLL_INTERVAL = 1.0
 #: Seconds before a relay that failed (a server down) tries again.
 RETRY_DELAY = 1.0
+#: Most messages the relay moves in one batch: four rows of a ``send_many`` of 1,000 or more.
+#: A relay behind its writers catches up with a quarter of the round trips, statements and
+#: script calls it took with batches of one row, and leaves the CPU they cost to the writers.
+RELAY_BATCH = 4 * BATCH
 
 
 class Relay:
@@ -53,7 +59,7 @@ class Relay:
         broker: Broker,
         *,
         poll_interval: float = POLL_INTERVAL,
-        batch: int = BATCH,
+        batch: int = RELAY_BATCH,
     ) -> None:
         self.table = table
         self.broker = broker
@@ -132,22 +138,28 @@ class Relay:
             rows.sort()  # oldest first: RETURNING keeps no order
             payloads = [raw for _, bodies in rows for raw in bodies]
             taken = len(payloads)
+            # a row is stored or skipped whole, under its first message's id (in each queue):
+            # rows are never changed once written, so a batch taken again has the same rows
+            units = [len(bodies) for _, bodies in rows]
             most = self.broker.max_message_size
             if max(map(len, payloads)) > most:  # one pass over the lengths per batch
-                payloads = self._bury(conn, payloads, most)
+                payloads, units = self._bury(conn, rows, most)
             # checked when they were sent: the broker skips its pass over them
             messages = CheckedBatch(map(Message.decode, payloads))
             if payloads:
-                self.broker.publish_once(messages, payloads)
+                self.broker.publish_once(messages, payloads, units)
         self.relayed += len(payloads)
         return taken
 
-    def _bury(self, conn: psycopg.Connection[Any], payloads: list[bytes], most: int) -> list[bytes]:
-        """Move the messages larger than ``most`` bytes (the outbox takes up to ``MAX_SIZE``;
-        the broker, maybe less) to the outbox's dead table, in the relay's transaction, and
-        return the others. Each is logged as an error with its id and what to do."""
-        fit, ids, queues, reasons, bodies = [], [], [], [], []
-        for raw in payloads:
+    def _bury(
+        self, conn: psycopg.Connection[Any], rows: list[Any], most: int
+    ) -> tuple[list[bytes], list[int]]:
+        """Move the messages of ``rows`` larger than ``most`` bytes (the outbox takes up to
+        ``MAX_SIZE``; the broker, maybe less) to the outbox's dead table, in the relay's
+        transaction, and return the others with their rows' sizes (a row left empty, none).
+        Each is logged as an error with its id and what to do."""
+        fit, units, ids, queues, reasons, bodies = [], [], [], [], [], []
+        for raw in (raw for _, row in rows for raw in row):
             if len(raw) <= most:
                 fit.append(raw)
                 continue
@@ -172,4 +184,8 @@ class Relay:
             )
         conn.execute(self.table.BURY, (ids, queues, reasons, bodies))
         self.buried += len(ids)
-        return fit
+        for _, row in rows:
+            kept = sum(len(raw) <= most for raw in row)
+            if kept:
+                units.append(kept)
+        return fit, units

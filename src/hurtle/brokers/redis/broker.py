@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import socket
@@ -259,7 +260,10 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
         return out
 
     def publish_once(
-        self, messages: Sequence[Message], payloads: Sequence[bytes] | None = None
+        self,
+        messages: Sequence[Message],
+        payloads: Sequence[bytes] | None = None,
+        units: Sequence[int] | None = None,
     ) -> None:
         check_messages(messages)
         batch = messages if isinstance(messages, list) else list(messages)
@@ -269,27 +273,38 @@ class RedisBroker(_Workers, _DeadLetters, _Control, _Ticks, Broker):
             payloads = encode_many(batch, self.max_message_size)
         else:
             check_size(batch, payloads, self.max_message_size)
-        # queue -> (priority, eta) -> id, payload, id, payload...
-        groups: dict[str, dict[tuple[int, float], list[Any]]] = {}
-        for m, raw in zip(batch, payloads, strict=True):
-            if m.priority not in _PRIORITY_ARG:
-                raise EncodeError(
-                    f"priority {m.priority!r} of task {m.task!r} is out of range: use an int "
-                    f"from 0 to {MAX_PRIORITY}; nothing was enqueued"
-                )
-            queue = groups.get(m.queue)
-            if queue is None:
-                queue = groups[m.queue] = {}
-            pairs = queue.get((m.priority, m.eta))
-            if pairs is None:
-                pairs = queue[(m.priority, m.eta)] = []
-            pairs += (m.id, raw)
+        # queue -> unit key (its first message's id in that queue) -> (priority, eta) -> payloads
+        groups: dict[str, dict[str, dict[tuple[int, float], list[bytes]]]] = {}
+        at = 0
+        for size in units if units is not None else itertools.repeat(1, len(batch)):
+            mine: dict[str, dict[tuple[int, float], list[bytes]]] = {}  # this unit's, by queue
+            same_of: dict[tuple[str, int, float], list[bytes]] = {}
+            for m, raw in zip(batch[at : at + size], payloads[at : at + size], strict=True):
+                same = same_of.get((m.queue, m.priority, m.eta))
+                if same is None:  # once per queue, priority and eta of the unit
+                    if m.priority not in _PRIORITY_ARG:
+                        raise EncodeError(
+                            f"priority {m.priority!r} of task {m.task!r} is out of range: use an "
+                            f"int from 0 to {MAX_PRIORITY}; nothing was enqueued"
+                        )
+                    unit = mine.get(m.queue)
+                    if unit is None:
+                        unit = mine[m.queue] = groups.setdefault(m.queue, {}).setdefault(m.id, {})
+                    same = same_of[(m.queue, m.priority, m.eta)] = unit.setdefault(
+                        (m.priority, m.eta), []
+                    )
+                same.append(raw)
+            at += size
+        if at != len(batch):
+            raise ValueError(f"units add up to {at} messages, not the {len(batch)} given")
         commands: list[_Command] = [(("SADD", QUEUES, *groups), None)]
         head = [str(ONCE_KEEP), repr(time.time())]
         for name, queue in groups.items():
-            args = list(head)
-            for (priority, eta), pairs in queue.items():
-                args += (_PRIORITY_ARG[priority], repr(float(eta)), str(len(pairs) // 2), *pairs)
+            args: list[Any] = list(head)
+            for key, unit in queue.items():
+                args += (key, str(len(unit)))
+                for (priority, eta), raws in unit.items():
+                    args += (_PRIORITY_ARG[priority], repr(float(eta)), str(len(raws)), *raws)
             keys = (*_publish_keys(name), queue_keys(name).sent)
             commands.append(self._call(self._scripts.publish_once, keys, args))
         self._publishing(commands, f"publishing {len(batch)} messages once")
