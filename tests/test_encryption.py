@@ -455,3 +455,19 @@ def test_every_new_key_is_a_key() -> None:
     for make in keys:
         app = Hurtle("memory://", encryption_keys=[make()])
         assert app.keyring is not None
+
+
+def test_no_two_sealed_calls_share_a_nonce_across_batches_and_single_sends() -> None:
+    app = sealed_app()
+    echo = app.tasks["vault.echo"]
+    for _ in range(3):  # sealed as each batch builds its messages, one after a single send
+        echo.send_many([(SECRET, i) for i in range(150)])
+    echo.send(SECRET)
+    broker = app.broker
+    assert isinstance(broker, MemoryBroker)
+    c = broker.consumer(["default"])
+    got = c.fetch(1000, 0)
+    c.release(got)
+    nonces = [bytes(Message.decode(d.raw).args[0].data)[5:17] for d in got]
+    assert len(nonces) == 451 and len(set(nonces)) == 451
+    assert drain(app).ran == 451  # and every one of them opens

@@ -124,28 +124,33 @@ def is_sealed_message(message: Message) -> bool:
 
 class _Nonces:
     """Unique 12-byte nonces: 8 random bytes and a counter; new random bytes in a forked child
-    and when the counter is spent. The bytes and the counter are read as one pair, so two
-    threads never combine a new prefix with an old count."""
+    and when the counter is spent. The bytes and the counter are read as one pair (``state``),
+    so two threads never combine a new prefix with an old count."""
 
-    _SPENT = 0xFFFFFFFF
+    SPENT = 0xFFFFFFFF
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._state = (os.urandom(8), itertools.count())
+        #: (8 random bytes, their counter): read once per nonce, replaced whole.
+        self.state = (os.urandom(8), itertools.count())
         os.register_at_fork(after_in_child=self._reseed)
 
     def _reseed(self) -> None:
-        self._state = (os.urandom(8), itertools.count())
+        self.state = (os.urandom(8), itertools.count())
+
+    def spent(self, state: tuple[bytes, itertools.count[int]]) -> None:
+        """Called when ``state``'s counter reached ``SPENT``: new random bytes, once."""
+        with self._lock:
+            if self.state is state:
+                self._reseed()
 
     def next(self) -> bytes:
         while True:
-            state = self._state
+            state = self.state
             n = next(state[1])
-            if n < self._SPENT:
+            if n < self.SPENT:
                 return state[0] + n.to_bytes(4, "big")
-            with self._lock:
-                if self._state is state:
-                    self._reseed()
+            self.spent(state)
 
 
 _nonces = _Nonces()
@@ -187,6 +192,25 @@ class Keyring:
     def seal(self, plaintext: bytes, aad: bytes) -> Sealed:
         nonce = _nonces.next()
         return Sealed(EXT, self._head + nonce + self._seal(nonce, plaintext, aad))
+
+    def sealer(self, task: str) -> Callable[[tuple[Any, ...], dict[str, Any]], Sealed]:
+        """What seals the calls of ``task``: ``seal_call`` for one task, its associated data
+        made once and the nonce made inline (the same nonces as ``_Nonces.next``).
+        ``send_many`` seals each call with it as it builds the call's message."""
+        aad, head, seal, encode = _ARGS + task.encode(), self._head, self._seal, _encode
+        nonces, spent, ext = _nonces, _nonces.SPENT, Sealed
+
+        def sealed(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Sealed:
+            state = nonces.state
+            n = next(state[1])
+            while n >= spent:  # the counter is spent: new random bytes, a new counter
+                nonces.spent(state)
+                state = nonces.state
+                n = next(state[1])
+            nonce = state[0] + n.to_bytes(4, "big")
+            return ext(EXT, head + nonce + seal(nonce, encode((args, kwargs)), aad))
+
+        return sealed
 
     def open(self, value: object, aad: bytes, what: str) -> bytes:
         """The plaintext of sealed ``value``; ``SealError`` saying why it cannot be had, with

@@ -21,6 +21,7 @@ from .handles import Handle
 from .ids import new_id
 from .message import CheckedBatch, Message
 from .options import SendOptions, call_args, celery_send, check_priority
+from .sealing import SEALED
 
 if TYPE_CHECKING:
     from .app import Hurtle
@@ -108,6 +109,12 @@ def send_batch(
         eta = max(eta, now + debounce_seconds(task, options))
     fair = task.fair
     plain = unique is None and debounce is None and fair is None
+    keyring = task.keyring
+    # an encrypted task's calls are sealed as their messages are built, after their locks and
+    # keys are named from them; one headers dict for the batch says they are
+    seal = None if keyring is None else keyring.sealer(name)
+    if keyring is not None:
+        headers = {**headers, SEALED: keyring.id}
     for call in calls:
         if type(call) is tuple:
             args, kwargs = call, empty
@@ -130,6 +137,8 @@ def send_batch(
         elif not lo <= len(args) <= hi:
             task._unfit(args, kwargs)
         if plain:
+            if seal is not None:
+                args, kwargs = (seal(args, kwargs),), empty
             append(
                 Message(
                     new_id(), name, queue, args, kwargs, 0, priority, eta, now, headers, expires
@@ -141,8 +150,8 @@ def send_batch(
                     new_id(),
                     name,
                     queue if fair is None else fair.queue_of(queue, args, kwargs),
-                    args,
-                    kwargs,
+                    args if seal is None else (seal(args, kwargs),),
+                    kwargs if seal is None else empty,
                     0,
                     priority,
                     eta,
@@ -156,8 +165,6 @@ def send_batch(
                 )
             )
     app = task.app
-    if messages and task.keyring is not None:  # sealed once the locks are named from them
-        messages = CheckedBatch(map(task.keyring.seal_message, messages))
     if messages and connection is not None:
         ids = publish_with(task, messages, connection)
         return [Handle(id_, app, task) for id_ in ids]
