@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -21,6 +22,7 @@ from hurtle.brokers.redis import RedisBroker
 from hurtle.debounce import latest_value
 from hurtle.ids import new_id
 from hurtle.message import Message
+from hurtle.middleware.debounce import DebounceMiddleware
 
 QUEUE = "debounced"
 
@@ -132,3 +134,24 @@ def test_a_worker_reads_the_records_only_once_some_call_was_replaced(
         assert mgets(client) >= 1
     finally:
         app.close()
+
+
+def test_the_debounce_middleware_reads_before_calls_only_once_a_call_was_replaced(
+    broker: RedisBroker,
+) -> None:
+    consumer = broker.consumer(["q"])
+    middleware = DebounceMiddleware()
+    middleware.worker_start(
+        cast(Any, SimpleNamespace(app=SimpleNamespace(broker=broker), consumer=consumer))
+    )
+    try:
+        assert middleware.reads_before_calls()  # nothing fetched yet: it cannot tell
+        broker.publish([Message(id=new_id(), task="t", queue="q") for _ in range(2)])
+        consumer.ack(consumer.fetch(1, 1.0))
+        assert not middleware.reads_before_calls()  # the solo worker prefetches at once
+        broker.put_latest([("q", "t:a", latest_value(new_id(), 1.0))], 60)
+        broker.put_latest([("q", "t:a", latest_value(new_id(), 2.0))], 60)
+        consumer.ack(consumer.fetch(1, 1.0))
+        assert middleware.reads_before_calls()
+    finally:
+        consumer.close()

@@ -51,6 +51,11 @@ class DebounceMiddleware(Middleware):
         self._broker = worker.app.broker
         self._consumer = worker.consumer
 
+    def reads_before_calls(self) -> bool:
+        """False while the worker's consumer says none of its queues had a call replaced."""
+        consumer = self._consumer
+        return consumer is None or not consumer.unreplaced.issuperset(consumer.queues)
+
     def superseded(self, messages: list[Message]) -> dict[int, str]:
         """The batch path's check, in columns: no ``Job`` per message, one
         ``get_other_latest`` per queue (a batch is mostly one), which answers only for keys
