@@ -61,8 +61,8 @@ class DebounceMiddleware(Middleware):
         ``get_other_latest`` per queue (a batch is mostly one), which answers only for keys
         whose record is not their call's own: a batch none of whose calls was replaced comes
         back empty, and only what it sends back is compared here (``superseded_by``).
-        None when the worker's consumer says no call of the batch's queues was replaced by
-        the time it fetched them (``Consumer.unreplaced``; it fetched them all)."""
+        Nothing, without a broker call, when the worker's consumer says no call of the
+        batch's queues was replaced by the time it fetched them (``Consumer.unreplaced``)."""
         consumer = self._consumer
         if (
             consumer is not None
