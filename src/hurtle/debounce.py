@@ -12,7 +12,9 @@ whose key's record names another call made no earlier than itself
 was superseded: it is acknowledged without running (``middleware.debounce``). A record of an
 earlier call (the call's own record not written yet when it was fetched: a window shorter than
 the time between its publish and its record) lets it run: the last call is never dropped for
-an older one. A key whose
+an older one. (On Redis a worker reads no records at all while its queue's flag says no
+record ever replaced another call's, ``Consumer.unreplaced``: such a call whose later call's
+record was its key's first runs too.) A key whose
 record is missing (expired, or never written because the send failed after its publish) runs
 every call that reaches the worker: a call is never lost to a missing record.
 

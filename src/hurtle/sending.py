@@ -225,15 +225,15 @@ def publish_latest(broker: Broker, messages: list[Message], unique_for: float | 
     else:
         broker.publish(messages)
         ids = [m.id for m in messages]
-    latest: dict[tuple[str, str], str] = {}
+    latest: list[tuple[str, str, str]] = []
     window = 0.0
     for m, id_ in zip(messages, ids, strict=True):
         key = m.headers.get(DEBOUNCE) if m.headers else None
         if isinstance(key, str) and id_ == m.id:  # enqueued (a unique call may not be)
-            latest[m.queue, key] = latest_value(m.id, m.created)
+            latest.append((m.queue, key, latest_value(m.id, m.created)))
             window = max(window, m.eta - m.created)
-    if latest:
-        broker.put_latest([(q, k, i) for (q, k), i in latest.items()], window + LATEST_MARGIN)
+    if latest:  # in order, repeats too: the broker sees a call replaced within the batch
+        broker.put_latest(latest, window + LATEST_MARGIN)
     return ids
 
 

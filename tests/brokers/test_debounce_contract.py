@@ -36,6 +36,12 @@ def test_the_latest_id_of_each_key_is_read_by_every_client(make: MakeBroker) -> 
     a.put_latest([], 60)  # nothing to record: no error
 
 
+def test_a_key_named_twice_in_one_call_keeps_the_last(broker: Broker) -> None:
+    first, second, other = new_id(), new_id(), new_id()
+    broker.put_latest([("q", "t:x", first), ("q", "t:y", other), ("q", "t:x", second)], 60)
+    assert broker.get_latest("q", ["t:x", "t:y"]) == [second, other]
+
+
 def test_keys_of_several_queues_are_recorded_in_one_call(broker: Broker) -> None:
     ids = {(f"q{n % 3}", f"t:{n}"): new_id() for n in range(30)}
     broker.put_latest([(q, k, i) for (q, k), i in ids.items()], 60)

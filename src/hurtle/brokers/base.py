@@ -278,12 +278,14 @@ class Broker(FairAdmin, abc.ABC):
     def put_latest(self, latest: Sequence[tuple[str, str, str]], ttl: float) -> None:
         """Record, for each ``(queue, key, value)``, ``value`` (the latest call of the debounce
         ``key`` sent to ``queue``: ``debounce.latest_value``, opaque here) for ``ttl`` seconds,
-        in one step: a later record of a key replaces the earlier one (the last writer wins).
+        in one step: a later record of a key replaces the earlier one (the last writer wins),
+        as does a later one in ``latest`` itself, which may name a key more than once.
 
         Kept in the progress store under ``debounce.latest_name`` (which message ids never
         collide with): a broker whose progress store works has this too."""
+        last = {(q, key): value for q, key, value in latest}
         self.put_progress(
-            [StoredResult(latest_name(q, key), value.encode(), ttl) for q, key, value in latest]
+            [StoredResult(latest_name(q, key), v.encode(), ttl) for (q, key), v in last.items()]
         )
 
     def get_latest(self, queue: str, keys: Sequence[str]) -> list[str | None]:

@@ -43,6 +43,11 @@ class Consumer(abc.ABC):
     #: the broker held cancelled message ids still live (``Broker.cancel``), so the worker must
     #: screen the batch (``Broker.cancelled``). Brokers without cancellation leave it False.
     cancellations: bool = False
+    #: The queues of which, by its last fetch, no debounced call had been replaced by a later
+    #: call of its key (``Broker.put_latest`` met no record of another call): the debounce
+    #: check of what this consumer fetched from them reads no records. A broker that does not
+    #: tell (and a consumer that wraps another) leaves it empty: the check reads them.
+    unreplaced: frozenset[str] = frozenset()
 
     @abc.abstractmethod
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:

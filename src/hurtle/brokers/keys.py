@@ -63,6 +63,10 @@ Layout for queue ``q`` (``P`` = priority 0..9, ``W`` = worker id, ``B`` = batch 
     hurtle:{q}:unique:sweep       STRING  HSCAN cursor of the sweep of expired unique locks
     hurtle:{q}:latest:K           STRING  the latest call of debounce key K sent to q (its id
                                           '@' when it was made), expiring on its own
+    hurtle:{q}:latest-replaced    STRING  present while some debounced call of q may have been
+                                          replaced by a later call of its key: a record of
+                                          K found naming another call when one was written
+                                          (latest_put.lua); it expires with the last such record
     hurtle:{q}:paused             STRING  present while q is paused: fetches take nothing from q
     hurtle:{q}:cancels            STRING  present while some cancellation may be live (its value:
                                           the latest end of one, in ms; it expires then)
@@ -153,6 +157,7 @@ class QueueKeys:
         "probes",
         "quarantine",
         "ready",
+        "replaced",
         "sent",
         "seq",
         "unique",
@@ -186,6 +191,10 @@ class QueueKeys:
         #: Scripts that recover dead workers append the worker id to this.
         self.inflight_prefix = f"{base}inflight:"
         self.latest_prefix = f"{base}latest:"
+        #: Exists while some debounced call of this queue may have been replaced by a later
+        #: call of its key (``latest_put.lua`` raises it, the fetch script reads it): while it
+        #: does not, no latest record names another call than its own.
+        self.replaced = f"{base}latest-replaced"
 
     def latest(self, key: str) -> str:
         """The record of the latest call of the debounce key ``key`` sent to this queue."""

@@ -191,6 +191,13 @@ class Middleware:
         outside a batch."""
         return {}
 
+    def reads_before_calls(self) -> bool:
+        """Whether this middleware's ``before_batch`` (or ``admit``, ``superseded``) may read
+        the broker for the batch just fetched; asked once per batch of a solo worker, of the
+        middleware that define ``before_batch``. While none may, the fetch of the next batch
+        is sent at once instead of after those reads (which it would hold up on the broker)."""
+        return True
+
     def before_process(self, job: Job) -> None:
         """Just before the call; raising Retry/Reject skips it (as today)."""
 

@@ -10,6 +10,10 @@ call and is settled without running (``Job.supersede``: acknowledged, its unique
 a ``superseded`` record for a task that keeps results). A key with no record (it expired, or
 the send that published the message failed before recording it) runs its message.
 
+A consumer that tells the queues none of whose calls had been replaced when it fetched
+(``Consumer.unreplaced``: Redis's fetch script reads a flag that a record replacing another
+call's raises) spares the read for a batch of those queues: no record there names another call.
+
 Only tasks registered with ``debounce=`` get this middleware: a batch without their messages
 makes no call, and their calls cost a look at their headers and a share of one read per batch
 (a ``Job`` only for a call superseded, or met outside a batch: ``before_batch``).
@@ -25,11 +29,12 @@ from ..message import Message
 from . import Job, Middleware, WorkerParts
 
 if TYPE_CHECKING:
-    from ..brokers import Broker
+    from ..brokers import Broker, Consumer
     from ..task import Task
 
 
 _ID = attrgetter("id")
+_QUEUE = attrgetter("queue")
 
 
 class DebounceMiddleware(Middleware):
@@ -37,18 +42,34 @@ class DebounceMiddleware(Middleware):
 
     def __init__(self) -> None:
         self._broker: Broker | None = None
+        self._consumer: Consumer | None = None
 
     def applies_to(self, task: Task[Any, Any]) -> bool:
         return task.debounce is not None
 
     def worker_start(self, worker: WorkerParts) -> None:
         self._broker = worker.app.broker
+        self._consumer = worker.consumer
+
+    def reads_before_calls(self) -> bool:
+        """False while the worker's consumer says none of its queues had a call replaced."""
+        consumer = self._consumer
+        return consumer is None or not consumer.unreplaced.issuperset(consumer.queues)
 
     def superseded(self, messages: list[Message]) -> dict[int, str]:
         """The batch path's check, in columns: no ``Job`` per message, one
         ``get_other_latest`` per queue (a batch is mostly one), which answers only for keys
         whose record is not their call's own: a batch none of whose calls was replaced comes
-        back empty, and only what it sends back is compared here (``superseded_by``)."""
+        back empty, and only what it sends back is compared here (``superseded_by``).
+        Nothing, without a broker call, when the worker's consumer says no call of the
+        batch's queues was replaced by the time it fetched them (``Consumer.unreplaced``)."""
+        consumer = self._consumer
+        if (
+            consumer is not None
+            and (unreplaced := consumer.unreplaced)
+            and unreplaced.issuperset(map(_QUEUE, messages))
+        ):
+            return {}
         keys = [h.get(DEBOUNCE) if (h := m.headers) else None for m in messages]
         queues = {m.queue for m in messages}
         assert self._broker is not None, "worker_start first"

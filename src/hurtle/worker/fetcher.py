@@ -12,7 +12,9 @@ pay: the threads fight over the GIL, and a stop must wait for the fetch in fligh
 middleware read the broker before a batch runs (``debounce``'s latest records, a rate limit's
 counts), the prefetch waits for those reads (``defer_prefetch``; the processor's
 ``before_calls`` sends it): sent first, it would run on the server in front of them, and the
-batch would wait for the whole fetch script after all. On a store that records
+batch would wait for the whole fetch script after all. A batch for which no such middleware
+may read (``Middleware.reads_before_calls``: debounce while no call was replaced) is
+prefetched at once. On a store that records
 acknowledgements and claims in one step (SQLite, one writer at a time), the solo loop hands the
 acknowledgements gathered so far to that step instead of leaving them to the acker's thread:
 one transaction a batch instead of two that wait for each other. On a store whose prefetch
@@ -30,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from ..brokers import Consumer, Delivery
 from ..errors import BrokerError
+from ..middleware import Middleware, overrides
 from .acker import Acker
 from .executors import Executor
 
@@ -77,9 +80,12 @@ class Fetcher:
         self.defer_prefetch = bool(
             executor.runs_in_submit and processor is not None and processor.decides_before_calls
         )
+        #: The middleware that decide before calls run: asked per batch whether they read.
+        self._deciders: list[Middleware] = []
         if self.defer_prefetch:
             assert processor is not None
             processor.before_calls = self.send_prefetch
+            self._deciders = [m for m in processor.middleware if overrides(m, "before_batch")]
         self._prefetch_due = False
         self._stopping = stopping  # the worker's stop flag: it cuts a backoff wait short
 
@@ -116,7 +122,7 @@ class Fetcher:
         self.sent_at = sent_at
         if batch and self.executor.runs_in_submit:
             self._prefetch_due = True
-            if not self.defer_prefetch:
+            if not self.defer_prefetch or not any(m.reads_before_calls() for m in self._deciders):
                 self.send_prefetch()
         return batch
 

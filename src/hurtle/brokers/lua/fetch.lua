@@ -19,7 +19,9 @@
     KEYS[19]     dead reason hash (id -> reason)
     KEYS[20]     paused flag: while it exists, nothing is promoted or taken
     KEYS[21]     cancels flag: whether some cancellation may be live (returned, not changed)
-    KEYS[22]     (only from a worker that reads several queues) last probe (STRING: priority
+    KEYS[22]     replaced flag: whether a debounced call may have been replaced
+                 (``latest_put.lua``; returned, not changed)
+    KEYS[23]     (only from a worker that reads several queues) last probe (STRING: priority
                  digit .. payload), the last message heartbeat.lua let out of quarantine; it
                  exists only while that one may still be ready
 
@@ -38,7 +40,9 @@
              the last probe (the worker then reads no other queue in this fetch, so that a
              fetch over several queues, or a sharded queue's shards, holds one probe at most:
              a message that kills its worker is blamed alone), else 0.
-    cancels: 1 when the cancels flag exists (the worker then screens the batch), else 0.
+    cancels: 1 when the cancels flag exists (the worker then screens the batch), else 0;
+             plus 2 when the replaced flag exists (the worker then reads the debounce records
+             of the batch's calls).
 
   A fetch whose reply was lost: the batches it took are held by this worker, which never learnt
   their ids and would hold them until it stops. When the token is the one recorded, those batches
@@ -121,7 +125,7 @@ if #due > 0 then
   redis.call('ZREMRANGEBYRANK', KEYS[11], 0, #due - 1)
 end
 
-local out = { 0, redis.call('EXISTS', KEYS[21]) }
+local out = { 0, redis.call('EXISTS', KEYS[21]) + 2 * redis.call('EXISTS', KEYS[22]) }
 local got = 0
 local taken = { ARGV[4] }
 for p = 9, 0, -1 do
@@ -145,7 +149,7 @@ for p = 9, 0, -1 do
 end
 if got > 0 then
   redis.call('SET', KEYS[16], table.concat(taken, ' '), 'PX', RECORD_TTL_MS)
-  local probe = KEYS[22] and redis.call('GET', KEYS[22])
+  local probe = KEYS[23] and redis.call('GET', KEYS[23])
   if probe then
     local p = string.byte(probe, 1) - 48
     local payload = string.sub(probe, 2)

@@ -32,7 +32,10 @@ How it works, in short:
 * control: ``fetch.lua`` takes nothing from a queue whose ``paused`` key exists, and returns
   whether its ``cancels`` flag exists (``Consumer.cancellations``); ``cancel`` adds ids to the
   ``hurtle:cancelled`` zset (scored by when each ends) and raises every known queue's flag with
-  ``cancel_flag.lua``; the worker then reads the batch's ids with one ``ZMSCORE``. ``resume``
+  ``cancel_flag.lua``; the worker then reads the batch's ids with one ``ZMSCORE``. It returns
+  its ``latest-replaced`` flag too, raised by ``latest_put.lua`` when a debounce record
+  replaces another call's (``Consumer.unreplaced``): while it is down, the worker's debounce
+  check reads no records (no round trip before a batch runs). ``resume``
   pushes a wake-up token. Dead letters of messages not run are pipelined, one round trip.
 * crash recovery: ``heartbeat.lua`` records the worker's deadline per queue (server time plus
   the worker's own ``heartbeat_timeout``; a fetch refreshes it too) and hands back, at the front

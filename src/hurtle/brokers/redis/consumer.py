@@ -36,10 +36,12 @@ PROMOTE_LIMIT = 1000
 class _Target:
     """One queue of a consumer, with its script keys built once."""
 
-    __slots__ = ("fetch_keys", "fetched", "inflight", "keys", "name", "token")
+    __slots__ = ("fetch_keys", "fetched", "inflight", "keys", "name", "singleton", "token")
 
     def __init__(self, name: str, worker_id: str, probes: bool = False) -> None:
         self.name = name
+        #: ``{name}``: a consumer's ``unreplaced`` after a fetch of this queue alone said so.
+        self.singleton = frozenset((name,))
         self.keys: QueueKeys = queue_keys(name)
         k = self.keys
         self.inflight = k.inflight(worker_id)
@@ -57,6 +59,7 @@ class _Target:
             k.dead_reason,
             k.paused,
             k.cancels,
+            k.replaced,
             # one queue holds one probe ready at most: only a fetch over several looks for them
             *((k.probe,) if probes else ()),
         )
@@ -242,8 +245,14 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         self._settle_riding(acks, recorded, forgotten)
         target = self._reading[0]
         target.token = new_id()
-        self.cancellations = bool(res[1])
+        self._flags(target, res[1])
         return self._deliveries(target.name, res)
+
+    def _flags(self, target: _Target, flags: int) -> None:
+        """What the fetch script of one queue said besides the batch: whether cancellations
+        may be live, whether a debounced call may have been replaced (``unreplaced``)."""
+        self.cancellations = bool(flags & 1)
+        self.unreplaced = frozenset() if flags & 2 else target.singleton
 
     def fetch(self, max_count: int, timeout: float) -> list[Delivery]:
         self._woke_dry = False
@@ -312,7 +321,7 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                 raise reply
         target.token = new_id()
         if len(res) > 2:
-            self.cancellations = bool(res[1])
+            self._flags(target, res[1])
             return self._deliveries(target.name, res), -1
         return [], res[0] if res[0] >= 0 else -1
 
@@ -341,8 +350,10 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                     return out, 0
                 raise
             target.token = new_id()
+            if len(self._reading) == 1:  # of several queues, each fetch says for its own
+                self.unreplaced = frozenset() if res[1] & 2 else target.singleton
             if len(res) > 2:
-                cancellations = cancellations or bool(res[1])
+                cancellations = cancellations or bool(res[1] & 1)
                 out += self._deliveries(target.name, res)
                 if len(out) >= max_count or res[0] == 1:
                     break  # full, or it holds a message let out of quarantine: alone of those

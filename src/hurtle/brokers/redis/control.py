@@ -71,14 +71,18 @@ class _Control(_ScriptRunner):
 
     def put_latest(self, latest: Sequence[tuple[str, str, str]], ttl: float) -> None:
         """One ``latest_put.lua`` per queue (its keys share the queue's hash tag), all in one
-        pipeline: a key of its own for each debounce key, so that each expires on its own."""
+        pipeline: a key of its own for each debounce key, so that each expires on its own.
+        Each key in the order given, repeats too: a record that replaces another call's
+        raises the queue's ``replaced`` flag, which spares workers their check while down."""
         if not latest:
             return
         by_queue: dict[str, tuple[list[str], list[str]]] = {}
         for queue, key, value in latest:
-            keys, values = by_queue.setdefault(queue, ([], []))
-            keys.append(queue_keys(queue).latest(key))
-            values.append(value)
+            found = by_queue.get(queue)
+            if found is None:
+                found = by_queue[queue] = ([queue_keys(queue).replaced], [])
+            found[0].append(queue_keys(queue).latest(key))
+            found[1].append(value)
         ttl_ms = max(int(ttl * 1000), 1)
         script = self._scripts.latest_put
         self._pipeline_raw(
