@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("redis")
 
 from helpers import Project, RedisServer
-from hurtle.brokers import Delivery, QueueStats, make_broker
+from hurtle.brokers import Delivery, QueueStats, Ride, make_broker
 from hurtle.brokers.redis import RedisBroker, _get_scripts
 from hurtle.errors import BrokerError
 from hurtle.ids import new_id
@@ -187,9 +187,9 @@ def test_acknowledgements_that_ride_a_prefetch_are_recorded_in_its_round_trip(
     consumer = direct.consumer(["q"])
     assert consumer.acks_ride_prefetch
     given_back: list[Delivery] = []
-    consumer.unsettled_acks = given_back.extend
+    consumer.unsettled_acks = lambda ride: given_back.extend(ride.deliveries)
     first = consumer.fetch(2, 1.0)
-    assert consumer.prefetch_with_acks(10, first)
+    assert consumer.prefetch_with_acks(10, Ride(first))
     rest = consumer.fetch(10, 1.0)
     assert numbers(first + rest) == [0, 1, 2, 3, 4]
     assert given_back == []
@@ -204,10 +204,10 @@ def test_acknowledgements_riding_a_prefetch_whose_reply_is_lost_go_back_to_be_re
     publish(direct, 5)
     consumer = through.consumer(["q"])
     given_back: list[Delivery] = []
-    consumer.unsettled_acks = given_back.extend
+    consumer.unsettled_acks = lambda ride: given_back.extend(ride.deliveries)
     first = consumer.fetch(2, 1.0)
     proxy.drop_replies(FETCH, 1)
-    assert consumer.prefetch_with_acks(10, first)
+    assert consumer.prefetch_with_acks(10, Ride(first))
     rest = consumer.fetch(10, 1.0)
     assert proxy.dropped == 1
     assert numbers(rest) == [2, 3, 4]
@@ -224,9 +224,9 @@ def test_acknowledgements_riding_a_prefetch_to_a_server_without_the_script_go_ba
     publish(direct, 8)
     consumer = direct.consumer(["q"])
     given_back: list[Delivery] = []
-    consumer.unsettled_acks = given_back.extend
+    consumer.unsettled_acks = lambda ride: given_back.extend(ride.deliveries)
     first = consumer.fetch(2, 1.0)
-    assert consumer.prefetch_with_acks(2, first)
+    assert consumer.prefetch_with_acks(2, Ride(first))
     second = consumer.fetch(2, 1.0)
     assert given_back == []
     client = redis.Redis.from_url(server.url)
@@ -234,12 +234,12 @@ def test_acknowledgements_riding_a_prefetch_to_a_server_without_the_script_go_ba
         client.script_flush()  # what a restarted server forgot
     finally:
         client.close()
-    assert consumer.prefetch_with_acks(2, second)
+    assert consumer.prefetch_with_acks(2, Ride(second))
     third = consumer.fetch(2, 1.0)  # the fetch script is loaded again and runs
     assert numbers(third) == [4, 5]
     assert numbers(given_back) == [2, 3]  # not recorded: the acker's again
     assert direct.stats(["q"])["q"] == QueueStats(ready=2, in_flight=4)
-    assert consumer.prefetch_with_acks(2, given_back + third)  # the script is sent first
+    assert consumer.prefetch_with_acks(2, Ride(given_back + third))  # the script is sent first
     last = consumer.fetch(2, 1.0)
     assert numbers(last) == [6, 7]
     assert numbers(given_back) == [2, 3]  # nothing more came back

@@ -11,7 +11,16 @@ from urllib.parse import urlsplit
 from ..errors import ConfigurationError
 from .base import Broker, BrokerOptions, Consumer
 from .columns import ResultBatch, StoredResults, UniqueLocks
-from .records import ChordStep, DeadLetter, Delivery, FlowStep, Lock, QueueStats, StoredResult
+from .records import (
+    ChordStep,
+    DeadLetter,
+    Delivery,
+    FlowStep,
+    Lock,
+    QueueStats,
+    Ride,
+    StoredResult,
+)
 from .ticks import TickClaim
 
 __all__ = [
@@ -25,6 +34,7 @@ __all__ = [
     "Lock",
     "QueueStats",
     "ResultBatch",
+    "Ride",
     "StoredResult",
     "StoredResults",
     "TickClaim",

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 from ..message import Message
-from .records import Delivery, FlowStep, Lock, StoredResult
+from .records import Delivery, FlowStep, Lock, Ride, StoredResult
 from .reports import Reporter, WorkerReport
 
 if TYPE_CHECKING:
@@ -83,21 +83,22 @@ class Consumer(abc.ABC):
         """
         return None
 
-    def prefetch_with_acks(self, max_count: int, acks: list[Delivery]) -> bool:
-        """``prefetch``, with ``acks`` (plain acknowledgements, no records) sent before it in the
-        same round trip; False when nothing was sent (the caller settles ``acks`` itself).
+    def prefetch_with_acks(self, max_count: int, ride: Ride) -> bool:
+        """``prefetch``, with the outcomes of ``ride`` (acknowledgements, records riding with
+        them, unique locks released) sent before it in the same round trip; False when
+        nothing was sent (the caller settles ``ride`` itself).
 
-        When it returns True the acknowledgements are this consumer's to settle: if their
-        reply says they were not recorded (the connection failed, the server forgot a script),
-        they go to ``unsettled_acks``, which the worker sets to its acker's ``give_back`` (an
-        acknowledgement recorded twice counts once). Brokers whose ``acks_ride_prefetch`` is
-        False return False."""
+        When it returns True the ride is this consumer's to settle: if the reply says it was
+        not recorded (the connection failed, the server forgot a script), it goes to
+        ``unsettled_acks``, which the worker sets to its acker's ``give_back_ride`` (an
+        acknowledgement recorded twice counts once; a record is stored only while its
+        delivery is held). Brokers whose ``acks_ride_prefetch`` is False return False."""
         return False
 
-    #: True when ``prefetch_with_acks`` can carry acknowledgements.
+    #: True when ``prefetch_with_acks`` can carry outcomes.
     acks_ride_prefetch = False
-    #: Where acknowledgements sent with a prefetch and not recorded are handed back.
-    unsettled_acks: Callable[[list[Delivery]], None] | None = None
+    #: Where a ride sent with a prefetch and not recorded is handed back.
+    unsettled_acks: Callable[[Ride], None] | None = None
 
     def take_prefetched(self) -> list[Delivery]:
         """What the last ``prefetch`` took, now, without fetching anything else (``[]`` when

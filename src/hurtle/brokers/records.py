@@ -6,7 +6,8 @@ Kept apart from the contract itself (``brokers/base.py``) because every layer ab
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -101,3 +102,13 @@ class DeadLetter(msgspec.Struct, frozen=True):
             return Message.decode(self.raw)
         except Exception:
             return None
+
+
+class Ride(NamedTuple):
+    """Outcomes a worker's prefetch carries (``Consumer.prefetch_with_acks``): ``deliveries``
+    acknowledged, the first ``len(results)`` of them each with its record, then the unique
+    ``locks`` they held released, as one flush of the acker would do them."""
+
+    deliveries: list[Delivery]
+    results: Sequence[StoredResult] = ()
+    locks: Sequence[Lock] = ()

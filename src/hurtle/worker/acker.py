@@ -18,8 +18,8 @@ stores a record only while its delivery is still held (``Consumer.ack``: a worke
 meanwhile leaves the record to the copy delivered again). Records without a delivery to
 acknowledge (``store_result``: a failed attempt, a dead letter) are written first in the flush,
 before the retries and dead letters gathered with them. A batch's records come in columns
-(``StoredResults``, from ``ack_many_with_results``) and stay so. ``take_acks`` (the solo loop's
-rides: ``Fetcher``) takes only plain acknowledgements.
+(``StoredResults``, from ``ack_many_with_results``) and stay so. ``take_ride`` hands what
+one acknowledgement call would carry to the solo loop's prefetch (``rides.py``).
 
 What the acker does with an outcome the broker refuses (rather than cannot be reached for), and
 with what is still unsettled when ``stop`` gives up, is ``refusals.py``'s.
@@ -32,13 +32,23 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from typing import Any, TypeVar
 
-from ..brokers import Consumer, Delivery, FlowStep, Lock, StoredResult, StoredResults, UniqueLocks
+from ..brokers import (
+    Consumer,
+    Delivery,
+    FlowStep,
+    Lock,
+    Ride,
+    StoredResult,
+    StoredResults,
+    UniqueLocks,
+)
 from ..message import Message
 from . import refusals
 from .refusals import Ends, Op, unreachable
+from .rides import ride_of
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +133,7 @@ class Acker:
         ``ttl`` seconds, in the same broker call as the batch's other acknowledgements."""
         pending = self._with_results
         pending.append((delivery, StoredResult(message_id, payload, ttl)))
-        if len(pending) == self.batch_size:
+        if len(pending) == self.wake_at:
             self._wake.set()
 
     def ack_flow(self, step: FlowStep) -> None:
@@ -147,13 +157,13 @@ class Acker:
             with self._lock:
                 self._result_batches.append((deliveries, results))
                 self._batched += len(results)
-                full = self._batched >= self.batch_size
+                full = self._batched >= self.wake_at
             if full:
                 self._wake.set()
             return
         pending = self._with_results
         pending.extend(zip(deliveries, results, strict=True))
-        if len(pending) >= self.batch_size:
+        if len(pending) >= self.wake_at:
             self._wake.set()
 
     def store_result(self, message_id: str, payload: bytes, ttl: float) -> None:
@@ -176,6 +186,19 @@ class Acker:
             return False
         taking, self._taken_seen = self._taken != self._taken_seen, self._taken
         return taking
+
+    def take_ride(self) -> Ride:
+        """What a flush's acknowledgement call would carry, for the solo loop's prefetch to
+        carry instead (``Fetcher.rides``; ``rides.give_back`` if it was not)."""
+        with self._flushing:
+            self._taken += 1
+            with self._lock:
+                batches = list(self._result_batches)
+                self._result_batches.clear()
+                self._batched = 0
+            acks, with_results = _take(self._acks), _take(self._with_results)
+            loose, batched = _take(self._uniques), _take(self._lock_batches)
+        return ride_of(acks, with_results, batches, loose, batched)
 
     def give_back(self, acks: list[Delivery]) -> None:
         """Return acknowledgements taken with ``take_acks`` that could not be recorded."""
@@ -233,21 +256,11 @@ class Acker:
 
     @property
     def pending(self) -> int:
-        with self._lock:
-            return (
-                len(self._acks)
-                + len(self._with_results)
-                + self._batched
-                + len(self._records)
-                + len(self._flows)
-                + len(self._ops)
-                + len(self._defers)
-                + len(self._slots)
-                + len(self._uniques)
-                + len(self._ending)
-                + len(self._lock_batches)  # (batches: locks the acker still has to give back)
-                + len(self._dead)
-            )
+        with self._lock:  # (``_lock_batches``: batches of locks the acker still gives back)
+            queues: tuple[Sized, ...] = (self._acks, self._with_results, self._records)
+            queues += (self._flows, self._ops, self._defers, self._slots, self._uniques)
+            queues += (self._ending, self._lock_batches, self._dead)
+            return self._batched + sum(map(len, queues))
 
     @property
     def stopping(self) -> bool:
@@ -266,13 +279,14 @@ class Acker:
         with self._lock:
             ops, self._ops = self._ops, []
             records, self._records = self._records, []
-            batches = list(self._result_batches)
-            self._result_batches.clear()
-            self._batched = 0
+            batches = [] if leave_acks else list(self._result_batches)
+            if not leave_acks:
+                self._result_batches.clear()
+                self._batched = 0
         pending = self._acks
         acks = [] if leave_acks else _take(pending)
         pending_results = self._with_results
-        with_results = _take(pending_results)
+        with_results = [] if leave_acks else _take(pending_results)
         kept: list[Op] = []  # to try again, in order
         error: Exception | None = None  # why the broker could not be reached
         settled = 0
@@ -312,24 +326,8 @@ class Acker:
             # the unique locks gathered so far go in the same call (most are these messages')
             uniques, lock_batches = self._uniques, self._lock_batches
             loose, batched_locks = _take(uniques), _take(lock_batches)
-            lock_parts: list[Sequence[Lock]] = list(batched_locks)
-            if loose:
-                lock_parts.insert(0, loose)
-            locks = UniqueLocks.join(lock_parts) if lock_parts else ()
+            delivered, stored, locks = ride_of(acks, with_results, batches, loose, batched_locks)
             try:
-                if with_results or batches:
-                    # record i rides with delivery i (stored only while it is held); the
-                    # plain acknowledgements come after those that carry a record
-                    delivered = [d for d, _ in with_results]
-                    parts: list[Sequence[StoredResult]] = [r for _, r in batches]
-                    if with_results:
-                        parts.insert(0, [r for _, r in with_results])
-                    for batch, _ in batches:
-                        delivered += batch
-                    delivered += acks
-                    stored: Sequence[StoredResult] = StoredResults.join(parts)
-                else:
-                    delivered, stored = acks, ()
                 if locks:
                     self.consumer.ack_and_release(delivered, stored, locks)
                 elif stored:
@@ -364,7 +362,7 @@ class Acker:
         if error is None and self._flows:
             settled += self._flush_flows()
         if error is None:
-            settled += self._flush_limits()
+            settled += self._flush_limits(leave_acks)
         self.settled += settled
         if error is not None:
             log.warning(
@@ -402,7 +400,7 @@ class Acker:
             return settled
         return len(steps)
 
-    def _flush_limits(self) -> int:
+    def _flush_limits(self, leave_locks: bool = False) -> int:
         """Gathered dead letters, deferrals, then slots and unique locks given back: one broker
         call per kind.
 
@@ -428,8 +426,8 @@ class Acker:
             (self._lock_batches, self._release_batches, "batches of unique locks released"),
         )
         for pending, call, what in calls:
-            if not pending:
-                continue
+            if not pending or (leave_locks and pending in (self._uniques, self._lock_batches)):
+                continue  # (left to the loop's ride, as the acknowledgements they go with)
             items: list[Any] = _take(pending)
             try:
                 call(items)

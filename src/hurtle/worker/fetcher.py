@@ -27,12 +27,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from functools import partial
 from time import perf_counter
 from typing import TYPE_CHECKING
 
-from ..brokers import Consumer, Delivery
+from ..brokers import Consumer, Delivery, Ride
 from ..errors import BrokerError
 from ..middleware import Middleware, overrides
+from . import rides
 from .acker import Acker
 from .executors import Executor
 
@@ -63,7 +65,7 @@ class Fetcher:
         # is no longer woken for them (it flushes what is left on its interval)
         self.rides = executor.runs_in_submit and not self.combine and consumer.acks_ride_prefetch
         if self.rides:
-            consumer.unsettled_acks = acker.give_back
+            consumer.unsettled_acks = partial(rides.give_back, acker)
             acker.wake_at = math.inf
         self.wait = wait
         self.failures = 0
@@ -131,17 +133,17 @@ class Fetcher:
         if not self._prefetch_due:
             return
         self._prefetch_due = False
-        acks: list[Delivery] = []
+        ride: Ride | None = None
         try:
             self._prefetched_at = perf_counter()
             if self.rides:
-                acks = self.acker.take_acks()
-                if self.consumer.prefetch_with_acks(self.executor.wait_for_capacity(0), acks):
-                    acks = []  # the consumer's now: recorded, or handed back
+                ride = self.acker.take_ride()
+                if self.consumer.prefetch_with_acks(self.executor.wait_for_capacity(0), ride):
+                    ride = None  # the consumer's now: recorded, or handed back
             else:
                 self.consumer.prefetch(self.executor.wait_for_capacity(0))
         except BrokerError as err:  # the batch in hand runs; the next fetch tries again
             log.debug("prefetch failed: %s", err)
         finally:
-            if acks:
-                self.acker.give_back(acks)
+            if ride is not None:
+                rides.give_back(self.acker, ride)

@@ -18,7 +18,7 @@ from ...errors import BrokerError
 from ...ids import new_id
 from ..consumer import BatchConsumer, fetch_wait
 from ..keys import BATCH_BITS, BATCH_MASK, QueueKeys, queue_keys
-from ..records import Delivery, Lock, StoredResult
+from ..records import Delivery, Lock, Ride, StoredResult
 from .limits import _Limits
 from .scripts import RAW, _Command, _pack
 from .settling import _Settling
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 #: Longest single ``BLPOP``; a longer ``fetch`` timeout blocks in several steps of this.
 MAX_BLOCK = 5.0
+_NO_RIDE = Ride([])
 #: Due delayed messages promoted per fetch, at least (more when the batch is larger).
 PROMOTE_LIMIT = 1000
 
@@ -83,8 +84,8 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         self._wake_keys = [t.keys.wake for t in self._reading]
         self._fetch = broker._scripts.fetch
         # a fetch script sent by ``prefetch`` whose reply is still to be read: (connection,
-        # its pool, want, the acknowledgements sent before it, how many replies they have)
-        self._pending: tuple[Any, Any, int, list[Delivery], int] | None = None
+        # its pool, want, the ride sent before it, how many replies it has)
+        self._pending: tuple[Any, Any, int, Ride, int] | None = None
         # the last fetch waited on an empty queue and woke to fewer than it asked for: the
         # queue ran dry with them, and ``prefetch`` leaves the next fetch until after they run
         self._woke_dry = False
@@ -107,12 +108,13 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         return len(self._reading) == 1 and self.broker._raw_ok and _pack is not None
 
     def prefetch(self, max_count: int) -> None:
-        self.prefetch_with_acks(max_count, [])
+        self.prefetch_with_acks(max_count, _NO_RIDE)
 
-    def prefetch_with_acks(self, max_count: int, acks: list[Delivery]) -> bool:
-        """The fetch script sent now and its reply read by the next ``fetch``; with ``acks``,
-        their ``ack.lua`` calls go first in the same send, and their replies are read with
-        the fetch's (``_collect``): the solo loop's acknowledgements cost no round trip and
+    def prefetch_with_acks(self, max_count: int, ride: Ride) -> bool:
+        """The fetch script sent now and its reply read by the next ``fetch``; with a
+        ``ride``, the calls of its acknowledgements (records with them, unique locks after
+        them: what the acker's flush sends) go first in the same send, and their replies are
+        read with the fetch's (``_collect``): the solo loop's outcomes cost no round trip and
         no other thread's work."""
         if self._pending is not None or len(self._reading) != 1 or max_count <= 0:
             return False  # several queues are read in turn: nothing to overlap
@@ -127,7 +129,7 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         max_count = min(max_count, BATCH_MASK)
         fetch = self._fetch_command(self._reading[0], max_count)
         packed: list[bytes] = []
-        if acks:
+        if ride.deliveries or ride.locks:
             if not self.acks_ride_prefetch:
                 return False
             assert _pack is not None
@@ -136,7 +138,9 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                 with contextlib.suppress(redis.RedisError):
                     self.broker._client.script_load(self.broker._scripts.ack.source)
                     self._ack_known = True
-            packed = [c[1] if c[0] is RAW else pack(c) for c, _ in self._ack_commands(acks, ())]
+            commands = self._ack_commands(ride.deliveries, ride.results)
+            commands += self._unique_commands(ride.locks)
+            packed = [c[1] if c[0] is RAW else pack(c) for c, _ in commands]
         pool = self._pool_of(self._reading[0])
         # Whatever fails here, the next fetch meets the problem and reports it; if the command
         # did reach the server, that fetch carries the same token and hands the batch back.
@@ -160,19 +164,19 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                 conn.send_command(*fetch)
         except (redis.RedisError, OSError):
             self._drop_kept()
-            if acks:  # perhaps recorded, perhaps not: recorded again, counted once
-                self._unsettled(acks)
+            if packed:  # perhaps recorded, perhaps not: recorded again, counted once
+                self._unsettled(ride)
             return True
-        self._pending = (conn, pool, max_count, acks, len(packed) - 1 if acks else 0)
+        self._pending = (conn, pool, max_count, ride, len(packed) - 1 if packed else 0)
         return True
 
-    def _settle_riding(self, acks: list[Delivery], recorded: bool, forgotten: bool) -> None:
+    def _settle_riding(self, ride: Ride, recorded: bool, forgotten: bool) -> None:
         """After the replies of acknowledgements that rode a prefetch: those not recorded go
         back to the acker; a server that did not know the script (restarted) is sent it before
         the next ones ride."""
         if recorded:
             return
-        self._unsettled(acks)
+        self._unsettled(ride)
         if forgotten:
             self._ack_known = False
 
@@ -185,9 +189,9 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                 kept[0].disconnect()
             kept[1].release(kept[0])
 
-    def _unsettled(self, acks: list[Delivery]) -> None:
+    def _unsettled(self, ride: Ride) -> None:
         if self.unsettled_acks is not None:
-            self.unsettled_acks(acks)
+            self.unsettled_acks(ride)
 
     def _pool_of(self, target: _Target) -> Any:
         """The connection pool of the server that holds ``target``'s keys."""
@@ -221,7 +225,7 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
     def _collect(self) -> list[Delivery]:
         """Read the reply of the fetch ``prefetch`` sent."""
         assert self._pending is not None
-        conn, _, want, acks, replies = self._pending
+        conn, _, want, ride, replies = self._pending
         self._pending = None
         recorded = True
         forgotten = False
@@ -235,14 +239,14 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                         forgotten = True
             res = conn.read_response()
         except NoScriptError:
-            self._settle_riding(acks, recorded, forgotten)
+            self._settle_riding(ride, recorded, forgotten)
             return self._take(want)[0]
         except BaseException:
             self._drop_kept()  # a reply half read: the connection cannot be reused
-            if acks:
-                self._unsettled(acks)
+            if replies:
+                self._unsettled(ride)
             raise
-        self._settle_riding(acks, recorded, forgotten)
+        self._settle_riding(ride, recorded, forgotten)
         target = self._reading[0]
         target.token = new_id()
         self._flags(target, res[1])
