@@ -12,6 +12,7 @@ from __future__ import annotations
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -213,6 +214,35 @@ def test_acknowledgements_riding_a_prefetch_whose_reply_is_lost_go_back_to_be_re
     assert numbers(rest) == [2, 3, 4]
     assert numbers(given_back) == [0, 1]  # recorded or not: not known, so recorded again
     consumer.ack(given_back + rest)
+    assert direct.stats(["q"])["q"] == QueueStats()
+
+
+def test_a_ride_with_records_and_locks_whose_reply_is_lost_goes_back_whole_to_the_acker(
+    direct: RedisBroker, through: RedisBroker, proxy: ReplyDropper
+) -> None:
+    from hurtle.brokers import StoredResults, UniqueLocks
+    from hurtle.worker import rides
+    from hurtle.worker.acker import Acker
+
+    publish(direct, 5)
+    consumer = through.consumer(["q"])
+    acker = Acker(consumer)  # not started: flushed here, by hand
+    consumer.unsettled_acks = lambda ride: rides.give_back(acker, ride)
+    first = consumer.fetch(3, 1.0)
+    acker.ack_many_with_results(first[:2], StoredResults(["r0", "r1"], [b"a", b"b"], 60.0))
+    acker.ack(first[2])
+    acker.release_unique_batch(UniqueLocks("q", ["k"], ["r0"], [time.time() + 60]))
+    ride = acker.take_ride()
+    assert (len(ride.deliveries), len(ride.results), len(ride.locks)) == (3, 2, 1)
+    assert acker.pending == 0
+    proxy.drop_replies(FETCH, 1)
+    assert consumer.prefetch_with_acks(10, ride)
+    rest = consumer.fetch(10, 1.0)
+    assert proxy.dropped == 1 and numbers(rest) == [3, 4]
+    assert acker.pending == 4  # recorded or not, not known: the acker's again, whole
+    assert acker.flush()
+    assert (direct.get_result("r0"), direct.get_result("r1")) == (b"a", b"b")
+    consumer.ack(rest)
     assert direct.stats(["q"])["q"] == QueueStats()
 
 

@@ -89,9 +89,9 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
         # the last fetch waited on an empty queue and woke to fewer than it asked for: the
         # queue ran dry with them, and ``prefetch`` leaves the next fetch until after they run
         self._woke_dry = False
-        # whether the server knows ``ack.lua`` (loaded before the first acknowledgements
-        # ride a prefetch: a failed ride costs a batch's acknowledgements a second trip)
-        self._ack_known = False
+        # the scripts of rides the server knows (each loaded before the first ride that calls
+        # it, and again after a server forgot them: a failed ride costs a second trip)
+        self._known: set[str] = set()
         # the connection prefetches are sent on, kept between them: (connection, its pool)
         self._kept: tuple[Any, Any] | None = None
         #: concurrency key -> slots this consumer holds (their deadlines move with each beat)
@@ -134,12 +134,13 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
                 return False
             assert _pack is not None
             pack = _pack
-            if not self._ack_known:  # first, or after a restarted server forgot it
-                with contextlib.suppress(redis.RedisError):
-                    self.broker._client.script_load(self.broker._scripts.ack.source)
-                    self._ack_known = True
             commands = self._ack_commands(ride.deliveries, ride.results)
             commands += self._unique_commands(ride.locks)
+            for _, script in commands:
+                if script is not None and script.sha not in self._known:
+                    with contextlib.suppress(redis.RedisError):
+                        self.broker._client.script_load(script.source)
+                        self._known.add(script.sha)
             packed = [c[1] if c[0] is RAW else pack(c) for c, _ in commands]
         pool = self._pool_of(self._reading[0])
         # Whatever fails here, the next fetch meets the problem and reports it; if the command
@@ -178,7 +179,7 @@ class RedisConsumer(_Settling, _Limits, BatchConsumer):
             return
         self._unsettled(ride)
         if forgotten:
-            self._ack_known = False
+            self._known.clear()
 
     def _drop_kept(self, broken: bool = True) -> None:
         """Give the prefetch's kept connection back to its pool, disconnected when
