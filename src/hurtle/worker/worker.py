@@ -11,11 +11,11 @@ started, and what still runs after the deadline, goes back to the broker; outcom
 second signal skips the wait: running tasks are handed back at once (in the solo pool, where the
 task runs on this very thread, by raising in it).
 
-In the solo pool the deadline is kept the same way: when the worker handles signals on the main
-thread, a small thread waits for the deadline and, if a task still runs then, signals the main
-thread, whose handler raises in the task as a second signal would. Off the main thread a task
-cannot be interrupted, and the stop waits for it. A hard stop never lands on the bookkeeping
-between tasks: it raises only while a task's own code runs (``Executor.interrupts_caller``).
+In the solo pool, when the worker handles signals on the main thread, a small thread waits for
+the deadline and, if a task still runs then, signals the main thread, whose handler raises in
+the task as a second signal would (off the main thread the stop waits for it). A hard stop never
+lands between tasks: it raises only while a task's own code runs (``interrupts_caller``). The
+last prefetch is read before the acker's last flush: what rode it unrecorded is flushed again.
 """
 
 from __future__ import annotations
@@ -416,6 +416,10 @@ class Worker:
         assert self.consumer and self.acker and self.heartbeat and self.processor
         if self.scheduler is not None:
             self.scheduler.stop()
+        try:  # the last prefetch read now: what rode it unrecorded goes back to the acker
+            unfinished = unfinished + self.consumer.take_prefetched()
+        except Exception as err:
+            log.debug("could not read the last prefetch: %s", err)
         if unfinished:
             log.info("handing back %d fetched but unfinished tasks", len(unfinished))
         self.acker.release(unfinished)
@@ -458,17 +462,12 @@ class Worker:
 
     def _note(self, fetcher: Fetcher, batch: list[Delivery] | None) -> None:
         """After each fetch: a burst worker gives up on a broker that stays unreachable for
-        ``unreachable_timeout`` (BrokerError: exit 2); at DEBUG, one line per batch, not per
-        task."""
+        ``unreachable_timeout`` (BrokerError: exit 2); at DEBUG, one line per batch."""
         if not fetcher.failures:
             self._unreachable_since = None
             if batch and log.isEnabledFor(logging.DEBUG):
-                log.debug(
-                    "fetched %d deliveries from %s: %s",
-                    len(batch),
-                    ", ".join(sorted({d.queue for d in batch})),
-                    _summary(batch),
-                )
+                queues = ", ".join(sorted({d.queue for d in batch}))
+                log.debug("fetched %d deliveries from %s: %s", len(batch), queues, _summary(batch))
             return
         if not self.burst:
             return  # a long-running worker rides out the outage
