@@ -85,6 +85,40 @@ local function drop_batch(index, batch)
   redis.call('HDEL', index, batch)
 end
 
+-- Mark messages `indexes` of batch `batch` of the in-flight index `index` (`left` of them still
+-- held) settled in the batch's bitmap (BITFIELD, CHUNK arguments a call), and drop the batch once
+-- none is left held. Returns how many were held until now; with a table `held`, also sets
+-- held[at + n - 1] for each indexes[n] that was.
+local function mark_settled(index, batch, left, indexes, held, at)
+  local ops = {}
+  for n, i in ipairs(indexes) do
+    ops[4 * n - 3], ops[4 * n - 2], ops[4 * n - 1], ops[4 * n] = 'SET', 'u1', i, 1
+  end
+  local fresh = 0
+  local n = 0
+  local j = 1
+  while j <= #ops do
+    local last = math.min(j + CHUNK - 1, #ops)  -- CHUNK is a multiple of 4: whole operations
+    for _, old in ipairs(redis.call('BITFIELD', index .. ':' .. batch .. ':done',
+        unpack(ops, j, last))) do
+      if old == 0 then
+        fresh = fresh + 1
+        if held then
+          held[at + n] = true
+        end
+      end
+      n = n + 1
+    end
+    j = last + 1
+  end
+  if fresh >= left then
+    drop_batch(index, batch)
+  elseif fresh > 0 then
+    redis.call('HINCRBY', index, batch, -fresh)
+  end
+  return fresh
+end
+
 -- Acknowledge deliveries of the in-flight index `index` (ack.lua, ack_results.lua): ARGV[from] to
 -- ARGV[to] are groups of three, a batch id, k, and the k message indexes of that batch as
 -- little-endian uint32s packed in one string (distinct, ascending). Returns how many deliveries
@@ -107,33 +141,12 @@ local function ack_groups(index, from, to)
         settled = settled + k
       else
         local packed = ARGV[g + 2]
-        local ops = {}
+        local indexes = {}
         local pos = 1
-        for _ = 1, k do
-          local i
-          i, pos = struct.unpack('<I4', packed, pos)
-          ops[#ops + 1] = 'SET'
-          ops[#ops + 1] = 'u1'
-          ops[#ops + 1] = i
-          ops[#ops + 1] = 1
+        for n = 1, k do
+          indexes[n], pos = struct.unpack('<I4', packed, pos)
         end
-        local fresh = 0
-        local j = 1
-        while j <= #ops do
-          local last = math.min(j + CHUNK - 1, #ops)
-          for _, old in ipairs(redis.call('BITFIELD', key .. ':done', unpack(ops, j, last))) do
-            if old == 0 then
-              fresh = fresh + 1
-            end
-          end
-          j = last + 1
-        end
-        if fresh >= left then
-          drop_batch(index, batch)
-        elseif fresh > 0 then
-          redis.call('HINCRBY', index, batch, -fresh)
-        end
-        settled = settled + fresh
+        settled = settled + mark_settled(index, batch, left, indexes)
       end
     end
   end

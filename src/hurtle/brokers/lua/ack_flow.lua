@@ -75,23 +75,11 @@ while s <= nsteps do
   end
   local left = tonumber(redis.call('HGET', index, batch))
   if left then
-    local ops = {}
+    local indexes = {}
     for j = s, e do
-      local n = #ops
-      ops[n + 1], ops[n + 2], ops[n + 3], ops[n + 4] = 'SET', 'u1', steps[j].index, 1
+      indexes[j - s + 1] = steps[j].index
     end
-    local fresh = 0
-    for k, old in ipairs(redis.call('BITFIELD', index .. ':' .. batch .. ':done', unpack(ops))) do
-      if old == 0 then
-        held[s + k - 1] = true
-        fresh = fresh + 1
-      end
-    end
-    if fresh >= left then
-      drop_batch(index, batch)
-    elseif fresh > 0 then
-      redis.call('HINCRBY', index, batch, -fresh)
-    end
+    mark_settled(index, batch, left, indexes, held, s)
   end
   s = e + 1
 end
