@@ -80,15 +80,21 @@ UNENCODABLE = (TypeError, ValueError, OverflowError, RecursionError)
 
 def _about(job: Job) -> tuple[Any, ...]:
     """The fields of a record after the error's: what ran, and when (wall-clock seconds)."""
-    m = job.message
-    kept = len(job.delivery.raw) <= ARGS_KEPT_UP_TO
     started = finished = 0.0
     if job.started:
         finished = time.time()
         if job.finished >= job.started:
             started = finished - (job.finished - job.started)
+    return about(job.task.name, job.message, len(job.delivery.raw), started, finished)
+
+
+def about(task: str, m: Message, size: int, started: float, finished: float) -> tuple[Any, ...]:
+    """A record's fields after the error's for a call of ``task`` on ``m`` (``size`` bytes as
+    delivered: its arguments are kept up to ``ARGS_KEPT_UP_TO``), run from ``started`` to
+    ``finished`` (wall-clock seconds)."""
+    kept = size <= ARGS_KEPT_UP_TO
     return (
-        job.task.name,
+        task,
         m.queue,
         m.attempt,
         kept,

@@ -23,7 +23,7 @@ from ..errors import EncodeError, ResultError
 from ..flow import Flow, read_flow
 from ..message import Message, encode_many
 from ..middleware import Job
-from ..middleware.results import ARGS_KEPT_UP_TO, succeeded_record
+from ..middleware.results import about, succeeded_record
 from ..sealing import SEALED
 from .steps import cancelled_error
 from .unrun import PROCESSED
@@ -164,19 +164,8 @@ def _step(
     if flow.store or flow.chord:
         wall, clock, end, ran = times
         finished = wall - (clock - end)
-        kept = len(d.raw) <= ARGS_KEPT_UP_TO
-        about = (
-            task.name,
-            m.queue,
-            m.attempt,
-            kept,
-            m.args if kept else (),
-            m.kwargs if kept else {},
-            m.created,
-            finished - ran,
-            finished,
-        )
-        record = succeeded_record(result, task, m, about, most)
+        fields = about(task.name, m, len(d.raw), finished - ran, finished)
+        record = succeeded_record(result, task, m, fields, most)
     results = (StoredResult(m.id, record, flow.store),) if flow.store else ()
     publish: tuple[Message, ...] = ()
     keyring = app.keyring
