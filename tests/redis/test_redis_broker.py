@@ -9,7 +9,6 @@ import contextlib
 import struct
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, cast
 
 import msgspec
@@ -34,21 +33,6 @@ def msg(queue: str = "q", *args: object, priority: int = 0, eta: float = 0.0) ->
 
 def numbers(deliveries: list[Delivery]) -> list[int]:
     return [int(Message.decode(d.raw).args[0]) for d in deliveries]
-
-
-@pytest.fixture
-def broker(redis_url: str) -> Iterator[RedisBroker]:
-    b = make_broker(redis_url, heartbeat_timeout=20.0)
-    assert isinstance(b, RedisBroker)
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 def test_garbage_pushed_into_a_ready_list_comes_out_as_a_delivery_with_those_exact_bytes(

@@ -6,7 +6,6 @@ no call of the queue was replaced."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -16,7 +15,6 @@ pytest.importorskip("redis")
 
 import redis
 from hurtle import Hurtle
-from hurtle.brokers import make_broker
 from hurtle.brokers.keys import queue_keys
 from hurtle.brokers.redis import RedisBroker
 from hurtle.debounce import latest_value
@@ -25,21 +23,6 @@ from hurtle.message import Message
 from hurtle.middleware.debounce import DebounceMiddleware
 
 QUEUE = "debounced"
-
-
-@pytest.fixture
-def broker(redis_url: str) -> Iterator[RedisBroker]:
-    b = make_broker(redis_url, heartbeat_timeout=20.0)
-    assert isinstance(b, RedisBroker)
-    yield b
-    b.close()
-
-
-@pytest.fixture
-def client(redis_url: str) -> Iterator[redis.Redis]:
-    c = redis.Redis.from_url(redis_url)
-    yield c
-    c.close()
 
 
 def fetch_one(broker: RedisBroker, *queues: str) -> frozenset[str]:
